@@ -1,0 +1,97 @@
+// lmscope bench: per-phase timings over a sweep of models, contexts, batches, modes, devices and
+// precisions. A failing cell (out of memory, unsupported) becomes a row and the sweep goes on.
+#include "commands.h"
+#include "model_flags.h"
+
+#include "lmscope/backend/backend.h"
+#include "lmscope/bench/report.h"
+
+#include <unistd.h>
+
+#include <fstream>
+
+namespace lmscope::cli {
+namespace {
+
+class BenchCommand : public Command {
+ public:
+  explicit BenchCommand(CLI::App& parent) {
+    app = parent.add_subcommand("bench", "Time forward, backward and optimizer steps; comma lists sweep");
+    model_.add_to(*app, true);
+    app->add_option("--ctx", ctx_, "Context length(s)")->capture_default_str();
+    app->add_option("--batch", batch_, "Batch size(s)")->capture_default_str();
+    app->add_option("--mode", mode_, "forward, forward-backward or train (comma list sweeps)")->capture_default_str();
+    app->add_option("--warmup", warmup_, "Untimed steps first")->capture_default_str();
+    app->add_option("--steps", steps_, "Measured steps")->capture_default_str();
+    app->add_option("--device", device_, "cpu or cuda (comma list sweeps)");
+    app->add_option("--precision", precision_, "fp32, tf32 or bf16 (comma list sweeps)")->capture_default_str();
+    app->add_option("--format", format_, "md, csv or json")->capture_default_str();
+    app->add_option("--out", out_, "Write the results here in --format (the Markdown table still prints)");
+    app->add_option("--seed", seed_, "Seed for weights and tokens")->capture_default_str();
+  }
+
+  int run() override {
+    // Everything is checked before the first cell runs, so a typo never costs a half-run sweep.
+    const auto models = model_.resolve();
+    const auto ctxs = parse_positive_list("--ctx", ctx_), batches = parse_positive_list("--batch", batch_);
+    std::vector<BenchMode> modes;
+    for (const auto& m : split_list(mode_)) modes.push_back(parse_bench_mode(m));
+    const auto devices = split_list(device_.empty() ? default_device() : device_);
+    for (const auto& d : devices)
+      if (d != "cpu" && d != "cuda") user_error("unknown --device '{}' (use cpu or cuda)", d);
+    const auto precisions = split_list(precision_);
+    for (const auto& p : precisions)
+      if (p != "fp32" && p != "tf32" && p != "bf16") user_error("unknown --precision '{}' (use fp32, tf32 or bf16)", p);
+    if (warmup_ < 0) user_error("--warmup must be non-negative, got {}", warmup_);
+    if (steps_ <= 0) user_error("--steps must be positive, got {}", steps_);
+    const ReportFormat format = parse_report_format(format_);
+    std::ofstream out;
+    if (!out_.empty()) {
+      out.open(out_);
+      if (!out) user_error("cannot write '{}'", out_);
+    }
+
+    std::vector<BenchSpec> cells;
+    for (const auto& m : models)
+      for (const auto& d : devices)
+        for (const auto& p : precisions)
+          for (auto mode : modes)
+            for (auto b : batches)
+              for (auto t : ctxs)
+                cells.push_back(BenchSpec{m, d, p, mode, b, t, warmup_, steps_, seed_});
+
+    const bool tty = isatty(STDERR_FILENO);
+    std::vector<BenchResult> rows;
+    for (std::size_t i = 0; i < cells.size(); ++i) {
+      const BenchSpec& s = cells[i];
+      const std::string label = fmt::format("[{}/{}] {} {} {} {} batch {} ctx {}", i + 1, cells.size(), s.model.name,
+                                            s.device, s.precision, bench_mode_name(s.mode), s.batch, s.ctx);
+      auto progress = [&](int done, int total) {
+        if (tty) fmt::print(stderr, "\r\033[K{}: step {}/{}{}", label, done, total, done <= s.warmup ? " (warm-up)" : "");
+      };
+      if (!tty) fmt::print(stderr, "{}\n", label);
+      rows.push_back(run_bench_cell(s, progress));
+      if (tty) fmt::print(stderr, "\r\033[K{}: {}\n", label, rows.back().status);
+    }
+    const std::string report = format_bench(rows, format);
+    if (out.is_open()) {
+      out << report;
+      fmt::print("{}", format == ReportFormat::markdown ? report : format_bench(rows, ReportFormat::markdown));
+    } else {
+      fmt::print("{}", report);
+    }
+    return 0;
+  }
+
+ private:
+  ModelFlags model_;
+  std::string ctx_ = "256", batch_ = "4", mode_ = "train", device_, precision_ = "fp32", format_ = "md", out_;
+  int warmup_ = 5, steps_ = 10;
+  std::uint64_t seed_ = 0;
+};
+
+}  // namespace
+
+std::unique_ptr<Command> add_bench_command(CLI::App& parent) { return std::make_unique<BenchCommand>(parent); }
+
+}  // namespace lmscope::cli

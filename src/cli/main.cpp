@@ -1,0 +1,45 @@
+// lmscope's command line: one subcommand per question.
+// Exit codes: 0 success, 2 user error (one sentence on stderr), 1 internal failure.
+#include "commands.h"
+
+#include "lmscope/core/error.h"
+
+#include <fmt/core.h>
+
+#include <cstdio>
+
+int main(int argc, char** argv) {
+  CLI::App app{"lmscope: train, benchmark and profile Transformer language models", "lmscope"};
+  app.require_subcommand(1);
+  app.set_version_flag("--version", "lmscope 0.1.0");
+  std::vector<std::unique_ptr<lmscope::cli::Command>> commands;
+  commands.push_back(lmscope::cli::add_info_command(app));
+  commands.push_back(lmscope::cli::add_train_command(app));
+  commands.push_back(lmscope::cli::add_bench_command(app));
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::CallForHelp& e) {
+    return app.exit(e);
+  } catch (const CLI::CallForAllHelp& e) {
+    return app.exit(e);
+  } catch (const CLI::CallForVersion& e) {
+    return app.exit(e);
+  } catch (const CLI::ParseError& e) {
+    fmt::print(stderr, "lmscope: error: {} (see lmscope --help)\n", e.what());
+    return 2;
+  }
+  try {
+    for (auto& c : commands)
+      if (c->app->parsed()) return c->run();
+  } catch (const lmscope::OutOfMemory& e) {
+    fmt::print(stderr, "lmscope: error: {}\n", e.what());
+    return 2;
+  } catch (const lmscope::UserError& e) {
+    fmt::print(stderr, "lmscope: error: {}\n", e.what());
+    return 2;
+  } catch (const std::exception& e) {
+    fmt::print(stderr, "lmscope: internal error: {}\n", e.what());
+    return 1;
+  }
+  return 1;
+}

@@ -1,0 +1,73 @@
+#include "model_flags.h"
+
+#include "lmscope/core/error.h"
+
+#include <charconv>
+
+namespace lmscope::cli {
+
+void ModelFlags::add_to(CLI::App& app, bool allow_list) {
+  app.add_option("--model", model_,
+                 allow_list ? "Preset(s): small, medium, large, xl, 2.7B; comma list sweeps" : "Preset: small, medium, large, xl, 2.7B")
+      ->capture_default_str();
+  app.add_option("--d-model", d_model_, "Model width d (overrides the preset)");
+  app.add_option("--d-ff", d_ff_, "Feed-forward width");
+  app.add_option("--layers", layers_, "Number of Transformer layers");
+  app.add_option("--heads", heads_, "Number of attention heads");
+  app.add_option("--vocab", vocab_, "Vocabulary size (default 10000)");
+  app.add_option("--rope-theta", rope_theta_, "RoPE theta (default 10000)");
+}
+
+std::vector<std::string> split_list(const std::string& text) {
+  std::vector<std::string> out;
+  std::size_t start = 0;
+  for (;;) {
+    std::size_t comma = text.find(',', start);
+    std::string item = text.substr(start, comma == std::string::npos ? std::string::npos : comma - start);
+    while (!item.empty() && item.front() == ' ') item.erase(item.begin());
+    while (!item.empty() && item.back() == ' ') item.pop_back();
+    out.push_back(item);
+    if (comma == std::string::npos) break;
+    start = comma + 1;
+  }
+  return out;
+}
+
+std::vector<std::int64_t> parse_positive_list(const std::string& flag, const std::string& text) {
+  std::vector<std::int64_t> out;
+  for (const std::string& item : split_list(text)) {
+    std::int64_t v = 0;
+    auto [end, ec] = std::from_chars(item.data(), item.data() + item.size(), v);
+    if (ec != std::errc() || end != item.data() + item.size() || item.empty())
+      user_error("{} takes positive integers, and '{}' is not one", flag, item);
+    if (v <= 0) user_error("{} must be positive, got {}", flag, v);
+    out.push_back(v);
+  }
+  return out;
+}
+
+std::vector<ModelConfig> ModelFlags::resolve() const {
+  std::vector<ModelConfig> out;
+  for (const std::string& name : split_list(model_)) {
+    ModelConfig c = preset(name);
+    const bool reshaped = d_model_ || d_ff_ || layers_ || heads_;
+    if (d_model_) c.d_model = *d_model_;
+    if (d_ff_) c.d_ff = *d_ff_;
+    if (layers_) c.layers = *layers_;
+    if (heads_) c.heads = *heads_;
+    if (vocab_) c.vocab = *vocab_;
+    if (rope_theta_) c.rope_theta = *rope_theta_;
+    if (reshaped) c.name = fmt::format("custom(d{},ff{},L{},h{})", c.d_model, c.d_ff, c.layers, c.heads);
+    c.validate();
+    out.push_back(c);
+  }
+  return out;
+}
+
+ModelConfig ModelFlags::resolve_one() const {
+  auto all = resolve();
+  if (all.size() != 1) user_error("--model takes one preset here, got '{}'", model_);
+  return all[0];
+}
+
+}  // namespace lmscope::cli

@@ -1,0 +1,32 @@
+// Flags that choose a model: a preset (--model) with any field overridden by shape flags.
+#pragma once
+
+#include "lmscope/model/config.h"
+
+#include <CLI/CLI.hpp>
+
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace lmscope::cli {
+
+class ModelFlags {
+ public:
+  // allow_list: --model takes a comma-separated list (bench sweeps).
+  void add_to(CLI::App& app, bool allow_list);
+  // One config per name in --model (default small), overrides applied, each validated.
+  std::vector<ModelConfig> resolve() const;
+  ModelConfig resolve_one() const;
+
+ private:
+  std::string model_ = "small";
+  std::optional<std::int64_t> d_model_, d_ff_, layers_, heads_, vocab_;
+  std::optional<double> rope_theta_;
+};
+
+// "128,256" -> {128, 256}; every value must be a positive integer.
+std::vector<std::int64_t> parse_positive_list(const std::string& flag, const std::string& text);
+std::vector<std::string> split_list(const std::string& text);
+
+}  // namespace lmscope::cli

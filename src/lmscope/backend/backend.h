@@ -1,0 +1,109 @@
+// The backend interface: the explicit op set the model is written against. The model never
+// branches on the device; a backend (cpu now; cuda and the shape-only meta next) implements
+// these ops on its own memory, which it hands out through its tagged Allocator.
+//
+// Conventions for every op:
+// - tensors are row-major and contiguous; the shapes named in each comment are checked;
+// - outputs are overwritten, never accumulated into, unless the name says "accumulate";
+// - a backward op's inputs are exactly the activations its forward saved (see model/transformer.cpp);
+// - statistics (rstd, lse, loss, norms) are f32, or f64 when the op computes in f64.
+#pragma once
+
+#include "lmscope/core/allocator.h"
+
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+namespace lmscope {
+
+// C[b] = alpha * op(A[b]) * op(B[b]) + beta * C[b] for b < batch, op(X) = X or Xᵀ.
+// op(A) is [M, K], op(B) is [K, N], C is [M, N]; lda/ldb/ldc are row strides of the stored
+// matrices; stride_* step from one batch item to the next (elements).
+struct GemmArgs {
+  bool trans_a = false, trans_b = false;
+  std::int64_t m = 0, n = 0, k = 0;
+  float alpha = 1.0f, beta = 0.0f;
+  Tensor a, b, c;
+  std::int64_t lda = 0, ldb = 0, ldc = 0;
+  std::int64_t batch = 1, stride_a = 0, stride_b = 0, stride_c = 0;
+};
+
+struct AdamWArgs {
+  double lr = 1e-3, beta1 = 0.9, beta2 = 0.999, eps = 1e-8, weight_decay = 0.01;
+  std::int64_t step = 1;  // t, from 1
+  double max_norm = 0;    // global-norm clipping threshold; 0 = off
+};
+
+class Backend {
+ public:
+  virtual ~Backend() = default;
+  virtual std::string name() const = 0;
+  virtual Allocator& allocator() = 0;
+  virtual void synchronize() {}
+
+  // Host <-> backend memory and elementwise basics.
+  virtual void copy_from_host(const Tensor& dst, const void* src) = 0;
+  virtual void copy_to_host(void* dst, const Tensor& src) = 0;
+  virtual void fill(const Tensor& t, double value) = 0;
+  virtual void add(const Tensor& a, const Tensor& b, const Tensor& out) = 0;  // out = a + b (out may alias)
+
+  virtual void gemm(const GemmArgs& g) = 0;
+
+  // ids [N] i32, table [V, d] -> out [N, d]
+  virtual void embedding_forward(const Tensor& ids, const Tensor& table, const Tensor& out) = 0;
+  // dtable [V, d] = scatter-add of dout [N, d] rows at ids (dtable overwritten)
+  virtual void embedding_backward(const Tensor& ids, const Tensor& dout, const Tensor& dtable) = 0;
+
+  // x [N, d], weight [d] -> out [N, d]; rstd [N] = 1/sqrt(mean(x²)+eps) saved for backward.
+  virtual void rmsnorm_forward(const Tensor& x, const Tensor& weight, const Tensor& out, const Tensor& rstd,
+                               double eps) = 0;
+  virtual void rmsnorm_backward(const Tensor& dout, const Tensor& x, const Tensor& weight, const Tensor& rstd,
+                                const Tensor& dx, const Tensor& dweight) = 0;
+
+  // in [B, T, h, dk] -> out [B, h, T, dk]; with rope_theta > 0 also rotates interleaved pairs
+  // by angle p·theta^(-2i/dk) (p = position). merge_heads is its exact adjoint: out [B, T, h, dk]
+  // from in [B, h, T, dk], rotating by the negative angle. So the backward of one is the other.
+  virtual void split_heads(const Tensor& in, const Tensor& out, double rope_theta) = 0;
+  virtual void merge_heads(const Tensor& in, const Tensor& out, double rope_theta) = 0;
+
+  // scores [N, Tq, Tk] -> probs = softmax(scale · scores) over the last dim, keys j > i masked
+  // when causal (query i sits at position i).
+  virtual void softmax_forward(const Tensor& scores, const Tensor& probs, double scale, bool causal) = 0;
+  // dscores = scale · probs ∘ (dprobs − rowsum(probs ∘ dprobs)); dscores may alias dprobs.
+  virtual void softmax_backward(const Tensor& probs, const Tensor& dprobs, const Tensor& dscores, double scale) = 0;
+
+  // out = silu(a) ∘ b; all [N, f].
+  virtual void swiglu_forward(const Tensor& a, const Tensor& b, const Tensor& out) = 0;
+  virtual void swiglu_backward(const Tensor& a, const Tensor& b, const Tensor& dout, const Tensor& da,
+                               const Tensor& db) = 0;
+
+  // logits [N, V], targets [N] i32 -> loss [1] = mean cross-entropy; lse [N] saved.
+  virtual void cross_entropy_forward(const Tensor& logits, const Tensor& targets, const Tensor& lse,
+                                     const Tensor& loss) = 0;
+  // dlogits = (softmax(logits) − onehot(targets)) · scale; dlogits may alias logits.
+  virtual void cross_entropy_backward(const Tensor& logits, const Tensor& targets, const Tensor& lse,
+                                      const Tensor& dlogits, double scale) = 0;
+
+  // out [1] = sqrt(sum of squares over every tensor): the global gradient norm.
+  virtual void global_norm(std::span<const Tensor> tensors, const Tensor& out) = 0;
+  // The assignment's AdamW on one parameter (MODEL.md), with its gradient scaled by
+  // min(1, max_norm/(norm+1e-6)) first when max_norm > 0 (norm read from grad_norm [1]).
+  virtual void adamw(const Tensor& param, const Tensor& grad, const Tensor& m, const Tensor& v,
+                     const AdamWArgs& args, const Tensor& grad_norm) = 0;
+};
+
+// Host values to and from an f32 or f64 tensor, converting to and from double.
+void upload(Backend& backend, const Tensor& t, std::span<const double> values);
+std::vector<double> download(Backend& backend, const Tensor& t);
+// Element 0 of an f32 or f64 tensor, read to the host (synchronises with the backend).
+double read_scalar(Backend& backend, const Tensor& t);
+
+std::unique_ptr<Backend> make_cpu_backend(std::size_t memory_capacity = 0);
+// "cpu" or "cuda"; throws UserError for an unknown name, Unsupported for one this build lacks.
+std::unique_ptr<Backend> make_backend(const std::string& device);
+// The device a command uses when none is named.
+std::string default_device();
+
+}  // namespace lmscope

@@ -1,0 +1,362 @@
+// The CPU backend: the numerical reference every other backend is tested against.
+// GEMMs go to OpenBLAS; everything else is a plain loop that reads like MODEL.md, parallel over
+// rows with OpenMP. Every op is a template over float and double: f32 is the production type,
+// f64 lets the tests check gradients against finite differences without rounding noise.
+#include "lmscope/backend/backend.h"
+
+#include <cblas.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <vector>
+
+namespace lmscope {
+namespace {
+
+template <typename F>
+void dispatch(DType t, const char* op, F&& f) {
+  if (t == DType::f32) return f(float{});
+  if (t == DType::f64) return f(double{});
+  throw UserError(fmt::format("the CPU backend computes in f32 and f64 only, and {} was given {}", op, dtype_name(t)));
+}
+
+void expect_shape(const Tensor& t, const Shape& s, const char* what) {
+  LMSCOPE_CHECK(t.shape == s, "{}: shape {} where {} was expected", what, shape_str(t.shape), shape_str(s));
+}
+
+// Pair i of a head of width dk at position p rotates by p * theta^(-2i/dk).
+std::vector<double> rope_angles(std::int64_t T, std::int64_t dk, double theta) {
+  std::vector<double> a(static_cast<std::size_t>(T * (dk / 2)));
+  for (std::int64_t p = 0; p < T; ++p)
+    for (std::int64_t i = 0; i < dk / 2; ++i)
+      a[p * (dk / 2) + i] = static_cast<double>(p) * std::pow(theta, -2.0 * static_cast<double>(i) / static_cast<double>(dk));
+  return a;
+}
+
+// Moves heads between [B, T, h, dk] and [B, h, T, dk], rotating pairs by sign·angle.
+template <typename T>
+void permute_heads(const Tensor& in, const Tensor& out, double theta, bool to_heads_major, double sign) {
+  const Shape& s = to_heads_major ? in.shape : out.shape;  // [B, T, h, dk]
+  LMSCOPE_CHECK(s.size() == 4, "heads permute needs [B, T, h, dk], got {}", shape_str(s));
+  const std::int64_t B = s[0], Tn = s[1], H = s[2], dk = s[3];
+  expect_shape(to_heads_major ? out : in, Shape{B, H, Tn, dk}, "heads-major tensor");
+  LMSCOPE_CHECK(theta <= 0 || dk % 2 == 0, "RoPE needs an even head width, got {}", dk);
+  std::vector<double> cs, sn;
+  if (theta > 0) {
+    auto ang = rope_angles(Tn, dk, theta);
+    cs.resize(ang.size());
+    sn.resize(ang.size());
+    for (std::size_t i = 0; i < ang.size(); ++i) cs[i] = std::cos(ang[i]), sn[i] = sign * std::sin(ang[i]);
+  }
+  const T* src = in.as<T>();
+  T* dst = out.as<T>();
+#pragma omp parallel for collapse(2) schedule(static)
+  for (std::int64_t b = 0; b < B; ++b)
+    for (std::int64_t t = 0; t < Tn; ++t)
+      for (std::int64_t h = 0; h < H; ++h) {
+        const std::int64_t token_major = ((b * Tn + t) * H + h) * dk, head_major = ((b * H + h) * Tn + t) * dk;
+        const T* x = src + (to_heads_major ? token_major : head_major);
+        T* y = dst + (to_heads_major ? head_major : token_major);
+        if (theta <= 0) {
+          std::memcpy(y, x, sizeof(T) * static_cast<std::size_t>(dk));
+          continue;
+        }
+        for (std::int64_t i = 0; i < dk / 2; ++i) {
+          const T c = static_cast<T>(cs[t * (dk / 2) + i]), si = static_cast<T>(sn[t * (dk / 2) + i]);
+          const T x0 = x[2 * i], x1 = x[2 * i + 1];
+          y[2 * i] = x0 * c - x1 * si;
+          y[2 * i + 1] = x0 * si + x1 * c;
+        }
+      }
+}
+
+class CpuBackend final : public Backend {
+ public:
+  explicit CpuBackend(std::size_t capacity) : alloc_(capacity) {}
+  std::string name() const override { return "cpu"; }
+  Allocator& allocator() override { return alloc_; }
+
+  void copy_from_host(const Tensor& dst, const void* src) override { std::memcpy(dst.data, src, dst.bytes()); }
+  void copy_to_host(void* dst, const Tensor& src) override { std::memcpy(dst, src.data, src.bytes()); }
+
+  void fill(const Tensor& t, double value) override {
+    dispatch(t.dtype, "fill", [&](auto z) {
+      using T = decltype(z);
+      std::fill_n(t.as<T>(), t.numel(), static_cast<T>(value));
+    });
+  }
+
+  void add(const Tensor& a, const Tensor& b, const Tensor& out) override {
+    expect_shape(b, a.shape, "add b");
+    expect_shape(out, a.shape, "add out");
+    dispatch(a.dtype, "add", [&](auto z) {
+      using T = decltype(z);
+      const T *x = a.as<T>(), *y = b.as<T>();
+      T* o = out.as<T>();
+      const std::int64_t n = a.numel();
+#pragma omp parallel for simd schedule(static)
+      for (std::int64_t i = 0; i < n; ++i) o[i] = x[i] + y[i];
+    });
+  }
+
+  void gemm(const GemmArgs& g) override {
+    LMSCOPE_CHECK(g.a.dtype == g.b.dtype && g.b.dtype == g.c.dtype, "gemm operands of mixed types");
+    const auto ta = g.trans_a ? CblasTrans : CblasNoTrans, tb = g.trans_b ? CblasTrans : CblasNoTrans;
+    const auto M = static_cast<blasint>(g.m), N = static_cast<blasint>(g.n), K = static_cast<blasint>(g.k);
+    const auto lda = static_cast<blasint>(g.lda), ldb = static_cast<blasint>(g.ldb), ldc = static_cast<blasint>(g.ldc);
+    dispatch(g.a.dtype, "gemm", [&](auto z) {
+      using T = decltype(z);
+      for (std::int64_t i = 0; i < g.batch; ++i) {
+        const T* A = g.a.as<T>() + i * g.stride_a;
+        const T* Bm = g.b.as<T>() + i * g.stride_b;
+        T* C = g.c.as<T>() + i * g.stride_c;
+        if constexpr (std::is_same_v<T, float>)
+          cblas_sgemm(CblasRowMajor, ta, tb, M, N, K, g.alpha, A, lda, Bm, ldb, g.beta, C, ldc);
+        else
+          cblas_dgemm(CblasRowMajor, ta, tb, M, N, K, g.alpha, A, lda, Bm, ldb, g.beta, C, ldc);
+      }
+    });
+  }
+
+  void embedding_forward(const Tensor& ids, const Tensor& table, const Tensor& out) override {
+    const std::int64_t N = ids.numel(), V = table.dim(0), d = table.dim(1);
+    expect_shape(out, Shape{N, d}, "embedding out");
+    const std::int32_t* id = ids.as<std::int32_t>();
+    for (std::int64_t n = 0; n < N; ++n) LMSCOPE_CHECK(id[n] >= 0 && id[n] < V, "token id {} outside the vocabulary", id[n]);
+    dispatch(table.dtype, "embedding_forward", [&](auto z) {
+      using T = decltype(z);
+#pragma omp parallel for schedule(static)
+      for (std::int64_t n = 0; n < N; ++n) {
+        std::memcpy(out.as<T>() + n * d, table.as<T>() + std::int64_t{id[n]} * d, sizeof(T) * static_cast<std::size_t>(d));
+      }
+    });
+  }
+
+  void embedding_backward(const Tensor& ids, const Tensor& dout, const Tensor& dtable) override {
+    const std::int64_t N = ids.numel(), d = dtable.dim(1);
+    expect_shape(dout, Shape{N, d}, "embedding dout");
+    const std::int32_t* id = ids.as<std::int32_t>();
+    fill(dtable, 0.0);
+    dispatch(dtable.dtype, "embedding_backward", [&](auto z) {
+      using T = decltype(z);
+      // Parallel over columns: rows of repeated ids never race.
+#pragma omp parallel for schedule(static)
+      for (std::int64_t j = 0; j < d; ++j)
+        for (std::int64_t n = 0; n < N; ++n) dtable.as<T>()[std::int64_t{id[n]} * d + j] += dout.as<T>()[n * d + j];
+    });
+  }
+
+  void rmsnorm_forward(const Tensor& x, const Tensor& w, const Tensor& out, const Tensor& rstd, double eps) override {
+    const std::int64_t d = x.dim(-1), N = x.numel() / d;
+    expect_shape(rstd, Shape{N}, "rmsnorm rstd");
+    dispatch(x.dtype, "rmsnorm_forward", [&](auto z) {
+      using T = decltype(z);
+#pragma omp parallel for schedule(static)
+      for (std::int64_t n = 0; n < N; ++n) {
+        const T* xi = x.as<T>() + n * d;
+        T* yi = out.as<T>() + n * d;
+        T ss = 0;
+        for (std::int64_t j = 0; j < d; ++j) ss += xi[j] * xi[j];
+        const T r = T(1) / std::sqrt(ss / static_cast<T>(d) + static_cast<T>(eps));
+        rstd.as<T>()[n] = r;
+        for (std::int64_t j = 0; j < d; ++j) yi[j] = xi[j] * r * w.as<T>()[j];
+      }
+    });
+  }
+
+  // y = x·r·w with r = (mean(x²)+eps)^(-1/2):
+  // dx = r·(w∘dy) − x·r³·mean(x∘w∘dy), dw = Σ_rows dy∘x·r.
+  void rmsnorm_backward(const Tensor& dout, const Tensor& x, const Tensor& w, const Tensor& rstd, const Tensor& dx,
+                        const Tensor& dw) override {
+    const std::int64_t d = x.dim(-1), N = x.numel() / d;
+    dispatch(x.dtype, "rmsnorm_backward", [&](auto z) {
+      using T = decltype(z);
+      const T *X = x.as<T>(), *DY = dout.as<T>(), *W = w.as<T>(), *R = rstd.as<T>();
+#pragma omp parallel for schedule(static)
+      for (std::int64_t n = 0; n < N; ++n) {
+        const T* xi = X + n * d;
+        const T* dyi = DY + n * d;
+        T dot = 0;
+        for (std::int64_t j = 0; j < d; ++j) dot += xi[j] * W[j] * dyi[j];
+        const T r = R[n], c = r * r * r * dot / static_cast<T>(d);
+        T* dxi = dx.as<T>() + n * d;
+        for (std::int64_t j = 0; j < d; ++j) dxi[j] = r * W[j] * dyi[j] - xi[j] * c;
+      }
+      T* DW = dw.as<T>();
+#pragma omp parallel for schedule(static)
+      for (std::int64_t j = 0; j < d; ++j) {
+        T acc = 0;
+        for (std::int64_t n = 0; n < N; ++n) acc += DY[n * d + j] * X[n * d + j] * R[n];
+        DW[j] = acc;
+      }
+    });
+  }
+
+  void split_heads(const Tensor& in, const Tensor& out, double theta) override {
+    dispatch(in.dtype, "split_heads", [&](auto z) { permute_heads<decltype(z)>(in, out, theta, true, 1.0); });
+  }
+  void merge_heads(const Tensor& in, const Tensor& out, double theta) override {
+    dispatch(in.dtype, "merge_heads", [&](auto z) { permute_heads<decltype(z)>(in, out, theta, false, -1.0); });
+  }
+
+  void softmax_forward(const Tensor& scores, const Tensor& probs, double scale, bool causal) override {
+    const std::int64_t Tk = scores.dim(-1), rows = scores.numel() / Tk, Tq = scores.dim(-2);
+    expect_shape(probs, scores.shape, "softmax probs");
+    dispatch(scores.dtype, "softmax_forward", [&](auto z) {
+      using T = decltype(z);
+#pragma omp parallel for schedule(static)
+      for (std::int64_t r = 0; r < rows; ++r) {
+        const T* s = scores.as<T>() + r * Tk;
+        T* p = probs.as<T>() + r * Tk;
+        const std::int64_t valid = causal ? std::min(Tk, r % Tq + 1) : Tk;
+        T mx = -INFINITY;
+        for (std::int64_t j = 0; j < valid; ++j) mx = std::max(mx, s[j]);
+        T sum = 0;
+        for (std::int64_t j = 0; j < valid; ++j) sum += (p[j] = std::exp(static_cast<T>(scale) * (s[j] - mx)));
+        const T inv = T(1) / sum;
+        for (std::int64_t j = 0; j < valid; ++j) p[j] *= inv;
+        for (std::int64_t j = valid; j < Tk; ++j) p[j] = 0;
+      }
+    });
+  }
+
+  void softmax_backward(const Tensor& probs, const Tensor& dprobs, const Tensor& dscores, double scale) override {
+    const std::int64_t Tk = probs.dim(-1), rows = probs.numel() / Tk;
+    dispatch(probs.dtype, "softmax_backward", [&](auto z) {
+      using T = decltype(z);
+#pragma omp parallel for schedule(static)
+      for (std::int64_t r = 0; r < rows; ++r) {
+        const T* p = probs.as<T>() + r * Tk;
+        const T* dp = dprobs.as<T>() + r * Tk;
+        T* ds = dscores.as<T>() + r * Tk;
+        T dot = 0;
+        for (std::int64_t j = 0; j < Tk; ++j) dot += p[j] * dp[j];
+        for (std::int64_t j = 0; j < Tk; ++j) ds[j] = static_cast<T>(scale) * p[j] * (dp[j] - dot);
+      }
+    });
+  }
+
+  void swiglu_forward(const Tensor& a, const Tensor& b, const Tensor& out) override {
+    dispatch(a.dtype, "swiglu_forward", [&](auto z) {
+      using T = decltype(z);
+      const T *A = a.as<T>(), *Bv = b.as<T>();
+      T* O = out.as<T>();
+      const std::int64_t n = a.numel();
+#pragma omp parallel for simd schedule(static)
+      for (std::int64_t i = 0; i < n; ++i) O[i] = A[i] / (T(1) + std::exp(-A[i])) * Bv[i];
+    });
+  }
+
+  // out = a·σ(a)·b: da = dout·b·σ(a)·(1 + a·(1−σ(a))), db = dout·a·σ(a).
+  void swiglu_backward(const Tensor& a, const Tensor& b, const Tensor& dout, const Tensor& da,
+                       const Tensor& db) override {
+    dispatch(a.dtype, "swiglu_backward", [&](auto z) {
+      using T = decltype(z);
+      const T *A = a.as<T>(), *Bv = b.as<T>(), *DO = dout.as<T>();
+      T *DA = da.as<T>(), *DB = db.as<T>();
+      const std::int64_t n = a.numel();
+#pragma omp parallel for simd schedule(static)
+      for (std::int64_t i = 0; i < n; ++i) {
+        const T s = T(1) / (T(1) + std::exp(-A[i])), g = DO[i];
+        const T silu = A[i] * s;
+        DA[i] = g * Bv[i] * s * (T(1) + A[i] * (T(1) - s));
+        DB[i] = g * silu;
+      }
+    });
+  }
+
+  void cross_entropy_forward(const Tensor& logits, const Tensor& targets, const Tensor& lse,
+                             const Tensor& loss) override {
+    const std::int64_t V = logits.dim(-1), N = logits.numel() / V;
+    expect_shape(targets, Shape{N}, "cross-entropy targets");
+    dispatch(logits.dtype, "cross_entropy_forward", [&](auto z) {
+      using T = decltype(z);
+      const std::int32_t* tg = targets.as<std::int32_t>();
+      double total = 0;
+#pragma omp parallel for reduction(+ : total) schedule(static)
+      for (std::int64_t n = 0; n < N; ++n) {
+        const T* x = logits.as<T>() + n * V;
+        T mx = -INFINITY;
+        for (std::int64_t j = 0; j < V; ++j) mx = std::max(mx, x[j]);
+        T sum = 0;
+        for (std::int64_t j = 0; j < V; ++j) sum += std::exp(x[j] - mx);
+        const T l = mx + std::log(sum);
+        lse.as<T>()[n] = l;
+        total += static_cast<double>(l - x[tg[n]]);
+      }
+      loss.as<T>()[0] = static_cast<T>(total / static_cast<double>(N));
+    });
+  }
+
+  void cross_entropy_backward(const Tensor& logits, const Tensor& targets, const Tensor& lse, const Tensor& dlogits,
+                              double scale) override {
+    const std::int64_t V = logits.dim(-1), N = logits.numel() / V;
+    dispatch(logits.dtype, "cross_entropy_backward", [&](auto z) {
+      using T = decltype(z);
+      const std::int32_t* tg = targets.as<std::int32_t>();
+#pragma omp parallel for schedule(static)
+      for (std::int64_t n = 0; n < N; ++n) {
+        const T* x = logits.as<T>() + n * V;
+        T* dx = dlogits.as<T>() + n * V;
+        const T l = lse.as<T>()[n], s = static_cast<T>(scale);
+        for (std::int64_t j = 0; j < V; ++j) dx[j] = std::exp(x[j] - l) * s;
+        dx[tg[n]] -= s;
+      }
+    });
+  }
+
+  void global_norm(std::span<const Tensor> tensors, const Tensor& out) override {
+    double total = 0;
+    for (const Tensor& t : tensors)
+      dispatch(t.dtype, "global_norm", [&](auto z) {
+        using T = decltype(z);
+        const T* x = t.as<T>();
+        const std::int64_t n = t.numel();
+        double ss = 0;
+#pragma omp parallel for reduction(+ : ss) schedule(static)
+        for (std::int64_t i = 0; i < n; ++i) ss += static_cast<double>(x[i]) * static_cast<double>(x[i]);
+        total += ss;
+      });
+    dispatch(out.dtype, "global_norm", [&](auto z) { out.as<decltype(z)>()[0] = static_cast<decltype(z)>(std::sqrt(total)); });
+  }
+
+  void adamw(const Tensor& param, const Tensor& grad, const Tensor& m, const Tensor& v, const AdamWArgs& a,
+             const Tensor& grad_norm) override {
+    double clip = 1.0;
+    if (a.max_norm > 0) {
+      double norm = 0;
+      dispatch(grad_norm.dtype, "adamw", [&](auto z) { norm = static_cast<double>(grad_norm.as<decltype(z)>()[0]); });
+      clip = std::min(1.0, a.max_norm / (norm + 1e-6));
+    }
+    const double t = static_cast<double>(a.step);
+    const double alpha = a.lr * std::sqrt(1.0 - std::pow(a.beta2, t)) / (1.0 - std::pow(a.beta1, t));
+    dispatch(param.dtype, "adamw", [&](auto z) {
+      using T = decltype(z);
+      T *P = param.as<T>(), *M = m.as<T>(), *Vv = v.as<T>();
+      const T* G = grad.as<T>();
+      const T b1 = static_cast<T>(a.beta1), b2 = static_cast<T>(a.beta2), eps = static_cast<T>(a.eps);
+      const T al = static_cast<T>(alpha), decay = static_cast<T>(a.lr * a.weight_decay), c = static_cast<T>(clip);
+      const std::int64_t n = param.numel();
+#pragma omp parallel for simd schedule(static)
+      for (std::int64_t i = 0; i < n; ++i) {
+        const T g = G[i] * c;
+        M[i] = b1 * M[i] + (T(1) - b1) * g;
+        Vv[i] = b2 * Vv[i] + (T(1) - b2) * g * g;
+        T p = P[i] - al * M[i] / (std::sqrt(Vv[i]) + eps);
+        P[i] = p - decay * p;
+      }
+    });
+  }
+
+ private:
+  HostAllocator alloc_;
+};
+
+}  // namespace
+
+std::unique_ptr<Backend> make_cpu_backend(std::size_t memory_capacity) {
+  return std::make_unique<CpuBackend>(memory_capacity);
+}
+
+}  // namespace lmscope

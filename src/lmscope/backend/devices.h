@@ -1,0 +1,22 @@
+// Which accelerators this build can see. The CUDA backend itself is not written yet (issue 3);
+// this is what lets the CLI say so precisely instead of failing vaguely.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace lmscope {
+
+struct GpuInfo {
+  std::string name;
+  int compute_major = 0, compute_minor = 0;
+  int multiprocessors = 0;
+  std::size_t memory_bytes = 0;
+};
+
+bool built_with_cuda();
+// The CUDA devices the driver reports; empty without CUDA, driver or GPU.
+std::vector<GpuInfo> list_gpus();
+
+}  // namespace lmscope

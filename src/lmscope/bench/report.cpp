@@ -1,0 +1,120 @@
+#include "lmscope/bench/report.h"
+
+#include "lmscope/core/allocator.h"
+
+#include <nlohmann/json.hpp>
+
+namespace lmscope {
+
+ReportFormat parse_report_format(const std::string& s) {
+  if (s == "md" || s == "markdown") return ReportFormat::markdown;
+  if (s == "csv") return ReportFormat::csv;
+  if (s == "json") return ReportFormat::json;
+  user_error("unknown --format '{}' (use md, csv or json)", s);
+}
+
+namespace {
+
+std::string mean_std(const PhaseStats& s) { return s.n ? fmt::format("{:.2f} ± {:.2f}", s.mean, s.std) : "-"; }
+
+std::string markdown(const std::vector<BenchResult>& rows) {
+  std::string out =
+      "| model | device | precision | mode | batch | ctx | forward ms | backward ms | optimizer ms | step ms | "
+      "tokens/s | TFLOP/s | peak memory | status |\n"
+      "|---|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|\n";
+  for (const BenchResult& r : rows) {
+    const BenchSpec& s = r.spec;
+    out += fmt::format("| {} | {} | {} | {} | {} | {} | ", s.model.name, s.device, s.precision, bench_mode_name(s.mode),
+                       s.batch, s.ctx);
+    if (r.ok())
+      out += fmt::format("{} | {} | {} | {} | {:.0f} | {:.3f} | {} | ok |\n", mean_std(r.forward), mean_std(r.backward),
+                         mean_std(r.optimizer), mean_std(r.step), r.tokens_per_s, r.model_tflops,
+                         human_bytes(static_cast<double>(r.peak_bytes)));
+    else
+      out += fmt::format("- | - | - | - | - | - | - | {} |\n", r.status);
+  }
+  return out;
+}
+
+const char* const kPhases[] = {"forward", "backward", "optimizer", "step"};
+const PhaseStats& phase(const BenchResult& r, int i) {
+  const PhaseStats* p[] = {&r.forward, &r.backward, &r.optimizer, &r.step};
+  return *p[i];
+}
+
+std::string csv_field(const std::string& s) {
+  if (s.find_first_of(",\"\n") == std::string::npos) return s;
+  std::string q(1, '"');
+  for (char c : s) {
+    if (c == '"') q.push_back('"');
+    q.push_back(c);
+  }
+  q.push_back('"');
+  return q;
+}
+
+std::string csv(const std::vector<BenchResult>& rows) {
+  std::string out = "model,d_model,d_ff,layers,heads,vocab,device,precision,mode,batch,ctx,warmup,steps";
+  for (const char* p : kPhases)
+    for (const char* f : {"mean_ms", "std_ms", "median_ms", "min_ms", "max_ms"}) out += fmt::format(",{}_{}", p, f);
+  out += ",tokens_per_s,model_tflops,peak_bytes,status\n";
+  for (const BenchResult& r : rows) {
+    const BenchSpec& s = r.spec;
+    out += fmt::format("{},{},{},{},{},{},{},{},{},{},{},{},{}", csv_field(s.model.name), s.model.d_model, s.model.d_ff,
+                       s.model.layers, s.model.heads, s.model.vocab, s.device, s.precision, bench_mode_name(s.mode),
+                       s.batch, s.ctx, s.warmup, s.steps);
+    for (int i = 0; i < 4; ++i) {
+      const PhaseStats& p = phase(r, i);
+      if (p.n) out += fmt::format(",{:.4f},{:.4f},{:.4f},{:.4f},{:.4f}", p.mean, p.std, p.median, p.min, p.max);
+      else out += ",,,,,";
+    }
+    if (r.ok()) out += fmt::format(",{:.1f},{:.4f},{}", r.tokens_per_s, r.model_tflops, r.peak_bytes);
+    else out += ",,,";
+    out += "," + csv_field(r.status) + "\n";
+  }
+  return out;
+}
+
+std::string json(const std::vector<BenchResult>& rows) {
+  nlohmann::ordered_json arr = nlohmann::ordered_json::array();
+  for (const BenchResult& r : rows) {
+    const BenchSpec& s = r.spec;
+    nlohmann::ordered_json j;
+    j["model"] = {{"name", s.model.name}, {"d_model", s.model.d_model}, {"d_ff", s.model.d_ff},
+                  {"layers", s.model.layers}, {"heads", s.model.heads}, {"vocab", s.model.vocab},
+                  {"rope_theta", s.model.rope_theta}, {"parameters", s.model.parameter_count()}};
+    j["device"] = s.device;
+    j["precision"] = s.precision;
+    j["mode"] = bench_mode_name(s.mode);
+    j["batch"] = s.batch;
+    j["ctx"] = s.ctx;
+    j["warmup"] = s.warmup;
+    j["steps"] = s.steps;
+    j["status"] = r.status;
+    if (r.ok()) {
+      for (int i = 0; i < 4; ++i) {
+        const PhaseStats& p = phase(r, i);
+        if (p.n)
+          j["ms"][kPhases[i]] = {{"mean", p.mean}, {"std", p.std}, {"median", p.median}, {"min", p.min}, {"max", p.max}};
+      }
+      j["tokens_per_s"] = r.tokens_per_s;
+      j["model_tflops"] = r.model_tflops;
+      j["peak_bytes"] = r.peak_bytes;
+    }
+    arr.push_back(j);
+  }
+  return arr.dump(2) + "\n";
+}
+
+}  // namespace
+
+std::string format_bench(const std::vector<BenchResult>& rows, ReportFormat f) {
+  switch (f) {
+    case ReportFormat::markdown: return markdown(rows);
+    case ReportFormat::csv: return csv(rows);
+    case ReportFormat::json: return json(rows);
+  }
+  return {};
+}
+
+}  // namespace lmscope

@@ -1,0 +1,127 @@
+#include "lmscope/bench/runner.h"
+
+#include "lmscope/backend/backend.h"
+#include "lmscope/core/rng.h"
+#include "lmscope/model/optimizer.h"
+#include "lmscope/model/transformer.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <numeric>
+
+namespace lmscope {
+
+const char* bench_mode_name(BenchMode m) {
+  switch (m) {
+    case BenchMode::forward: return "forward";
+    case BenchMode::forward_backward: return "forward-backward";
+    case BenchMode::train: return "train";
+  }
+  return "?";
+}
+
+BenchMode parse_bench_mode(const std::string& s) {
+  if (s == "forward") return BenchMode::forward;
+  if (s == "forward-backward") return BenchMode::forward_backward;
+  if (s == "train") return BenchMode::train;
+  user_error("unknown --mode '{}' (use forward, forward-backward or train)", s);
+}
+
+PhaseStats summarize(std::vector<double> ms) {
+  PhaseStats s;
+  s.n = static_cast<int>(ms.size());
+  if (ms.empty()) return s;
+  std::sort(ms.begin(), ms.end());
+  s.min = ms.front();
+  s.max = ms.back();
+  s.median = ms.size() % 2 ? ms[ms.size() / 2] : 0.5 * (ms[ms.size() / 2 - 1] + ms[ms.size() / 2]);
+  s.mean = std::accumulate(ms.begin(), ms.end(), 0.0) / static_cast<double>(ms.size());
+  double ss = 0;
+  for (double x : ms) ss += (x - s.mean) * (x - s.mean);
+  s.std = ms.size() > 1 ? std::sqrt(ss / static_cast<double>(ms.size() - 1)) : 0.0;
+  return s;
+}
+
+namespace {
+
+class PhaseTimer {
+ public:
+  explicit PhaseTimer(Backend& be) : be_(be) {}
+  template <typename F>
+  double time_ms(F&& f) {
+    be_.synchronize();
+    auto t0 = std::chrono::steady_clock::now();
+    f();
+    be_.synchronize();
+    return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+  }
+
+ private:
+  Backend& be_;
+};
+
+void run_cell(const BenchSpec& spec, BenchResult& r, const BenchProgress& progress) {
+  if (spec.precision != "fp32")
+    throw Unsupported(fmt::format("the {} backend computes in fp32 only; {} is not implemented there", spec.device, spec.precision));
+  std::unique_ptr<Backend> backend = make_backend(spec.device);
+  Transformer model(spec.model, *backend);
+  model.init_parameters(spec.seed);
+  const std::int64_t n = spec.batch * spec.ctx;
+  std::vector<std::int32_t> ids(static_cast<std::size_t>(n)), targets(static_cast<std::size_t>(n));
+  Rng rng = Rng::stream(spec.seed, "bench.tokens");  // random tokens, never zeros
+  for (auto& t : ids) t = static_cast<std::int32_t>(rng.below(static_cast<std::uint64_t>(spec.model.vocab)));
+  for (auto& t : targets) t = static_cast<std::int32_t>(rng.below(static_cast<std::uint64_t>(spec.model.vocab)));
+  model.set_batch(spec.batch, spec.ctx, ids.data(), targets.data());
+  std::unique_ptr<AdamW> opt;
+  if (spec.mode == BenchMode::train) opt = std::make_unique<AdamW>(model, OptimizerConfig{});
+
+  PhaseTimer timer(*backend);
+  std::vector<double> fwd, bwd, optim, step;
+  const int total = spec.warmup + spec.steps;
+  for (int i = 0; i < total; ++i) {
+    double f = timer.time_ms([&] { model.forward(); });
+    double b = 0, o = 0;
+    if (spec.mode == BenchMode::forward) model.discard_activations();
+    else b = timer.time_ms([&] { model.backward(); });
+    if (opt) o = timer.time_ms([&] { opt->step(1e-3); });
+    if (i >= spec.warmup) {
+      fwd.push_back(f);
+      bwd.push_back(b);
+      optim.push_back(o);
+      step.push_back(f + b + o);
+    }
+    if (progress) progress(i + 1, total);
+  }
+  const double loss = model.read_loss();
+  if (!std::isfinite(loss)) throw std::runtime_error(fmt::format("the loss is {}", loss));
+  r.peak_bytes = backend->allocator().peak_bytes();
+  r.forward = summarize(fwd);
+  if (spec.mode != BenchMode::forward) r.backward = summarize(bwd);
+  if (opt) r.optimizer = summarize(optim);
+  r.step = summarize(step);
+  r.tokens_per_s = static_cast<double>(n) / (r.step.mean / 1e3);
+  const double per_token = spec.mode == BenchMode::forward ? spec.model.forward_flops_per_token(spec.ctx)
+                                                           : spec.model.train_flops_per_token(spec.ctx);
+  r.model_tflops = per_token * static_cast<double>(n) / (r.step.mean / 1e3) / 1e12;
+}
+
+}  // namespace
+
+BenchResult run_bench_cell(const BenchSpec& spec, const BenchProgress& progress) {
+  BenchResult r;
+  r.spec = spec;
+  try {
+    run_cell(spec, r, progress);
+  } catch (const OutOfMemory& e) {
+    r.status = fmt::format("OOM: asked for {} with {} in use of {}", human_bytes(static_cast<double>(e.requested())),
+                           human_bytes(static_cast<double>(e.in_use())), human_bytes(static_cast<double>(e.capacity())));
+  } catch (const Unsupported& e) {
+    r.status = fmt::format("unsupported: {}", e.what());
+  } catch (const std::exception& e) {
+    r.status = fmt::format("error: {}", e.what());
+  }
+  return r;
+}
+
+}  // namespace lmscope

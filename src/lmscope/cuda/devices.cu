@@ -1,0 +1,24 @@
+#include "lmscope/backend/devices.h"
+
+#include <cuda_runtime.h>
+
+namespace lmscope {
+
+bool built_with_cuda() { return true; }
+
+std::vector<GpuInfo> list_gpus() {
+  std::vector<GpuInfo> out;
+  int n = 0;
+  if (cudaGetDeviceCount(&n) != cudaSuccess) {
+    cudaGetLastError();  // no driver or no device: clear the sticky error, report none
+    return out;
+  }
+  for (int i = 0; i < n; ++i) {
+    cudaDeviceProp p{};
+    if (cudaGetDeviceProperties(&p, i) != cudaSuccess) continue;
+    out.push_back({p.name, p.major, p.minor, p.multiProcessorCount, p.totalGlobalMem});
+  }
+  return out;
+}
+
+}  // namespace lmscope

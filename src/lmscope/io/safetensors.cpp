@@ -1,0 +1,214 @@
+#include "lmscope/io/safetensors.h"
+
+#include "lmscope/model/transformer.h"
+
+#include <fcntl.h>
+#include <nlohmann/json.hpp>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cstring>
+#include <fstream>
+#include <set>
+
+namespace lmscope {
+namespace {
+
+std::size_t safetensors_dtype_size(const std::string& t) {
+  if (t == "F64" || t == "I64" || t == "U64") return 8;
+  if (t == "F32" || t == "I32" || t == "U32") return 4;
+  if (t == "F16" || t == "BF16" || t == "I16" || t == "U16") return 2;
+  if (t == "I8" || t == "U8" || t == "BOOL" || t == "F8_E4M3" || t == "F8_E5M2") return 1;
+  return 0;
+}
+
+double half_to_double(std::uint16_t h) {
+  const int sign = h >> 15, exp = (h >> 10) & 31, mant = h & 1023;
+  double v = exp == 0 ? std::ldexp(mant, -24) : exp == 31 ? (mant ? NAN : INFINITY) : std::ldexp(mant + 1024, exp - 25);
+  return sign ? -v : v;
+}
+
+}  // namespace
+
+SafetensorsFile::SafetensorsFile(const std::string& path) : path_(path) {
+  int fd = ::open(path.c_str(), O_RDONLY);
+  if (fd < 0) user_error("cannot open weights file '{}': {}", path, std::strerror(errno));
+  struct stat st {};
+  ::fstat(fd, &st);
+  map_size_ = static_cast<std::size_t>(st.st_size);
+  if (map_size_ < 8) {
+    ::close(fd);
+    user_error("'{}' is not a safetensors file: it is {} bytes long, shorter than the 8-byte header length", path, map_size_);
+  }
+  void* m = ::mmap(nullptr, map_size_, PROT_READ, MAP_PRIVATE, fd, 0);
+  ::close(fd);
+  if (m == MAP_FAILED) user_error("cannot map weights file '{}': {}", path, std::strerror(errno));
+  map_ = static_cast<const unsigned char*>(m);
+  try {
+    parse_header();
+  } catch (...) {
+    ::munmap(m, map_size_);
+    throw;
+  }
+}
+
+void SafetensorsFile::parse_header() {
+  const std::string& path = path_;
+  std::uint64_t header_len = 0;
+  for (int i = 7; i >= 0; --i) header_len = (header_len << 8) | map_[i];
+  if (header_len > map_size_ - 8)
+    user_error("'{}' is truncated or not a safetensors file: its header claims {} bytes but the file has {}", path,
+               header_len, map_size_ - 8);
+  data_offset_ = 8 + header_len;
+  nlohmann::json header;
+  try {
+    header = nlohmann::json::parse(map_ + 8, map_ + data_offset_);
+  } catch (const nlohmann::json::exception& e) {
+    user_error("'{}' has a malformed safetensors header: {}", path, e.what());
+  }
+  if (!header.is_object()) user_error("'{}' has a malformed safetensors header: not a JSON object", path);
+  const std::size_t data_size = map_size_ - data_offset_;
+  for (auto& [name, v] : header.items()) {
+    if (name == "__metadata__") {
+      if (v.is_object())
+        for (auto& [k, s] : v.items())
+          if (s.is_string()) metadata_[k] = s.get<std::string>();
+      continue;
+    }
+    SafetensorsEntry e;
+    e.name = name;
+    try {
+      e.dtype = v.at("dtype").get<std::string>();
+      e.shape = v.at("shape").get<Shape>();
+      auto off = v.at("data_offsets").get<std::vector<std::size_t>>();
+      if (off.size() != 2) throw std::runtime_error("data_offsets needs two numbers");
+      e.begin = off[0];
+      e.end = off[1];
+    } catch (const std::exception& ex) {
+      user_error("'{}' has a malformed header entry for tensor '{}': {}", path, name, ex.what());
+    }
+    const std::size_t es = safetensors_dtype_size(e.dtype);
+    if (es == 0) user_error("tensor '{}' in '{}' has unknown dtype '{}'", name, path, e.dtype);
+    for (auto d : e.shape)
+      if (d < 0) user_error("tensor '{}' in '{}' has a negative dimension", name, path);
+    if (e.end < e.begin || e.end - e.begin != static_cast<std::size_t>(shape_numel(e.shape)) * es)
+      user_error("tensor '{}' in '{}' has data_offsets [{}, {}] that do not fit its shape {} of {}", name, path, e.begin,
+                 e.end, shape_str(e.shape), e.dtype);
+    if (e.end > data_size)
+      user_error("'{}' is truncated: tensor '{}' ends at byte {} of a data section of {} bytes", path, name, e.end,
+                 data_size);
+    entries_.push_back(std::move(e));
+  }
+}
+
+SafetensorsFile::~SafetensorsFile() {
+  if (map_) ::munmap(const_cast<unsigned char*>(map_), map_size_);
+}
+
+const SafetensorsEntry* SafetensorsFile::find(const std::string& name) const {
+  for (const auto& e : entries_)
+    if (e.name == name) return &e;
+  return nullptr;
+}
+
+std::vector<double> SafetensorsFile::read(const SafetensorsEntry& e) const {
+  const unsigned char* p = map_ + data_offset_ + e.begin;
+  const std::size_t n = static_cast<std::size_t>(shape_numel(e.shape));
+  std::vector<double> out(n);
+  // safetensors data is little-endian, as is every machine lmscope runs on.
+  if (e.dtype == "F32") {
+    for (std::size_t i = 0; i < n; ++i) {
+      float f;
+      std::memcpy(&f, p + 4 * i, 4);
+      out[i] = f;
+    }
+  } else if (e.dtype == "F64") {
+    std::memcpy(out.data(), p, 8 * n);
+  } else if (e.dtype == "BF16" || e.dtype == "F16") {
+    for (std::size_t i = 0; i < n; ++i) {
+      std::uint16_t h;
+      std::memcpy(&h, p + 2 * i, 2);
+      if (e.dtype == "BF16") {
+        std::uint32_t bits = std::uint32_t{h} << 16;
+        float f;
+        std::memcpy(&f, &bits, 4);
+        out[i] = f;
+      } else {
+        out[i] = half_to_double(h);
+      }
+    }
+  } else {
+    user_error("tensor '{}' in '{}' has dtype {}, but weights must be F32, F64, BF16 or F16", e.name, path_, e.dtype);
+  }
+  return out;
+}
+
+void write_safetensors(const std::string& path, const std::vector<NamedTensorData>& tensors,
+                       const std::map<std::string, std::string>& metadata) {
+  nlohmann::ordered_json header;
+  if (!metadata.empty()) header["__metadata__"] = metadata;
+  std::size_t offset = 0;
+  for (const auto& t : tensors) {
+    LMSCOPE_CHECK(static_cast<std::int64_t>(t.values.size()) == shape_numel(t.shape), "tensor {} size", t.name);
+    const std::size_t bytes = t.values.size() * 4;
+    header[t.name] = {{"dtype", "F32"}, {"shape", t.shape}, {"data_offsets", {offset, offset + bytes}}};
+    offset += bytes;
+  }
+  std::string h = header.dump();
+  h.append((8 - h.size() % 8) % 8, ' ');  // pad so the data section is 8-byte aligned
+  const std::string tmp = path + ".partial";
+  {
+    std::ofstream f(tmp, std::ios::binary);
+    if (!f) user_error("cannot write '{}': {}", path, std::strerror(errno));
+    unsigned char len[8];
+    for (int i = 0; i < 8; ++i) len[i] = static_cast<unsigned char>((static_cast<std::uint64_t>(h.size()) >> (8 * i)) & 0xff);
+    f.write(reinterpret_cast<const char*>(len), 8);
+    f.write(h.data(), static_cast<std::streamsize>(h.size()));
+    for (const auto& t : tensors)
+      f.write(reinterpret_cast<const char*>(t.values.data()), static_cast<std::streamsize>(t.values.size() * 4));
+    if (!f.flush()) user_error("writing '{}' failed: {}", path, std::strerror(errno));
+  }
+  if (std::rename(tmp.c_str(), path.c_str()) != 0) user_error("cannot move '{}' into place: {}", path, std::strerror(errno));
+}
+
+void load_parameters(Transformer& model, const std::string& path) {
+  SafetensorsFile file(path);
+  std::set<std::string> expected;
+  for (const Parameter& p : model.parameters()) expected.insert(p.spec.name);
+  auto canonical = [](const std::string& n) { return n.rfind("_orig_mod.", 0) == 0 ? n.substr(10) : n; };
+  for (const auto& e : file.entries())
+    if (!expected.count(canonical(e.name)))
+      user_error("'{}' holds tensor '{}', which this model (d_model {}, layers {}) does not have", path, e.name,
+                 model.config().d_model, model.config().layers);
+  for (Parameter& p : model.parameters()) {
+    const SafetensorsEntry* e = file.find(p.spec.name);
+    if (!e) e = file.find("_orig_mod." + p.spec.name);
+    if (!e) user_error("'{}' lacks tensor '{}' of shape {}", path, p.spec.name, shape_str(p.spec.shape));
+    if (e->shape != p.spec.shape)
+      user_error("tensor '{}' in '{}' has shape {}, but the model needs {}", p.spec.name, path, shape_str(e->shape),
+                 shape_str(p.spec.shape));
+    upload(model.backend(), p.value, file.read(*e));
+  }
+}
+
+void save_parameters(Transformer& model, const std::string& path) {
+  std::vector<NamedTensorData> out;
+  for (Parameter& p : model.parameters()) {
+    std::vector<double> v = download(model.backend(), p.value);
+    NamedTensorData t{p.spec.name, p.spec.shape, std::vector<float>(v.begin(), v.end())};
+    out.push_back(std::move(t));
+  }
+  const ModelConfig& c = model.config();
+  write_safetensors(path, out,
+                    {{"format", "pt"},
+                     {"producer", "lmscope"},
+                     {"vocab_size", std::to_string(c.vocab)},
+                     {"d_model", std::to_string(c.d_model)},
+                     {"d_ff", std::to_string(c.d_ff)},
+                     {"num_layers", std::to_string(c.layers)},
+                     {"num_heads", std::to_string(c.heads)},
+                     {"rope_theta", fmt::format("{}", c.rope_theta)}});
+}
+
+}  // namespace lmscope

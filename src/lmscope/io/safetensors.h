@@ -1,0 +1,63 @@
+// safetensors (the Hugging Face format PyTorch users save weights in): an 8-byte little-endian
+// header length, a JSON header {name: {dtype, shape, data_offsets}, "__metadata__": {...}},
+// then the raw little-endian data. Read through mmap, so large checkpoints are not copied twice.
+#pragma once
+
+#include "lmscope/core/tensor.h"
+
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace lmscope {
+
+class Transformer;
+
+struct SafetensorsEntry {
+  std::string name;
+  std::string dtype;  // "F32", "BF16", ...
+  Shape shape;
+  std::size_t begin = 0, end = 0;  // byte offsets into the data section
+};
+
+class SafetensorsFile {
+ public:
+  // Opens and validates the header against the file's size; throws UserError if malformed.
+  explicit SafetensorsFile(const std::string& path);
+  ~SafetensorsFile();
+  SafetensorsFile(const SafetensorsFile&) = delete;
+  SafetensorsFile& operator=(const SafetensorsFile&) = delete;
+
+  const std::string& path() const { return path_; }
+  const std::vector<SafetensorsEntry>& entries() const { return entries_; }
+  const std::map<std::string, std::string>& metadata() const { return metadata_; }
+  const SafetensorsEntry* find(const std::string& name) const;
+  // The tensor's values as float64 (F32, F64, BF16 and F16 are read; other dtypes are a UserError).
+  std::vector<double> read(const SafetensorsEntry& e) const;
+
+ private:
+  void parse_header();
+  std::string path_;
+  std::vector<SafetensorsEntry> entries_;
+  std::map<std::string, std::string> metadata_;
+  const unsigned char* map_ = nullptr;
+  std::size_t map_size_ = 0, data_offset_ = 0;
+};
+
+struct NamedTensorData {
+  std::string name;
+  Shape shape;
+  std::vector<float> values;
+};
+
+// Writes F32 tensors; the file appears complete or not at all (written aside, then renamed).
+void write_safetensors(const std::string& path, const std::vector<NamedTensorData>& tensors,
+                       const std::map<std::string, std::string>& metadata = {});
+
+// The model's parameters by their PyTorch names. Loading checks that the file holds exactly the
+// model's tensors with their shapes; a name prefixed "_orig_mod." (torch.compile) is accepted.
+void load_parameters(Transformer& model, const std::string& path);
+void save_parameters(Transformer& model, const std::string& path);
+
+}  // namespace lmscope

@@ -1,0 +1,127 @@
+#include "lmscope/io/token_data.h"
+
+#include "lmscope/core/error.h"
+
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <regex>
+
+namespace lmscope {
+namespace {
+
+// Parses the .npy header (format versions 1-3) and returns the data offset; sets element size and count.
+std::size_t parse_npy(const std::string& path, const unsigned char* p, std::size_t size, int& elem_size,
+                      std::int64_t& count) {
+  if (size < 10) user_error("'{}' is truncated: too short for a .npy header", path);
+  const int major = p[6];
+  const std::size_t len_bytes = major == 1 ? 2 : 4;
+  std::size_t header_len = 0;
+  for (std::size_t i = 0; i < len_bytes; ++i) header_len |= std::size_t{p[8 + i]} << (8 * i);
+  const std::size_t offset = 8 + len_bytes + header_len;
+  if (offset > size) user_error("'{}' is truncated: its .npy header runs past the end of the file", path);
+  const std::string header(reinterpret_cast<const char*>(p + 8 + len_bytes), header_len);
+  std::smatch m;
+  if (!std::regex_search(header, m, std::regex(R"('descr'\s*:\s*'([^']*)')")))
+    user_error("'{}' has a .npy header without a dtype", path);
+  const std::string descr = m[1];
+  if (descr == "<u2" || descr == "|u2") elem_size = 2;
+  else if (descr == "<i4") elem_size = 4;
+  else if (descr == "<i8") elem_size = 8;
+  else user_error("'{}' holds dtype '{}'; token arrays must be little-endian uint16, int32 or int64", path, descr);
+  if (std::regex_search(header, std::regex(R"('fortran_order'\s*:\s*True)")))
+    user_error("'{}' is stored in Fortran order; save a C-ordered one-dimensional array", path);
+  if (!std::regex_search(header, m, std::regex(R"('shape'\s*:\s*\(\s*(\d+)\s*,?\s*\))")))
+    user_error("'{}' must hold a one-dimensional token array", path);
+  count = std::stoll(m[1]);
+  if (offset + static_cast<std::size_t>(count) * static_cast<std::size_t>(elem_size) > size)
+    user_error("'{}' is truncated: its header promises {} tokens but the file holds fewer", path, count);
+  return offset;
+}
+
+}  // namespace
+
+TokenData::TokenData(const std::string& path) : path_(path) {
+  int fd = ::open(path.c_str(), O_RDONLY);
+  if (fd < 0) user_error("cannot open token file '{}': {}", path, std::strerror(errno));
+  struct stat st {};
+  ::fstat(fd, &st);
+  map_size_ = static_cast<std::size_t>(st.st_size);
+  if (map_size_ == 0) {
+    ::close(fd);
+    user_error("token file '{}' is empty", path);
+  }
+  void* m = ::mmap(nullptr, map_size_, PROT_READ, MAP_PRIVATE, fd, 0);
+  ::close(fd);
+  if (m == MAP_FAILED) user_error("cannot map token file '{}': {}", path, std::strerror(errno));
+  map_ = static_cast<const unsigned char*>(m);
+  try {
+    if (map_size_ >= 6 && std::memcmp(map_, "\x93NUMPY", 6) == 0) {
+      offset_ = parse_npy(path, map_, map_size_, elem_size_, count_);
+    } else {
+      if (map_size_ % 2 != 0)
+        user_error("'{}' has an odd number of bytes ({}), so it is not a raw uint16 token array", path, map_size_);
+      count_ = static_cast<std::int64_t>(map_size_ / 2);
+    }
+  } catch (...) {
+    ::munmap(m, map_size_);
+    throw;
+  }
+}
+
+TokenData::~TokenData() {
+  if (map_) ::munmap(const_cast<unsigned char*>(map_), map_size_);
+}
+
+std::int64_t TokenData::at(std::int64_t i) const {
+  const unsigned char* p = map_ + offset_ + static_cast<std::size_t>(i) * static_cast<std::size_t>(elem_size_);
+  if (elem_size_ == 2) {
+    std::uint16_t v;
+    std::memcpy(&v, p, 2);
+    return v;
+  }
+  if (elem_size_ == 4) {
+    std::int32_t v;
+    std::memcpy(&v, p, 4);
+    return v;
+  }
+  std::int64_t v;
+  std::memcpy(&v, p, 8);
+  return v;
+}
+
+void TokenData::check_vocabulary(std::int64_t vocab) const {
+  if (elem_size_ == 2 && vocab > 65535) return;  // every uint16 fits
+  for (std::int64_t i = 0; i < count_; ++i) {
+    const std::int64_t v = at(i);
+    if (v < 0 || v >= vocab)
+      user_error("token id {} at position {} of '{}' is outside the vocabulary of {} (ids 0..{})", v, i, path_, vocab,
+                 vocab - 1);
+  }
+}
+
+BatchSampler::BatchSampler(const TokenData& data, std::int64_t batch, std::int64_t ctx, bool sequential,
+                           std::uint64_t seed)
+    : data_(data), batch_(batch), ctx_(ctx), sequential_(sequential), rng_(Rng::stream(seed, "batches")) {
+  if (data.size() < ctx + 1)
+    user_error("'{}' holds {} tokens, fewer than one window of ctx + 1 = {} tokens", data.path(), data.size(), ctx + 1);
+}
+
+void BatchSampler::next(std::int32_t* inputs, std::int32_t* targets) {
+  const std::int64_t windows = (data_.size() - 1) / ctx_;
+  for (std::int64_t b = 0; b < batch_; ++b) {
+    const std::int64_t start = sequential_ ? ((step_ * batch_ + b) % windows) * ctx_
+                                           : static_cast<std::int64_t>(rng_.below(static_cast<std::uint64_t>(data_.size() - ctx_)));
+    for (std::int64_t t = 0; t < ctx_; ++t) {
+      inputs[b * ctx_ + t] = static_cast<std::int32_t>(data_.at(start + t));
+      targets[b * ctx_ + t] = static_cast<std::int32_t>(data_.at(start + t + 1));
+    }
+  }
+  ++step_;
+}
+
+}  // namespace lmscope

@@ -1,0 +1,85 @@
+#include "lmscope/model/config.h"
+
+#include <cmath>
+
+namespace lmscope {
+
+void ModelConfig::validate() const {
+  auto positive = [](const char* what, std::int64_t v) {
+    if (v <= 0) user_error("{} must be a positive integer, got {}", what, v);
+  };
+  positive("--vocab", vocab);
+  positive("--d-model", d_model);
+  positive("--d-ff", d_ff);
+  positive("--layers", layers);
+  positive("--heads", heads);
+  if (vocab > 2147483647) user_error("--vocab {} does not fit 32-bit token ids", vocab);
+  if (d_model % heads != 0) user_error("--d-model {} is not divisible by --heads {}", d_model, heads);
+  if (d_head() % 2 != 0) user_error("the head width d_model/heads = {} must be even for RoPE's pairs", d_head());
+  if (!(rope_theta > 0) || !std::isfinite(rope_theta)) user_error("--rope-theta must be positive, got {}", rope_theta);
+}
+
+std::int64_t ModelConfig::matmul_parameter_count() const {
+  return layers * (4 * d_model * d_model + 3 * d_model * d_ff) + vocab * d_model;
+}
+
+std::int64_t ModelConfig::parameter_count() const {
+  return 2 * vocab * d_model + layers * (4 * d_model * d_model + 3 * d_model * d_ff + 2 * d_model) + d_model;
+}
+
+double ModelConfig::forward_flops_per_token(std::int64_t ctx) const {
+  return 2.0 * static_cast<double>(matmul_parameter_count()) +
+         2.0 * static_cast<double>(layers) * static_cast<double>(d_model) * static_cast<double>(ctx);
+}
+
+const std::vector<std::string>& preset_names() {
+  static const std::vector<std::string> names = {"small", "medium", "large", "xl", "2.7B"};
+  return names;
+}
+
+ModelConfig preset(const std::string& name) {
+  struct Row {
+    const char* name;
+    std::int64_t d, f, l, h;
+  };
+  static const Row rows[] = {{"small", 768, 3072, 12, 12},
+                             {"medium", 1024, 4096, 24, 16},
+                             {"large", 1280, 5120, 36, 20},
+                             {"xl", 1600, 6400, 48, 25},
+                             {"2.7B", 2560, 10240, 32, 32}};
+  for (const Row& r : rows)
+    if (name == r.name) {
+      ModelConfig c;
+      c.name = r.name;
+      c.d_model = r.d;
+      c.d_ff = r.f;
+      c.layers = r.l;
+      c.heads = r.h;
+      return c;
+    }
+  user_error("unknown model preset '{}' (known: small, medium, large, xl, 2.7B)", name);
+}
+
+std::vector<ParameterSpec> parameter_specs(const ModelConfig& c) {
+  auto linear_std = [](std::int64_t in, std::int64_t out) { return std::sqrt(2.0 / static_cast<double>(in + out)); };
+  const std::int64_t d = c.d_model, f = c.d_ff;
+  std::vector<ParameterSpec> s;
+  s.push_back({"token_embeddings.weight", {c.vocab, d}, 1.0, -1});
+  for (int i = 0; i < c.layers; ++i) {
+    const std::string p = "layers." + std::to_string(i) + ".";
+    s.push_back({p + "attn.q_proj.weight", {d, d}, linear_std(d, d), i});
+    s.push_back({p + "attn.k_proj.weight", {d, d}, linear_std(d, d), i});
+    s.push_back({p + "attn.v_proj.weight", {d, d}, linear_std(d, d), i});
+    s.push_back({p + "attn.output_proj.weight", {d, d}, linear_std(d, d), i});
+    s.push_back({p + "ln1.weight", {d}, 0.0, i});
+    s.push_back({p + "ffn.w1.weight", {f, d}, linear_std(d, f), i});
+    s.push_back({p + "ffn.w2.weight", {d, f}, linear_std(f, d), i});
+    s.push_back({p + "ffn.w3.weight", {f, d}, linear_std(d, f), i});
+    s.push_back({p + "ln2.weight", {d}, 0.0, i});
+  }
+  s.push_back({"ln_final.weight", {d}, 0.0, -1});
+  s.push_back({"lm_head.weight", {c.vocab, d}, linear_std(d, c.vocab), -1});
+  return s;
+}
+
+}  // namespace lmscope

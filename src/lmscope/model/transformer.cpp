@@ -1,0 +1,298 @@
+#include "lmscope/model/transformer.h"
+
+#include "lmscope/core/rng.h"
+
+#include <cmath>
+#include <unordered_map>
+
+namespace lmscope {
+
+// What each layer's forward saves for its backward; nothing else outlives the forward.
+struct Transformer::Layer {
+  Allocation x;            // layer input (for ln1's backward and the residual)
+  Allocation rstd1, n1;    // ln1 statistics and output (the q/k/v weight gradients read n1)
+  Allocation q, k, v;      // [B, h, T, dk], q and k after RoPE
+  Allocation probs;        // [B·h, T, T] softmax output (naive attention)
+  Allocation o;            // [N, d] merged heads (output_proj's weight gradient reads it)
+  Allocation h;            // residual after attention (for ln2's backward)
+  Allocation rstd2, n2;    // ln2 statistics and output
+  Allocation a, b, gate;   // w1·x, w3·x and silu(a)∘b
+};
+
+struct Transformer::Saved {
+  std::vector<Layer> layers;
+  Allocation x_final, rstd_final, n_final;
+  Allocation logits, lse;  // logits become their own gradient in backward
+};
+
+Transformer::Transformer(const ModelConfig& config, Backend& backend, DType dtype)
+    : config_(config), backend_(backend), dtype_(dtype) {
+  config_.validate();
+  std::unordered_map<std::string, Parameter*> by_name;
+  for (ParameterSpec& s : parameter_specs(config_)) params_.push_back(Parameter{std::move(s), {}, {}});
+  for (Parameter& p : params_) {
+    p.value = backend_.allocator().allocate(p.spec.shape, dtype_, {MemKind::parameter, p.spec.name, p.spec.layer});
+    by_name[p.spec.name] = &p;
+  }
+  for (int i = 0; i < config_.layers; ++i) {
+    auto at = [&](const char* s) { return by_name.at("layers." + std::to_string(i) + "." + s); };
+    layer_params_.push_back({at("attn.q_proj.weight"), at("attn.k_proj.weight"), at("attn.v_proj.weight"),
+                             at("attn.output_proj.weight"), at("ln1.weight"), at("ffn.w1.weight"),
+                             at("ffn.w2.weight"), at("ffn.w3.weight"), at("ln2.weight")});
+  }
+  embedding_ = by_name.at("token_embeddings.weight");
+  ln_final_ = by_name.at("ln_final.weight");
+  lm_head_ = by_name.at("lm_head.weight");
+  loss_ = act("loss", -1, {1}, MemKind::workspace);
+}
+
+Transformer::~Transformer() = default;
+
+Parameter& Transformer::parameter(const std::string& name) {
+  for (Parameter& p : params_)
+    if (p.spec.name == name) return p;
+  user_error("the model has no parameter named '{}'", name);
+}
+
+void Transformer::init_parameters(std::uint64_t seed) {
+  for (Parameter& p : params_) {
+    const std::int64_t n = p.value.tensor().numel();
+    std::vector<double> host(static_cast<std::size_t>(n), 1.0);
+    if (p.spec.init_std > 0) {
+      Rng rng = Rng::stream(seed, p.spec.name);
+      for (double& x : host) x = p.spec.init_std * rng.truncated_normal(3.0);
+    }
+    upload(backend_, p.value, host);
+  }
+}
+
+Allocation Transformer::act(const char* what, int layer, Shape shape, MemKind kind) {
+  return backend_.allocator().allocate(std::move(shape), dtype_, {kind, what, layer});
+}
+
+void Transformer::set_batch(std::int64_t batch, std::int64_t ctx, const std::int32_t* ids,
+                            const std::int32_t* targets) {
+  if (batch != batch_ || ctx != ctx_ || ids_.empty()) {
+    batch_ = batch;
+    ctx_ = ctx;
+    ids_ = backend_.allocator().allocate({batch * ctx}, DType::i32, {MemKind::input, "token_ids", -1});
+    targets_ = backend_.allocator().allocate({batch * ctx}, DType::i32, {MemKind::input, "targets", -1});
+  }
+  backend_.copy_from_host(ids_, ids);
+  backend_.copy_from_host(targets_, targets);
+}
+
+// y [N, out] = x [N, in] · Wᵀ, W [out, in].
+void Transformer::linear(const Tensor& x, const Tensor& w, const Tensor& y) {
+  const std::int64_t in = w.dim(1), out = w.dim(0), n = x.numel() / in;
+  backend_.gemm({.trans_a = false, .trans_b = true, .m = n, .n = out, .k = in, .alpha = 1, .beta = 0,
+                 .a = x, .b = w, .c = y, .lda = in, .ldb = in, .ldc = out});
+}
+
+// dx [N, in] (= or +=, by beta) dy [N, out] · W.
+void Transformer::linear_backward_input(const Tensor& dy, const Tensor& w, const Tensor& dx, float beta) {
+  const std::int64_t in = w.dim(1), out = w.dim(0), n = dy.numel() / out;
+  backend_.gemm({.trans_a = false, .trans_b = false, .m = n, .n = in, .k = out, .alpha = 1, .beta = beta,
+                 .a = dy, .b = w, .c = dx, .lda = out, .ldb = in, .ldc = in});
+}
+
+// dW [out, in] = dyᵀ · x. Each weight is used once per step, so the gradient is overwritten.
+void Transformer::linear_backward_weight(const Tensor& dy, const Tensor& x, const Tensor& dw) {
+  const std::int64_t in = dw.dim(1), out = dw.dim(0), n = dy.numel() / out;
+  backend_.gemm({.trans_a = true, .trans_b = false, .m = out, .n = in, .k = n, .alpha = 1, .beta = 0,
+                 .a = dy, .b = x, .c = dw, .lda = out, .ldb = in, .ldc = in});
+}
+
+// One product per (batch, head): C = op(A)·op(B), operands [B·h, rows, cols] contiguous.
+void Transformer::attention_gemm(bool ta, bool tb, std::int64_t m, std::int64_t n, std::int64_t k, const Tensor& a,
+                                 const Tensor& b, const Tensor& c) {
+  const std::int64_t batch = batch_ * config_.heads;
+  backend_.gemm({.trans_a = ta, .trans_b = tb, .m = m, .n = n, .k = k, .alpha = 1, .beta = 0, .a = a, .b = b, .c = c,
+                 .lda = ta ? m : k, .ldb = tb ? k : n, .ldc = n, .batch = batch, .stride_a = m * k,
+                 .stride_b = k * n, .stride_c = m * n});
+}
+
+void Transformer::forward() {
+  LMSCOPE_CHECK(!ids_.empty(), "forward before set_batch");
+  discard_activations();
+  const std::int64_t B = batch_, T = ctx_, N = B * T, d = config_.d_model, f = config_.d_ff, H = config_.heads,
+                     dk = config_.d_head();
+  const double theta = config_.rope_theta, eps = 1e-5;
+  backend_.allocator().set_phase(Phase::forward);
+  Saved s;
+  Allocation x = act("embedding", -1, {N, d});
+  backend_.embedding_forward(ids_, embedding_->value, x);
+
+  for (int l = 0; l < config_.layers; ++l) {
+    const LayerParams& P = layer_params_[l];
+    Layer L;
+    L.x = std::move(x);
+    L.rstd1 = stat("ln1.rstd", l, {N});
+    L.n1 = act("ln1.out", l, {N, d});
+    backend_.rmsnorm_forward(L.x, P.ln1->value, L.n1, L.rstd1, eps);
+
+    Allocation proj = act("attn.proj", l, {N, d});
+    Allocation* heads[3] = {&L.q, &L.k, &L.v};
+    const char* names[3] = {"attn.q", "attn.k", "attn.v"};
+    Parameter* weights[3] = {P.wq, P.wk, P.wv};
+    for (int i = 0; i < 3; ++i) {
+      linear(L.n1, weights[i]->value, proj);
+      *heads[i] = act(names[i], l, {B, H, T, dk});
+      backend_.split_heads(proj.tensor().view({B, T, H, dk}), *heads[i], i < 2 ? theta : 0.0);
+    }
+    proj.reset();
+
+    {  // naive attention: S = Q·Kᵀ, P = softmax(S/√dk) causal, O = P·V
+      Allocation scores = act("attn.scores", l, {B * H, T, T});
+      attention_gemm(false, true, T, T, dk, L.q, L.k, scores);
+      L.probs = act("attn.probs", l, {B * H, T, T});
+      backend_.softmax_forward(scores, L.probs, 1.0 / std::sqrt(static_cast<double>(dk)), true);
+      scores.reset();
+      Allocation o_heads = act("attn.o_heads", l, {B, H, T, dk});
+      attention_gemm(false, false, T, dk, T, L.probs, L.v, o_heads);
+      L.o = act("attn.o", l, {N, d});
+      backend_.merge_heads(o_heads, L.o.tensor().view({B, T, H, dk}), 0.0);
+    }
+    Allocation attn_out = act("attn.out", l, {N, d});
+    linear(L.o, P.wo->value, attn_out);
+    L.h = act("attn.residual", l, {N, d});
+    backend_.add(L.x, attn_out, L.h);
+    attn_out.reset();
+
+    L.rstd2 = stat("ln2.rstd", l, {N});
+    L.n2 = act("ln2.out", l, {N, d});
+    backend_.rmsnorm_forward(L.h, P.ln2->value, L.n2, L.rstd2, eps);
+    L.a = act("ffn.w1_out", l, {N, f});
+    L.b = act("ffn.w3_out", l, {N, f});
+    linear(L.n2, P.w1->value, L.a);
+    linear(L.n2, P.w3->value, L.b);
+    L.gate = act("ffn.gate", l, {N, f});
+    backend_.swiglu_forward(L.a, L.b, L.gate);
+    Allocation ffn_out = act("ffn.out", l, {N, d});
+    linear(L.gate, P.w2->value, ffn_out);
+    x = act("ffn.residual", l, {N, d});
+    backend_.add(L.h, ffn_out, x);
+    s.layers.push_back(std::move(L));
+  }
+
+  s.x_final = std::move(x);
+  s.rstd_final = stat("ln_final.rstd", -1, {N});
+  s.n_final = act("ln_final.out", -1, {N, d});
+  backend_.rmsnorm_forward(s.x_final, ln_final_->value, s.n_final, s.rstd_final, eps);
+  s.logits = act("lm_head.logits", -1, {N, config_.vocab});
+  linear(s.n_final, lm_head_->value, s.logits);
+  s.lse = stat("loss.lse", -1, {N});
+  backend_.cross_entropy_forward(s.logits, targets_, s.lse, loss_);
+  saved_.push_back(std::move(s));
+}
+
+double Transformer::read_loss() { return read_scalar(backend_, loss_); }
+
+const Tensor& Transformer::logits() const {
+  LMSCOPE_CHECK(!saved_.empty(), "logits read without a forward");
+  return saved_.back().logits;
+}
+
+void Transformer::discard_activations() { saved_.clear(); }
+
+void Transformer::backward() {
+  LMSCOPE_CHECK(!saved_.empty(), "backward without a forward");
+  const std::int64_t B = batch_, T = ctx_, N = B * T, d = config_.d_model, f = config_.d_ff, H = config_.heads,
+                     dk = config_.d_head();
+  const double theta = config_.rope_theta;
+  Allocator& mem = backend_.allocator();
+  mem.set_phase(Phase::backward);
+  for (Parameter& p : params_)
+    if (p.grad.empty()) p.grad = mem.allocate(p.spec.shape, dtype_, {MemKind::gradient, p.spec.name, p.spec.layer});
+  Saved s = std::move(saved_.back());
+  saved_.clear();
+
+  // Loss and head: the logits buffer turns into dlogits in place.
+  backend_.cross_entropy_backward(s.logits, targets_, s.lse, s.logits, 1.0 / static_cast<double>(N));
+  s.lse.reset();
+  linear_backward_weight(s.logits, s.n_final, lm_head_->grad);
+  Allocation dn = act("grad.ln_final.out", -1, {N, d});
+  linear_backward_input(s.logits, lm_head_->value, dn, 0.0f);
+  s.logits.reset();
+  s.n_final.reset();
+  Allocation dx = act("grad.residual", -1, {N, d});
+  backend_.rmsnorm_backward(dn, s.x_final, ln_final_->value, s.rstd_final, dx, ln_final_->grad);
+  s.x_final.reset();
+  s.rstd_final.reset();
+
+  for (int l = config_.layers - 1; l >= 0; --l) {
+    const LayerParams& P = layer_params_[l];
+    Layer& L = s.layers[l];
+    // x_out = h + w2·(silu(w1·n2) ∘ w3·n2), n2 = ln2(h); dx holds d x_out.
+    Allocation dgate = act("grad.ffn.gate", l, {N, f});
+    linear_backward_input(dx, P.w2->value, dgate, 0.0f);
+    linear_backward_weight(dx, L.gate, P.w2->grad);
+    L.gate.reset();
+    Allocation da = act("grad.ffn.w1_out", l, {N, f}), db = act("grad.ffn.w3_out", l, {N, f});
+    backend_.swiglu_backward(L.a, L.b, dgate, da, db);
+    dgate.reset();
+    L.a.reset();
+    L.b.reset();
+    dn = act("grad.ln2.out", l, {N, d});
+    linear_backward_input(da, P.w1->value, dn, 0.0f);
+    linear_backward_input(db, P.w3->value, dn, 1.0f);
+    linear_backward_weight(da, L.n2, P.w1->grad);
+    linear_backward_weight(db, L.n2, P.w3->grad);
+    da.reset();
+    db.reset();
+    L.n2.reset();
+    Allocation dh = act("grad.attn.residual", l, {N, d});
+    backend_.rmsnorm_backward(dn, L.h, P.ln2->value, L.rstd2, dh, P.ln2->grad);
+    backend_.add(dh, dx, dh);
+    dn.reset();
+    dx.reset();
+    L.h.reset();
+    L.rstd2.reset();
+
+    // h = x + wo·merge(P·V), P = softmax(Q·Kᵀ/√dk); dh holds d h.
+    Allocation d_o = act("grad.attn.o", l, {N, d});
+    linear_backward_input(dh, P.wo->value, d_o, 0.0f);
+    linear_backward_weight(dh, L.o, P.wo->grad);
+    L.o.reset();
+    Allocation do_heads = act("grad.attn.o_heads", l, {B, H, T, dk});
+    backend_.split_heads(d_o.tensor().view({B, T, H, dk}), do_heads, 0.0);
+    d_o.reset();
+    Allocation dscores = act("grad.attn.scores", l, {B * H, T, T});
+    attention_gemm(false, true, T, T, dk, do_heads, L.v, dscores);        // dP = dO·Vᵀ
+    Allocation dv_heads = act("grad.attn.v", l, {B, H, T, dk});
+    attention_gemm(true, false, T, dk, T, L.probs, do_heads, dv_heads);   // dV = Pᵀ·dO
+    do_heads.reset();
+    backend_.softmax_backward(L.probs, dscores, dscores, 1.0 / std::sqrt(static_cast<double>(dk)));
+    L.probs.reset();
+    Allocation dq_heads = act("grad.attn.q", l, {B, H, T, dk}), dk_heads = act("grad.attn.k", l, {B, H, T, dk});
+    attention_gemm(false, false, T, dk, T, dscores, L.k, dq_heads);       // dQ = dS·K
+    attention_gemm(true, false, T, dk, T, dscores, L.q, dk_heads);        // dK = dSᵀ·Q
+    dscores.reset();
+    L.q.reset();
+    L.k.reset();
+    L.v.reset();
+
+    dn = act("grad.ln1.out", l, {N, d});
+    Allocation dproj = act("grad.attn.proj", l, {N, d});
+    Allocation* dheads[3] = {&dq_heads, &dk_heads, &dv_heads};
+    Parameter* weights[3] = {P.wq, P.wk, P.wv};
+    for (int i = 0; i < 3; ++i) {
+      backend_.merge_heads(*dheads[i], dproj.tensor().view({B, T, H, dk}), i < 2 ? theta : 0.0);
+      dheads[i]->reset();
+      linear_backward_input(dproj, weights[i]->value, dn, i == 0 ? 0.0f : 1.0f);
+      linear_backward_weight(dproj, L.n1, weights[i]->grad);
+    }
+    dproj.reset();
+    L.n1.reset();
+    dx = act("grad.residual", l, {N, d});
+    backend_.rmsnorm_backward(dn, L.x, P.ln1->value, L.rstd1, dx, P.ln1->grad);
+    backend_.add(dx, dh, dx);
+    dn.reset();
+    dh.reset();
+    L.x.reset();
+    L.rstd1.reset();
+  }
+  backend_.embedding_backward(ids_, dx, embedding_->grad);
+}
+
+}  // namespace lmscope

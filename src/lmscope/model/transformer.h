@@ -1,0 +1,75 @@
+// The Transformer LM of MODEL.md, written once against the Backend interface.
+// Forward allocates the activations each op saves (tagged with op and layer); backward
+// consumes and frees them, so the allocator's record is the model's exact memory story.
+#pragma once
+
+#include "lmscope/backend/backend.h"
+#include "lmscope/model/config.h"
+
+#include <cstdint>
+#include <vector>
+
+namespace lmscope {
+
+struct Parameter {
+  ParameterSpec spec;
+  Allocation value;
+  Allocation grad;  // allocated by the first backward, kept afterwards (as PyTorch's .grad)
+};
+
+class Transformer {
+ public:
+  // dtype: f32 normally; f64 on the CPU for gradient checks.
+  Transformer(const ModelConfig& config, Backend& backend, DType dtype = DType::f32);
+  ~Transformer();
+  Transformer(const Transformer&) = delete;
+  Transformer& operator=(const Transformer&) = delete;
+
+  const ModelConfig& config() const { return config_; }
+  DType dtype() const { return dtype_; }
+  Backend& backend() { return backend_; }
+  std::vector<Parameter>& parameters() { return params_; }
+  Parameter& parameter(const std::string& name);  // throws UserError if unknown
+
+  // Seeded truncated-normal initialisation (MODEL.md); each tensor draws from its own stream
+  // named after it, so a tensor's values do not depend on the others.
+  void init_parameters(std::uint64_t seed);
+
+  // ids and targets: batch × ctx row-major token ids, already checked against the vocabulary.
+  void set_batch(std::int64_t batch, std::int64_t ctx, const std::int32_t* ids, const std::int32_t* targets);
+  // Forward to the mean loss, saving what backward needs. The loss stays on the backend until read.
+  void forward();
+  double read_loss();
+  // Backward from the loss into every parameter's grad (overwritten), freeing saved activations.
+  void backward();
+  // Drops what forward saved, for forward-only runs.
+  void discard_activations();
+  // Logits of the last forward [batch·ctx, vocab]; valid until backward or discard.
+  const Tensor& logits() const;
+
+ private:
+  struct Layer;
+  struct Saved;
+  Allocation act(const char* what, int layer, Shape shape, MemKind kind = MemKind::activation);
+  Allocation stat(const char* what, int layer, Shape shape) { return act(what, layer, std::move(shape)); }
+  void linear(const Tensor& x, const Tensor& w, const Tensor& y);
+  void linear_backward_input(const Tensor& dy, const Tensor& w, const Tensor& dx, float beta);
+  void linear_backward_weight(const Tensor& dy, const Tensor& x, const Tensor& dw);
+  void attention_gemm(bool trans_a, bool trans_b, std::int64_t m, std::int64_t n, std::int64_t k, const Tensor& a,
+                      const Tensor& b, const Tensor& c);
+
+  ModelConfig config_;
+  Backend& backend_;
+  DType dtype_;
+  std::vector<Parameter> params_;
+  struct LayerParams {
+    Parameter *wq, *wk, *wv, *wo, *ln1, *w1, *w2, *w3, *ln2;
+  };
+  std::vector<LayerParams> layer_params_;
+  Parameter *embedding_, *ln_final_, *lm_head_;
+  std::int64_t batch_ = 0, ctx_ = 0;
+  Allocation ids_, targets_, loss_;
+  std::vector<Saved> saved_;  // empty or one element: the last forward's activations
+};
+
+}  // namespace lmscope

@@ -1,0 +1,170 @@
+// The whole model: gradient against finite differences (f64), preset sizes, seeded
+// initialisation, the schedule, and the allocator's record of what the model holds.
+#include "gradcheck.h"
+
+#include "lmscope/model/optimizer.h"
+#include "lmscope/model/transformer.h"
+
+namespace lmscope::test {
+namespace {
+
+ModelConfig tiny() {
+  ModelConfig c;
+  c.name = "tiny";
+  c.vocab = 11;
+  c.d_model = 8;
+  c.d_ff = 12;
+  c.layers = 2;
+  c.heads = 2;
+  c.rope_theta = 100;
+  return c;
+}
+
+struct TinyBatch {
+  std::vector<std::int32_t> ids, targets;
+  TinyBatch(std::int64_t n, std::int64_t vocab, std::uint64_t seed) {
+    Rng rng(seed);
+    for (std::int64_t i = 0; i < n; ++i) {
+      ids.push_back(static_cast<std::int32_t>(rng.below(vocab)));
+      targets.push_back(static_cast<std::int32_t>(rng.below(vocab)));
+    }
+  }
+};
+
+TEST(Model, GradientOfEveryParameterMatchesFiniteDifferences) {
+  auto be = make_cpu_backend();
+  Transformer model(tiny(), *be, DType::f64);
+  model.init_parameters(3);
+  // Norm weights start at ones; perturb them so their gradients are generic.
+  Rng rng(5);
+  for (Parameter& p : model.parameters())
+    if (p.spec.init_std == 0)
+      for (std::int64_t i = 0; i < p.value.tensor().numel(); ++i) p.value.tensor().as<double>()[i] += 0.3 * rng.normal();
+  const std::int64_t B = 2, T = 5;
+  TinyBatch batch(B * T, 11, 9);
+  model.set_batch(B, T, batch.ids.data(), batch.targets.data());
+  model.forward();
+  model.backward();
+  auto loss = [&] {
+    model.forward();
+    double l = model.read_loss();
+    model.discard_activations();
+    return l;
+  };
+  for (Parameter& p : model.parameters()) expect_gradient(p.spec.name, p.value, p.grad, loss, 1e-5);
+  EXPECT_EQ(be->allocator().current_bytes(MemKind::activation), 0u) << "backward must free every saved activation";
+}
+
+TEST(Model, PresetParameterCountsMatchTheAssignment) {
+  const std::pair<const char*, std::int64_t> expected[] = {{"small", 128625408},
+                                                           {"medium", 423183360},
+                                                           {"large", 969411840},
+                                                           {"xl", 1998235200},
+                                                           {"2.7B", 3406809600}};
+  for (auto [name, count] : expected) {
+    ModelConfig c = preset(name);
+    EXPECT_EQ(c.parameter_count(), count) << name;
+    std::int64_t sum = 0;
+    for (const auto& s : parameter_specs(c)) sum += shape_numel(s.shape);
+    EXPECT_EQ(sum, count) << name << ": the tensor list must add up to the formula";
+  }
+  EXPECT_EQ(preset("2.7B").d_head(), 80);
+  EXPECT_THROW(preset("huge"), UserError);
+}
+
+TEST(Model, InvalidShapesAreUserErrors) {
+  ModelConfig c = tiny();
+  c.heads = 3;  // 8 not divisible by 3
+  EXPECT_THROW(c.validate(), UserError);
+  c = tiny();
+  c.layers = -1;
+  EXPECT_THROW(c.validate(), UserError);
+}
+
+TEST(Model, InitialisationIsSeededAndTruncated) {
+  auto be = make_cpu_backend();
+  Transformer a(tiny(), *be), b(tiny(), *be), c(tiny(), *be);
+  a.init_parameters(7);
+  b.init_parameters(7);
+  c.init_parameters(8);
+  bool differs = false;
+  for (std::size_t i = 0; i < a.parameters().size(); ++i) {
+    auto va = download(*be, a.parameters()[i].value), vb = download(*be, b.parameters()[i].value),
+         vc = download(*be, c.parameters()[i].value);
+    EXPECT_EQ(va, vb) << a.parameters()[i].spec.name;
+    differs |= va != vc;
+    const double std = a.parameters()[i].spec.init_std;
+    for (double x : va) {
+      if (std == 0) EXPECT_EQ(x, 1.0);
+      else EXPECT_LE(std::fabs(x), 3 * std + 1e-6);
+    }
+  }
+  EXPECT_TRUE(differs) << "another seed must give other weights";
+}
+
+TEST(Model, CosineScheduleFollowsTheFormula) {
+  LrSchedule s{.cosine = true, .lr_max = 1.0, .lr_min = 0.1, .warmup_iters = 10, .cosine_iters = 110};
+  EXPECT_DOUBLE_EQ(s.at(0), 0.0);
+  EXPECT_DOUBLE_EQ(s.at(5), 0.5);
+  EXPECT_DOUBLE_EQ(s.at(10), 1.0);
+  EXPECT_NEAR(s.at(60), 0.55, 1e-12);
+  EXPECT_DOUBLE_EQ(s.at(110), 0.1);
+  EXPECT_DOUBLE_EQ(s.at(500), 0.1);
+  LrSchedule constant{.lr_max = 0.3};
+  EXPECT_DOUBLE_EQ(constant.at(1000), 0.3);
+}
+
+TEST(Model, AllocatorRecordsWhatTheModelHoldsAndWhen) {
+  auto be = make_cpu_backend();
+  Allocator& mem = be->allocator();
+  mem.record_events(true);
+  Transformer model(tiny(), *be);
+  model.init_parameters(1);
+  AdamW opt(model, {});
+  TinyBatch batch(2 * 4, 11, 2);
+  model.set_batch(2, 4, batch.ids.data(), batch.targets.data());
+  model.forward();
+  const std::size_t activations = mem.current_bytes(MemKind::activation);
+  EXPECT_GT(activations, 0u);
+  model.backward();
+  opt.step(1e-3);
+  EXPECT_EQ(mem.current_bytes(MemKind::activation), 0u);
+  EXPECT_EQ(mem.current_bytes(MemKind::gradient), mem.current_bytes(MemKind::parameter));
+  EXPECT_EQ(mem.current_bytes(MemKind::optimizer_state), 2 * mem.current_bytes(MemKind::parameter));
+  bool saw_probs_in_layer1 = false, saw_grad_in_backward = false;
+  for (const MemEvent& e : mem.events()) {
+    if (e.is_alloc && e.tag.what == "attn.probs" && e.tag.layer == 1 && e.phase == Phase::forward) saw_probs_in_layer1 = true;
+    if (e.is_alloc && e.tag.kind == MemKind::gradient && e.phase == Phase::backward) saw_grad_in_backward = true;
+  }
+  EXPECT_TRUE(saw_probs_in_layer1);
+  EXPECT_TRUE(saw_grad_in_backward);
+  EXPECT_GE(mem.peak_bytes(), mem.current_bytes() + activations / 2);
+}
+
+TEST(Model, TrainingLowersTheLossOnARepeatedBatch) {
+  auto be = make_cpu_backend();
+  Transformer model(tiny(), *be);
+  model.init_parameters(4);
+  AdamW opt(model, {.lr = 1e-2});
+  TinyBatch batch(2 * 6, 11, 8);
+  model.set_batch(2, 6, batch.ids.data(), batch.targets.data());
+  double first = 0, last = 0;
+  for (int i = 0; i < 30; ++i) {
+    model.forward();
+    (i == 0 ? first : last) = model.read_loss();
+    model.backward();
+    opt.step(1e-2);
+  }
+  EXPECT_LT(last, first - 0.5);
+}
+
+TEST(Allocator, RefusesMoreThanItsCapacity) {
+  auto be = make_cpu_backend(1 << 20);
+  EXPECT_THROW(be->allocator().allocate({1 << 20}, DType::f32, {MemKind::activation, "big", 0}), OutOfMemory);
+  EXPECT_EQ(be->allocator().current_bytes(), 0u);
+  auto small = be->allocator().allocate({1000}, DType::f32, {MemKind::activation, "small", 0});
+  EXPECT_EQ(be->allocator().current_bytes(), 4096u);  // rounded to 256 bytes
+}
+
+}  // namespace
+}  // namespace lmscope::test

@@ -7,6 +7,7 @@
 #include <fmt/core.h>
 
 #include <cstdio>
+#include <string>
 
 int main(int argc, char** argv) {
   CLI::App app{"lmscope: train, benchmark and profile Transformer language models", "lmscope"};
@@ -16,6 +17,17 @@ int main(int argc, char** argv) {
   commands.push_back(lmscope::cli::add_info_command(app));
   commands.push_back(lmscope::cli::add_train_command(app));
   commands.push_back(lmscope::cli::add_bench_command(app));
+  if (argc < 2) {
+    fmt::print(stderr, "lmscope: error: a command is required: info, train or bench (see lmscope --help)\n");
+    return 2;
+  }
+  const std::string first = argv[1];
+  bool known = first[0] == '-';
+  for (const auto& c : commands) known |= c->app->get_name() == first;
+  if (!known) {
+    fmt::print(stderr, "lmscope: error: unknown command '{}' (use info, train or bench)\n", first);
+    return 2;
+  }
   try {
     app.parse(argc, argv);
   } catch (const CLI::CallForHelp& e) {

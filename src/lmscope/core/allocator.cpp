@@ -1,5 +1,7 @@
 #include "lmscope/core/allocator.h"
 
+#include <sys/mman.h>
+
 #include <cstdlib>
 #include <fstream>
 #include <sstream>
@@ -113,13 +115,36 @@ std::size_t host_available_memory() {
 
 HostAllocator::HostAllocator(std::size_t capacity) : capacity_(capacity ? capacity : host_available_memory()) {}
 
+HostAllocator::~HostAllocator() { release_cache(); }
+
+void HostAllocator::release_cache() {
+  for (auto& [bytes, p] : free_blocks_) std::free(p);
+  free_blocks_.clear();
+  cached_ = 0;
+}
+
 void* HostAllocator::raw_allocate(std::size_t bytes, const AllocTag& tag) {
+  if (auto it = free_blocks_.find(bytes); it != free_blocks_.end()) {
+    void* p = it->second;
+    free_blocks_.erase(it);
+    cached_ -= bytes;
+    return p;
+  }
   if (current_bytes() + bytes > capacity_) throw_oom(bytes, tag);
-  void* p = std::aligned_alloc(64, bytes);  // bytes is a multiple of 256
+  if (current_bytes() + cached_ + bytes > capacity_) release_cache();
+  // Large blocks are 2 MiB aligned and asked to be backed by huge pages: first touches then
+  // fault 512x less often (page faults dominated setup time on the 2-core machine).
+  constexpr std::size_t kHuge = std::size_t(2) << 20;
+  const bool huge = bytes >= kHuge;
+  void* p = std::aligned_alloc(huge ? kHuge : 64, huge ? (bytes + kHuge - 1) / kHuge * kHuge : bytes);
   if (!p) throw_oom(bytes, tag);
+  if (huge) ::madvise(p, bytes, MADV_HUGEPAGE);
   return p;
 }
 
-void HostAllocator::raw_free(void* p, std::size_t) { std::free(p); }
+void HostAllocator::raw_free(void* p, std::size_t bytes) {
+  free_blocks_.emplace(bytes, p);
+  cached_ += bytes;
+}
 
 }  // namespace lmscope

@@ -9,6 +9,7 @@
 
 #include <array>
 #include <chrono>
+#include <map>
 #include <cstddef>
 #include <string>
 #include <vector>
@@ -103,21 +104,27 @@ class Allocator {
   std::chrono::steady_clock::time_point start_ = std::chrono::steady_clock::now();
 };
 
-// Host memory, 64-byte aligned. Capacity is the memory the OS reports available when the
-// allocator is made, so an impossible request is refused with OutOfMemory instead of
-// overcommitting and being killed later.
+// Host memory, 64-byte aligned, with freed blocks kept for reuse by a request of the same size:
+// a training step asks for the same sizes every time, and fresh pages would fault in every step
+// (measured 9.5 s of system time in 7 small train steps before this cache). Capacity is the
+// memory the OS reports available when the allocator is made, so an impossible request is
+// refused with OutOfMemory instead of overcommitting and being killed later.
 class HostAllocator : public Allocator {
  public:
   explicit HostAllocator(std::size_t capacity = 0);  // 0: the host's available memory
+  ~HostAllocator() override;
   std::string device_name() const override { return "cpu"; }
   std::size_t capacity() const override { return capacity_; }
+  std::size_t cached_bytes() const { return cached_; }
+  void release_cache();
 
  protected:
   void* raw_allocate(std::size_t bytes, const AllocTag& tag) override;
   void raw_free(void* p, std::size_t bytes) override;
 
  private:
-  std::size_t capacity_;
+  std::size_t capacity_, cached_ = 0;
+  std::multimap<std::size_t, void*> free_blocks_;
 };
 
 std::size_t host_available_memory();

@@ -55,14 +55,26 @@ Parameter& Transformer::parameter(const std::string& name) {
 }
 
 void Transformer::init_parameters(std::uint64_t seed) {
+  if (dtype_ == DType::f64) fill_initial_values<double>(seed);
+  else fill_initial_values<float>(seed);
+}
+
+template <typename T>
+void Transformer::fill_initial_values(std::uint64_t seed) {
+  constexpr std::int64_t kChunk = 1 << 16;  // chunk k of a tensor draws from stream "<name>/k"
+  std::int64_t largest = 0;
+  for (const Parameter& p : params_) largest = std::max(largest, p.value.tensor().numel());
+  std::vector<T> host(static_cast<std::size_t>(largest));  // one staging buffer for every tensor
   for (Parameter& p : params_) {
     const std::int64_t n = p.value.tensor().numel();
-    std::vector<double> host(static_cast<std::size_t>(n), 1.0);
-    if (p.spec.init_std > 0) {
-      Rng rng = Rng::stream(seed, p.spec.name);
-      for (double& x : host) x = p.spec.init_std * rng.truncated_normal(3.0);
+    const double std = p.spec.init_std;
+#pragma omp parallel for schedule(dynamic)
+    for (std::int64_t start = 0; start < n; start += kChunk) {
+      Rng rng = Rng::stream(seed, p.spec.name + "/" + std::to_string(start / kChunk));
+      for (std::int64_t i = start; i < std::min(n, start + kChunk); ++i)
+        host[i] = static_cast<T>(std > 0 ? std * rng.truncated_normal(3.0) : 1.0);
     }
-    upload(backend_, p.value, host);
+    backend_.copy_from_host(p.value, host.data());
   }
 }
 

@@ -31,8 +31,9 @@ class Transformer {
   std::vector<Parameter>& parameters() { return params_; }
   Parameter& parameter(const std::string& name);  // throws UserError if unknown
 
-  // Seeded truncated-normal initialisation (MODEL.md); each tensor draws from its own stream
-  // named after it, so a tensor's values do not depend on the others.
+  // Seeded truncated-normal initialisation (MODEL.md); each tensor draws from its own streams
+  // named after it (one per chunk of 65536 values, filled in parallel), so a tensor's values
+  // depend on the seed and its name alone.
   void init_parameters(std::uint64_t seed);
 
   // ids and targets: batch × ctx row-major token ids, already checked against the vocabulary.
@@ -50,6 +51,8 @@ class Transformer {
  private:
   struct Layer;
   struct Saved;
+  template <typename T>
+  void fill_initial_values(std::uint64_t seed);
   Allocation act(const char* what, int layer, Shape shape, MemKind kind = MemKind::activation);
   Allocation stat(const char* what, int layer, Shape shape) { return act(what, layer, std::move(shape)); }
   void linear(const Tensor& x, const Tensor& w, const Tensor& y);

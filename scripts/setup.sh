@@ -4,7 +4,7 @@
 #   scripts/setup.sh --test   also what the tests need (Debian's python3 with torch and numpy)
 set -euo pipefail
 
-packages=(cmake ninja-build g++ pkg-config libcli11-dev nlohmann-json3-dev libfmt-dev libopenblas-openmp-dev libgtest-dev)
+packages=(cmake ninja-build g++ libcli11-dev nlohmann-json3-dev libfmt-dev libopenblas-openmp-dev libgtest-dev)
 if [[ "${1:-}" == "--test" ]]; then
   packages+=(python3 python3-numpy python3-torch)
 fi

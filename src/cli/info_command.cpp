@@ -8,7 +8,6 @@
 #include <nlohmann/json.hpp>
 
 #include <map>
-#include <regex>
 
 namespace lmscope::cli {
 namespace {
@@ -50,9 +49,9 @@ class InfoCommand : public Command {
     // Each per-layer tensor once, with the number of layers that hold one.
     fmt::print("| tensor | shape | parameters | count | total |\n|---|---|---:|---:|---:|\n");
     std::map<std::string, int> seen;
-    const std::regex layer_re(R"(^layers\.\d+\.)");
     for (const auto& s : specs) {
-      const std::string key = std::regex_replace(s.name, layer_re, "layers.{i}.");
+      // "layers.7.attn.q_proj.weight" -> "layers.{i}.attn.q_proj.weight"
+      const std::string key = s.layer < 0 ? s.name : "layers.{i}" + s.name.substr(s.name.find('.', 7));
       if (seen[key]++) continue;
       const std::int64_t n = shape_numel(s.shape), count = s.layer >= 0 ? c.layers : 1;
       fmt::print("| {} | {} | {} | {} | {} |\n", key, shape_str(s.shape), n, count, n * count);

@@ -9,7 +9,6 @@
 
 #include <cerrno>
 #include <cstring>
-#include <regex>
 
 namespace lmscope {
 namespace {
@@ -25,19 +24,34 @@ std::size_t parse_npy(const std::string& path, const unsigned char* p, std::size
   const std::size_t offset = 8 + len_bytes + header_len;
   if (offset > size) user_error("'{}' is truncated: its .npy header runs past the end of the file", path);
   const std::string header(reinterpret_cast<const char*>(p + 8 + len_bytes), header_len);
-  std::smatch m;
-  if (!std::regex_search(header, m, std::regex(R"('descr'\s*:\s*'([^']*)')")))
+  // The value after 'key': in the header dict, with leading spaces skipped.
+  auto value_of = [&](const char* key) -> std::string {
+    std::size_t k = header.find(key);
+    if (k == std::string::npos) return {};
+    k = header.find(':', k);
+    if (k == std::string::npos) return {};
+    k = header.find_first_not_of(' ', k + 1);
+    return k == std::string::npos ? std::string() : header.substr(k);
+  };
+  const std::string descr_field = value_of("'descr'");
+  if (descr_field.size() < 2 || descr_field[0] != '\'')
     user_error("'{}' has a .npy header without a dtype", path);
-  const std::string descr = m[1];
+  const std::string descr = descr_field.substr(1, descr_field.find('\'', 1) - 1);
   if (descr == "<u2" || descr == "|u2") elem_size = 2;
   else if (descr == "<i4") elem_size = 4;
   else if (descr == "<i8") elem_size = 8;
   else user_error("'{}' holds dtype '{}'; token arrays must be little-endian uint16, int32 or int64", path, descr);
-  if (std::regex_search(header, std::regex(R"('fortran_order'\s*:\s*True)")))
+  if (value_of("'fortran_order'").rfind("True", 0) == 0)
     user_error("'{}' is stored in Fortran order; save a C-ordered one-dimensional array", path);
-  if (!std::regex_search(header, m, std::regex(R"('shape'\s*:\s*\(\s*(\d+)\s*,?\s*\))")))
-    user_error("'{}' must hold a one-dimensional token array", path);
-  count = std::stoll(m[1]);
+  const std::string shape_field = value_of("'shape'");
+  const std::size_t close = shape_field.find(')');
+  if (shape_field.empty() || shape_field[0] != '(' || close == std::string::npos)
+    user_error("'{}' has a .npy header without a shape", path);
+  std::string dims = shape_field.substr(1, close - 1);  // "1000," or "2, 2"
+  while (!dims.empty() && (dims.back() == ',' || dims.back() == ' ')) dims.pop_back();
+  if (dims.empty() || dims.find_first_not_of("0123456789") != std::string::npos)
+    user_error("'{}' must hold a one-dimensional token array, not shape ({})", path, dims);
+  count = std::stoll(dims);
   if (offset + static_cast<std::size_t>(count) * static_cast<std::size_t>(elem_size) > size)
     user_error("'{}' is truncated: its header promises {} tokens but the file holds fewer", path, count);
   return offset;

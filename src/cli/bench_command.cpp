@@ -57,8 +57,7 @@ class BenchCommand : public Command {
         for (const auto& p : precisions)
           for (auto mode : modes)
             for (auto b : batches)
-              for (auto t : ctxs)
-                cells.push_back(BenchSpec{m, d, p, mode, b, t, warmup_, steps_, seed_});
+              for (auto t : ctxs) cells.push_back(BenchSpec{m, d, p, mode, b, t, warmup_, steps_, seed_});
 
     const bool tty = isatty(STDERR_FILENO);
     std::vector<BenchResult> rows;
@@ -67,7 +66,8 @@ class BenchCommand : public Command {
       const std::string label = fmt::format("[{}/{}] {} {} {} {} batch {} ctx {}", i + 1, cells.size(), s.model.name,
                                             s.device, s.precision, bench_mode_name(s.mode), s.batch, s.ctx);
       auto progress = [&](int done, int total) {
-        if (tty) fmt::print(stderr, "\r\033[K{}: step {}/{}{}", label, done, total, done <= s.warmup ? " (warm-up)" : "");
+        if (tty)
+          fmt::print(stderr, "\r\033[K{}: step {}/{}{}", label, done, total, done <= s.warmup ? " (warm-up)" : "");
       };
       if (!tty) fmt::print(stderr, "{}\n", label);
       rows.push_back(run_bench_cell(s, progress));

@@ -30,14 +30,16 @@ class InfoCommand : public Command {
     const double bytes_params = params * 4, bytes_grads = params * 4, bytes_adam = params * 8;
     if (format_ == "json") {
       nlohmann::ordered_json j;
-      j["model"] = {{"name", c.name}, {"vocab", c.vocab}, {"d_model", c.d_model}, {"d_ff", c.d_ff},
+      j["model"] = {{"name", c.name},     {"vocab", c.vocab}, {"d_model", c.d_model}, {"d_ff", c.d_ff},
                     {"layers", c.layers}, {"heads", c.heads}, {"d_head", c.d_head()}, {"rope_theta", c.rope_theta}};
       j["parameters"] = c.parameter_count();
       j["matmul_parameters"] = c.matmul_parameter_count();
       j["tensors"] = nlohmann::ordered_json::array();
-      for (const auto& s : specs) j["tensors"].push_back({{"name", s.name}, {"shape", s.shape}, {"parameters", shape_numel(s.shape)}});
+      for (const auto& s : specs)
+        j["tensors"].push_back({{"name", s.name}, {"shape", s.shape}, {"parameters", shape_numel(s.shape)}});
       j["ctx"] = ctx_;
-      j["flops_per_token"] = {{"forward", c.forward_flops_per_token(ctx_)}, {"train_step", c.train_flops_per_token(ctx_)}};
+      j["flops_per_token"] = {{"forward", c.forward_flops_per_token(ctx_)},
+                              {"train_step", c.train_flops_per_token(ctx_)}};
       j["bytes"] = {{"parameters", bytes_params}, {"gradients", bytes_grads}, {"optimizer_state", bytes_adam}};
       fmt::print("{}\n", j.dump(2));
       return 0;

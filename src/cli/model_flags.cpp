@@ -8,7 +8,8 @@ namespace lmscope::cli {
 
 void ModelFlags::add_to(CLI::App& app, bool allow_list) {
   app.add_option("--model", model_,
-                 allow_list ? "Preset(s): small, medium, large, xl, 2.7B; comma list sweeps" : "Preset: small, medium, large, xl, 2.7B")
+                 allow_list ? "Preset(s): small, medium, large, xl, 2.7B; comma list sweeps"
+                            : "Preset: small, medium, large, xl, 2.7B")
       ->capture_default_str();
   app.add_option("--d-model", d_model_, "Model width d (overrides the preset)");
   app.add_option("--d-ff", d_ff_, "Feed-forward width");

@@ -30,7 +30,8 @@ class TrainCommand : public Command {
     app->add_option("--ctx", ctx_, "Tokens per sequence")->capture_default_str();
     app->add_option("--lr", opt_.lr, "Learning rate (the maximum, with cosine)")->capture_default_str();
     app->add_option("--lr-schedule", schedule_, "constant or cosine")->capture_default_str();
-    app->add_option("--warmup-iters", sched_.warmup_iters, "Cosine schedule: linear warm-up iterations")->capture_default_str();
+    app->add_option("--warmup-iters", sched_.warmup_iters, "Cosine schedule: linear warm-up iterations")
+        ->capture_default_str();
     app->add_option("--cosine-iters", sched_.cosine_iters, "Cosine schedule: iteration where lr reaches --min-lr");
     app->add_option("--min-lr", sched_.lr_min, "Cosine schedule: final learning rate")->capture_default_str();
     app->add_option("--beta1", opt_.beta1)->capture_default_str();
@@ -52,7 +53,8 @@ class TrainCommand : public Command {
     if (ctx_ <= 0) user_error("--ctx must be positive, got {}", ctx_);
     if (steps_ < 0) user_error("--steps must be non-negative, got {}", steps_);
     if (print_every_ <= 0) user_error("--print-every must be positive, got {}", print_every_);
-    if (sample_ != "random" && sample_ != "sequential") user_error("unknown --sample '{}' (use random or sequential)", sample_);
+    if (sample_ != "random" && sample_ != "sequential")
+      user_error("unknown --sample '{}' (use random or sequential)", sample_);
     if (schedule_ != "constant" && schedule_ != "cosine")
       user_error("unknown --lr-schedule '{}' (use constant or cosine)", schedule_);
     sched_.cosine = schedule_ == "cosine";
@@ -72,8 +74,10 @@ class TrainCommand : public Command {
 
     std::unique_ptr<Backend> backend = make_backend(device_.empty() ? default_device() : device_);
     Transformer model(c, *backend);
-    if (init_.empty()) model.init_parameters(seed_);
-    else load_parameters(model, init_);
+    if (init_.empty())
+      model.init_parameters(seed_);
+    else
+      load_parameters(model, init_);
     AdamW opt(model, opt_);
     fmt::print("training {} ({} parameters) on {}: {} tokens in '{}', {} steps of {}x{} tokens\n", c.name,
                c.parameter_count(), backend->name(), data.size(), data_, steps_, batch_, ctx_);
@@ -92,8 +96,12 @@ class TrainCommand : public Command {
       const double elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
       if (!std::isfinite(loss)) user_error("the loss became {} at step {}; lower --lr or enable --clip", loss, it + 1);
       if (log.is_open()) {
-        nlohmann::ordered_json j{{"step", it + 1}, {"loss", loss}, {"lr", lr}, {"grad_norm", norm},
-                                 {"tokens", static_cast<std::int64_t>(n) * (it + 1)}, {"elapsed_s", elapsed}};
+        nlohmann::ordered_json j{{"step", it + 1},
+                                 {"loss", loss},
+                                 {"lr", lr},
+                                 {"grad_norm", norm},
+                                 {"tokens", static_cast<std::int64_t>(n) * (it + 1)},
+                                 {"elapsed_s", elapsed}};
         log << j.dump() << "\n" << std::flush;
       }
       if ((it + 1) % print_every_ == 0 || it == 0 || it + 1 == steps_)

@@ -39,7 +39,8 @@ TEST(Model, GradientOfEveryParameterMatchesFiniteDifferences) {
   Rng rng(5);
   for (Parameter& p : model.parameters())
     if (p.spec.init_std == 0)
-      for (std::int64_t i = 0; i < p.value.tensor().numel(); ++i) p.value.tensor().as<double>()[i] += 0.3 * rng.normal();
+      for (std::int64_t i = 0; i < p.value.tensor().numel(); ++i)
+        p.value.tensor().as<double>()[i] += 0.3 * rng.normal();
   const std::int64_t B = 2, T = 5;
   TinyBatch batch(B * T, 11, 9);
   model.set_batch(B, T, batch.ids.data(), batch.targets.data());
@@ -56,11 +57,8 @@ TEST(Model, GradientOfEveryParameterMatchesFiniteDifferences) {
 }
 
 TEST(Model, PresetParameterCountsMatchTheAssignment) {
-  const std::pair<const char*, std::int64_t> expected[] = {{"small", 128625408},
-                                                           {"medium", 423183360},
-                                                           {"large", 969411840},
-                                                           {"xl", 1998235200},
-                                                           {"2.7B", 3406809600}};
+  const std::pair<const char*, std::int64_t> expected[] = {
+      {"small", 128625408}, {"medium", 423183360}, {"large", 969411840}, {"xl", 1998235200}, {"2.7B", 3406809600}};
   for (auto [name, count] : expected) {
     ModelConfig c = preset(name);
     EXPECT_EQ(c.parameter_count(), count) << name;
@@ -95,8 +93,10 @@ TEST(Model, InitialisationIsSeededAndTruncated) {
     differs |= va != vc;
     const double std = a.parameters()[i].spec.init_std;
     for (double x : va) {
-      if (std == 0) EXPECT_EQ(x, 1.0);
-      else EXPECT_LE(std::fabs(x), 3 * std + 1e-6);
+      if (std == 0)
+        EXPECT_EQ(x, 1.0);
+      else
+        EXPECT_LE(std::fabs(x), 3 * std + 1e-6);
     }
   }
   EXPECT_TRUE(differs) << "another seed must give other weights";
@@ -133,7 +133,8 @@ TEST(Model, AllocatorRecordsWhatTheModelHoldsAndWhen) {
   EXPECT_EQ(mem.current_bytes(MemKind::optimizer_state), 2 * mem.current_bytes(MemKind::parameter));
   bool saw_probs_in_layer1 = false, saw_grad_in_backward = false;
   for (const MemEvent& e : mem.events()) {
-    if (e.is_alloc && e.tag.what == "attn.probs" && e.tag.layer == 1 && e.phase == Phase::forward) saw_probs_in_layer1 = true;
+    if (e.is_alloc && e.tag.what == "attn.probs" && e.tag.layer == 1 && e.phase == Phase::forward)
+      saw_probs_in_layer1 = true;
     if (e.is_alloc && e.tag.kind == MemKind::gradient && e.phase == Phase::backward) saw_grad_in_backward = true;
   }
   EXPECT_TRUE(saw_probs_in_layer1);

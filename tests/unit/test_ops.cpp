@@ -106,7 +106,8 @@ TEST_F(Ops, SoftmaxBackward) {
 }
 
 TEST_F(Ops, SwigluForwardAndBackward) {
-  auto a = random_tensor(*be, {3, 6}, rng, 2.0), b = random_tensor(*be, {3, 6}, rng), R = random_tensor(*be, {3, 6}, rng);
+  auto a = random_tensor(*be, {3, 6}, rng, 2.0), b = random_tensor(*be, {3, 6}, rng),
+       R = random_tensor(*be, {3, 6}, rng);
   auto y = zeros(*be, {3, 6}), da = zeros(*be, {3, 6}), db = zeros(*be, {3, 6});
   be->swiglu_forward(a, b, y);
   const double a0 = a.tensor().as<double>()[0];
@@ -160,13 +161,26 @@ TEST_F(Ops, GemmTransposesAndBatches) {
   // C[b] = A[b]ᵀ·B[b] for two batch items against a plain triple loop.
   const std::int64_t M = 3, N = 4, K = 5;
   auto a = random_tensor(*be, {2, K, M}, rng), b = random_tensor(*be, {2, K, N}, rng), c = zeros(*be, {2, M, N});
-  be->gemm({.trans_a = true, .m = M, .n = N, .k = K, .a = a, .b = b, .c = c, .lda = M, .ldb = N, .ldc = N, .batch = 2,
-            .stride_a = K * M, .stride_b = K * N, .stride_c = M * N});
+  be->gemm({.trans_a = true,
+            .m = M,
+            .n = N,
+            .k = K,
+            .a = a,
+            .b = b,
+            .c = c,
+            .lda = M,
+            .ldb = N,
+            .ldc = N,
+            .batch = 2,
+            .stride_a = K * M,
+            .stride_b = K * N,
+            .stride_c = M * N});
   for (int z = 0; z < 2; ++z)
     for (int i = 0; i < M; ++i)
       for (int j = 0; j < N; ++j) {
         double s = 0;
-        for (int k = 0; k < K; ++k) s += a.tensor().as<double>()[z * K * M + k * M + i] * b.tensor().as<double>()[z * K * N + k * N + j];
+        for (int k = 0; k < K; ++k)
+          s += a.tensor().as<double>()[z * K * M + k * M + i] * b.tensor().as<double>()[z * K * N + k * N + j];
         EXPECT_NEAR(c.tensor().as<double>()[z * M * N + i * N + j], s, 1e-12);
       }
 }

@@ -90,8 +90,8 @@ class Backend {
   virtual void global_norm(std::span<const Tensor> tensors, const Tensor& out) = 0;
   // The assignment's AdamW on one parameter (MODEL.md), with its gradient scaled by
   // min(1, max_norm/(norm+1e-6)) first when max_norm > 0 (norm read from grad_norm [1]).
-  virtual void adamw(const Tensor& param, const Tensor& grad, const Tensor& m, const Tensor& v,
-                     const AdamWArgs& args, const Tensor& grad_norm) = 0;
+  virtual void adamw(const Tensor& param, const Tensor& grad, const Tensor& m, const Tensor& v, const AdamWArgs& args,
+                     const Tensor& grad_norm) = 0;
 };
 
 // Host values to and from an f32 or f64 tensor, converting to and from double.

@@ -65,11 +65,15 @@ std::string csv(const std::vector<BenchResult>& rows) {
                        s.batch, s.ctx, s.warmup, s.steps);
     for (int i = 0; i < 4; ++i) {
       const PhaseStats& p = phase(r, i);
-      if (p.n) out += fmt::format(",{:.4f},{:.4f},{:.4f},{:.4f},{:.4f}", p.mean, p.std, p.median, p.min, p.max);
-      else out += ",,,,,";
+      if (p.n)
+        out += fmt::format(",{:.4f},{:.4f},{:.4f},{:.4f},{:.4f}", p.mean, p.std, p.median, p.min, p.max);
+      else
+        out += ",,,,,";
     }
-    if (r.ok()) out += fmt::format(",{:.1f},{:.4f},{}", r.tokens_per_s, r.model_tflops, r.peak_bytes);
-    else out += ",,,";
+    if (r.ok())
+      out += fmt::format(",{:.1f},{:.4f},{}", r.tokens_per_s, r.model_tflops, r.peak_bytes);
+    else
+      out += ",,,";
     out += "," + csv_field(r.status) + "\n";
   }
   return out;
@@ -80,9 +84,14 @@ std::string json(const std::vector<BenchResult>& rows) {
   for (const BenchResult& r : rows) {
     const BenchSpec& s = r.spec;
     nlohmann::ordered_json j;
-    j["model"] = {{"name", s.model.name}, {"d_model", s.model.d_model}, {"d_ff", s.model.d_ff},
-                  {"layers", s.model.layers}, {"heads", s.model.heads}, {"vocab", s.model.vocab},
-                  {"rope_theta", s.model.rope_theta}, {"parameters", s.model.parameter_count()}};
+    j["model"] = {{"name", s.model.name},
+                  {"d_model", s.model.d_model},
+                  {"d_ff", s.model.d_ff},
+                  {"layers", s.model.layers},
+                  {"heads", s.model.heads},
+                  {"vocab", s.model.vocab},
+                  {"rope_theta", s.model.rope_theta},
+                  {"parameters", s.model.parameter_count()}};
     j["device"] = s.device;
     j["precision"] = s.precision;
     j["mode"] = bench_mode_name(s.mode);
@@ -95,7 +104,8 @@ std::string json(const std::vector<BenchResult>& rows) {
       for (int i = 0; i < 4; ++i) {
         const PhaseStats& p = phase(r, i);
         if (p.n)
-          j["ms"][kPhases[i]] = {{"mean", p.mean}, {"std", p.std}, {"median", p.median}, {"min", p.min}, {"max", p.max}};
+          j["ms"][kPhases[i]] = {
+              {"mean", p.mean}, {"std", p.std}, {"median", p.median}, {"min", p.min}, {"max", p.max}};
       }
       j["tokens_per_s"] = r.tokens_per_s;
       j["model_tflops"] = r.model_tflops;
@@ -110,9 +120,12 @@ std::string json(const std::vector<BenchResult>& rows) {
 
 std::string format_bench(const std::vector<BenchResult>& rows, ReportFormat f) {
   switch (f) {
-    case ReportFormat::markdown: return markdown(rows);
-    case ReportFormat::csv: return csv(rows);
-    case ReportFormat::json: return json(rows);
+    case ReportFormat::markdown:
+      return markdown(rows);
+    case ReportFormat::csv:
+      return csv(rows);
+    case ReportFormat::json:
+      return json(rows);
   }
   return {};
 }

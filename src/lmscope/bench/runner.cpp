@@ -14,9 +14,12 @@ namespace lmscope {
 
 const char* bench_mode_name(BenchMode m) {
   switch (m) {
-    case BenchMode::forward: return "forward";
-    case BenchMode::forward_backward: return "forward-backward";
-    case BenchMode::train: return "train";
+    case BenchMode::forward:
+      return "forward";
+    case BenchMode::forward_backward:
+      return "forward-backward";
+    case BenchMode::train:
+      return "train";
   }
   return "?";
 }
@@ -63,7 +66,8 @@ class PhaseTimer {
 
 void run_cell(const BenchSpec& spec, BenchResult& r, const BenchProgress& progress) {
   if (spec.precision != "fp32")
-    throw Unsupported(fmt::format("the {} backend computes in fp32 only; {} is not implemented there", spec.device, spec.precision));
+    throw Unsupported(
+        fmt::format("the {} backend computes in fp32 only; {} is not implemented there", spec.device, spec.precision));
   std::unique_ptr<Backend> backend = make_backend(spec.device);
   Transformer model(spec.model, *backend);
   model.init_parameters(spec.seed);
@@ -82,8 +86,10 @@ void run_cell(const BenchSpec& spec, BenchResult& r, const BenchProgress& progre
   for (int i = 0; i < total; ++i) {
     double f = timer.time_ms([&] { model.forward(); });
     double b = 0, o = 0;
-    if (spec.mode == BenchMode::forward) model.discard_activations();
-    else b = timer.time_ms([&] { model.backward(); });
+    if (spec.mode == BenchMode::forward)
+      model.discard_activations();
+    else
+      b = timer.time_ms([&] { model.backward(); });
     if (opt) o = timer.time_ms([&] { opt->step(1e-3); });
     if (i >= spec.warmup) {
       fwd.push_back(f);
@@ -114,8 +120,9 @@ BenchResult run_bench_cell(const BenchSpec& spec, const BenchProgress& progress)
   try {
     run_cell(spec, r, progress);
   } catch (const OutOfMemory& e) {
-    r.status = fmt::format("OOM: asked for {} with {} in use of {}", human_bytes(static_cast<double>(e.requested())),
-                           human_bytes(static_cast<double>(e.in_use())), human_bytes(static_cast<double>(e.capacity())));
+    r.status =
+        fmt::format("OOM: asked for {} with {} in use of {}", human_bytes(static_cast<double>(e.requested())),
+                    human_bytes(static_cast<double>(e.in_use())), human_bytes(static_cast<double>(e.capacity())));
   } catch (const Unsupported& e) {
     r.status = fmt::format("unsupported: {}", e.what());
   } catch (const std::exception& e) {

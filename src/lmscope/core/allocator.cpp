@@ -16,22 +16,32 @@ std::string shape_str(const Shape& s) {
 
 const char* mem_kind_name(MemKind k) {
   switch (k) {
-    case MemKind::parameter: return "parameter";
-    case MemKind::gradient: return "gradient";
-    case MemKind::optimizer_state: return "optimizer_state";
-    case MemKind::activation: return "activation";
-    case MemKind::workspace: return "workspace";
-    case MemKind::input: return "input";
+    case MemKind::parameter:
+      return "parameter";
+    case MemKind::gradient:
+      return "gradient";
+    case MemKind::optimizer_state:
+      return "optimizer_state";
+    case MemKind::activation:
+      return "activation";
+    case MemKind::workspace:
+      return "workspace";
+    case MemKind::input:
+      return "input";
   }
   return "?";
 }
 
 const char* phase_name(Phase p) {
   switch (p) {
-    case Phase::setup: return "setup";
-    case Phase::forward: return "forward";
-    case Phase::backward: return "backward";
-    case Phase::optimizer: return "optimizer";
+    case Phase::setup:
+      return "setup";
+    case Phase::forward:
+      return "forward";
+    case Phase::backward:
+      return "backward";
+    case Phase::optimizer:
+      return "optimizer";
   }
   return "?";
 }
@@ -87,17 +97,16 @@ void Allocator::release(Allocation& a) {
 
 void Allocator::record(bool is_alloc, const Allocation& a) {
   double t = std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - start_).count();
-  events_.push_back(MemEvent{is_alloc, a.bytes_, reinterpret_cast<std::uintptr_t>(a.tensor_.data), a.tag_,
-                             phase_, t});
+  events_.push_back(MemEvent{is_alloc, a.bytes_, reinterpret_cast<std::uintptr_t>(a.tensor_.data), a.tag_, phase_, t});
 }
 
 void Allocator::throw_oom(std::size_t bytes, const AllocTag& tag) const {
-  throw OutOfMemory(bytes, current_, capacity(),
-                    fmt::format("out of memory on {}: {} ({}{}) asked for {} with {} in use of {}", device_name(),
-                                tag.what, mem_kind_name(tag.kind),
-                                tag.layer >= 0 ? fmt::format(", layer {}", tag.layer) : std::string(),
-                                human_bytes(static_cast<double>(bytes)), human_bytes(static_cast<double>(current_)),
-                                human_bytes(static_cast<double>(capacity()))));
+  throw OutOfMemory(
+      bytes, current_, capacity(),
+      fmt::format("out of memory on {}: {} ({}{}) asked for {} with {} in use of {}", device_name(), tag.what,
+                  mem_kind_name(tag.kind), tag.layer >= 0 ? fmt::format(", layer {}", tag.layer) : std::string(),
+                  human_bytes(static_cast<double>(bytes)), human_bytes(static_cast<double>(current_)),
+                  human_bytes(static_cast<double>(capacity()))));
 }
 
 std::size_t host_available_memory() {

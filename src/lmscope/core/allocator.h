@@ -9,8 +9,8 @@
 
 #include <array>
 #include <chrono>
-#include <map>
 #include <cstddef>
+#include <map>
 #include <string>
 #include <vector>
 

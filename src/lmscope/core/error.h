@@ -41,11 +41,11 @@ template <typename... Args>
 }
 
 // Internal invariant: a broken one is a bug in lmscope, not the user's fault.
-#define LMSCOPE_CHECK(cond, ...)                                                              \
-  do {                                                                                        \
-    if (!(cond))                                                                              \
-      throw std::logic_error(fmt::format("internal check failed at {}:{}: {} ({})", __FILE__, \
-                                         __LINE__, #cond, fmt::format(__VA_ARGS__)));         \
+#define LMSCOPE_CHECK(cond, ...)                                                                               \
+  do {                                                                                                         \
+    if (!(cond))                                                                                               \
+      throw std::logic_error(fmt::format("internal check failed at {}:{}: {} ({})", __FILE__, __LINE__, #cond, \
+                                         fmt::format(__VA_ARGS__)));                                           \
   } while (0)
 
 }  // namespace lmscope

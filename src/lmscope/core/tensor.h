@@ -15,20 +15,28 @@ enum class DType { f32, f64, bf16, i32 };
 
 inline std::size_t dtype_size(DType t) {
   switch (t) {
-    case DType::f32: return 4;
-    case DType::f64: return 8;
-    case DType::bf16: return 2;
-    case DType::i32: return 4;
+    case DType::f32:
+      return 4;
+    case DType::f64:
+      return 8;
+    case DType::bf16:
+      return 2;
+    case DType::i32:
+      return 4;
   }
   return 0;
 }
 
 inline const char* dtype_name(DType t) {
   switch (t) {
-    case DType::f32: return "f32";
-    case DType::f64: return "f64";
-    case DType::bf16: return "bf16";
-    case DType::i32: return "i32";
+    case DType::f32:
+      return "f32";
+    case DType::f64:
+      return "f64";
+    case DType::bf16:
+      return "bf16";
+    case DType::i32:
+      return "i32";
   }
   return "?";
 }

@@ -3,10 +3,10 @@
 #include "lmscope/model/transformer.h"
 
 #include <fcntl.h>
-#include <nlohmann/json.hpp>
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
+#include <nlohmann/json.hpp>
 
 #include <cstring>
 #include <fstream>
@@ -39,7 +39,8 @@ SafetensorsFile::SafetensorsFile(const std::string& path) : path_(path) {
   map_size_ = static_cast<std::size_t>(st.st_size);
   if (map_size_ < 8) {
     ::close(fd);
-    user_error("'{}' is not a safetensors file: it is {} bytes long, shorter than the 8-byte header length", path, map_size_);
+    user_error("'{}' is not a safetensors file: it is {} bytes long, shorter than the 8-byte header length", path,
+               map_size_);
   }
   void* m = ::mmap(nullptr, map_size_, PROT_READ, MAP_PRIVATE, fd, 0);
   ::close(fd);
@@ -93,8 +94,8 @@ void SafetensorsFile::parse_header() {
     for (auto d : e.shape)
       if (d < 0) user_error("tensor '{}' in '{}' has a negative dimension", name, path);
     if (e.end < e.begin || e.end - e.begin != static_cast<std::size_t>(shape_numel(e.shape)) * es)
-      user_error("tensor '{}' in '{}' has data_offsets [{}, {}] that do not fit its shape {} of {}", name, path, e.begin,
-                 e.end, shape_str(e.shape), e.dtype);
+      user_error("tensor '{}' in '{}' has data_offsets [{}, {}] that do not fit its shape {} of {}", name, path,
+                 e.begin, e.end, shape_str(e.shape), e.dtype);
     if (e.end > data_size)
       user_error("'{}' is truncated: tensor '{}' ends at byte {} of a data section of {} bytes", path, name, e.end,
                  data_size);
@@ -162,14 +163,16 @@ void write_safetensors(const std::string& path, const std::vector<NamedTensorDat
     std::ofstream f(tmp, std::ios::binary);
     if (!f) user_error("cannot write '{}': {}", path, std::strerror(errno));
     unsigned char len[8];
-    for (int i = 0; i < 8; ++i) len[i] = static_cast<unsigned char>((static_cast<std::uint64_t>(h.size()) >> (8 * i)) & 0xff);
+    for (int i = 0; i < 8; ++i)
+      len[i] = static_cast<unsigned char>((static_cast<std::uint64_t>(h.size()) >> (8 * i)) & 0xff);
     f.write(reinterpret_cast<const char*>(len), 8);
     f.write(h.data(), static_cast<std::streamsize>(h.size()));
     for (const auto& t : tensors)
       f.write(reinterpret_cast<const char*>(t.values.data()), static_cast<std::streamsize>(t.values.size() * 4));
     if (!f.flush()) user_error("writing '{}' failed: {}", path, std::strerror(errno));
   }
-  if (std::rename(tmp.c_str(), path.c_str()) != 0) user_error("cannot move '{}' into place: {}", path, std::strerror(errno));
+  if (std::rename(tmp.c_str(), path.c_str()) != 0)
+    user_error("cannot move '{}' into place: {}", path, std::strerror(errno));
 }
 
 void load_parameters(Transformer& model, const std::string& path) {

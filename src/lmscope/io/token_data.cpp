@@ -34,13 +34,16 @@ std::size_t parse_npy(const std::string& path, const unsigned char* p, std::size
     return k == std::string::npos ? std::string() : header.substr(k);
   };
   const std::string descr_field = value_of("'descr'");
-  if (descr_field.size() < 2 || descr_field[0] != '\'')
-    user_error("'{}' has a .npy header without a dtype", path);
+  if (descr_field.size() < 2 || descr_field[0] != '\'') user_error("'{}' has a .npy header without a dtype", path);
   const std::string descr = descr_field.substr(1, descr_field.find('\'', 1) - 1);
-  if (descr == "<u2" || descr == "|u2") elem_size = 2;
-  else if (descr == "<i4") elem_size = 4;
-  else if (descr == "<i8") elem_size = 8;
-  else user_error("'{}' holds dtype '{}'; token arrays must be little-endian uint16, int32 or int64", path, descr);
+  if (descr == "<u2" || descr == "|u2")
+    elem_size = 2;
+  else if (descr == "<i4")
+    elem_size = 4;
+  else if (descr == "<i8")
+    elem_size = 8;
+  else
+    user_error("'{}' holds dtype '{}'; token arrays must be little-endian uint16, int32 or int64", path, descr);
   if (value_of("'fortran_order'").rfind("True", 0) == 0)
     user_error("'{}' is stored in Fortran order; save a C-ordered one-dimensional array", path);
   const std::string shape_field = value_of("'shape'");
@@ -128,8 +131,9 @@ BatchSampler::BatchSampler(const TokenData& data, std::int64_t batch, std::int64
 void BatchSampler::next(std::int32_t* inputs, std::int32_t* targets) {
   const std::int64_t windows = (data_.size() - 1) / ctx_;
   for (std::int64_t b = 0; b < batch_; ++b) {
-    const std::int64_t start = sequential_ ? ((step_ * batch_ + b) % windows) * ctx_
-                                           : static_cast<std::int64_t>(rng_.below(static_cast<std::uint64_t>(data_.size() - ctx_)));
+    const std::int64_t start =
+        sequential_ ? ((step_ * batch_ + b) % windows) * ctx_
+                    : static_cast<std::int64_t>(rng_.below(static_cast<std::uint64_t>(data_.size() - ctx_)));
     for (std::int64_t t = 0; t < ctx_; ++t) {
       inputs[b * ctx_ + t] = static_cast<std::int32_t>(data_.at(start + t));
       targets[b * ctx_ + t] = static_cast<std::int32_t>(data_.at(start + t + 1));

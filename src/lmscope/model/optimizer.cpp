@@ -35,8 +35,10 @@ AdamW::AdamW(Transformer& model, const OptimizerConfig& config) : model_(model),
   config_.validate();
   Backend& be = model_.backend();
   for (Parameter& p : model_.parameters()) {
-    m_.push_back(be.allocator().allocate(p.spec.shape, model_.dtype(), {MemKind::optimizer_state, "adamw.m." + p.spec.name, p.spec.layer}));
-    v_.push_back(be.allocator().allocate(p.spec.shape, model_.dtype(), {MemKind::optimizer_state, "adamw.v." + p.spec.name, p.spec.layer}));
+    m_.push_back(be.allocator().allocate(p.spec.shape, model_.dtype(),
+                                         {MemKind::optimizer_state, "adamw.m." + p.spec.name, p.spec.layer}));
+    v_.push_back(be.allocator().allocate(p.spec.shape, model_.dtype(),
+                                         {MemKind::optimizer_state, "adamw.v." + p.spec.name, p.spec.layer}));
     be.fill(m_.back(), 0.0);
     be.fill(v_.back(), 0.0);
   }
@@ -55,7 +57,8 @@ void AdamW::step(double lr) {
   ++t_;
   AdamWArgs args{lr, config_.beta1, config_.beta2, config_.eps, config_.weight_decay, t_, config_.clip};
   auto& params = model_.parameters();
-  for (std::size_t i = 0; i < params.size(); ++i) be.adamw(params[i].value, params[i].grad, m_[i], v_[i], args, grad_norm_);
+  for (std::size_t i = 0; i < params.size(); ++i)
+    be.adamw(params[i].value, params[i].grad, m_[i], v_[i], args, grad_norm_);
 }
 
 double AdamW::last_grad_norm() { return read_scalar(model_.backend(), grad_norm_); }

@@ -9,14 +9,14 @@ namespace lmscope {
 
 // What each layer's forward saves for its backward; nothing else outlives the forward.
 struct Transformer::Layer {
-  Allocation x;            // layer input (for ln1's backward and the residual)
-  Allocation rstd1, n1;    // ln1 statistics and output (the q/k/v weight gradients read n1)
-  Allocation q, k, v;      // [B, h, T, dk], q and k after RoPE
-  Allocation probs;        // [B·h, T, T] softmax output (naive attention)
-  Allocation o;            // [N, d] merged heads (output_proj's weight gradient reads it)
-  Allocation h;            // residual after attention (for ln2's backward)
-  Allocation rstd2, n2;    // ln2 statistics and output
-  Allocation a, b, gate;   // w1·x, w3·x and silu(a)∘b
+  Allocation x;           // layer input (for ln1's backward and the residual)
+  Allocation rstd1, n1;   // ln1 statistics and output (the q/k/v weight gradients read n1)
+  Allocation q, k, v;     // [B, h, T, dk], q and k after RoPE
+  Allocation probs;       // [B·h, T, T] softmax output (naive attention)
+  Allocation o;           // [N, d] merged heads (output_proj's weight gradient reads it)
+  Allocation h;           // residual after attention (for ln2's backward)
+  Allocation rstd2, n2;   // ln2 statistics and output
+  Allocation a, b, gate;  // w1·x, w3·x and silu(a)∘b
 };
 
 struct Transformer::Saved {
@@ -37,8 +37,8 @@ Transformer::Transformer(const ModelConfig& config, Backend& backend, DType dtyp
   for (int i = 0; i < config_.layers; ++i) {
     auto at = [&](const char* s) { return by_name.at("layers." + std::to_string(i) + "." + s); };
     layer_params_.push_back({at("attn.q_proj.weight"), at("attn.k_proj.weight"), at("attn.v_proj.weight"),
-                             at("attn.output_proj.weight"), at("ln1.weight"), at("ffn.w1.weight"),
-                             at("ffn.w2.weight"), at("ffn.w3.weight"), at("ln2.weight")});
+                             at("attn.output_proj.weight"), at("ln1.weight"), at("ffn.w1.weight"), at("ffn.w2.weight"),
+                             at("ffn.w3.weight"), at("ln2.weight")});
   }
   embedding_ = by_name.at("token_embeddings.weight");
   ln_final_ = by_name.at("ln_final.weight");
@@ -55,8 +55,10 @@ Parameter& Transformer::parameter(const std::string& name) {
 }
 
 void Transformer::init_parameters(std::uint64_t seed) {
-  if (dtype_ == DType::f64) fill_initial_values<double>(seed);
-  else fill_initial_values<float>(seed);
+  if (dtype_ == DType::f64)
+    fill_initial_values<double>(seed);
+  else
+    fill_initial_values<float>(seed);
 }
 
 template <typename T>
@@ -97,31 +99,78 @@ void Transformer::set_batch(std::int64_t batch, std::int64_t ctx, const std::int
 // y [N, out] = x [N, in] · Wᵀ, W [out, in].
 void Transformer::linear(const Tensor& x, const Tensor& w, const Tensor& y) {
   const std::int64_t in = w.dim(1), out = w.dim(0), n = x.numel() / in;
-  backend_.gemm({.trans_a = false, .trans_b = true, .m = n, .n = out, .k = in, .alpha = 1, .beta = 0,
-                 .a = x, .b = w, .c = y, .lda = in, .ldb = in, .ldc = out});
+  backend_.gemm({.trans_a = false,
+                 .trans_b = true,
+                 .m = n,
+                 .n = out,
+                 .k = in,
+                 .alpha = 1,
+                 .beta = 0,
+                 .a = x,
+                 .b = w,
+                 .c = y,
+                 .lda = in,
+                 .ldb = in,
+                 .ldc = out});
 }
 
 // dx [N, in] (= or +=, by beta) dy [N, out] · W.
 void Transformer::linear_backward_input(const Tensor& dy, const Tensor& w, const Tensor& dx, float beta) {
   const std::int64_t in = w.dim(1), out = w.dim(0), n = dy.numel() / out;
-  backend_.gemm({.trans_a = false, .trans_b = false, .m = n, .n = in, .k = out, .alpha = 1, .beta = beta,
-                 .a = dy, .b = w, .c = dx, .lda = out, .ldb = in, .ldc = in});
+  backend_.gemm({.trans_a = false,
+                 .trans_b = false,
+                 .m = n,
+                 .n = in,
+                 .k = out,
+                 .alpha = 1,
+                 .beta = beta,
+                 .a = dy,
+                 .b = w,
+                 .c = dx,
+                 .lda = out,
+                 .ldb = in,
+                 .ldc = in});
 }
 
 // dW [out, in] = dyᵀ · x. Each weight is used once per step, so the gradient is overwritten.
 void Transformer::linear_backward_weight(const Tensor& dy, const Tensor& x, const Tensor& dw) {
   const std::int64_t in = dw.dim(1), out = dw.dim(0), n = dy.numel() / out;
-  backend_.gemm({.trans_a = true, .trans_b = false, .m = out, .n = in, .k = n, .alpha = 1, .beta = 0,
-                 .a = dy, .b = x, .c = dw, .lda = out, .ldb = in, .ldc = in});
+  backend_.gemm({.trans_a = true,
+                 .trans_b = false,
+                 .m = out,
+                 .n = in,
+                 .k = n,
+                 .alpha = 1,
+                 .beta = 0,
+                 .a = dy,
+                 .b = x,
+                 .c = dw,
+                 .lda = out,
+                 .ldb = in,
+                 .ldc = in});
 }
 
 // One product per (batch, head): C = op(A)·op(B), operands [B·h, rows, cols] contiguous.
 void Transformer::attention_gemm(bool ta, bool tb, std::int64_t m, std::int64_t n, std::int64_t k, const Tensor& a,
                                  const Tensor& b, const Tensor& c) {
   const std::int64_t batch = batch_ * config_.heads;
-  backend_.gemm({.trans_a = ta, .trans_b = tb, .m = m, .n = n, .k = k, .alpha = 1, .beta = 0, .a = a, .b = b, .c = c,
-                 .lda = ta ? m : k, .ldb = tb ? k : n, .ldc = n, .batch = batch, .stride_a = m * k,
-                 .stride_b = k * n, .stride_c = m * n});
+  backend_.gemm({.trans_a = ta,
+                 .trans_b = tb,
+                 .m = m,
+                 .n = n,
+                 .k = k,
+                 .alpha = 1,
+                 .beta = 0,
+                 .a = a,
+                 .b = b,
+                 .c = c,
+                 .lda = ta ? m : k,
+                 .ldb = tb ? k : n,
+                 .ldc = n,
+                 .batch = batch,
+                 .stride_a = m * k,
+                 .stride_b = k * n,
+                 .stride_c = m * n});
 }
 
 void Transformer::forward() {
@@ -270,15 +319,15 @@ void Transformer::backward() {
     backend_.split_heads(d_o.tensor().view({B, T, H, dk}), do_heads, 0.0);
     d_o.reset();
     Allocation dscores = act("grad.attn.scores", l, {B * H, T, T});
-    attention_gemm(false, true, T, T, dk, do_heads, L.v, dscores);        // dP = dO·Vᵀ
+    attention_gemm(false, true, T, T, dk, do_heads, L.v, dscores);  // dP = dO·Vᵀ
     Allocation dv_heads = act("grad.attn.v", l, {B, H, T, dk});
-    attention_gemm(true, false, T, dk, T, L.probs, do_heads, dv_heads);   // dV = Pᵀ·dO
+    attention_gemm(true, false, T, dk, T, L.probs, do_heads, dv_heads);  // dV = Pᵀ·dO
     do_heads.reset();
     backend_.softmax_backward(L.probs, dscores, dscores, 1.0 / std::sqrt(static_cast<double>(dk)));
     L.probs.reset();
     Allocation dq_heads = act("grad.attn.q", l, {B, H, T, dk}), dk_heads = act("grad.attn.k", l, {B, H, T, dk});
-    attention_gemm(false, false, T, dk, T, dscores, L.k, dq_heads);       // dQ = dS·K
-    attention_gemm(true, false, T, dk, T, dscores, L.q, dk_heads);        // dK = dSᵀ·Q
+    attention_gemm(false, false, T, dk, T, dscores, L.k, dq_heads);  // dQ = dS·K
+    attention_gemm(true, false, T, dk, T, dscores, L.q, dk_heads);   // dK = dSᵀ·Q
     dscores.reset();
     L.q.reset();
     L.k.reset();

@@ -30,7 +30,8 @@ std::vector<double> rope_angles(std::int64_t T, std::int64_t dk, double theta) {
   std::vector<double> a(static_cast<std::size_t>(T * (dk / 2)));
   for (std::int64_t p = 0; p < T; ++p)
     for (std::int64_t i = 0; i < dk / 2; ++i)
-      a[p * (dk / 2) + i] = static_cast<double>(p) * std::pow(theta, -2.0 * static_cast<double>(i) / static_cast<double>(dk));
+      a[p * (dk / 2) + i] =
+          static_cast<double>(p) * std::pow(theta, -2.0 * static_cast<double>(i) / static_cast<double>(dk));
   return a;
 }
 
@@ -123,12 +124,14 @@ class CpuBackend final : public Backend {
     const std::int64_t N = ids.numel(), V = table.dim(0), d = table.dim(1);
     expect_shape(out, Shape{N, d}, "embedding out");
     const std::int32_t* id = ids.as<std::int32_t>();
-    for (std::int64_t n = 0; n < N; ++n) LMSCOPE_CHECK(id[n] >= 0 && id[n] < V, "token id {} outside the vocabulary", id[n]);
+    for (std::int64_t n = 0; n < N; ++n)
+      LMSCOPE_CHECK(id[n] >= 0 && id[n] < V, "token id {} outside the vocabulary", id[n]);
     dispatch(table.dtype, "embedding_forward", [&](auto z) {
       using T = decltype(z);
 #pragma omp parallel for schedule(static)
       for (std::int64_t n = 0; n < N; ++n) {
-        std::memcpy(out.as<T>() + n * d, table.as<T>() + std::int64_t{id[n]} * d, sizeof(T) * static_cast<std::size_t>(d));
+        std::memcpy(out.as<T>() + n * d, table.as<T>() + std::int64_t{id[n]} * d,
+                    sizeof(T) * static_cast<std::size_t>(d));
       }
     });
   }
@@ -318,7 +321,8 @@ class CpuBackend final : public Backend {
         for (std::int64_t i = 0; i < n; ++i) ss += static_cast<double>(x[i]) * static_cast<double>(x[i]);
         total += ss;
       });
-    dispatch(out.dtype, "global_norm", [&](auto z) { out.as<decltype(z)>()[0] = static_cast<decltype(z)>(std::sqrt(total)); });
+    dispatch(out.dtype, "global_norm",
+             [&](auto z) { out.as<decltype(z)>()[0] = static_cast<decltype(z)>(std::sqrt(total)); });
   }
 
   void adamw(const Tensor& param, const Tensor& grad, const Tensor& m, const Tensor& v, const AdamWArgs& a,

@@ -23,7 +23,7 @@ class BenchCommand : public Command {
     app->add_option("--mode", mode_, "forward, forward-backward or train (comma list sweeps)")->capture_default_str();
     app->add_option("--warmup", warmup_, "Untimed steps first")->capture_default_str();
     app->add_option("--steps", steps_, "Measured steps")->capture_default_str();
-    app->add_option("--device", device_, "cpu or cuda (comma list sweeps)");
+    app->add_option("--device", device_, "cpu or cuda (comma list sweeps; default: cuda when a GPU is visible)");
     app->add_option("--precision", precision_, "fp32, tf32 or bf16 (comma list sweeps)")->capture_default_str();
     app->add_option("--format", format_, "md, csv or json")->capture_default_str();
     app->add_option("--out", out_, "Write the results here in --format (the Markdown table still prints)");

@@ -44,7 +44,8 @@ class TrainCommand : public Command {
         ->capture_default_str();
     app->add_option("--log", log_, "Write one JSON object per step here");
     app->add_option("--print-every", print_every_, "Print a progress line every N steps")->capture_default_str();
-    app->add_option("--device", device_, "cpu or cuda");
+    app->add_option("--device", device_, "cpu or cuda (default: cuda when a GPU is visible)");
+    app->add_option("--precision", precision_, "fp32 or tf32 (CUDA)")->capture_default_str();
   }
 
   int run() override {
@@ -72,7 +73,7 @@ class TrainCommand : public Command {
       if (!log) user_error("cannot write the log file '{}'", log_);
     }
 
-    std::unique_ptr<Backend> backend = make_backend(device_.empty() ? default_device() : device_);
+    std::unique_ptr<Backend> backend = make_backend(device_.empty() ? default_device() : device_, precision_);
     Transformer model(c, *backend);
     if (init_.empty())
       model.init_parameters(seed_);
@@ -118,7 +119,7 @@ class TrainCommand : public Command {
 
  private:
   ModelFlags model_;
-  std::string data_, init_, save_, log_, device_, schedule_ = "constant", sample_ = "random";
+  std::string data_, init_, save_, log_, device_, precision_ = "fp32", schedule_ = "constant", sample_ = "random";
   std::int64_t steps_ = 0, batch_ = 4, ctx_ = 256, print_every_ = 10;
   std::uint64_t seed_ = 0;
   OptimizerConfig opt_;

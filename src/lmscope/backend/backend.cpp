@@ -28,17 +28,20 @@ std::vector<double> download(Backend& backend, const Tensor& t) {
 
 double read_scalar(Backend& backend, const Tensor& t) { return download(backend, Tensor{t.data, t.dtype, {1}})[0]; }
 
-std::unique_ptr<Backend> make_backend(const std::string& device) {
-  if (device == "cpu") return make_cpu_backend();
+std::unique_ptr<Backend> make_backend(const std::string& device, const std::string& precision) {
+  if (precision != "fp32" && precision != "tf32" && precision != "bf16")
+    user_error("unknown precision '{}' (use fp32, tf32 or bf16)", precision);
+  if (device == "cpu") {
+    if (precision != "fp32") throw Unsupported(fmt::format("the CPU backend computes in fp32 only, not {}", precision));
+    return make_cpu_backend();
+  }
   if (device == "cuda") {
-    const auto gpus = list_gpus();
-    throw Unsupported(fmt::format("the CUDA backend is not implemented yet (this build {} CUDA and sees {} GPU{})",
-                                  built_with_cuda() ? "has" : "lacks", gpus.size(), gpus.size() == 1 ? "" : "s"));
+    if (precision == "bf16") throw Unsupported("bf16 mixed precision is not implemented yet on CUDA");
+    return make_cuda_backend(precision == "tf32" ? GemmMath::tf32 : GemmMath::fp32);
   }
   user_error("unknown device '{}' (use cpu or cuda)", device);
 }
 
-// The GPU becomes the default once the CUDA backend exists (issue 3).
-std::string default_device() { return "cpu"; }
+std::string default_device() { return list_gpus().empty() ? "cpu" : "cuda"; }
 
 }  // namespace lmscope

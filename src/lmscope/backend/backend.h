@@ -101,8 +101,12 @@ std::vector<double> download(Backend& backend, const Tensor& t);
 double read_scalar(Backend& backend, const Tensor& t);
 
 std::unique_ptr<Backend> make_cpu_backend(std::size_t memory_capacity = 0);
-// "cpu" or "cuda"; throws UserError for an unknown name, Unsupported for one this build lacks.
-std::unique_ptr<Backend> make_backend(const std::string& device);
+// GEMM arithmetic of a CUDA backend: IEEE fp32 (tensor cores off) or tf32 tensor cores.
+enum class GemmMath { fp32, tf32 };
+std::unique_ptr<Backend> make_cuda_backend(GemmMath math);  // throws Unsupported without CUDA or a GPU
+// device "cpu" or "cuda", precision "fp32", "tf32" or "bf16"; throws UserError for an unknown
+// name, Unsupported for a combination this build cannot run.
+std::unique_ptr<Backend> make_backend(const std::string& device, const std::string& precision = "fp32");
 // The device a command uses when none is named.
 std::string default_device();
 

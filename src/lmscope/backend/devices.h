@@ -1,5 +1,4 @@
-// Which accelerators this build can see. The CUDA backend itself is not written yet (issue 3);
-// this is what lets the CLI say so precisely instead of failing vaguely.
+// Which accelerators this build can see (empty without CUDA, a driver or a GPU).
 #pragma once
 
 #include <cstdint>

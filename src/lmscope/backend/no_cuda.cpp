@@ -1,0 +1,13 @@
+// Built when CUDA is off: no accelerator is visible, and asking for the CUDA backend says why.
+#include "lmscope/backend/backend.h"
+#include "lmscope/backend/devices.h"
+
+namespace lmscope {
+
+bool built_with_cuda() { return false; }
+std::vector<GpuInfo> list_gpus() { return {}; }
+std::unique_ptr<Backend> make_cuda_backend(GemmMath) {
+  throw Unsupported("this build of lmscope has no CUDA backend (configured with -DLMSCOPE_CUDA=OFF)");
+}
+
+}  // namespace lmscope

@@ -1,0 +1,155 @@
+// The CUDA backend: the op set on one GPU, one stream. GEMMs go to cuBLASLt, everything else to
+// lmscope's own kernels (kernels.h). fp32 tensors for now; the GEMM math is IEEE fp32 or tf32.
+#include "lmscope/backend/backend.h"
+#include "lmscope/backend/devices.h"
+#include "lmscope/cuda/cuda_allocator.h"
+#include "lmscope/cuda/cuda_check.h"
+#include "lmscope/cuda/gemm.h"
+#include "lmscope/cuda/kernels.h"
+
+#include <cmath>
+
+namespace lmscope {
+namespace {
+
+float* f32(const Tensor& t) {
+  LMSCOPE_CHECK(t.dtype == DType::f32, "the CUDA backend computes in f32 for now, got {}", dtype_name(t.dtype));
+  return t.as<float>();
+}
+const std::int32_t* i32(const Tensor& t) {
+  LMSCOPE_CHECK(t.dtype == DType::i32, "token ids must be i32, got {}", dtype_name(t.dtype));
+  return t.as<std::int32_t>();
+}
+void same_shape(const Tensor& a, const Tensor& b, const char* what) {
+  LMSCOPE_CHECK(a.shape == b.shape, "{}: {} against {}", what, shape_str(a.shape), shape_str(b.shape));
+}
+
+class CudaBackend final : public Backend {
+ public:
+  explicit CudaBackend(GemmMath math) : alloc_(0) {
+    LMSCOPE_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
+    gemm_ = std::make_unique<cuda::Gemm>(math, stream_);
+    norm_sum_ = alloc_.allocate({1}, DType::f64, {MemKind::workspace, "global_norm.sum", -1});
+  }
+  ~CudaBackend() override {
+    cudaStreamSynchronize(stream_);
+    gemm_.reset();
+    norm_sum_.reset();
+    cudaStreamDestroy(stream_);
+  }
+
+  std::string name() const override { return alloc_.device_name(); }
+  Allocator& allocator() override { return alloc_; }
+  void synchronize() override { LMSCOPE_CUDA_CHECK(cudaStreamSynchronize(stream_)); }
+
+  void copy_from_host(const Tensor& dst, const void* src) override {
+    LMSCOPE_CUDA_CHECK(cudaMemcpyAsync(dst.data, src, dst.bytes(), cudaMemcpyHostToDevice, stream_));
+    synchronize();  // the host buffer may go away when this returns
+  }
+  void copy_to_host(void* dst, const Tensor& src) override {
+    LMSCOPE_CUDA_CHECK(cudaMemcpyAsync(dst, src.data, src.bytes(), cudaMemcpyDeviceToHost, stream_));
+    synchronize();
+  }
+  void fill(const Tensor& t, double value) override {
+    if (t.dtype == DType::f64 && value == 0.0) {
+      LMSCOPE_CUDA_CHECK(cudaMemsetAsync(t.data, 0, t.bytes(), stream_));
+      return;
+    }
+    cuda::fill(f32(t), t.numel(), static_cast<float>(value), stream_);
+  }
+  void add(const Tensor& a, const Tensor& b, const Tensor& out) override {
+    same_shape(a, b, "add");
+    same_shape(a, out, "add out");
+    cuda::add(f32(a), f32(b), f32(out), a.numel(), stream_);
+  }
+
+  void gemm(const GemmArgs& g) override { gemm_->run(g); }
+
+  void embedding_forward(const Tensor& ids, const Tensor& table, const Tensor& out) override {
+    cuda::embedding_forward(i32(ids), f32(table), f32(out), ids.numel(), table.dim(1), stream_);
+  }
+  void embedding_backward(const Tensor& ids, const Tensor& dout, const Tensor& dtable) override {
+    cuda::embedding_backward(i32(ids), f32(dout), f32(dtable), ids.numel(), dtable.dim(0), dtable.dim(1), stream_);
+  }
+
+  void rmsnorm_forward(const Tensor& x, const Tensor& w, const Tensor& out, const Tensor& rstd, double eps) override {
+    const std::int64_t d = x.dim(-1);
+    cuda::rmsnorm_forward(f32(x), f32(w), f32(out), f32(rstd), x.numel() / d, d, static_cast<float>(eps), stream_);
+  }
+  void rmsnorm_backward(const Tensor& dout, const Tensor& x, const Tensor& w, const Tensor& rstd, const Tensor& dx,
+                        const Tensor& dw) override {
+    const std::int64_t d = x.dim(-1);
+    cuda::rmsnorm_backward(f32(dout), f32(x), f32(w), f32(rstd), f32(dx), f32(dw), x.numel() / d, d, stream_);
+  }
+
+  void split_heads(const Tensor& in, const Tensor& out, double theta) override {
+    cuda::permute_heads(f32(in), f32(out), in.dim(0), in.dim(1), in.dim(2), in.dim(3), theta, true, stream_);
+  }
+  void merge_heads(const Tensor& in, const Tensor& out, double theta) override {
+    cuda::permute_heads(f32(in), f32(out), out.dim(0), out.dim(1), out.dim(2), out.dim(3), theta, false, stream_);
+  }
+
+  void softmax_forward(const Tensor& scores, const Tensor& probs, double scale, bool causal) override {
+    same_shape(scores, probs, "softmax");
+    const std::int64_t tk = scores.dim(-1);
+    cuda::softmax_forward(f32(scores), f32(probs), scores.numel() / tk, scores.dim(-2), tk, static_cast<float>(scale),
+                          causal, stream_);
+  }
+  void softmax_backward(const Tensor& probs, const Tensor& dprobs, const Tensor& dscores, double scale) override {
+    const std::int64_t tk = probs.dim(-1);
+    cuda::softmax_backward(f32(probs), f32(dprobs), f32(dscores), probs.numel() / tk, tk, static_cast<float>(scale),
+                           stream_);
+  }
+
+  void swiglu_forward(const Tensor& a, const Tensor& b, const Tensor& out) override {
+    cuda::swiglu_forward(f32(a), f32(b), f32(out), a.numel(), stream_);
+  }
+  void swiglu_backward(const Tensor& a, const Tensor& b, const Tensor& dout, const Tensor& da,
+                       const Tensor& db) override {
+    cuda::swiglu_backward(f32(a), f32(b), f32(dout), f32(da), f32(db), a.numel(), stream_);
+  }
+
+  void cross_entropy_forward(const Tensor& logits, const Tensor& targets, const Tensor& lse,
+                             const Tensor& loss) override {
+    const std::int64_t v = logits.dim(-1), n = logits.numel() / v;
+    Allocation row_loss = alloc_.allocate({n}, DType::f32, {MemKind::workspace, "cross_entropy.row_loss", -1});
+    cuda::cross_entropy_forward(f32(logits), i32(targets), f32(lse), f32(row_loss), f32(loss), n, v, stream_);
+  }
+  void cross_entropy_backward(const Tensor& logits, const Tensor& targets, const Tensor& lse, const Tensor& dlogits,
+                              double scale) override {
+    const std::int64_t v = logits.dim(-1), n = logits.numel() / v;
+    cuda::cross_entropy_backward(f32(logits), i32(targets), f32(lse), f32(dlogits), n, v, static_cast<float>(scale),
+                                 stream_);
+  }
+
+  void global_norm(std::span<const Tensor> tensors, const Tensor& out) override {
+    double* sum = norm_sum_.tensor().as<double>();
+    LMSCOPE_CUDA_CHECK(cudaMemsetAsync(sum, 0, sizeof(double), stream_));
+    for (const Tensor& t : tensors) cuda::sum_squares(f32(t), t.numel(), sum, stream_);
+    cuda::sqrt_to_float(sum, f32(out), stream_);
+  }
+
+  void adamw(const Tensor& p, const Tensor& g, const Tensor& m, const Tensor& v, const AdamWArgs& a,
+             const Tensor& grad_norm) override {
+    const double t = static_cast<double>(a.step);
+    const double alpha = a.lr * std::sqrt(1.0 - std::pow(a.beta2, t)) / (1.0 - std::pow(a.beta1, t));
+    cuda::adamw(f32(p), f32(g), f32(m), f32(v), p.numel(), static_cast<float>(a.beta1), static_cast<float>(a.beta2),
+                static_cast<float>(a.eps), static_cast<float>(alpha), static_cast<float>(a.lr * a.weight_decay),
+                a.max_norm > 0 ? f32(grad_norm) : nullptr, static_cast<float>(a.max_norm), stream_);
+  }
+
+ private:
+  CudaAllocator alloc_;
+  cudaStream_t stream_ = nullptr;
+  std::unique_ptr<cuda::Gemm> gemm_;
+  Allocation norm_sum_;
+};
+
+}  // namespace
+
+std::unique_ptr<Backend> make_cuda_backend(GemmMath math) {
+  if (list_gpus().empty()) throw Unsupported("no CUDA GPU is visible to this process");
+  return std::make_unique<CudaBackend>(math);
+}
+
+}  // namespace lmscope

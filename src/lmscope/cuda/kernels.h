@@ -1,0 +1,48 @@
+// Launchers of lmscope's own CUDA kernels (fp32 for now), one per backend op. Each takes raw
+// device pointers and sizes and enqueues on the given stream; shapes are the backend's to check.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+namespace lmscope::cuda {
+
+// elementwise.cu
+void fill(float* x, std::int64_t n, float value, cudaStream_t s);
+void add(const float* a, const float* b, float* out, std::int64_t n, cudaStream_t s);
+void swiglu_forward(const float* a, const float* b, float* out, std::int64_t n, cudaStream_t s);
+void swiglu_backward(const float* a, const float* b, const float* dout, float* da, float* db, std::int64_t n,
+                     cudaStream_t s);
+// grad_norm: device pointer to the global norm (nullptr when max_norm <= 0); alpha = the
+// bias-corrected step size; decay = lr·weight_decay.
+void adamw(float* p, const float* g, float* m, float* v, std::int64_t n, float beta1, float beta2, float eps,
+           float alpha, float decay, const float* grad_norm, float max_norm, cudaStream_t s);
+// accumulates Σx² of x into *sum (double, zeroed by the caller).
+void sum_squares(const float* x, std::int64_t n, double* sum, cudaStream_t s);
+void sqrt_to_float(const double* sum, float* out, cudaStream_t s);
+
+// rowwise.cu
+void embedding_forward(const std::int32_t* ids, const float* table, float* out, std::int64_t n, std::int64_t d,
+                       cudaStream_t s);
+void embedding_backward(const std::int32_t* ids, const float* dout, float* dtable, std::int64_t n, std::int64_t v,
+                        std::int64_t d, cudaStream_t s);
+void rmsnorm_forward(const float* x, const float* w, float* out, float* rstd, std::int64_t n, std::int64_t d, float eps,
+                     cudaStream_t s);
+void rmsnorm_backward(const float* dout, const float* x, const float* w, const float* rstd, float* dx, float* dw,
+                      std::int64_t n, std::int64_t d, cudaStream_t s);
+void softmax_forward(const float* scores, float* probs, std::int64_t rows, std::int64_t tq, std::int64_t tk,
+                     float scale, bool causal, cudaStream_t s);
+void softmax_backward(const float* probs, const float* dprobs, float* dscores, std::int64_t rows, std::int64_t tk,
+                      float scale, cudaStream_t s);
+// row_loss: scratch [n] for per-row losses, reduced in a fixed order into *loss.
+void cross_entropy_forward(const float* logits, const std::int32_t* targets, float* lse, float* row_loss, float* loss,
+                           std::int64_t n, std::int64_t v, cudaStream_t s);
+void cross_entropy_backward(const float* logits, const std::int32_t* targets, const float* lse, float* dlogits,
+                            std::int64_t n, std::int64_t v, float scale, cudaStream_t s);
+
+// heads.cu: [B, T, h, dk] <-> [B, h, T, dk], rotating pairs by sign·p·theta^(-2i/dk) when theta > 0.
+void permute_heads(const float* in, float* out, std::int64_t b, std::int64_t t, std::int64_t h, std::int64_t dk,
+                   double theta, bool to_heads_major, cudaStream_t s);
+
+}  // namespace lmscope::cuda

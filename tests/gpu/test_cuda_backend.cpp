@@ -1,0 +1,250 @@
+// The CUDA backend against the CPU reference: every op forward and backward on random inputs of
+// odd sizes, the GEMM in every transposition, and 20 training steps of a whole model.
+// Every test skips (and ctest reports it skipped) where no GPU is visible.
+#include "lmscope/backend/backend.h"
+#include "lmscope/backend/devices.h"
+#include "lmscope/core/rng.h"
+#include "lmscope/model/optimizer.h"
+#include "lmscope/model/transformer.h"
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+
+namespace lmscope::test {
+namespace {
+
+// The same tensor on both backends.
+struct Twin {
+  Allocation cpu, gpu;
+};
+
+class CudaVsCpu : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    if (list_gpus().empty()) GTEST_SKIP() << "no CUDA GPU visible";
+    cpu = make_cpu_backend();
+    gpu = make_cuda_backend(GemmMath::fp32);
+  }
+  Twin random(Shape s, double scale = 1.0) {
+    Twin t{cpu->allocator().allocate(s, DType::f32, {}), gpu->allocator().allocate(s, DType::f32, {})};
+    std::vector<double> v(static_cast<std::size_t>(shape_numel(s)));
+    for (double& x : v) x = scale * rng.normal();
+    upload(*cpu, t.cpu, v);
+    upload(*gpu, t.gpu, v);
+    return t;
+  }
+  // Poisoned outputs: an element the kernel forgets to write shows up as a NaN.
+  Twin output(Shape s) {
+    Twin t{cpu->allocator().allocate(s, DType::f32, {}), gpu->allocator().allocate(s, DType::f32, {})};
+    cpu->fill(t.cpu, NAN);
+    gpu->fill(t.gpu, NAN);
+    return t;
+  }
+  Twin ids(std::int64_t n, std::int64_t vocab) {
+    Twin t{cpu->allocator().allocate({n}, DType::i32, {}), gpu->allocator().allocate({n}, DType::i32, {})};
+    std::vector<std::int32_t> v(static_cast<std::size_t>(n));
+    for (auto& x : v) x = static_cast<std::int32_t>(rng.below(static_cast<std::uint64_t>(vocab)));
+    cpu->copy_from_host(t.cpu, v.data());
+    gpu->copy_from_host(t.gpu, v.data());
+    return t;
+  }
+  void expect_close(const Twin& t, double tol, const std::string& what) {
+    auto a = download(*gpu, t.gpu), b = download(*cpu, t.cpu);
+    double err = 0, ref = 0;
+    for (std::size_t i = 0; i < a.size(); ++i) {
+      ASSERT_FALSE(std::isnan(a[i])) << what << ": element " << i << " is NaN (unwritten?)";
+      err += (a[i] - b[i]) * (a[i] - b[i]);
+      ref += b[i] * b[i];
+    }
+    ASSERT_GT(ref, 0) << what;
+    EXPECT_LT(std::sqrt(err / ref), tol) << what;
+  }
+  std::unique_ptr<Backend> cpu, gpu;
+  Rng rng{2024};
+};
+
+constexpr double kFp32 = 1e-5;
+
+TEST_F(CudaVsCpu, RmsNorm) {
+  const std::int64_t N = 37, d = 203;
+  auto x = random({N, d}), w = random({d}), dy = random({N, d});
+  auto y = output({N, d}), r = output({N}), dx = output({N, d}), dw = output({d});
+  for (Backend* b : {cpu.get(), gpu.get()}) {
+    const bool c = b == cpu.get();
+    b->rmsnorm_forward(c ? x.cpu : x.gpu, c ? w.cpu : w.gpu, c ? y.cpu : y.gpu, c ? r.cpu : r.gpu, 1e-5);
+    b->rmsnorm_backward(c ? dy.cpu : dy.gpu, c ? x.cpu : x.gpu, c ? w.cpu : w.gpu, c ? r.cpu : r.gpu,
+                        c ? dx.cpu : dx.gpu, c ? dw.cpu : dw.gpu);
+  }
+  expect_close(y, kFp32, "rmsnorm out");
+  expect_close(r, kFp32, "rmsnorm rstd");
+  expect_close(dx, kFp32, "rmsnorm dx");
+  expect_close(dw, kFp32, "rmsnorm dw");
+}
+
+TEST_F(CudaVsCpu, HeadsWithRope) {
+  const std::int64_t B = 3, T = 1029, H = 5, dk = 18;
+  for (double theta : {0.0, 10000.0}) {
+    auto x = random({B, T, H, dk}), y = output({B, H, T, dk}), back = output({B, T, H, dk});
+    cpu->split_heads(x.cpu, y.cpu, theta);
+    gpu->split_heads(x.gpu, y.gpu, theta);
+    cpu->merge_heads(y.cpu, back.cpu, theta);
+    gpu->merge_heads(y.gpu, back.gpu, theta);
+    expect_close(y, kFp32, "split_heads");
+    expect_close(back, kFp32, "merge_heads");
+  }
+}
+
+TEST_F(CudaVsCpu, Softmax) {
+  for (bool causal : {true, false}) {
+    const std::int64_t rows = 6, T = 37;
+    auto s = random({rows, T, T}, 3.0), dp = random({rows, T, T});
+    auto p = output({rows, T, T}), ds = output({rows, T, T});
+    cpu->softmax_forward(s.cpu, p.cpu, 0.125, causal);
+    gpu->softmax_forward(s.gpu, p.gpu, 0.125, causal);
+    cpu->softmax_backward(p.cpu, dp.cpu, ds.cpu, 0.125);
+    gpu->softmax_backward(p.gpu, dp.gpu, ds.gpu, 0.125);
+    expect_close(p, kFp32, causal ? "causal softmax" : "softmax");
+    expect_close(ds, kFp32, causal ? "causal softmax backward" : "softmax backward");
+  }
+}
+
+TEST_F(CudaVsCpu, Swiglu) {
+  const std::int64_t n = 1001;
+  auto a = random({n}, 2.0), b = random({n}), g = random({n});
+  auto y = output({n}), da = output({n}), db = output({n});
+  cpu->swiglu_forward(a.cpu, b.cpu, y.cpu);
+  gpu->swiglu_forward(a.gpu, b.gpu, y.gpu);
+  cpu->swiglu_backward(a.cpu, b.cpu, g.cpu, da.cpu, db.cpu);
+  gpu->swiglu_backward(a.gpu, b.gpu, g.gpu, da.gpu, db.gpu);
+  expect_close(y, kFp32, "swiglu");
+  expect_close(da, kFp32, "swiglu da");
+  expect_close(db, kFp32, "swiglu db");
+}
+
+TEST_F(CudaVsCpu, CrossEntropy) {
+  const std::int64_t N = 33, V = 1237;
+  auto x = random({N, V}, 2.0), lse = output({N}), loss = output({1}), dx = output({N, V});
+  auto t = ids(N, V);
+  cpu->cross_entropy_forward(x.cpu, t.cpu, lse.cpu, loss.cpu);
+  gpu->cross_entropy_forward(x.gpu, t.gpu, lse.gpu, loss.gpu);
+  cpu->cross_entropy_backward(x.cpu, t.cpu, lse.cpu, dx.cpu, 1.0 / N);
+  gpu->cross_entropy_backward(x.gpu, t.gpu, lse.gpu, dx.gpu, 1.0 / N);
+  expect_close(lse, kFp32, "lse");
+  expect_close(loss, kFp32, "loss");
+  expect_close(dx, kFp32, "dlogits");
+}
+
+TEST_F(CudaVsCpu, Embedding) {
+  const std::int64_t V = 17, d = 45, N = 301;  // many repeated ids
+  auto table = random({V, d}), dy = random({N, d}), y = output({N, d}), dt = output({V, d});
+  auto t = ids(N, V);
+  cpu->embedding_forward(t.cpu, table.cpu, y.cpu);
+  gpu->embedding_forward(t.gpu, table.gpu, y.gpu);
+  cpu->embedding_backward(t.cpu, dy.cpu, dt.cpu);
+  gpu->embedding_backward(t.gpu, dy.gpu, dt.gpu);
+  expect_close(y, kFp32, "embedding");
+  expect_close(dt, kFp32, "embedding backward");
+}
+
+TEST_F(CudaVsCpu, GemmEveryTranspositionAndBatch) {
+  const std::int64_t M = 37, N = 45, K = 29, batch = 3;
+  for (GemmMath math : {GemmMath::fp32, GemmMath::tf32}) {
+    gpu = make_cuda_backend(math);
+    for (bool ta : {false, true})
+      for (bool tb : {false, true}) {
+        auto a = random({batch, M * K}), b = random({batch, K * N}), c = random({batch, M * N});
+        auto args = [&](const Tensor& A, const Tensor& Bm, const Tensor& C) {
+          return GemmArgs{.trans_a = ta,
+                          .trans_b = tb,
+                          .m = M,
+                          .n = N,
+                          .k = K,
+                          .alpha = 0.5f,
+                          .beta = 0.25f,
+                          .a = A,
+                          .b = Bm,
+                          .c = C,
+                          .lda = ta ? M : K,
+                          .ldb = tb ? K : N,
+                          .ldc = N,
+                          .batch = batch,
+                          .stride_a = M * K,
+                          .stride_b = K * N,
+                          .stride_c = M * N};
+        };
+        cpu->gemm(args(a.cpu, b.cpu, c.cpu));
+        gpu->gemm(args(a.gpu, b.gpu, c.gpu));
+        expect_close(c, math == GemmMath::fp32 ? kFp32 : 1e-3,
+                     fmt::format("gemm {} ta={} tb={}", math == GemmMath::fp32 ? "fp32" : "tf32", ta, tb));
+      }
+  }
+}
+
+TEST_F(CudaVsCpu, GlobalNormAndAdamW) {
+  auto p = random({1000}), g1 = random({1000}), g2 = random({77}), m = random({1000}, 0.1), v = random({1000}, 0.1);
+  auto norm = output({1});
+  // v must stay non-negative, as a second moment is
+  std::vector<double> vv = download(*cpu, v.cpu);
+  for (double& x : vv) x = std::fabs(x);
+  upload(*cpu, v.cpu, vv);
+  upload(*gpu, v.gpu, vv);
+  cpu->global_norm(std::vector<Tensor>{g1.cpu, g2.cpu}, norm.cpu);
+  gpu->global_norm(std::vector<Tensor>{g1.gpu, g2.gpu}, norm.gpu);
+  expect_close(norm, kFp32, "global norm");
+  AdamWArgs args{.lr = 1e-2, .step = 3, .max_norm = 1.0};
+  cpu->adamw(p.cpu, g1.cpu, m.cpu, v.cpu, args, norm.cpu);
+  gpu->adamw(p.gpu, g1.gpu, m.gpu, v.gpu, args, norm.gpu);
+  expect_close(p, kFp32, "adamw param");
+  expect_close(m, kFp32, "adamw m");
+  expect_close(v, kFp32, "adamw v");
+}
+
+TEST_F(CudaVsCpu, TwentyTrainingStepsMatchTheCpu) {
+  ModelConfig c;
+  c.vocab = 503;
+  c.d_model = 96;
+  c.d_ff = 200;
+  c.layers = 2;
+  c.heads = 3;
+  const std::int64_t B = 3, T = 37;
+  std::vector<std::int32_t> x(B * T), y(B * T);
+  for (auto* v : {&x, &y})
+    for (auto& t : *v) t = static_cast<std::int32_t>(rng.below(503));
+  auto losses = [&](Backend& be) {
+    Transformer model(c, be);
+    model.init_parameters(11);
+    AdamW opt(model, {.lr = 3e-3, .clip = 1.0});
+    model.set_batch(B, T, x.data(), y.data());
+    std::vector<double> out;
+    for (int i = 0; i < 20; ++i) {
+      model.forward();
+      out.push_back(model.read_loss());
+      model.backward();
+      opt.step(3e-3);
+    }
+    return out;
+  };
+  const auto on_cpu = losses(*cpu), on_gpu = losses(*gpu);
+  EXPECT_LT(on_cpu.back(), on_cpu.front() - 0.5) << "the run must train";
+  for (int i = 0; i < 20; ++i) EXPECT_LT(std::fabs(on_gpu[i] - on_cpu[i]) / on_cpu[i], 1e-4) << "step " << i + 1;
+}
+
+TEST_F(CudaVsCpu, OutOfMemoryIsReportedAndRecovered) {
+  Allocator& mem = gpu->allocator();
+  const std::size_t before = mem.current_bytes();
+  try {
+    auto huge = mem.allocate({std::int64_t(1) << 40}, DType::f32, {MemKind::activation, "huge", 3});
+    FAIL() << "4 TiB was granted";
+  } catch (const OutOfMemory& e) {
+    EXPECT_EQ(e.requested(), std::size_t(4) << 40);
+    EXPECT_NE(std::string(e.what()).find("huge (activation, layer 3)"), std::string::npos) << e.what();
+  }
+  EXPECT_EQ(mem.current_bytes(), before);
+  auto ok = mem.allocate({1 << 20}, DType::f32, {});  // the device still works
+  gpu->fill(ok, 1.0);
+  gpu->synchronize();
+}
+
+}  // namespace
+}  // namespace lmscope::test

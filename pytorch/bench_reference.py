@@ -35,9 +35,12 @@ def main():
     ap.add_argument("--steps", type=int, default=5)
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--threads", type=int, default=0, help="torch.set_num_threads (CPU); 0 keeps the default")
+    ap.add_argument("--precision", default="fp32", choices=["fp32", "tf32"], help="matmul math on CUDA")
     a = ap.parse_args()
     if a.threads:
         torch.set_num_threads(a.threads)
+    torch.backends.cuda.matmul.allow_tf32 = a.precision == "tf32"
+    torch.backends.cudnn.allow_tf32 = a.precision == "tf32"
     torch.manual_seed(0)
     model = ref.TransformerLM(**ref.PRESETS[a.model]).to(a.device)
     opt = ref.AdamW(model.parameters())
@@ -54,9 +57,9 @@ def main():
             fwd.append(f), bwd.append(b), step_opt.append(o)
     total = [f + b + o for f, b, o in zip(fwd, bwd, step_opt)]
     ms = lambda v: f"{statistics.mean(v):.2f} ± {statistics.stdev(v) if len(v) > 1 else 0:.2f}"
-    print("| framework | model | device | threads | batch | ctx | forward ms | backward ms | optimizer ms | step ms |")
-    print("|---|---|---|---:|---:|---:|---:|---:|---:|---:|")
-    print(f"| PyTorch {torch.__version__} | {a.model} | {a.device} | {torch.get_num_threads()} | {a.batch} | {a.ctx} "
+    print("| framework | model | device | precision | threads | batch | ctx | forward ms | backward ms | optimizer ms | step ms |")
+    print("|---|---|---|---|---:|---:|---:|---:|---:|---:|---:|")
+    print(f"| PyTorch {torch.__version__} | {a.model} | {a.device} | {a.precision} | {torch.get_num_threads()} | {a.batch} | {a.ctx} "
           f"| {ms(fwd)} | {ms(bwd)} | {ms(step_opt)} | {ms(total)} |")
 
 

@@ -51,7 +51,7 @@ def rope(x, theta):
     T, dk = x.shape[-2], x.shape[-1]
     inv = theta ** (-torch.arange(0, dk, 2, dtype=torch.float64) / dk)
     ang = torch.arange(T, dtype=torch.float64)[:, None] * inv[None, :]
-    cos, sin = ang.cos().to(x.dtype), ang.sin().to(x.dtype)
+    cos, sin = ang.cos().to(x.device, x.dtype), ang.sin().to(x.device, x.dtype)
     x0, x1 = x[..., 0::2], x[..., 1::2]
     out = torch.stack((x0 * cos - x1 * sin, x0 * sin + x1 * cos), dim=-1)
     return out.flatten(-2)

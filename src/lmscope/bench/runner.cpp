@@ -65,10 +65,7 @@ class PhaseTimer {
 };
 
 void run_cell(const BenchSpec& spec, BenchResult& r, const BenchProgress& progress) {
-  if (spec.precision != "fp32")
-    throw Unsupported(
-        fmt::format("the {} backend computes in fp32 only; {} is not implemented there", spec.device, spec.precision));
-  std::unique_ptr<Backend> backend = make_backend(spec.device);
+  std::unique_ptr<Backend> backend = make_backend(spec.device, spec.precision);
   Transformer model(spec.model, *backend);
   model.init_parameters(spec.seed);
   const std::int64_t n = spec.batch * spec.ctx;

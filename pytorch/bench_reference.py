@@ -1,10 +1,13 @@
-"""Times the PyTorch reference (cs336_reference.py) the way lmscope bench times itself: per-phase
-host timers around synchronised regions, warm-up steps first, random tokens, the assignment's
-AdamW. Prints one Markdown row per cell, so the two tables line up.
+"""Times the PyTorch reference (cs336_reference.py) the way lmscope bench times itself: phases
+between synchronisations, warm-up steps first, random tokens, the assignment's AdamW. Comma lists
+in --model and --ctx sweep in one process; a cell out of memory prints an OOM row and the sweep
+goes on. One Markdown row per cell, so the two tables line up.
 
   python3 pytorch/bench_reference.py --model small --ctx 128 --batch 4 --device cpu --threads 2
+  python pytorch/bench_reference.py --device cuda --model small,medium --ctx 128,256 --precision fp32
 """
 import argparse
+import gc
 import statistics
 import time
 
@@ -26,10 +29,32 @@ def timed(device, fn):
     return (time.perf_counter() - t0) * 1e3
 
 
+def run_cell(a, model_name, ctx):
+    torch.manual_seed(0)
+    model = ref.TransformerLM(**ref.PRESETS[model_name]).to(a.device)
+    opt = ref.AdamW(model.parameters())
+    x = torch.randint(0, 10000, (a.batch, ctx), device=a.device)
+    y = torch.randint(0, 10000, (a.batch, ctx), device=a.device)
+    if a.device == "cuda":
+        torch.cuda.reset_peak_memory_stats()
+    fwd, bwd, step_opt = [], [], []
+    for i in range(a.warmup + a.steps):
+        opt.zero_grad(set_to_none=False)
+        box = {}
+        f = timed(a.device, lambda: box.update(loss=ref.cross_entropy(model(x), y)))
+        b = timed(a.device, lambda: box["loss"].backward())
+        o = timed(a.device, opt.step)
+        if i >= a.warmup:
+            fwd.append(f), bwd.append(b), step_opt.append(o)
+    total = [f + b + o for f, b, o in zip(fwd, bwd, step_opt)]
+    peak = torch.cuda.max_memory_allocated() / 2**30 if a.device == "cuda" else float("nan")
+    return fwd, bwd, step_opt, total, peak
+
+
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("--model", default="small")
-    ap.add_argument("--ctx", type=int, default=128)
+    ap.add_argument("--model", default="small", help="preset(s), comma list")
+    ap.add_argument("--ctx", default="128", help="context length(s), comma list")
     ap.add_argument("--batch", type=int, default=4)
     ap.add_argument("--warmup", type=int, default=2)
     ap.add_argument("--steps", type=int, default=5)
@@ -41,26 +66,21 @@ def main():
         torch.set_num_threads(a.threads)
     torch.backends.cuda.matmul.allow_tf32 = a.precision == "tf32"
     torch.backends.cudnn.allow_tf32 = a.precision == "tf32"
-    torch.manual_seed(0)
-    model = ref.TransformerLM(**ref.PRESETS[a.model]).to(a.device)
-    opt = ref.AdamW(model.parameters())
-    x = torch.randint(0, 10000, (a.batch, a.ctx), device=a.device)
-    y = torch.randint(0, 10000, (a.batch, a.ctx), device=a.device)
-    fwd, bwd, step_opt = [], [], []
-    for i in range(a.warmup + a.steps):
-        opt.zero_grad(set_to_none=False)
-        box = {}
-        f = timed(a.device, lambda: box.update(loss=ref.cross_entropy(model(x), y)))
-        b = timed(a.device, lambda: box["loss"].backward())
-        o = timed(a.device, opt.step)
-        if i >= a.warmup:
-            fwd.append(f), bwd.append(b), step_opt.append(o)
-    total = [f + b + o for f, b, o in zip(fwd, bwd, step_opt)]
     ms = lambda v: f"{statistics.mean(v):.2f} ± {statistics.stdev(v) if len(v) > 1 else 0:.2f}"
-    print("| framework | model | device | precision | threads | batch | ctx | forward ms | backward ms | optimizer ms | step ms |")
-    print("|---|---|---|---|---:|---:|---:|---:|---:|---:|---:|")
-    print(f"| PyTorch {torch.__version__} | {a.model} | {a.device} | {a.precision} | {torch.get_num_threads()} | {a.batch} | {a.ctx} "
-          f"| {ms(fwd)} | {ms(bwd)} | {ms(step_opt)} | {ms(total)} |")
+    print("| framework | model | device | precision | batch | ctx | forward ms | backward ms | optimizer ms "
+          "| step ms | peak GiB | status |")
+    print("|---|---|---|---|---:|---:|---:|---:|---:|---:|---:|---|")
+    for model_name in a.model.split(","):
+        for ctx in (int(c) for c in a.ctx.split(",")):
+            head = f"| PyTorch {torch.__version__} | {model_name} | {a.device} | {a.precision} | {a.batch} | {ctx} "
+            try:
+                fwd, bwd, opt, total, peak = run_cell(a, model_name, ctx)
+                print(head + f"| {ms(fwd)} | {ms(bwd)} | {ms(opt)} | {ms(total)} | {peak:.1f} | ok |", flush=True)
+            except torch.cuda.OutOfMemoryError:
+                print(head + "| - | - | - | - | - | OOM |", flush=True)
+            gc.collect()
+            if a.device == "cuda":
+                torch.cuda.empty_cache()
 
 
 if __name__ == "__main__":

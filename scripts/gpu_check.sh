@@ -24,18 +24,12 @@ compute-sanitizer --tool memcheck --error-exitcode 9 build-gpu/tests/lmscope_gpu
   --gtest_filter='-*TwentyTraining*:*OutOfMemory*' >"$OUT/sanitizer.log" 2>&1
 echo "== compute-sanitizer memcheck exit $? ($(grep -c 'OK \]' "$OUT/sanitizer.log") tests ok): $(tail -1 "$OUT/sanitizer.log")"
 
-if [[ "${1:-}" == "--bench" ]]; then
-  shift
-  cells=("$@")
-  for cell in "${cells[@]}"; do
-    read -r model ctx prec <<<"$cell"
-    build-gpu/lmscope bench --device cuda --model "$model" --ctx "$ctx" --batch 4 --precision "$prec" --mode train \
-      --warmup 5 --steps 10 --format csv 2>/dev/null | tail -1 >>"$OUT/lmscope.csv"
-    (cd pytorch && $PY bench_reference.py --device cuda --model "$model" --ctx "$ctx" --batch 4 --precision "$prec" \
-      --warmup 5 --steps 10 | tail -1) >>"$OUT/pytorch.md"
-  done
-  echo "== lmscope (train step, ms)"
-  cut -d, -f1,8,11,14,19,24,29,30,35,36,37 "$OUT/lmscope.csv"
-  echo "== pytorch"
-  cat "$OUT/pytorch.md"
+# --grid PRECISION MODELS CTXS: lmscope and PyTorch over the same cells, train mode, batch 4.
+if [[ "${1:-}" == "--grid" ]]; then
+  prec=$2 models=$3 ctxs=$4
+  build-gpu/lmscope bench --device cuda --model "$models" --ctx "$ctxs" --batch 4 --precision "$prec" --mode train \
+    --warmup 5 --steps 10 --format csv --out "$OUT/lmscope-$prec.csv" >"$OUT/lmscope-$prec.md" 2>/dev/null
+  (cd pytorch && $PY bench_reference.py --device cuda --model "$models" --ctx "$ctxs" --batch 4 --precision "$prec" \
+    --warmup 5 --steps 10) >"$OUT/pytorch-$prec.md" 2>&1
+  cat "$OUT/lmscope-$prec.md" "$OUT/pytorch-$prec.md"
 fi

@@ -42,6 +42,12 @@ class Backend {
   virtual std::string name() const = 0;
   virtual Allocator& allocator() = 0;
   virtual void synchronize() {}
+  // Timestamps in the backend's own order of work: mark() records one after everything already
+  // enqueued (a CUDA event on the GPU, the host clock on the CPU); elapsed_ms reads two marks after
+  // a synchronize(). Marks live until clear_marks().
+  virtual int mark() = 0;
+  virtual double elapsed_ms(int from, int to) = 0;
+  virtual void clear_marks() = 0;
 
   // Host <-> backend memory and elementwise basics.
   virtual void copy_from_host(const Tensor& dst, const void* src) = 0;

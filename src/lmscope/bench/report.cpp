@@ -20,18 +20,19 @@ std::string mean_std(const PhaseStats& s) { return s.n ? fmt::format("{:.2f} ± 
 std::string markdown(const std::vector<BenchResult>& rows) {
   std::string out =
       "| model | device | precision | mode | batch | ctx | forward ms | backward ms | optimizer ms | step ms | "
-      "tokens/s | TFLOP/s | peak memory | status |\n"
-      "|---|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|\n";
+      "tokens/s | TFLOP/s | MFU | peak memory | status |\n"
+      "|---|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|\n";
   for (const BenchResult& r : rows) {
     const BenchSpec& s = r.spec;
     out += fmt::format("| {} | {} | {} | {} | {} | {} | ", s.model.name, s.device, s.precision, bench_mode_name(s.mode),
                        s.batch, s.ctx);
     if (r.ok())
-      out += fmt::format("{} | {} | {} | {} | {:.0f} | {:.3f} | {} | ok |\n", mean_std(r.forward), mean_std(r.backward),
-                         mean_std(r.optimizer), mean_std(r.step), r.tokens_per_s, r.model_tflops,
+      out += fmt::format("{} | {} | {} | {} | {:.0f} | {:.3f} | {} | {} | ok |\n", mean_std(r.forward),
+                         mean_std(r.backward), mean_std(r.optimizer), mean_std(r.step), r.tokens_per_s, r.model_tflops,
+                         r.mfu > 0 ? fmt::format("{:.1f}%", 100 * r.mfu) : "-",
                          human_bytes(static_cast<double>(r.peak_bytes)));
     else
-      out += fmt::format("- | - | - | - | - | - | - | {} |\n", r.status);
+      out += fmt::format("- | - | - | - | - | - | - | - | {} |\n", r.status);
   }
   return out;
 }
@@ -57,7 +58,7 @@ std::string csv(const std::vector<BenchResult>& rows) {
   std::string out = "model,d_model,d_ff,layers,heads,vocab,device,precision,mode,batch,ctx,warmup,steps";
   for (const char* p : kPhases)
     for (const char* f : {"mean_ms", "std_ms", "median_ms", "min_ms", "max_ms"}) out += fmt::format(",{}_{}", p, f);
-  out += ",tokens_per_s,model_tflops,peak_bytes,status\n";
+  out += ",tokens_per_s,model_tflops,mfu,peak_bytes,device_name,status\n";
   for (const BenchResult& r : rows) {
     const BenchSpec& s = r.spec;
     out += fmt::format("{},{},{},{},{},{},{},{},{},{},{},{},{}", csv_field(s.model.name), s.model.d_model, s.model.d_ff,
@@ -71,9 +72,10 @@ std::string csv(const std::vector<BenchResult>& rows) {
         out += ",,,,,";
     }
     if (r.ok())
-      out += fmt::format(",{:.1f},{:.4f},{}", r.tokens_per_s, r.model_tflops, r.peak_bytes);
+      out += fmt::format(",{:.1f},{:.4f},{:.4f},{},{}", r.tokens_per_s, r.model_tflops, r.mfu, r.peak_bytes,
+                         csv_field(r.device_name));
     else
-      out += ",,,";
+      out += ",,,,,";
     out += "," + csv_field(r.status) + "\n";
   }
   return out;
@@ -109,6 +111,9 @@ std::string json(const std::vector<BenchResult>& rows) {
       }
       j["tokens_per_s"] = r.tokens_per_s;
       j["model_tflops"] = r.model_tflops;
+      j["device_name"] = r.device_name;
+      j["peak_tflops"] = r.peak_tflops;
+      j["mfu"] = r.mfu;
       j["peak_bytes"] = r.peak_bytes;
     }
     arr.push_back(j);

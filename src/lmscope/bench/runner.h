@@ -25,6 +25,10 @@ struct BenchSpec {
   std::uint64_t seed = 0;
 };
 
+// The datasheet peak of a GPU for a precision (bf16/tf32 dense tensor cores, fp32 CUDA cores),
+// in TFLOP/s; 0 for devices not in the table (docs/timing.md lists it).
+double peak_tflops(const std::string& device_name, const std::string& precision);
+
 // Milliseconds over the measured steps; std is the sample standard deviation (n − 1).
 struct PhaseStats {
   int n = 0;
@@ -38,6 +42,9 @@ struct BenchResult {
   PhaseStats forward, backward, optimizer, step;
   double tokens_per_s = 0;
   double model_tflops = 0;  // model FLOPs of the mode per step over the mean step time
+  std::string device_name;  // as the allocator names it, e.g. "cuda:0 (NVIDIA H100 80GB HBM3)"
+  double peak_tflops = 0;   // the device's datasheet peak for the precision; 0 when unknown
+  double mfu = 0;           // model_tflops / peak_tflops
   std::size_t peak_bytes = 0;
   bool ok() const { return status == "ok"; }
 };

@@ -35,12 +35,28 @@ class CudaBackend final : public Backend {
     cudaStreamSynchronize(stream_);
     gemm_.reset();
     norm_sum_.reset();
+    for (cudaEvent_t e : events_) cudaEventDestroy(e);
     cudaStreamDestroy(stream_);
   }
 
   std::string name() const override { return alloc_.device_name(); }
   Allocator& allocator() override { return alloc_; }
   void synchronize() override { LMSCOPE_CUDA_CHECK(cudaStreamSynchronize(stream_)); }
+  int mark() override {
+    if (used_events_ == events_.size()) {
+      cudaEvent_t e;
+      LMSCOPE_CUDA_CHECK(cudaEventCreate(&e));
+      events_.push_back(e);
+    }
+    LMSCOPE_CUDA_CHECK(cudaEventRecord(events_[used_events_], stream_));
+    return static_cast<int>(used_events_++);
+  }
+  double elapsed_ms(int from, int to) override {
+    float ms = 0;
+    LMSCOPE_CUDA_CHECK(cudaEventElapsedTime(&ms, events_.at(from), events_.at(to)));
+    return ms;
+  }
+  void clear_marks() override { used_events_ = 0; }  // events are reused
 
   void copy_from_host(const Tensor& dst, const void* src) override {
     LMSCOPE_CUDA_CHECK(cudaMemcpyAsync(dst.data, src, dst.bytes(), cudaMemcpyHostToDevice, stream_));
@@ -143,6 +159,8 @@ class CudaBackend final : public Backend {
   cudaStream_t stream_ = nullptr;
   std::unique_ptr<cuda::Gemm> gemm_;
   Allocation norm_sum_;
+  std::vector<cudaEvent_t> events_;
+  std::size_t used_events_ = 0;
 };
 
 }  // namespace

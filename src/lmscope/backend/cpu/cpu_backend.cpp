@@ -7,6 +7,7 @@
 #include <cblas.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstring>
 #include <vector>
@@ -77,6 +78,15 @@ class CpuBackend final : public Backend {
   explicit CpuBackend(std::size_t capacity) : alloc_(capacity) {}
   std::string name() const override { return "cpu"; }
   Allocator& allocator() override { return alloc_; }
+  // Every op has finished when it returns, so the host clock is the device clock.
+  int mark() override {
+    marks_.push_back(std::chrono::steady_clock::now());
+    return static_cast<int>(marks_.size()) - 1;
+  }
+  double elapsed_ms(int from, int to) override {
+    return std::chrono::duration<double, std::milli>(marks_.at(to) - marks_.at(from)).count();
+  }
+  void clear_marks() override { marks_.clear(); }
 
   void copy_from_host(const Tensor& dst, const void* src) override { std::memcpy(dst.data, src, dst.bytes()); }
   void copy_to_host(void* dst, const Tensor& src) override { std::memcpy(dst, src.data, src.bytes()); }
@@ -355,6 +365,7 @@ class CpuBackend final : public Backend {
 
  private:
   HostAllocator alloc_;
+  std::vector<std::chrono::steady_clock::time_point> marks_;
 };
 
 }  // namespace

@@ -193,8 +193,8 @@ TEST_F(CudaVsCpu, GlobalNormAndAdamW) {
   gpu->global_norm(std::vector<Tensor>{g1.gpu, g2.gpu}, norm.gpu);
   expect_close(norm, kFp32, "global norm");
   AdamWArgs args{.lr = 1e-2, .step = 3, .max_norm = 1.0};
-  cpu->adamw(p.cpu, g1.cpu, m.cpu, v.cpu, args, norm.cpu);
-  gpu->adamw(p.gpu, g1.gpu, m.gpu, v.gpu, args, norm.gpu);
+  cpu->adamw(p.cpu, g1.cpu, m.cpu, v.cpu, args, norm.cpu, Tensor{});
+  gpu->adamw(p.gpu, g1.gpu, m.gpu, v.gpu, args, norm.gpu, Tensor{});
   expect_close(p, kFp32, "adamw param");
   expect_close(m, kFp32, "adamw m");
   expect_close(v, kFp32, "adamw v");

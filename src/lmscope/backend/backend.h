@@ -6,7 +6,9 @@
 // - tensors are row-major and contiguous; the shapes named in each comment are checked;
 // - outputs are overwritten, never accumulated into, unless the name says "accumulate";
 // - a backward op's inputs are exactly the activations its forward saved (see model/transformer.cpp);
-// - statistics (rstd, lse, loss, norms) are f32, or f64 when the op computes in f64.
+// - statistics (rstd, lse, loss, norms) are f32, or f64 when the op computes in f64;
+// - in mixed precision (bf16 compute), the residual stream, its gradient, parameters, gradients and
+//   optimizer state stay f32 and GEMM operands are bf16 (docs/precision.md names each op's types).
 #pragma once
 
 #include "lmscope/core/allocator.h"
@@ -54,6 +56,7 @@ class Backend {
   virtual void copy_to_host(void* dst, const Tensor& src) = 0;
   virtual void fill(const Tensor& t, double value) = 0;
   virtual void add(const Tensor& a, const Tensor& b, const Tensor& out) = 0;  // out = a + b (out may alias)
+  virtual void cast(const Tensor& in, const Tensor& out) = 0;                 // same shape, another dtype
 
   virtual void gemm(const GemmArgs& g) = 0;
 
@@ -96,8 +99,9 @@ class Backend {
   virtual void global_norm(std::span<const Tensor> tensors, const Tensor& out) = 0;
   // The assignment's AdamW on one parameter (MODEL.md), with its gradient scaled by
   // min(1, max_norm/(norm+1e-6)) first when max_norm > 0 (norm read from grad_norm [1]).
+  // lowp_copy, when not empty, receives the updated parameter in its own (lower) precision.
   virtual void adamw(const Tensor& param, const Tensor& grad, const Tensor& m, const Tensor& v, const AdamWArgs& args,
-                     const Tensor& grad_norm) = 0;
+                     const Tensor& grad_norm, const Tensor& lowp_copy) = 0;
 };
 
 // Host values to and from an f32 or f64 tensor, converting to and from double.

@@ -12,8 +12,14 @@
 namespace lmscope {
 namespace {
 
+// Storage of a tensor the kernels accept in f32 or bf16.
+cuda::Elem elem(const Tensor& t) {
+  if (t.dtype == DType::f32) return cuda::Elem::f32;
+  if (t.dtype == DType::bf16) return cuda::Elem::bf16;
+  throw Unsupported(fmt::format("the CUDA backend stores f32 and bf16, not {}", dtype_name(t.dtype)));
+}
 float* f32(const Tensor& t) {
-  LMSCOPE_CHECK(t.dtype == DType::f32, "the CUDA backend computes in f32 for now, got {}", dtype_name(t.dtype));
+  LMSCOPE_CHECK(t.dtype == DType::f32, "this CUDA op takes f32 here, got {}", dtype_name(t.dtype));
   return t.as<float>();
 }
 const std::int32_t* i32(const Tensor& t) {
@@ -22,6 +28,9 @@ const std::int32_t* i32(const Tensor& t) {
 }
 void same_shape(const Tensor& a, const Tensor& b, const char* what) {
   LMSCOPE_CHECK(a.shape == b.shape, "{}: {} against {}", what, shape_str(a.shape), shape_str(b.shape));
+}
+void same_dtype(const Tensor& a, const Tensor& b, const char* what) {
+  LMSCOPE_CHECK(a.dtype == b.dtype, "{}: {} against {}", what, dtype_name(a.dtype), dtype_name(b.dtype));
 }
 
 class CudaBackend final : public Backend {
@@ -71,12 +80,16 @@ class CudaBackend final : public Backend {
       LMSCOPE_CUDA_CHECK(cudaMemsetAsync(t.data, 0, t.bytes(), stream_));
       return;
     }
-    cuda::fill(f32(t), t.numel(), static_cast<float>(value), stream_);
+    cuda::fill(t.data, elem(t), t.numel(), static_cast<float>(value), stream_);
   }
   void add(const Tensor& a, const Tensor& b, const Tensor& out) override {
     same_shape(a, b, "add");
     same_shape(a, out, "add out");
-    cuda::add(f32(a), f32(b), f32(out), a.numel(), stream_);
+    cuda::add(a.data, elem(a), b.data, elem(b), out.data, elem(out), a.numel(), stream_);
+  }
+  void cast(const Tensor& in, const Tensor& out) override {
+    same_shape(in, out, "cast");
+    cuda::cast(in.data, elem(in), out.data, elem(out), in.numel(), stream_);
   }
 
   void gemm(const GemmArgs& g) override { gemm_->run(g); }
@@ -90,52 +103,65 @@ class CudaBackend final : public Backend {
 
   void rmsnorm_forward(const Tensor& x, const Tensor& w, const Tensor& out, const Tensor& rstd, double eps) override {
     const std::int64_t d = x.dim(-1);
-    cuda::rmsnorm_forward(f32(x), f32(w), f32(out), f32(rstd), x.numel() / d, d, static_cast<float>(eps), stream_);
+    cuda::rmsnorm_forward(f32(x), f32(w), out.data, elem(out), f32(rstd), x.numel() / d, d, static_cast<float>(eps),
+                          stream_);
   }
   void rmsnorm_backward(const Tensor& dout, const Tensor& x, const Tensor& w, const Tensor& rstd, const Tensor& dx,
                         const Tensor& dw) override {
     const std::int64_t d = x.dim(-1);
-    cuda::rmsnorm_backward(f32(dout), f32(x), f32(w), f32(rstd), f32(dx), f32(dw), x.numel() / d, d, stream_);
+    cuda::rmsnorm_backward(dout.data, elem(dout), f32(x), f32(w), f32(rstd), f32(dx), f32(dw), x.numel() / d, d,
+                           stream_);
   }
 
   void split_heads(const Tensor& in, const Tensor& out, double theta) override {
-    cuda::permute_heads(f32(in), f32(out), in.dim(0), in.dim(1), in.dim(2), in.dim(3), theta, true, stream_);
+    same_dtype(in, out, "split_heads");
+    cuda::permute_heads(in.data, out.data, elem(in), in.dim(0), in.dim(1), in.dim(2), in.dim(3), theta, true, stream_);
   }
   void merge_heads(const Tensor& in, const Tensor& out, double theta) override {
-    cuda::permute_heads(f32(in), f32(out), out.dim(0), out.dim(1), out.dim(2), out.dim(3), theta, false, stream_);
+    same_dtype(in, out, "merge_heads");
+    cuda::permute_heads(in.data, out.data, elem(in), out.dim(0), out.dim(1), out.dim(2), out.dim(3), theta, false,
+                        stream_);
   }
 
   void softmax_forward(const Tensor& scores, const Tensor& probs, double scale, bool causal) override {
     same_shape(scores, probs, "softmax");
+    same_dtype(scores, probs, "softmax");
     const std::int64_t tk = scores.dim(-1);
-    cuda::softmax_forward(f32(scores), f32(probs), scores.numel() / tk, scores.dim(-2), tk, static_cast<float>(scale),
-                          causal, stream_);
+    cuda::softmax_forward(scores.data, probs.data, elem(scores), scores.numel() / tk, scores.dim(-2), tk,
+                          static_cast<float>(scale), causal, stream_);
   }
   void softmax_backward(const Tensor& probs, const Tensor& dprobs, const Tensor& dscores, double scale) override {
+    same_dtype(probs, dprobs, "softmax backward");
+    same_dtype(probs, dscores, "softmax backward");
     const std::int64_t tk = probs.dim(-1);
-    cuda::softmax_backward(f32(probs), f32(dprobs), f32(dscores), probs.numel() / tk, tk, static_cast<float>(scale),
-                           stream_);
+    cuda::softmax_backward(probs.data, dprobs.data, dscores.data, elem(probs), probs.numel() / tk, tk,
+                           static_cast<float>(scale), stream_);
   }
 
   void swiglu_forward(const Tensor& a, const Tensor& b, const Tensor& out) override {
-    cuda::swiglu_forward(f32(a), f32(b), f32(out), a.numel(), stream_);
+    same_dtype(a, b, "swiglu");
+    same_dtype(a, out, "swiglu");
+    cuda::swiglu_forward(a.data, b.data, out.data, elem(a), a.numel(), stream_);
   }
   void swiglu_backward(const Tensor& a, const Tensor& b, const Tensor& dout, const Tensor& da,
                        const Tensor& db) override {
-    cuda::swiglu_backward(f32(a), f32(b), f32(dout), f32(da), f32(db), a.numel(), stream_);
+    for (const Tensor* t : {&b, &dout, &da, &db}) same_dtype(a, *t, "swiglu backward");
+    cuda::swiglu_backward(a.data, b.data, dout.data, da.data, db.data, elem(a), a.numel(), stream_);
   }
 
   void cross_entropy_forward(const Tensor& logits, const Tensor& targets, const Tensor& lse,
                              const Tensor& loss) override {
     const std::int64_t v = logits.dim(-1), n = logits.numel() / v;
     Allocation row_loss = alloc_.allocate({n}, DType::f32, {MemKind::workspace, "cross_entropy.row_loss", -1});
-    cuda::cross_entropy_forward(f32(logits), i32(targets), f32(lse), f32(row_loss), f32(loss), n, v, stream_);
+    cuda::cross_entropy_forward(logits.data, elem(logits), i32(targets), f32(lse), f32(row_loss), f32(loss), n, v,
+                                stream_);
   }
   void cross_entropy_backward(const Tensor& logits, const Tensor& targets, const Tensor& lse, const Tensor& dlogits,
                               double scale) override {
+    same_dtype(logits, dlogits, "cross-entropy backward");
     const std::int64_t v = logits.dim(-1), n = logits.numel() / v;
-    cuda::cross_entropy_backward(f32(logits), i32(targets), f32(lse), f32(dlogits), n, v, static_cast<float>(scale),
-                                 stream_);
+    cuda::cross_entropy_backward(logits.data, i32(targets), f32(lse), dlogits.data, elem(logits), n, v,
+                                 static_cast<float>(scale), stream_);
   }
 
   void global_norm(std::span<const Tensor> tensors, const Tensor& out) override {
@@ -146,12 +172,13 @@ class CudaBackend final : public Backend {
   }
 
   void adamw(const Tensor& p, const Tensor& g, const Tensor& m, const Tensor& v, const AdamWArgs& a,
-             const Tensor& grad_norm) override {
+             const Tensor& grad_norm, const Tensor& lowp_copy) override {
+    LMSCOPE_CHECK(lowp_copy.empty() || lowp_copy.dtype == DType::bf16, "low-precision copies are bf16");
     const double t = static_cast<double>(a.step);
     const double alpha = a.lr * std::sqrt(1.0 - std::pow(a.beta2, t)) / (1.0 - std::pow(a.beta1, t));
     cuda::adamw(f32(p), f32(g), f32(m), f32(v), p.numel(), static_cast<float>(a.beta1), static_cast<float>(a.beta2),
                 static_cast<float>(a.eps), static_cast<float>(alpha), static_cast<float>(a.lr * a.weight_decay),
-                a.max_norm > 0 ? f32(grad_norm) : nullptr, static_cast<float>(a.max_norm), stream_);
+                a.max_norm > 0 ? f32(grad_norm) : nullptr, static_cast<float>(a.max_norm), lowp_copy.data, stream_);
   }
 
  private:

@@ -21,10 +21,16 @@ Gemm::~Gemm() {
 
 namespace {
 
-cublasLtMatrixLayout_t layout(std::uint64_t rows, std::uint64_t cols, std::int64_t ld, std::int64_t batch,
+cudaDataType_t cuda_type(DType t) {
+  if (t == DType::f32) return CUDA_R_32F;
+  if (t == DType::bf16) return CUDA_R_16BF;
+  throw Unsupported(fmt::format("the CUDA GEMM takes f32 or bf16, not {}", dtype_name(t)));
+}
+
+cublasLtMatrixLayout_t layout(DType type, std::uint64_t rows, std::uint64_t cols, std::int64_t ld, std::int64_t batch,
                               std::int64_t stride) {
   cublasLtMatrixLayout_t l = nullptr;
-  LMSCOPE_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&l, CUDA_R_32F, rows, cols, ld));
+  LMSCOPE_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&l, cuda_type(type), rows, cols, ld));
   if (batch > 1) {
     const std::int32_t count = static_cast<std::int32_t>(batch);
     LMSCOPE_CUBLAS_CHECK(
@@ -38,18 +44,22 @@ cublasLtMatrixLayout_t layout(std::uint64_t rows, std::uint64_t cols, std::int64
 }  // namespace
 
 Gemm::Plan& Gemm::plan(const GemmArgs& g) {
-  const Key key{g.trans_a, g.trans_b, g.m, g.n, g.k, g.lda, g.ldb, g.ldc, g.batch, g.stride_a, g.stride_b, g.stride_c};
+  const Key key{g.trans_a, g.trans_b, g.m,        g.n,        g.k,        g.lda,     g.ldb,
+                g.ldc,     g.batch,   g.stride_a, g.stride_b, g.stride_c, g.a.dtype, g.c.dtype};
   if (auto it = plans_.find(key); it != plans_.end()) return it->second;
   Plan p;
-  const cublasComputeType_t compute = math_ == GemmMath::tf32 ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F;
+  // bf16 operands run on tensor cores with fp32 accumulation; f32 operands in fp32 or tf32 math.
+  const cublasComputeType_t compute =
+      g.a.dtype == DType::f32 && math_ == GemmMath::tf32 ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F;
   LMSCOPE_CUBLAS_CHECK(cublasLtMatmulDescCreate(&p.desc, compute, CUDA_R_32F));
   // Column-major view: first operand is B (op(B)ᵀ is [N, K]), second is A (op(A)ᵀ is [K, M]).
   const cublasOperation_t first = g.trans_b ? CUBLAS_OP_T : CUBLAS_OP_N, second = g.trans_a ? CUBLAS_OP_T : CUBLAS_OP_N;
   LMSCOPE_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_TRANSA, &first, sizeof(first)));
   LMSCOPE_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_TRANSB, &second, sizeof(second)));
-  p.a = g.trans_b ? layout(g.k, g.n, g.ldb, g.batch, g.stride_b) : layout(g.n, g.k, g.ldb, g.batch, g.stride_b);
-  p.b = g.trans_a ? layout(g.m, g.k, g.lda, g.batch, g.stride_a) : layout(g.k, g.m, g.lda, g.batch, g.stride_a);
-  p.c = layout(g.n, g.m, g.ldc, g.batch, g.stride_c);
+  const DType in = g.a.dtype;
+  p.a = g.trans_b ? layout(in, g.k, g.n, g.ldb, g.batch, g.stride_b) : layout(in, g.n, g.k, g.ldb, g.batch, g.stride_b);
+  p.b = g.trans_a ? layout(in, g.m, g.k, g.lda, g.batch, g.stride_a) : layout(in, g.k, g.m, g.lda, g.batch, g.stride_a);
+  p.c = layout(g.c.dtype, g.n, g.m, g.ldc, g.batch, g.stride_c);
   cublasLtMatmulPreference_t pref = nullptr;
   LMSCOPE_CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref));
   LMSCOPE_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
@@ -67,8 +77,10 @@ Gemm::Plan& Gemm::plan(const GemmArgs& g) {
 }
 
 void Gemm::run(const GemmArgs& g) {
-  LMSCOPE_CHECK(g.a.dtype == DType::f32 && g.b.dtype == DType::f32 && g.c.dtype == DType::f32,
-                "the CUDA GEMM takes f32 operands for now");
+  LMSCOPE_CHECK(g.a.dtype == g.b.dtype, "GEMM operands of two types: {} and {}", dtype_name(g.a.dtype),
+                dtype_name(g.b.dtype));
+  LMSCOPE_CHECK(g.a.dtype == g.c.dtype || (g.a.dtype == DType::bf16 && g.c.dtype == DType::f32),
+                "GEMM of {} operands into {}", dtype_name(g.a.dtype), dtype_name(g.c.dtype));
   Plan& p = plan(g);
   LMSCOPE_CUBLAS_CHECK(cublasLtMatmul(handle_, p.desc, &g.alpha, g.b.data, p.a, g.a.data, p.b, &g.beta, g.c.data, p.c,
                                       g.c.data, p.c, &p.algo, workspace_, workspace_bytes_, stream_));

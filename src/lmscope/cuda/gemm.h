@@ -1,4 +1,5 @@
-// Row-major (batched) GEMMs on cuBLASLt. A row-major C = op(A)·op(B) is the column-major
+// Row-major (batched) GEMMs on cuBLASLt: f32 operands (IEEE fp32 or tf32 math) or bf16 operands
+// (fp32 accumulation) with a bf16 or f32 result. A row-major C = op(A)·op(B) is the column-major
 // Cᵀ = op(B)ᵀ·op(A)ᵀ, so B is passed first. Plans (descriptors and the heuristic's algorithm)
 // are made once per shape and reused: a training step repeats its shapes exactly.
 #pragma once
@@ -28,7 +29,7 @@ class Gemm {
     cublasLtMatmulAlgo_t algo{};
   };
   using Key = std::tuple<bool, bool, std::int64_t, std::int64_t, std::int64_t, std::int64_t, std::int64_t, std::int64_t,
-                         std::int64_t, std::int64_t, std::int64_t, std::int64_t>;
+                         std::int64_t, std::int64_t, std::int64_t, std::int64_t, DType, DType>;
   Plan& plan(const GemmArgs& g);
 
   GemmMath math_;

@@ -1,5 +1,6 @@
-// Launchers of lmscope's own CUDA kernels (fp32 for now), one per backend op. Each takes raw
-// device pointers and sizes and enqueues on the given stream; shapes are the backend's to check.
+// Launchers of lmscope's own CUDA kernels, one per backend op. Each takes raw device pointers,
+// the storage type of the tensors whose type can vary (Elem), and sizes, and enqueues on the given
+// stream; shapes are the backend's to check. Arithmetic is fp32 whatever the storage.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -8,41 +9,46 @@
 
 namespace lmscope::cuda {
 
+enum class Elem { f32, bf16 };
+
 // elementwise.cu
-void fill(float* x, std::int64_t n, float value, cudaStream_t s);
-void add(const float* a, const float* b, float* out, std::int64_t n, cudaStream_t s);
-void swiglu_forward(const float* a, const float* b, float* out, std::int64_t n, cudaStream_t s);
-void swiglu_backward(const float* a, const float* b, const float* dout, float* da, float* db, std::int64_t n,
+void fill(void* x, Elem ex, std::int64_t n, float value, cudaStream_t s);
+void cast(const void* in, Elem ein, void* out, Elem eout, std::int64_t n, cudaStream_t s);
+// out = a + b
+void add(const void* a, Elem ea, const void* b, Elem eb, void* out, Elem eout, std::int64_t n, cudaStream_t s);
+void swiglu_forward(const void* a, const void* b, void* out, Elem e, std::int64_t n, cudaStream_t s);
+void swiglu_backward(const void* a, const void* b, const void* dout, void* da, void* db, Elem e, std::int64_t n,
                      cudaStream_t s);
-// grad_norm: device pointer to the global norm (nullptr when max_norm <= 0); alpha = the
-// bias-corrected step size; decay = lr·weight_decay.
+// fp32 p, g, m, v. grad_norm: device pointer to the global norm (nullptr when max_norm <= 0);
+// alpha = the bias-corrected step size; decay = lr·weight_decay; lowp: a bf16 copy of p to
+// refresh in the same pass, or nullptr.
 void adamw(float* p, const float* g, float* m, float* v, std::int64_t n, float beta1, float beta2, float eps,
-           float alpha, float decay, const float* grad_norm, float max_norm, cudaStream_t s);
+           float alpha, float decay, const float* grad_norm, float max_norm, void* lowp, cudaStream_t s);
 // accumulates Σx² of x into *sum (double, zeroed by the caller).
 void sum_squares(const float* x, std::int64_t n, double* sum, cudaStream_t s);
 void sqrt_to_float(const double* sum, float* out, cudaStream_t s);
 
-// rowwise.cu
+// rowwise.cu (x, weights, rstd, lse and the losses are fp32; the rest has the storage named)
 void embedding_forward(const std::int32_t* ids, const float* table, float* out, std::int64_t n, std::int64_t d,
                        cudaStream_t s);
 void embedding_backward(const std::int32_t* ids, const float* dout, float* dtable, std::int64_t n, std::int64_t v,
                         std::int64_t d, cudaStream_t s);
-void rmsnorm_forward(const float* x, const float* w, float* out, float* rstd, std::int64_t n, std::int64_t d, float eps,
-                     cudaStream_t s);
-void rmsnorm_backward(const float* dout, const float* x, const float* w, const float* rstd, float* dx, float* dw,
-                      std::int64_t n, std::int64_t d, cudaStream_t s);
-void softmax_forward(const float* scores, float* probs, std::int64_t rows, std::int64_t tq, std::int64_t tk,
+void rmsnorm_forward(const float* x, const float* w, void* out, Elem eout, float* rstd, std::int64_t n, std::int64_t d,
+                     float eps, cudaStream_t s);
+void rmsnorm_backward(const void* dout, Elem edout, const float* x, const float* w, const float* rstd, float* dx,
+                      float* dw, std::int64_t n, std::int64_t d, cudaStream_t s);
+void softmax_forward(const void* scores, void* probs, Elem e, std::int64_t rows, std::int64_t tq, std::int64_t tk,
                      float scale, bool causal, cudaStream_t s);
-void softmax_backward(const float* probs, const float* dprobs, float* dscores, std::int64_t rows, std::int64_t tk,
+void softmax_backward(const void* probs, const void* dprobs, void* dscores, Elem e, std::int64_t rows, std::int64_t tk,
                       float scale, cudaStream_t s);
 // row_loss: scratch [n] for per-row losses, reduced in a fixed order into *loss.
-void cross_entropy_forward(const float* logits, const std::int32_t* targets, float* lse, float* row_loss, float* loss,
-                           std::int64_t n, std::int64_t v, cudaStream_t s);
-void cross_entropy_backward(const float* logits, const std::int32_t* targets, const float* lse, float* dlogits,
+void cross_entropy_forward(const void* logits, Elem e, const std::int32_t* targets, float* lse, float* row_loss,
+                           float* loss, std::int64_t n, std::int64_t v, cudaStream_t s);
+void cross_entropy_backward(const void* logits, const std::int32_t* targets, const float* lse, void* dlogits, Elem e,
                             std::int64_t n, std::int64_t v, float scale, cudaStream_t s);
 
 // heads.cu: [B, T, h, dk] <-> [B, h, T, dk], rotating pairs by sign·p·theta^(-2i/dk) when theta > 0.
-void permute_heads(const float* in, float* out, std::int64_t b, std::int64_t t, std::int64_t h, std::int64_t dk,
+void permute_heads(const void* in, void* out, Elem e, std::int64_t b, std::int64_t t, std::int64_t h, std::int64_t dk,
                    double theta, bool to_heads_major, cudaStream_t s);
 
 }  // namespace lmscope::cuda

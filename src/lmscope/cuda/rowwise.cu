@@ -1,7 +1,9 @@
-// Kernels that work a row at a time: one block per row, block reductions for the row statistics.
+// Kernels that work a row at a time: one block per row, block reductions for the row statistics,
+// fp32 arithmetic whatever the storage.
 #include "lmscope/cuda/kernels.h"
 #include "lmscope/cuda/launch_check.cuh"
 #include "lmscope/cuda/reduce.cuh"
+#include "lmscope/cuda/storage.cuh"
 
 namespace lmscope::cuda {
 namespace {
@@ -18,76 +20,83 @@ __global__ void embedding_backward_kernel(const std::int32_t* ids, const float* 
     atomicAdd(&dtable[std::int64_t{ids[i / d]} * d + i % d], dout[i]);
 }
 
-__global__ void rmsnorm_forward_kernel(const float* x, const float* w, float* out, float* rstd, std::int64_t d,
+template <typename TO>
+__global__ void rmsnorm_forward_kernel(const float* x, const float* w, TO* out, float* rstd, std::int64_t d,
                                        float eps) {
   const float* xr = x + blockIdx.x * d;
   float ss = 0;
   for (std::int64_t j = threadIdx.x; j < d; j += blockDim.x) ss += xr[j] * xr[j];
   const float r = rsqrtf(block_sum(ss) / static_cast<float>(d) + eps);
   if (threadIdx.x == 0) rstd[blockIdx.x] = r;
-  for (std::int64_t j = threadIdx.x; j < d; j += blockDim.x) out[blockIdx.x * d + j] = xr[j] * r * w[j];
+  for (std::int64_t j = threadIdx.x; j < d; j += blockDim.x) out[blockIdx.x * d + j] = st<TO>(xr[j] * r * w[j]);
 }
 
 // dx = r·(w∘dy) − x·r³·mean(x∘w∘dy)
-__global__ void rmsnorm_backward_dx_kernel(const float* dout, const float* x, const float* w, const float* rstd,
-                                           float* dx, std::int64_t d) {
+template <typename TD>
+__global__ void rmsnorm_backward_dx_kernel(const TD* dout, const float* x, const float* w, const float* rstd, float* dx,
+                                           std::int64_t d) {
   const std::int64_t base = blockIdx.x * d;
   float dot = 0;
-  for (std::int64_t j = threadIdx.x; j < d; j += blockDim.x) dot += x[base + j] * w[j] * dout[base + j];
+  for (std::int64_t j = threadIdx.x; j < d; j += blockDim.x) dot += x[base + j] * w[j] * ld(dout[base + j]);
   const float r = rstd[blockIdx.x], c = r * r * r * block_sum(dot) / static_cast<float>(d);
-  for (std::int64_t j = threadIdx.x; j < d; j += blockDim.x) dx[base + j] = r * w[j] * dout[base + j] - x[base + j] * c;
+  for (std::int64_t j = threadIdx.x; j < d; j += blockDim.x)
+    dx[base + j] = r * w[j] * ld(dout[base + j]) - x[base + j] * c;
 }
 
 // dw[j] = Σ_rows dy·x·r: each thread sums one column over a chunk of rows, then one atomic.
 constexpr int kRowsPerChunk = 64;
-__global__ void rmsnorm_backward_dw_kernel(const float* dout, const float* x, const float* rstd, float* dw,
-                                           std::int64_t n, std::int64_t d) {
+template <typename TD>
+__global__ void rmsnorm_backward_dw_kernel(const TD* dout, const float* x, const float* rstd, float* dw, std::int64_t n,
+                                           std::int64_t d) {
   const std::int64_t j = blockIdx.x * std::int64_t{blockDim.x} + threadIdx.x;
   if (j >= d) return;
   const std::int64_t r0 = blockIdx.y * std::int64_t{kRowsPerChunk}, r1 = min(n, r0 + kRowsPerChunk);
   float acc = 0;
-  for (std::int64_t r = r0; r < r1; ++r) acc += dout[r * d + j] * x[r * d + j] * rstd[r];
+  for (std::int64_t r = r0; r < r1; ++r) acc += ld(dout[r * d + j]) * x[r * d + j] * rstd[r];
   atomicAdd(&dw[j], acc);
 }
 
-__global__ void softmax_forward_kernel(const float* scores, float* probs, std::int64_t tq, std::int64_t tk, float scale,
+template <typename T>
+__global__ void softmax_forward_kernel(const T* scores, T* probs, std::int64_t tq, std::int64_t tk, float scale,
                                        bool causal) {
   const std::int64_t row = blockIdx.x;
-  const float* s = scores + row * tk;
-  float* p = probs + row * tk;
+  const T* s = scores + row * tk;
+  T* p = probs + row * tk;
   const std::int64_t valid = causal ? min(tk, row % tq + 1) : tk;
   float mx = -FLT_MAX;
-  for (std::int64_t j = threadIdx.x; j < valid; j += blockDim.x) mx = fmaxf(mx, s[j]);
+  for (std::int64_t j = threadIdx.x; j < valid; j += blockDim.x) mx = fmaxf(mx, ld(s[j]));
   mx = block_max(mx);
   float sum = 0;
-  for (std::int64_t j = threadIdx.x; j < valid; j += blockDim.x) sum += expf(scale * (s[j] - mx));
+  for (std::int64_t j = threadIdx.x; j < valid; j += blockDim.x) sum += expf(scale * (ld(s[j]) - mx));
   const float inv = 1.0f / block_sum(sum);
-  for (std::int64_t j = threadIdx.x; j < tk; j += blockDim.x) p[j] = j < valid ? expf(scale * (s[j] - mx)) * inv : 0.0f;
+  for (std::int64_t j = threadIdx.x; j < tk; j += blockDim.x)
+    p[j] = st<T>(j < valid ? expf(scale * (ld(s[j]) - mx)) * inv : 0.0f);
 }
 
-__global__ void softmax_backward_kernel(const float* probs, const float* dprobs, float* dscores, std::int64_t tk,
-                                        float scale) {
+template <typename T>
+__global__ void softmax_backward_kernel(const T* probs, const T* dprobs, T* dscores, std::int64_t tk, float scale) {
   const std::int64_t base = blockIdx.x * tk;
   float dot = 0;
-  for (std::int64_t j = threadIdx.x; j < tk; j += blockDim.x) dot += probs[base + j] * dprobs[base + j];
+  for (std::int64_t j = threadIdx.x; j < tk; j += blockDim.x) dot += ld(probs[base + j]) * ld(dprobs[base + j]);
   dot = block_sum(dot);
   for (std::int64_t j = threadIdx.x; j < tk; j += blockDim.x)
-    dscores[base + j] = scale * probs[base + j] * (dprobs[base + j] - dot);
+    dscores[base + j] = st<T>(scale * ld(probs[base + j]) * (ld(dprobs[base + j]) - dot));
 }
 
-__global__ void cross_entropy_rows_kernel(const float* logits, const std::int32_t* targets, float* lse, float* row_loss,
+template <typename T>
+__global__ void cross_entropy_rows_kernel(const T* logits, const std::int32_t* targets, float* lse, float* row_loss,
                                           std::int64_t v) {
-  const float* x = logits + blockIdx.x * v;
+  const T* x = logits + blockIdx.x * v;
   float mx = -FLT_MAX;
-  for (std::int64_t j = threadIdx.x; j < v; j += blockDim.x) mx = fmaxf(mx, x[j]);
+  for (std::int64_t j = threadIdx.x; j < v; j += blockDim.x) mx = fmaxf(mx, ld(x[j]));
   mx = block_max(mx);
   float sum = 0;
-  for (std::int64_t j = threadIdx.x; j < v; j += blockDim.x) sum += expf(x[j] - mx);
+  for (std::int64_t j = threadIdx.x; j < v; j += blockDim.x) sum += expf(ld(x[j]) - mx);
   sum = block_sum(sum);
   if (threadIdx.x == 0) {
     const float l = mx + logf(sum);
     lse[blockIdx.x] = l;
-    row_loss[blockIdx.x] = l - x[targets[blockIdx.x]];
+    row_loss[blockIdx.x] = l - ld(x[targets[blockIdx.x]]);
   }
 }
 
@@ -99,12 +108,13 @@ __global__ void mean_kernel(const float* values, float* out, std::int64_t n) {
   if (threadIdx.x == 0) *out = acc / static_cast<float>(n);
 }
 
-__global__ void cross_entropy_backward_kernel(const float* logits, const std::int32_t* targets, const float* lse,
-                                              float* dlogits, std::int64_t n, std::int64_t v, float scale) {
+template <typename T>
+__global__ void cross_entropy_backward_kernel(const T* logits, const std::int32_t* targets, const float* lse,
+                                              T* dlogits, std::int64_t n, std::int64_t v, float scale) {
   for (std::int64_t i = blockIdx.x * std::int64_t{blockDim.x} + threadIdx.x; i < n * v;
        i += std::int64_t{gridDim.x} * blockDim.x) {
     const std::int64_t row = i / v, col = i % v;
-    dlogits[i] = (expf(logits[i] - lse[row]) - (col == targets[row] ? 1.0f : 0.0f)) * scale;
+    dlogits[i] = st<T>((expf(ld(logits[i]) - lse[row]) - (col == targets[row] ? 1.0f : 0.0f)) * scale);
   }
 }
 
@@ -118,50 +128,73 @@ void embedding_forward(const std::int32_t* ids, const float* table, float* out, 
 
 void embedding_backward(const std::int32_t* ids, const float* dout, float* dtable, std::int64_t n, std::int64_t v,
                         std::int64_t d, cudaStream_t s) {
-  fill(dtable, v * d, 0.0f, s);
+  fill(dtable, Elem::f32, v * d, 0.0f, s);
   embedding_backward_kernel<<<grid_for(n * d, 256), 256, 0, s>>>(ids, dout, dtable, n, d);
   check_launch("embedding_backward_kernel");
 }
 
-void rmsnorm_forward(const float* x, const float* w, float* out, float* rstd, std::int64_t n, std::int64_t d, float eps,
-                     cudaStream_t s) {
-  rmsnorm_forward_kernel<<<static_cast<unsigned>(n), 256, 0, s>>>(x, w, out, rstd, d, eps);
+void rmsnorm_forward(const float* x, const float* w, void* out, Elem eout, float* rstd, std::int64_t n, std::int64_t d,
+                     float eps, cudaStream_t s) {
+  with_elem(eout, [&](auto t) {
+    using T = typename decltype(t)::type;
+    rmsnorm_forward_kernel<T><<<static_cast<unsigned>(n), 256, 0, s>>>(x, w, static_cast<T*>(out), rstd, d, eps);
+  });
   check_launch("rmsnorm_forward_kernel");
 }
 
-void rmsnorm_backward(const float* dout, const float* x, const float* w, const float* rstd, float* dx, float* dw,
-                      std::int64_t n, std::int64_t d, cudaStream_t s) {
-  rmsnorm_backward_dx_kernel<<<static_cast<unsigned>(n), 256, 0, s>>>(dout, x, w, rstd, dx, d);
-  check_launch("rmsnorm_backward_dx_kernel");
-  fill(dw, d, 0.0f, s);
-  dim3 grid(static_cast<unsigned>((d + 255) / 256), static_cast<unsigned>((n + kRowsPerChunk - 1) / kRowsPerChunk));
-  rmsnorm_backward_dw_kernel<<<grid, 256, 0, s>>>(dout, x, rstd, dw, n, d);
+void rmsnorm_backward(const void* dout, Elem edout, const float* x, const float* w, const float* rstd, float* dx,
+                      float* dw, std::int64_t n, std::int64_t d, cudaStream_t s) {
+  fill(dw, Elem::f32, d, 0.0f, s);
+  with_elem(edout, [&](auto t) {
+    using T = typename decltype(t)::type;
+    const T* dy = static_cast<const T*>(dout);
+    rmsnorm_backward_dx_kernel<T><<<static_cast<unsigned>(n), 256, 0, s>>>(dy, x, w, rstd, dx, d);
+    check_launch("rmsnorm_backward_dx_kernel");
+    dim3 grid(static_cast<unsigned>((d + 255) / 256), static_cast<unsigned>((n + kRowsPerChunk - 1) / kRowsPerChunk));
+    rmsnorm_backward_dw_kernel<T><<<grid, 256, 0, s>>>(dy, x, rstd, dw, n, d);
+  });
   check_launch("rmsnorm_backward_dw_kernel");
 }
 
-void softmax_forward(const float* scores, float* probs, std::int64_t rows, std::int64_t tq, std::int64_t tk,
+void softmax_forward(const void* scores, void* probs, Elem e, std::int64_t rows, std::int64_t tq, std::int64_t tk,
                      float scale, bool causal, cudaStream_t s) {
-  softmax_forward_kernel<<<static_cast<unsigned>(rows), 128, 0, s>>>(scores, probs, tq, tk, scale, causal);
+  with_elem(e, [&](auto t) {
+    using T = typename decltype(t)::type;
+    softmax_forward_kernel<T><<<static_cast<unsigned>(rows), 128, 0, s>>>(
+        static_cast<const T*>(scores), static_cast<T*>(probs), tq, tk, scale, causal);
+  });
   check_launch("softmax_forward_kernel");
 }
 
-void softmax_backward(const float* probs, const float* dprobs, float* dscores, std::int64_t rows, std::int64_t tk,
+void softmax_backward(const void* probs, const void* dprobs, void* dscores, Elem e, std::int64_t rows, std::int64_t tk,
                       float scale, cudaStream_t s) {
-  softmax_backward_kernel<<<static_cast<unsigned>(rows), 128, 0, s>>>(probs, dprobs, dscores, tk, scale);
+  with_elem(e, [&](auto t) {
+    using T = typename decltype(t)::type;
+    softmax_backward_kernel<T><<<static_cast<unsigned>(rows), 128, 0, s>>>(
+        static_cast<const T*>(probs), static_cast<const T*>(dprobs), static_cast<T*>(dscores), tk, scale);
+  });
   check_launch("softmax_backward_kernel");
 }
 
-void cross_entropy_forward(const float* logits, const std::int32_t* targets, float* lse, float* row_loss, float* loss,
-                           std::int64_t n, std::int64_t v, cudaStream_t s) {
-  cross_entropy_rows_kernel<<<static_cast<unsigned>(n), 256, 0, s>>>(logits, targets, lse, row_loss, v);
+void cross_entropy_forward(const void* logits, Elem e, const std::int32_t* targets, float* lse, float* row_loss,
+                           float* loss, std::int64_t n, std::int64_t v, cudaStream_t s) {
+  with_elem(e, [&](auto t) {
+    using T = typename decltype(t)::type;
+    cross_entropy_rows_kernel<T>
+        <<<static_cast<unsigned>(n), 256, 0, s>>>(static_cast<const T*>(logits), targets, lse, row_loss, v);
+  });
   check_launch("cross_entropy_rows_kernel");
   mean_kernel<<<1, 1024, 0, s>>>(row_loss, loss, n);
   check_launch("mean_kernel");
 }
 
-void cross_entropy_backward(const float* logits, const std::int32_t* targets, const float* lse, float* dlogits,
+void cross_entropy_backward(const void* logits, const std::int32_t* targets, const float* lse, void* dlogits, Elem e,
                             std::int64_t n, std::int64_t v, float scale, cudaStream_t s) {
-  cross_entropy_backward_kernel<<<grid_for(n * v, 256), 256, 0, s>>>(logits, targets, lse, dlogits, n, v, scale);
+  with_elem(e, [&](auto t) {
+    using T = typename decltype(t)::type;
+    cross_entropy_backward_kernel<T><<<grid_for(n * v, 256), 256, 0, s>>>(static_cast<const T*>(logits), targets, lse,
+                                                                          static_cast<T*>(dlogits), n, v, scale);
+  });
   check_launch("cross_entropy_backward_kernel");
 }
 

@@ -193,6 +193,7 @@ void load_parameters(Transformer& model, const std::string& path) {
                  shape_str(p.spec.shape));
     upload(model.backend(), p.value, file.read(*e));
   }
+  model.refresh_lowp_copies();
 }
 
 void save_parameters(Transformer& model, const std::string& path) {

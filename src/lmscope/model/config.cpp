@@ -64,21 +64,21 @@ std::vector<ParameterSpec> parameter_specs(const ModelConfig& c) {
   auto linear_std = [](std::int64_t in, std::int64_t out) { return std::sqrt(2.0 / static_cast<double>(in + out)); };
   const std::int64_t d = c.d_model, f = c.d_ff;
   std::vector<ParameterSpec> s;
-  s.push_back({"token_embeddings.weight", {c.vocab, d}, 1.0, -1});
+  s.push_back({"token_embeddings.weight", {c.vocab, d}, 1.0, -1, false});
   for (int i = 0; i < c.layers; ++i) {
     const std::string p = "layers." + std::to_string(i) + ".";
-    s.push_back({p + "attn.q_proj.weight", {d, d}, linear_std(d, d), i});
-    s.push_back({p + "attn.k_proj.weight", {d, d}, linear_std(d, d), i});
-    s.push_back({p + "attn.v_proj.weight", {d, d}, linear_std(d, d), i});
-    s.push_back({p + "attn.output_proj.weight", {d, d}, linear_std(d, d), i});
-    s.push_back({p + "ln1.weight", {d}, 0.0, i});
-    s.push_back({p + "ffn.w1.weight", {f, d}, linear_std(d, f), i});
-    s.push_back({p + "ffn.w2.weight", {d, f}, linear_std(f, d), i});
-    s.push_back({p + "ffn.w3.weight", {f, d}, linear_std(d, f), i});
-    s.push_back({p + "ln2.weight", {d}, 0.0, i});
+    s.push_back({p + "attn.q_proj.weight", {d, d}, linear_std(d, d), i, true});
+    s.push_back({p + "attn.k_proj.weight", {d, d}, linear_std(d, d), i, true});
+    s.push_back({p + "attn.v_proj.weight", {d, d}, linear_std(d, d), i, true});
+    s.push_back({p + "attn.output_proj.weight", {d, d}, linear_std(d, d), i, true});
+    s.push_back({p + "ln1.weight", {d}, 0.0, i, false});
+    s.push_back({p + "ffn.w1.weight", {f, d}, linear_std(d, f), i, true});
+    s.push_back({p + "ffn.w2.weight", {d, f}, linear_std(f, d), i, true});
+    s.push_back({p + "ffn.w3.weight", {f, d}, linear_std(d, f), i, true});
+    s.push_back({p + "ln2.weight", {d}, 0.0, i, false});
   }
-  s.push_back({"ln_final.weight", {d}, 0.0, -1});
-  s.push_back({"lm_head.weight", {c.vocab, d}, linear_std(d, c.vocab), -1});
+  s.push_back({"ln_final.weight", {d}, 0.0, -1, false});
+  s.push_back({"lm_head.weight", {c.vocab, d}, linear_std(d, c.vocab), -1, true});
   return s;
 }
 

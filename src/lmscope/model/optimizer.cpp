@@ -58,7 +58,7 @@ void AdamW::step(double lr) {
   AdamWArgs args{lr, config_.beta1, config_.beta2, config_.eps, config_.weight_decay, t_, config_.clip};
   auto& params = model_.parameters();
   for (std::size_t i = 0; i < params.size(); ++i)
-    be.adamw(params[i].value, params[i].grad, m_[i], v_[i], args, grad_norm_);
+    be.adamw(params[i].value, params[i].grad, m_[i], v_[i], args, grad_norm_, params[i].value_lowp);
 }
 
 double AdamW::last_grad_norm() { return read_scalar(model_.backend(), grad_norm_); }

@@ -25,13 +25,17 @@ struct Transformer::Saved {
   Allocation logits, lse;  // logits become their own gradient in backward
 };
 
-Transformer::Transformer(const ModelConfig& config, Backend& backend, DType dtype)
-    : config_(config), backend_(backend), dtype_(dtype) {
+Transformer::Transformer(const ModelConfig& config, Backend& backend, DType dtype, DType compute)
+    : config_(config), backend_(backend), dtype_(dtype), compute_(compute == DType::f64 ? dtype : compute) {
   config_.validate();
   std::unordered_map<std::string, Parameter*> by_name;
-  for (ParameterSpec& s : parameter_specs(config_)) params_.push_back(Parameter{std::move(s), {}, {}});
+  for (ParameterSpec& s : parameter_specs(config_)) params_.push_back(Parameter{std::move(s), {}, {}, {}});
   for (Parameter& p : params_) {
     p.value = backend_.allocator().allocate(p.spec.shape, dtype_, {MemKind::parameter, p.spec.name, p.spec.layer});
+    if (p.spec.matmul && compute_ != dtype_)
+      p.value_lowp = backend_.allocator().allocate(
+          p.spec.shape, compute_,
+          {MemKind::parameter, p.spec.name + " (" + dtype_name(compute_) + " copy)", p.spec.layer});
     by_name[p.spec.name] = &p;
   }
   for (int i = 0; i < config_.layers; ++i) {
@@ -43,7 +47,7 @@ Transformer::Transformer(const ModelConfig& config, Backend& backend, DType dtyp
   embedding_ = by_name.at("token_embeddings.weight");
   ln_final_ = by_name.at("ln_final.weight");
   lm_head_ = by_name.at("lm_head.weight");
-  loss_ = act("loss", -1, {1}, MemKind::workspace);
+  loss_ = wide("loss", -1, {1}, MemKind::workspace);
 }
 
 Transformer::~Transformer() = default;
@@ -59,6 +63,12 @@ void Transformer::init_parameters(std::uint64_t seed) {
     fill_initial_values<double>(seed);
   else
     fill_initial_values<float>(seed);
+  refresh_lowp_copies();
+}
+
+void Transformer::refresh_lowp_copies() {
+  for (Parameter& p : params_)
+    if (!p.value_lowp.empty()) backend_.cast(p.value, p.value_lowp);
 }
 
 template <typename T>
@@ -80,8 +90,19 @@ void Transformer::fill_initial_values(std::uint64_t seed) {
   }
 }
 
-Allocation Transformer::act(const char* what, int layer, Shape shape, MemKind kind) {
+Allocation Transformer::act(const char* what, int layer, Shape shape) {
+  return backend_.allocator().allocate(std::move(shape), compute_, {MemKind::activation, what, layer});
+}
+
+Allocation Transformer::wide(const char* what, int layer, Shape shape, MemKind kind) {
   return backend_.allocator().allocate(std::move(shape), dtype_, {kind, what, layer});
+}
+
+const Tensor& Transformer::as_compute(const Tensor& t, Allocation& scratch, const char* what, int layer) {
+  if (t.dtype == compute_) return t;
+  scratch = act(what, layer, t.shape);
+  backend_.cast(t, scratch);
+  return scratch.tensor();
 }
 
 void Transformer::set_batch(std::int64_t batch, std::int64_t ctx, const std::int32_t* ids,
@@ -181,14 +202,14 @@ void Transformer::forward() {
   const double theta = config_.rope_theta, eps = 1e-5;
   backend_.allocator().set_phase(Phase::forward);
   Saved s;
-  Allocation x = act("embedding", -1, {N, d});
+  Allocation x = wide("embedding", -1, {N, d});
   backend_.embedding_forward(ids_, embedding_->value, x);
 
   for (int l = 0; l < config_.layers; ++l) {
     const LayerParams& P = layer_params_[l];
     Layer L;
     L.x = std::move(x);
-    L.rstd1 = stat("ln1.rstd", l, {N});
+    L.rstd1 = wide("ln1.rstd", l, {N});
     L.n1 = act("ln1.out", l, {N, d});
     backend_.rmsnorm_forward(L.x, P.ln1->value, L.n1, L.rstd1, eps);
 
@@ -197,7 +218,7 @@ void Transformer::forward() {
     const char* names[3] = {"attn.q", "attn.k", "attn.v"};
     Parameter* weights[3] = {P.wq, P.wk, P.wv};
     for (int i = 0; i < 3; ++i) {
-      linear(L.n1, weights[i]->value, proj);
+      linear(L.n1, weight(weights[i]), proj);
       *heads[i] = act(names[i], l, {B, H, T, dk});
       backend_.split_heads(proj.tensor().view({B, T, H, dk}), *heads[i], i < 2 ? theta : 0.0);
     }
@@ -215,34 +236,34 @@ void Transformer::forward() {
       backend_.merge_heads(o_heads, L.o.tensor().view({B, T, H, dk}), 0.0);
     }
     Allocation attn_out = act("attn.out", l, {N, d});
-    linear(L.o, P.wo->value, attn_out);
-    L.h = act("attn.residual", l, {N, d});
+    linear(L.o, weight(P.wo), attn_out);
+    L.h = wide("attn.residual", l, {N, d});
     backend_.add(L.x, attn_out, L.h);
     attn_out.reset();
 
-    L.rstd2 = stat("ln2.rstd", l, {N});
+    L.rstd2 = wide("ln2.rstd", l, {N});
     L.n2 = act("ln2.out", l, {N, d});
     backend_.rmsnorm_forward(L.h, P.ln2->value, L.n2, L.rstd2, eps);
     L.a = act("ffn.w1_out", l, {N, f});
     L.b = act("ffn.w3_out", l, {N, f});
-    linear(L.n2, P.w1->value, L.a);
-    linear(L.n2, P.w3->value, L.b);
+    linear(L.n2, weight(P.w1), L.a);
+    linear(L.n2, weight(P.w3), L.b);
     L.gate = act("ffn.gate", l, {N, f});
     backend_.swiglu_forward(L.a, L.b, L.gate);
     Allocation ffn_out = act("ffn.out", l, {N, d});
-    linear(L.gate, P.w2->value, ffn_out);
-    x = act("ffn.residual", l, {N, d});
+    linear(L.gate, weight(P.w2), ffn_out);
+    x = wide("ffn.residual", l, {N, d});
     backend_.add(L.h, ffn_out, x);
     s.layers.push_back(std::move(L));
   }
 
   s.x_final = std::move(x);
-  s.rstd_final = stat("ln_final.rstd", -1, {N});
+  s.rstd_final = wide("ln_final.rstd", -1, {N});
   s.n_final = act("ln_final.out", -1, {N, d});
   backend_.rmsnorm_forward(s.x_final, ln_final_->value, s.n_final, s.rstd_final, eps);
   s.logits = act("lm_head.logits", -1, {N, config_.vocab});
-  linear(s.n_final, lm_head_->value, s.logits);
-  s.lse = stat("loss.lse", -1, {N});
+  linear(s.n_final, weight(lm_head_), s.logits);
+  s.lse = wide("loss.lse", -1, {N});
   backend_.cross_entropy_forward(s.logits, targets_, s.lse, loss_);
   saved_.push_back(std::move(s));
 }
@@ -273,10 +294,10 @@ void Transformer::backward() {
   s.lse.reset();
   linear_backward_weight(s.logits, s.n_final, lm_head_->grad);
   Allocation dn = act("grad.ln_final.out", -1, {N, d});
-  linear_backward_input(s.logits, lm_head_->value, dn, 0.0f);
+  linear_backward_input(s.logits, weight(lm_head_), dn, 0.0f);
   s.logits.reset();
   s.n_final.reset();
-  Allocation dx = act("grad.residual", -1, {N, d});
+  Allocation dx = wide("grad.residual", -1, {N, d});
   backend_.rmsnorm_backward(dn, s.x_final, ln_final_->value, s.rstd_final, dx, ln_final_->grad);
   s.x_final.reset();
   s.rstd_final.reset();
@@ -285,24 +306,27 @@ void Transformer::backward() {
     const LayerParams& P = layer_params_[l];
     Layer& L = s.layers[l];
     // x_out = h + w2·(silu(w1·n2) ∘ w3·n2), n2 = ln2(h); dx holds d x_out.
+    Allocation dx_scratch;
+    const Tensor& dx_c = as_compute(dx, dx_scratch, "grad.residual.lowp", l);
     Allocation dgate = act("grad.ffn.gate", l, {N, f});
-    linear_backward_input(dx, P.w2->value, dgate, 0.0f);
-    linear_backward_weight(dx, L.gate, P.w2->grad);
+    linear_backward_input(dx_c, weight(P.w2), dgate, 0.0f);
+    linear_backward_weight(dx_c, L.gate, P.w2->grad);
     L.gate.reset();
+    dx_scratch.reset();
     Allocation da = act("grad.ffn.w1_out", l, {N, f}), db = act("grad.ffn.w3_out", l, {N, f});
     backend_.swiglu_backward(L.a, L.b, dgate, da, db);
     dgate.reset();
     L.a.reset();
     L.b.reset();
     dn = act("grad.ln2.out", l, {N, d});
-    linear_backward_input(da, P.w1->value, dn, 0.0f);
-    linear_backward_input(db, P.w3->value, dn, 1.0f);
+    linear_backward_input(da, weight(P.w1), dn, 0.0f);
+    linear_backward_input(db, weight(P.w3), dn, 1.0f);
     linear_backward_weight(da, L.n2, P.w1->grad);
     linear_backward_weight(db, L.n2, P.w3->grad);
     da.reset();
     db.reset();
     L.n2.reset();
-    Allocation dh = act("grad.attn.residual", l, {N, d});
+    Allocation dh = wide("grad.attn.residual", l, {N, d});
     backend_.rmsnorm_backward(dn, L.h, P.ln2->value, L.rstd2, dh, P.ln2->grad);
     backend_.add(dh, dx, dh);
     dn.reset();
@@ -311,10 +335,13 @@ void Transformer::backward() {
     L.rstd2.reset();
 
     // h = x + wo·merge(P·V), P = softmax(Q·Kᵀ/√dk); dh holds d h.
+    Allocation dh_scratch;
+    const Tensor& dh_c = as_compute(dh, dh_scratch, "grad.attn.residual.lowp", l);
     Allocation d_o = act("grad.attn.o", l, {N, d});
-    linear_backward_input(dh, P.wo->value, d_o, 0.0f);
-    linear_backward_weight(dh, L.o, P.wo->grad);
+    linear_backward_input(dh_c, weight(P.wo), d_o, 0.0f);
+    linear_backward_weight(dh_c, L.o, P.wo->grad);
     L.o.reset();
+    dh_scratch.reset();
     Allocation do_heads = act("grad.attn.o_heads", l, {B, H, T, dk});
     backend_.split_heads(d_o.tensor().view({B, T, H, dk}), do_heads, 0.0);
     d_o.reset();
@@ -340,12 +367,12 @@ void Transformer::backward() {
     for (int i = 0; i < 3; ++i) {
       backend_.merge_heads(*dheads[i], dproj.tensor().view({B, T, H, dk}), i < 2 ? theta : 0.0);
       dheads[i]->reset();
-      linear_backward_input(dproj, weights[i]->value, dn, i == 0 ? 0.0f : 1.0f);
+      linear_backward_input(dproj, weight(weights[i]), dn, i == 0 ? 0.0f : 1.0f);
       linear_backward_weight(dproj, L.n1, weights[i]->grad);
     }
     dproj.reset();
     L.n1.reset();
-    dx = act("grad.residual", l, {N, d});
+    dx = wide("grad.residual", l, {N, d});
     backend_.rmsnorm_backward(dn, L.x, P.ln1->value, L.rstd1, dx, P.ln1->grad);
     backend_.add(dx, dh, dx);
     dn.reset();

@@ -13,20 +13,26 @@ namespace lmscope {
 
 struct Parameter {
   ParameterSpec spec;
-  Allocation value;
-  Allocation grad;  // allocated by the first backward, kept afterwards (as PyTorch's .grad)
+  Allocation value;       // the master copy (f32, or f64 in gradient checks)
+  Allocation value_lowp;  // bf16 copy of a matmul weight under mixed precision, refreshed by AdamW
+  Allocation grad;        // allocated by the first backward, kept afterwards (as PyTorch's .grad)
 };
 
 class Transformer {
  public:
-  // dtype: f32 normally; f64 on the CPU for gradient checks.
-  Transformer(const ModelConfig& config, Backend& backend, DType dtype = DType::f32);
+  // dtype: parameters, gradients, optimizer state and the residual stream (f32; f64 on the CPU for
+  // gradient checks). compute: GEMM operands and the activations between GEMMs: the same as dtype,
+  // or bf16 for mixed precision (docs/precision.md). DType::f64 for compute means "same as dtype".
+  Transformer(const ModelConfig& config, Backend& backend, DType dtype = DType::f32, DType compute = DType::f64);
   ~Transformer();
   Transformer(const Transformer&) = delete;
   Transformer& operator=(const Transformer&) = delete;
 
   const ModelConfig& config() const { return config_; }
   DType dtype() const { return dtype_; }
+  DType compute_dtype() const { return compute_; }
+  // Copies every master matmul weight into its low-precision copy (after loading or initialising).
+  void refresh_lowp_copies();
   Backend& backend() { return backend_; }
   std::vector<Parameter>& parameters() { return params_; }
   Parameter& parameter(const std::string& name);  // throws UserError if unknown
@@ -53,8 +59,15 @@ class Transformer {
   struct Saved;
   template <typename T>
   void fill_initial_values(std::uint64_t seed);
-  Allocation act(const char* what, int layer, Shape shape, MemKind kind = MemKind::activation);
-  Allocation stat(const char* what, int layer, Shape shape) { return act(what, layer, std::move(shape)); }
+  // act: compute dtype (GEMM operands and what lies between GEMMs); wide: the master dtype (the
+  // residual stream, its gradient and the statistics).
+  Allocation act(const char* what, int layer, Shape shape);
+  Allocation wide(const char* what, int layer, Shape shape, MemKind kind = MemKind::activation);
+  // t itself when it already has the compute dtype, else a cast of it into scratch.
+  const Tensor& as_compute(const Tensor& t, Allocation& scratch, const char* what, int layer);
+  const Tensor& weight(const Parameter* p) const {
+    return p->value_lowp.empty() ? p->value.tensor() : p->value_lowp.tensor();
+  }
   void linear(const Tensor& x, const Tensor& w, const Tensor& y);
   void linear_backward_input(const Tensor& dy, const Tensor& w, const Tensor& dx, float beta);
   void linear_backward_weight(const Tensor& dy, const Tensor& x, const Tensor& dw);
@@ -63,7 +76,7 @@ class Transformer {
 
   ModelConfig config_;
   Backend& backend_;
-  DType dtype_;
+  DType dtype_, compute_;
   std::vector<Parameter> params_;
   struct LayerParams {
     Parameter *wq, *wk, *wv, *wo, *ln1, *w1, *w2, *w3, *ln2;

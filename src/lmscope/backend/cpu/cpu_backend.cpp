@@ -111,6 +111,18 @@ class CpuBackend final : public Backend {
     });
   }
 
+  void cast(const Tensor& in, const Tensor& out) override {
+    expect_shape(out, in.shape, "cast out");
+    dispatch(in.dtype, "cast", [&](auto zi) {
+      dispatch(out.dtype, "cast", [&](auto zo) {
+        using TI = decltype(zi);
+        using TO = decltype(zo);
+        const std::int64_t n = in.numel();
+        for (std::int64_t i = 0; i < n; ++i) out.as<TO>()[i] = static_cast<TO>(in.as<TI>()[i]);
+      });
+    });
+  }
+
   void gemm(const GemmArgs& g) override {
     LMSCOPE_CHECK(g.a.dtype == g.b.dtype && g.b.dtype == g.c.dtype, "gemm operands of mixed types");
     const auto ta = g.trans_a ? CblasTrans : CblasNoTrans, tb = g.trans_b ? CblasTrans : CblasNoTrans;
@@ -336,7 +348,8 @@ class CpuBackend final : public Backend {
   }
 
   void adamw(const Tensor& param, const Tensor& grad, const Tensor& m, const Tensor& v, const AdamWArgs& a,
-             const Tensor& grad_norm) override {
+             const Tensor& grad_norm, const Tensor& lowp_copy) override {
+    if (!lowp_copy.empty()) throw Unsupported("the CPU backend keeps no low-precision weight copies");
     double clip = 1.0;
     if (a.max_norm > 0) {
       double norm = 0;

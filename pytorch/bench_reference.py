@@ -29,6 +29,13 @@ def timed(device, fn):
     return (time.perf_counter() - t0) * 1e3
 
 
+def forward_loss(a, model, x, y):
+    if a.precision == "bf16":
+        with torch.autocast(device_type=a.device, dtype=torch.bfloat16):
+            return ref.cross_entropy(model(x), y)
+    return ref.cross_entropy(model(x), y)
+
+
 def run_cell(a, model_name, ctx):
     torch.manual_seed(0)
     model = ref.TransformerLM(**ref.PRESETS[model_name]).to(a.device)
@@ -41,7 +48,7 @@ def run_cell(a, model_name, ctx):
     for i in range(a.warmup + a.steps):
         opt.zero_grad(set_to_none=False)
         box = {}
-        f = timed(a.device, lambda: box.update(loss=ref.cross_entropy(model(x), y)))
+        f = timed(a.device, lambda: box.update(loss=forward_loss(a, model, x, y)))
         b = timed(a.device, lambda: box["loss"].backward())
         o = timed(a.device, opt.step)
         if i >= a.warmup:
@@ -60,7 +67,8 @@ def main():
     ap.add_argument("--steps", type=int, default=5)
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--threads", type=int, default=0, help="torch.set_num_threads (CPU); 0 keeps the default")
-    ap.add_argument("--precision", default="fp32", choices=["fp32", "tf32"], help="matmul math on CUDA")
+    ap.add_argument("--precision", default="fp32", choices=["fp32", "tf32", "bf16"],
+                    help="matmul math on CUDA; bf16 = torch.autocast(bfloat16) around forward and loss")
     a = ap.parse_args()
     if a.threads:
         torch.set_num_threads(a.threads)

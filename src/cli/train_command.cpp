@@ -45,7 +45,9 @@ class TrainCommand : public Command {
     app->add_option("--log", log_, "Write one JSON object per step here");
     app->add_option("--print-every", print_every_, "Print a progress line every N steps")->capture_default_str();
     app->add_option("--device", device_, "cpu or cuda (default: cuda when a GPU is visible)");
-    app->add_option("--precision", precision_, "fp32 or tf32 (CUDA)")->capture_default_str();
+    app->add_option("--precision", precision_,
+                    "fp32, or on CUDA tf32 or bf16 (mixed: fp32 master weights and optimizer state)")
+        ->capture_default_str();
   }
 
   int run() override {
@@ -74,7 +76,7 @@ class TrainCommand : public Command {
     }
 
     std::unique_ptr<Backend> backend = make_backend(device_.empty() ? default_device() : device_, precision_);
-    Transformer model(c, *backend);
+    Transformer model(c, *backend, DType::f32, compute_dtype(precision_));
     if (init_.empty())
       model.init_parameters(seed_);
     else

@@ -230,6 +230,139 @@ TEST_F(CudaVsCpu, TwentyTrainingStepsMatchTheCpu) {
   for (int i = 0; i < 20; ++i) EXPECT_LT(std::fabs(on_gpu[i] - on_cpu[i]) / on_cpu[i], 1e-4) << "step " << i + 1;
 }
 
+// ---- bf16 storage (fp32 arithmetic) against the fp32 CPU reference, within 1e-2 ----
+constexpr double kBf16 = 1e-2;
+
+class Bf16VsCpu : public CudaVsCpu {
+ protected:
+  // A bf16 copy of a twin's GPU side.
+  Allocation bf16(const Twin& t) {
+    Allocation a = gpu->allocator().allocate(t.gpu.tensor().shape, DType::bf16, {});
+    gpu->cast(t.gpu, a);
+    return a;
+  }
+  Allocation bf16_output(const Shape& s) {
+    Allocation a = gpu->allocator().allocate(s, DType::bf16, {});
+    gpu->fill(a, NAN);
+    return a;
+  }
+  // Widens a bf16 result into the twin's GPU side, then compares with the CPU side.
+  void expect_close_bf16(const Allocation& result, Twin& ref, const std::string& what) {
+    gpu->cast(result, ref.gpu);
+    expect_close(ref, kBf16, what);
+  }
+};
+
+TEST_F(Bf16VsCpu, Gemm) {
+  const std::int64_t M = 67, N = 45, K = 129;
+  for (bool wide_out : {false, true}) {
+    auto a = random({M, K}), b = random({N, K}), c = output({M, N});
+    GemmArgs g{
+        .trans_b = true, .m = M, .n = N, .k = K, .a = a.cpu, .b = b.cpu, .c = c.cpu, .lda = K, .ldb = K, .ldc = N};
+    cpu->gemm(g);
+    Allocation ab = bf16(a), bb = bf16(b), cb = bf16_output({M, N});
+    g.a = ab, g.b = bb, g.c = wide_out ? c.gpu.tensor() : cb.tensor();
+    gpu->gemm(g);
+    if (wide_out)
+      expect_close(c, kBf16, "bf16 gemm into f32");
+    else
+      expect_close_bf16(cb, c, "bf16 gemm into bf16");
+  }
+}
+
+TEST_F(Bf16VsCpu, RowOps) {
+  const std::int64_t N = 37, d = 203, T = 37;
+  {  // RMSNorm: f32 in, bf16 out; backward from a bf16 gradient into f32
+    auto x = random({N, d}), w = random({d}), y = output({N, d}), r = output({N}), dy = random({N, d});
+    auto dx = output({N, d}), dw = output({d});
+    cpu->rmsnorm_forward(x.cpu, w.cpu, y.cpu, r.cpu, 1e-5);
+    cpu->rmsnorm_backward(dy.cpu, x.cpu, w.cpu, r.cpu, dx.cpu, dw.cpu);
+    Allocation yb = bf16_output({N, d}), dyb = bf16(dy);
+    gpu->rmsnorm_forward(x.gpu, w.gpu, yb, r.gpu, 1e-5);
+    gpu->rmsnorm_backward(dyb, x.gpu, w.gpu, r.gpu, dx.gpu, dw.gpu);
+    expect_close_bf16(yb, y, "bf16 rmsnorm");
+    expect_close(dx, kBf16, "rmsnorm dx from a bf16 gradient");
+    expect_close(dw, kBf16, "rmsnorm dw from a bf16 gradient");
+  }
+  {  // softmax
+    auto s = random({3, T, T}, 3.0), dp = random({3, T, T}), p = output({3, T, T}), ds = output({3, T, T});
+    cpu->softmax_forward(s.cpu, p.cpu, 0.125, true);
+    cpu->softmax_backward(p.cpu, dp.cpu, ds.cpu, 0.125);
+    Allocation sb = bf16(s), pb = bf16_output({3, T, T}), dpb = bf16(dp), dsb = bf16_output({3, T, T});
+    gpu->softmax_forward(sb, pb, 0.125, true);
+    gpu->softmax_backward(pb, dpb, dsb, 0.125);
+    expect_close_bf16(pb, p, "bf16 softmax");
+    expect_close_bf16(dsb, ds, "bf16 softmax backward");
+  }
+  {  // cross-entropy from bf16 logits
+    const std::int64_t V = 1237;
+    auto x = random({N, V}, 2.0), lse = output({N}), loss = output({1}), dx = output({N, V});
+    auto t = ids(N, V);
+    cpu->cross_entropy_forward(x.cpu, t.cpu, lse.cpu, loss.cpu);
+    cpu->cross_entropy_backward(x.cpu, t.cpu, lse.cpu, dx.cpu, 1.0 / N);
+    Allocation xb = bf16(x);
+    gpu->cross_entropy_forward(xb, t.gpu, lse.gpu, loss.gpu);
+    gpu->cross_entropy_backward(xb, t.gpu, lse.gpu, xb, 1.0 / N);
+    expect_close(loss, kBf16, "loss from bf16 logits");
+    expect_close_bf16(xb, dx, "bf16 dlogits");
+  }
+  {  // heads with RoPE, and SwiGLU
+    auto x = random({2, T, 3, 16}), y = output({2, 3, T, 16});
+    cpu->split_heads(x.cpu, y.cpu, 10000.0);
+    Allocation xb = bf16(x), yb = bf16_output({2, 3, T, 16});
+    gpu->split_heads(xb, yb, 10000.0);
+    expect_close_bf16(yb, y, "bf16 split_heads");
+    auto a = random({N, d}, 2.0), b = random({N, d}), o = output({N, d});
+    cpu->swiglu_forward(a.cpu, b.cpu, o.cpu);
+    Allocation ab = bf16(a), bb = bf16(b), ob = bf16_output({N, d});
+    gpu->swiglu_forward(ab, bb, ob);
+    expect_close_bf16(ob, o, "bf16 swiglu");
+  }
+}
+
+TEST_F(Bf16VsCpu, AdamWRefreshesTheBf16Copy) {
+  auto p = random({999}), g = random({999}), m = random({999}, 0.0), v = random({999}, 0.0), norm = output({1});
+  gpu->fill(m.gpu, 0.0);
+  gpu->fill(v.gpu, 0.0);
+  Allocation copy = bf16_output({999});
+  gpu->global_norm(std::vector<Tensor>{g.gpu}, norm.gpu);
+  gpu->adamw(p.gpu, g.gpu, m.gpu, v.gpu, AdamWArgs{.lr = 1e-2, .step = 1}, norm.gpu, copy);
+  Twin widened{cpu->allocator().allocate({999}, DType::f32, {}), gpu->allocator().allocate({999}, DType::f32, {})};
+  upload(*cpu, widened.cpu, download(*gpu, p.gpu));
+  expect_close_bf16(copy, widened, "bf16 copy of the updated parameter");
+}
+
+// The criterion: bf16's loss curve within 2% of fp32's over 20 steps, both on the GPU.
+TEST_F(Bf16VsCpu, TrainingFollowsFp32) {
+  ModelConfig c;
+  c.vocab = 503;
+  c.d_model = 128;
+  c.d_ff = 344;
+  c.layers = 2;
+  c.heads = 4;
+  const std::int64_t B = 4, T = 64;
+  std::vector<std::int32_t> x(B * T), y(B * T);
+  for (auto* v : {&x, &y})
+    for (auto& t : *v) t = static_cast<std::int32_t>(rng.below(503));
+  auto losses = [&](std::optional<DType> compute) {
+    Transformer model(c, *gpu, DType::f32, compute);
+    model.init_parameters(11);
+    AdamW opt(model, {.lr = 3e-3, .clip = 1.0});
+    model.set_batch(B, T, x.data(), y.data());
+    std::vector<double> out;
+    for (int i = 0; i < 20; ++i) {
+      model.forward();
+      out.push_back(model.read_loss());
+      model.backward();
+      opt.step(3e-3);
+    }
+    return out;
+  };
+  const auto fp32 = losses(std::nullopt), bf16 = losses(DType::bf16);
+  EXPECT_LT(fp32.back(), fp32.front() - 0.5) << "the run must train";
+  for (int i = 0; i < 20; ++i) EXPECT_LT(std::fabs(bf16[i] - fp32[i]) / fp32[i], 0.02) << "step " << i + 1;
+}
+
 TEST_F(CudaVsCpu, OutOfMemoryIsReportedAndRecovered) {
   Allocator& mem = gpu->allocator();
   const std::size_t before = mem.current_bytes();

@@ -36,11 +36,12 @@ std::unique_ptr<Backend> make_backend(const std::string& device, const std::stri
     return make_cpu_backend();
   }
   if (device == "cuda") {
-    if (precision == "bf16") throw Unsupported("bf16 mixed precision is not implemented yet on CUDA");
     return make_cuda_backend(precision == "tf32" ? GemmMath::tf32 : GemmMath::fp32);
   }
   user_error("unknown device '{}' (use cpu or cuda)", device);
 }
+
+DType compute_dtype(const std::string& precision) { return precision == "bf16" ? DType::bf16 : DType::f32; }
 
 std::string default_device() { return list_gpus().empty() ? "cpu" : "cuda"; }
 

@@ -117,6 +117,8 @@ std::unique_ptr<Backend> make_cuda_backend(GemmMath math);  // throws Unsupporte
 // device "cpu" or "cuda", precision "fp32", "tf32" or "bf16"; throws UserError for an unknown
 // name, Unsupported for a combination this build cannot run.
 std::unique_ptr<Backend> make_backend(const std::string& device, const std::string& precision = "fp32");
+// The model's compute dtype for a precision name: bf16 for "bf16", else f32.
+DType compute_dtype(const std::string& precision);
 // The device a command uses when none is named.
 std::string default_device();
 

@@ -66,7 +66,7 @@ namespace {
 
 void run_cell(const BenchSpec& spec, BenchResult& r, const BenchProgress& progress) {
   std::unique_ptr<Backend> backend = make_backend(spec.device, spec.precision);
-  Transformer model(spec.model, *backend);
+  Transformer model(spec.model, *backend, DType::f32, compute_dtype(spec.precision));
   model.init_parameters(spec.seed);
   const std::int64_t n = spec.batch * spec.ctx;
   std::vector<std::int32_t> ids(static_cast<std::size_t>(n)), targets(static_cast<std::size_t>(n));

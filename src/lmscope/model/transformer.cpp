@@ -25,8 +25,8 @@ struct Transformer::Saved {
   Allocation logits, lse;  // logits become their own gradient in backward
 };
 
-Transformer::Transformer(const ModelConfig& config, Backend& backend, DType dtype, DType compute)
-    : config_(config), backend_(backend), dtype_(dtype), compute_(compute == DType::f64 ? dtype : compute) {
+Transformer::Transformer(const ModelConfig& config, Backend& backend, DType dtype, std::optional<DType> compute)
+    : config_(config), backend_(backend), dtype_(dtype), compute_(compute.value_or(dtype)) {
   config_.validate();
   std::unordered_map<std::string, Parameter*> by_name;
   for (ParameterSpec& s : parameter_specs(config_)) params_.push_back(Parameter{std::move(s), {}, {}, {}});

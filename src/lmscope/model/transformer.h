@@ -7,6 +7,7 @@
 #include "lmscope/model/config.h"
 
 #include <cstdint>
+#include <optional>
 #include <vector>
 
 namespace lmscope {
@@ -22,8 +23,9 @@ class Transformer {
  public:
   // dtype: parameters, gradients, optimizer state and the residual stream (f32; f64 on the CPU for
   // gradient checks). compute: GEMM operands and the activations between GEMMs: the same as dtype,
-  // or bf16 for mixed precision (docs/precision.md). DType::f64 for compute means "same as dtype".
-  Transformer(const ModelConfig& config, Backend& backend, DType dtype = DType::f32, DType compute = DType::f64);
+  // or bf16 for mixed precision (docs/precision.md); none means the same as dtype.
+  Transformer(const ModelConfig& config, Backend& backend, DType dtype = DType::f32,
+              std::optional<DType> compute = std::nullopt);
   ~Transformer();
   Transformer(const Transformer&) = delete;
   Transformer& operator=(const Transformer&) = delete;

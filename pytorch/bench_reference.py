@@ -36,7 +36,7 @@ def forward_loss(a, model, x, y):
     return ref.cross_entropy(model(x), y)
 
 
-def run_cell(a, model_name, ctx):
+def run_cell(a, model_name, ctx, mode):
     torch.manual_seed(0)
     model = ref.TransformerLM(**ref.PRESETS[model_name]).to(a.device)
     opt = ref.AdamW(model.parameters())
@@ -49,8 +49,9 @@ def run_cell(a, model_name, ctx):
         opt.zero_grad(set_to_none=False)
         box = {}
         f = timed(a.device, lambda: box.update(loss=forward_loss(a, model, x, y)))
-        b = timed(a.device, lambda: box["loss"].backward())
-        o = timed(a.device, opt.step)
+        b = timed(a.device, lambda: box["loss"].backward()) if mode != "forward" else 0.0
+        o = timed(a.device, opt.step) if mode == "train" else 0.0
+        box.clear()  # forward mode: the graph goes with the loss
         if i >= a.warmup:
             fwd.append(f), bwd.append(b), step_opt.append(o)
     total = [f + b + o for f, b, o in zip(fwd, bwd, step_opt)]
@@ -62,6 +63,7 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--model", default="small", help="preset(s), comma list")
     ap.add_argument("--ctx", default="128", help="context length(s), comma list")
+    ap.add_argument("--mode", default="train", help="forward, forward-backward or train; comma list")
     ap.add_argument("--batch", type=int, default=4)
     ap.add_argument("--warmup", type=int, default=2)
     ap.add_argument("--steps", type=int, default=5)
@@ -75,20 +77,20 @@ def main():
     torch.backends.cuda.matmul.allow_tf32 = a.precision == "tf32"
     torch.backends.cudnn.allow_tf32 = a.precision == "tf32"
     ms = lambda v: f"{statistics.mean(v):.2f} ± {statistics.stdev(v) if len(v) > 1 else 0:.2f}"
-    print("| framework | model | device | precision | batch | ctx | forward ms | backward ms | optimizer ms "
+    print("| framework | model | device | precision | mode | batch | ctx | forward ms | backward ms | optimizer ms "
           "| step ms | peak GiB | status |")
-    print("|---|---|---|---|---:|---:|---:|---:|---:|---:|---:|---|")
-    for model_name in a.model.split(","):
-        for ctx in (int(c) for c in a.ctx.split(",")):
-            head = f"| PyTorch {torch.__version__} | {model_name} | {a.device} | {a.precision} | {a.batch} | {ctx} "
-            try:
-                fwd, bwd, opt, total, peak = run_cell(a, model_name, ctx)
-                print(head + f"| {ms(fwd)} | {ms(bwd)} | {ms(opt)} | {ms(total)} | {peak:.1f} | ok |", flush=True)
-            except torch.cuda.OutOfMemoryError:
-                print(head + "| - | - | - | - | - | OOM |", flush=True)
-            gc.collect()
-            if a.device == "cuda":
-                torch.cuda.empty_cache()
+    print("|---|---|---|---|---|---:|---:|---:|---:|---:|---:|---:|---|")
+    cells = [(m, mode, int(c)) for m in a.model.split(",") for mode in a.mode.split(",") for c in a.ctx.split(",")]
+    for model_name, mode, ctx in cells:
+        head = f"| PyTorch {torch.__version__} | {model_name} | {a.device} | {a.precision} | {mode} | {a.batch} | {ctx} "
+        try:
+            fwd, bwd, opt, total, peak = run_cell(a, model_name, ctx, mode)
+            print(head + f"| {ms(fwd)} | {ms(bwd)} | {ms(opt)} | {ms(total)} | {peak:.1f} | ok |", flush=True)
+        except torch.cuda.OutOfMemoryError:
+            print(head + "| - | - | - | - | - | OOM |", flush=True)
+        gc.collect()
+        if a.device == "cuda":
+            torch.cuda.empty_cache()
 
 
 if __name__ == "__main__":

@@ -16,20 +16,23 @@ cmake -S . -B build-gpu -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITE
 cmake --build build-gpu -j 16 >"$OUT/build.log" 2>&1 || { grep -E "error" -A5 "$OUT/build.log" | head -60; exit 1; }
 echo "== build ok"
 
-(cd build-gpu && ctest -L gpu --output-on-failure) >"$OUT/gpu-tests.log" 2>&1
-tail -5 "$OUT/gpu-tests.log"
-grep -E "Failed|failed" -A15 "$OUT/gpu-tests.log" | head -60
+if [[ "${LMSCOPE_SKIP_GPU_TESTS:-}" != 1 ]]; then
+  (cd build-gpu && ctest -L gpu --output-on-failure) >"$OUT/gpu-tests.log" 2>&1
+  tail -5 "$OUT/gpu-tests.log"
+  grep -E "Failed|failed" -A15 "$OUT/gpu-tests.log" | head -60
+  compute-sanitizer --tool memcheck --error-exitcode 9 build-gpu/tests/lmscope_gpu_tests \
+    --gtest_filter='-*Training*:*OutOfMemory*' >"$OUT/sanitizer.log" 2>&1
+  echo "== compute-sanitizer memcheck exit $? ($(grep -c 'OK \]' "$OUT/sanitizer.log") tests ok): $(tail -1 "$OUT/sanitizer.log")"
+fi
 
-compute-sanitizer --tool memcheck --error-exitcode 9 build-gpu/tests/lmscope_gpu_tests \
-  --gtest_filter='-*TwentyTraining*:*OutOfMemory*' >"$OUT/sanitizer.log" 2>&1
-echo "== compute-sanitizer memcheck exit $? ($(grep -c 'OK \]' "$OUT/sanitizer.log") tests ok): $(tail -1 "$OUT/sanitizer.log")"
-
-# --grid PRECISION MODELS CTXS: lmscope and PyTorch over the same cells, train mode, batch 4.
+# --grid PRECISION MODELS CTXS [MODES]: lmscope and PyTorch over the same cells, batch 4, 5 warm-up and
+# 10 measured steps (MODES default train). LMSCOPE_SKIP_GPU_TESTS=1 skips the tests before it.
 if [[ "${1:-}" == "--grid" ]]; then
-  prec=$2 models=$3 ctxs=$4
-  build-gpu/lmscope bench --device cuda --model "$models" --ctx "$ctxs" --batch 4 --precision "$prec" --mode train \
-    --warmup 5 --steps 10 --format csv --out "$OUT/lmscope-$prec.csv" >"$OUT/lmscope-$prec.md" 2>/dev/null
-  (cd pytorch && $PY bench_reference.py --device cuda --model "$models" --ctx "$ctxs" --batch 4 --precision "$prec" \
-    --warmup 5 --steps 10) >"$OUT/pytorch-$prec.md" 2>&1
-  cat "$OUT/lmscope-$prec.md" "$OUT/pytorch-$prec.md"
+  prec=$2 models=$3 ctxs=$4 modes=${5:-train}
+  tag="$prec-${modes//,/-}"
+  build-gpu/lmscope bench --device cuda --model "$models" --ctx "$ctxs" --batch 4 --precision "$prec" --mode "$modes" \
+    --warmup 5 --steps 10 --format csv --out "$OUT/lmscope-$tag.csv" >"$OUT/lmscope-$tag.md" 2>/dev/null
+  (cd pytorch && $PY bench_reference.py --device cuda --model "$models" --ctx "$ctxs" --mode "$modes" --batch 4 \
+    --precision "$prec" --warmup 5 --steps 10) >"$OUT/pytorch-$tag.md" 2>&1
+  $PY tools/compare_grid.py "$OUT/lmscope-$tag.csv" "$OUT/pytorch-$tag.md"
 fi

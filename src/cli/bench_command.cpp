@@ -13,6 +13,11 @@
 namespace lmscope::cli {
 namespace {
 
+void write_file(const std::string& path, const std::string& text) {
+  std::ofstream f(path, std::ios::trunc);
+  if (!(f << text) || !f.flush()) user_error("cannot write '{}'", path);
+}
+
 class BenchCommand : public Command {
  public:
   explicit BenchCommand(CLI::App& parent) {
@@ -26,7 +31,8 @@ class BenchCommand : public Command {
     app->add_option("--device", device_, "cpu or cuda (comma list sweeps; default: cuda when a GPU is visible)");
     app->add_option("--precision", precision_, "fp32, tf32 or bf16 (comma list sweeps)")->capture_default_str();
     app->add_option("--format", format_, "md, csv or json")->capture_default_str();
-    app->add_option("--out", out_, "Write the results here in --format (the Markdown table still prints)");
+    app->add_option("--out", out_,
+                    "Write the results here in --format, updated after every cell (the Markdown table still prints)");
     app->add_option("--seed", seed_, "Seed for weights and tokens")->capture_default_str();
   }
 
@@ -45,11 +51,7 @@ class BenchCommand : public Command {
     if (warmup_ < 0) user_error("--warmup must be non-negative, got {}", warmup_);
     if (steps_ <= 0) user_error("--steps must be positive, got {}", steps_);
     const ReportFormat format = parse_report_format(format_);
-    std::ofstream out;
-    if (!out_.empty()) {
-      out.open(out_);
-      if (!out) user_error("cannot write '{}'", out_);
-    }
+    if (!out_.empty()) write_file(out_, "");  // fail now, not after the sweep
 
     std::vector<BenchSpec> cells;
     for (const auto& m : models)
@@ -72,14 +74,11 @@ class BenchCommand : public Command {
       if (!tty) fmt::print(stderr, "{}\n", label);
       rows.push_back(run_bench_cell(s, progress));
       if (tty) fmt::print(stderr, "\r\033[K{}: {}\n", label, rows.back().status);
+      // Rewritten after every cell: an interrupted sweep keeps every row it finished.
+      if (!out_.empty()) write_file(out_, format_bench(rows, format));
     }
-    const std::string report = format_bench(rows, format);
-    if (out.is_open()) {
-      out << report;
-      fmt::print("{}", format == ReportFormat::markdown ? report : format_bench(rows, ReportFormat::markdown));
-    } else {
-      fmt::print("{}", report);
-    }
+    const std::string table = format_bench(rows, out_.empty() ? format : ReportFormat::markdown);
+    fmt::print("{}", table);
     return 0;
   }
 

@@ -4,6 +4,7 @@ The parity tests load the same safetensors weights into this module and into lms
 logits, loss, gradients and trained parameters; the benchmark scripts time it side by side with
 lmscope. Parameter names match the assignment's module, so state_dict() keys are the file's keys.
 """
+import functools
 import json
 import math
 import struct
@@ -46,12 +47,17 @@ class RMSNorm(nn.Module):
         return (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps) * self.weight).to(dtype)
 
 
+@functools.lru_cache(maxsize=64)
+def _rope_tables(T, dk, theta, device, dtype):
+    """cos and sin of p·theta^(-2i/dk), [T, dk/2], built once per shape on the tensor's device."""
+    inv = theta ** (-torch.arange(0, dk, 2, dtype=torch.float64, device=device) / dk)
+    ang = torch.arange(T, dtype=torch.float64, device=device)[:, None] * inv[None, :]
+    return ang.cos().to(dtype), ang.sin().to(dtype)
+
+
 def rope(x, theta):
     """Interleaved-pair RoPE on [..., T, d_k], positions 0..T-1."""
-    T, dk = x.shape[-2], x.shape[-1]
-    inv = theta ** (-torch.arange(0, dk, 2, dtype=torch.float64) / dk)
-    ang = torch.arange(T, dtype=torch.float64)[:, None] * inv[None, :]
-    cos, sin = ang.cos().to(x.device, x.dtype), ang.sin().to(x.device, x.dtype)
+    cos, sin = _rope_tables(x.shape[-2], x.shape[-1], theta, x.device, x.dtype)
     x0, x1 = x[..., 0::2], x[..., 1::2]
     out = torch.stack((x0 * cos - x1 * sin, x0 * sin + x1 * cos), dim=-1)
     return out.flatten(-2)

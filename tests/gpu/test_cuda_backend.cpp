@@ -66,6 +66,24 @@ class CudaVsCpu : public ::testing::Test {
 
 constexpr double kFp32 = 1e-5;
 
+// Losses of 20 training steps on one fixed batch, the model seeded alike on every backend.
+std::vector<double> twenty_step_losses(Backend& be, const ModelConfig& c, std::optional<DType> compute, std::int64_t B,
+                                       std::int64_t T, const std::vector<std::int32_t>& x,
+                                       const std::vector<std::int32_t>& y) {
+  Transformer model(c, be, DType::f32, compute);
+  model.init_parameters(11);
+  AdamW opt(model, {.lr = 3e-3, .clip = 1.0});
+  model.set_batch(B, T, x.data(), y.data());
+  std::vector<double> out;
+  for (int i = 0; i < 20; ++i) {
+    model.forward();
+    out.push_back(model.read_loss());
+    model.backward();
+    opt.step(3e-3);
+  }
+  return out;
+}
+
 TEST_F(CudaVsCpu, RmsNorm) {
   const std::int64_t N = 37, d = 203;
   auto x = random({N, d}), w = random({d}), dy = random({N, d});
@@ -211,21 +229,8 @@ TEST_F(CudaVsCpu, TwentyTrainingStepsMatchTheCpu) {
   std::vector<std::int32_t> x(B * T), y(B * T);
   for (auto* v : {&x, &y})
     for (auto& t : *v) t = static_cast<std::int32_t>(rng.below(503));
-  auto losses = [&](Backend& be) {
-    Transformer model(c, be);
-    model.init_parameters(11);
-    AdamW opt(model, {.lr = 3e-3, .clip = 1.0});
-    model.set_batch(B, T, x.data(), y.data());
-    std::vector<double> out;
-    for (int i = 0; i < 20; ++i) {
-      model.forward();
-      out.push_back(model.read_loss());
-      model.backward();
-      opt.step(3e-3);
-    }
-    return out;
-  };
-  const auto on_cpu = losses(*cpu), on_gpu = losses(*gpu);
+  const auto on_cpu = twenty_step_losses(*cpu, c, std::nullopt, B, T, x, y),
+             on_gpu = twenty_step_losses(*gpu, c, std::nullopt, B, T, x, y);
   EXPECT_LT(on_cpu.back(), on_cpu.front() - 0.5) << "the run must train";
   for (int i = 0; i < 20; ++i) EXPECT_LT(std::fabs(on_gpu[i] - on_cpu[i]) / on_cpu[i], 1e-4) << "step " << i + 1;
 }
@@ -344,21 +349,8 @@ TEST_F(Bf16VsCpu, TrainingFollowsFp32) {
   std::vector<std::int32_t> x(B * T), y(B * T);
   for (auto* v : {&x, &y})
     for (auto& t : *v) t = static_cast<std::int32_t>(rng.below(503));
-  auto losses = [&](std::optional<DType> compute) {
-    Transformer model(c, *gpu, DType::f32, compute);
-    model.init_parameters(11);
-    AdamW opt(model, {.lr = 3e-3, .clip = 1.0});
-    model.set_batch(B, T, x.data(), y.data());
-    std::vector<double> out;
-    for (int i = 0; i < 20; ++i) {
-      model.forward();
-      out.push_back(model.read_loss());
-      model.backward();
-      opt.step(3e-3);
-    }
-    return out;
-  };
-  const auto fp32 = losses(std::nullopt), bf16 = losses(DType::bf16);
+  const auto fp32 = twenty_step_losses(*gpu, c, std::nullopt, B, T, x, y),
+             bf16 = twenty_step_losses(*gpu, c, DType::bf16, B, T, x, y);
   EXPECT_LT(fp32.back(), fp32.front() - 0.5) << "the run must train";
   for (int i = 0; i < 20; ++i) EXPECT_LT(std::fabs(bf16[i] - fp32[i]) / fp32[i], 0.02) << "step " << i + 1;
 }

@@ -127,20 +127,13 @@ HostAllocator::HostAllocator(std::size_t capacity) : capacity_(capacity ? capaci
 HostAllocator::~HostAllocator() { release_cache(); }
 
 void HostAllocator::release_cache() {
-  for (auto& [bytes, p] : free_blocks_) std::free(p);
-  free_blocks_.clear();
-  cached_ = 0;
+  cache_.release([](void* p) { std::free(p); });
 }
 
 void* HostAllocator::raw_allocate(std::size_t bytes, const AllocTag& tag) {
-  if (auto it = free_blocks_.find(bytes); it != free_blocks_.end()) {
-    void* p = it->second;
-    free_blocks_.erase(it);
-    cached_ -= bytes;
-    return p;
-  }
+  if (void* p = cache_.take(bytes)) return p;
   if (current_bytes() + bytes > capacity_) throw_oom(bytes, tag);
-  if (current_bytes() + cached_ + bytes > capacity_) release_cache();
+  if (current_bytes() + cache_.bytes() + bytes > capacity_) release_cache();
   // Large blocks are 2 MiB aligned and asked to be backed by huge pages: first touches then
   // fault 512x less often (page faults dominated setup time on the 2-core machine).
   constexpr std::size_t kHuge = std::size_t(2) << 20;
@@ -151,9 +144,20 @@ void* HostAllocator::raw_allocate(std::size_t bytes, const AllocTag& tag) {
   return p;
 }
 
-void HostAllocator::raw_free(void* p, std::size_t bytes) {
-  free_blocks_.emplace(bytes, p);
-  cached_ += bytes;
+void HostAllocator::raw_free(void* p, std::size_t bytes) { cache_.put(p, bytes); }
+
+void* BlockCache::take(std::size_t bytes) {
+  auto it = blocks_.find(bytes);
+  if (it == blocks_.end()) return nullptr;
+  void* p = it->second;
+  blocks_.erase(it);
+  bytes_ -= bytes;
+  return p;
+}
+
+void BlockCache::put(void* p, std::size_t bytes) {
+  blocks_.emplace(bytes, p);
+  bytes_ += bytes;
 }
 
 }  // namespace lmscope

@@ -13,18 +13,11 @@ CudaAllocator::CudaAllocator(int device) {
 CudaAllocator::~CudaAllocator() { release_cache(); }
 
 void CudaAllocator::release_cache() {
-  for (auto& [bytes, p] : free_blocks_) cudaFree(p);
-  free_blocks_.clear();
-  cached_ = 0;
+  cache_.release([](void* p) { cudaFree(p); });
 }
 
 void* CudaAllocator::raw_allocate(std::size_t bytes, const AllocTag& tag) {
-  if (auto it = free_blocks_.find(bytes); it != free_blocks_.end()) {
-    void* p = it->second;
-    free_blocks_.erase(it);
-    cached_ -= bytes;
-    return p;
-  }
+  if (void* p = cache_.take(bytes)) return p;
   void* p = nullptr;
   if (cudaMalloc(&p, bytes) != cudaSuccess) {
     cudaGetLastError();  // clear the error; try again with the cache given back
@@ -37,9 +30,6 @@ void* CudaAllocator::raw_allocate(std::size_t bytes, const AllocTag& tag) {
   return p;
 }
 
-void CudaAllocator::raw_free(void* p, std::size_t bytes) {
-  free_blocks_.emplace(bytes, p);
-  cached_ += bytes;
-}
+void CudaAllocator::raw_free(void* p, std::size_t bytes) { cache_.put(p, bytes); }
 
 }  // namespace lmscope

@@ -6,8 +6,6 @@
 
 #include "lmscope/core/allocator.h"
 
-#include <map>
-
 namespace lmscope {
 
 class CudaAllocator : public Allocator {
@@ -16,7 +14,7 @@ class CudaAllocator : public Allocator {
   ~CudaAllocator() override;
   std::string device_name() const override { return name_; }
   std::size_t capacity() const override { return capacity_; }
-  std::size_t cached_bytes() const { return cached_; }
+  std::size_t cached_bytes() const { return cache_.bytes(); }
   void release_cache();
 
  protected:
@@ -25,8 +23,8 @@ class CudaAllocator : public Allocator {
 
  private:
   std::string name_;
-  std::size_t capacity_ = 0, cached_ = 0;
-  std::multimap<std::size_t, void*> free_blocks_;
+  std::size_t capacity_ = 0;
+  BlockCache cache_;
 };
 
 }  // namespace lmscope

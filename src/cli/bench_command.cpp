@@ -2,21 +2,13 @@
 // precisions. A failing cell (out of memory, unsupported) becomes a row and the sweep goes on.
 #include "commands.h"
 #include "model_flags.h"
+#include "sweep_output.h"
 
 #include "lmscope/backend/backend.h"
 #include "lmscope/bench/report.h"
 
-#include <unistd.h>
-
-#include <fstream>
-
 namespace lmscope::cli {
 namespace {
-
-void write_file(const std::string& path, const std::string& text) {
-  std::ofstream f(path, std::ios::trunc);
-  if (!(f << text) || !f.flush()) user_error("cannot write '{}'", path);
-}
 
 class BenchCommand : public Command {
  public:
@@ -30,6 +22,7 @@ class BenchCommand : public Command {
     app->add_option("--steps", steps_, "Measured steps")->capture_default_str();
     app->add_option("--device", device_, "cpu or cuda (comma list sweeps; default: cuda when a GPU is visible)");
     app->add_option("--precision", precision_, "fp32, tf32 or bf16 (comma list sweeps)")->capture_default_str();
+    app->add_option("--attention", attention_, "flash or naive (comma list sweeps)")->capture_default_str();
     app->add_option("--format", format_, "md, csv or json")->capture_default_str();
     app->add_option("--out", out_,
                     "Write the results here in --format, updated after every cell (the Markdown table still prints)");
@@ -48,6 +41,8 @@ class BenchCommand : public Command {
     const auto precisions = split_list(precision_);
     for (const auto& p : precisions)
       if (p != "fp32" && p != "tf32" && p != "bf16") user_error("unknown --precision '{}' (use fp32, tf32 or bf16)", p);
+    std::vector<AttentionKind> attentions;
+    for (const auto& a : split_list(attention_)) attentions.push_back(parse_attention(a));
     if (warmup_ < 0) user_error("--warmup must be non-negative, got {}", warmup_);
     if (steps_ <= 0) user_error("--steps must be positive, got {}", steps_);
     const ReportFormat format = parse_report_format(format_);
@@ -57,23 +52,22 @@ class BenchCommand : public Command {
     for (const auto& m : models)
       for (const auto& d : devices)
         for (const auto& p : precisions)
-          for (auto mode : modes)
-            for (auto b : batches)
-              for (auto t : ctxs) cells.push_back(BenchSpec{m, d, p, mode, b, t, warmup_, steps_, seed_});
+          for (auto a : attentions)
+            for (auto mode : modes)
+              for (auto b : batches)
+                for (auto t : ctxs) cells.push_back(BenchSpec{m, d, p, a, mode, b, t, warmup_, steps_, seed_});
 
-    const bool tty = isatty(STDERR_FILENO);
+    SweepProgress shown;
     std::vector<BenchResult> rows;
     for (std::size_t i = 0; i < cells.size(); ++i) {
       const BenchSpec& s = cells[i];
-      const std::string label = fmt::format("[{}/{}] {} {} {} {} batch {} ctx {}", i + 1, cells.size(), s.model.name,
-                                            s.device, s.precision, bench_mode_name(s.mode), s.batch, s.ctx);
-      auto progress = [&](int done, int total) {
-        if (tty)
-          fmt::print(stderr, "\r\033[K{}: step {}/{}{}", label, done, total, done <= s.warmup ? " (warm-up)" : "");
-      };
-      if (!tty) fmt::print(stderr, "{}\n", label);
+      const std::string label =
+          fmt::format("[{}/{}] {} {} {} {} {} batch {} ctx {}", i + 1, cells.size(), s.model.name, s.device,
+                      s.precision, attention_name(s.attention), bench_mode_name(s.mode), s.batch, s.ctx);
+      shown.start(label);
+      auto progress = [&](int done, int total) { shown.step(done, total, done <= s.warmup ? " (warm-up)" : ""); };
       rows.push_back(run_bench_cell(s, progress));
-      if (tty) fmt::print(stderr, "\r\033[K{}: {}\n", label, rows.back().status);
+      shown.finish(rows.back().status);
       // Rewritten after every cell: an interrupted sweep keeps every row it finished.
       if (!out_.empty()) write_file(out_, format_bench(rows, format));
     }
@@ -84,7 +78,8 @@ class BenchCommand : public Command {
 
  private:
   ModelFlags model_;
-  std::string ctx_ = "256", batch_ = "4", mode_ = "train", device_, precision_ = "fp32", format_ = "md", out_;
+  std::string ctx_ = "256", batch_ = "4", mode_ = "train", device_, precision_ = "fp32", attention_ = "flash",
+              format_ = "md", out_;
   int warmup_ = 5, steps_ = 10;
   std::uint64_t seed_ = 0;
 };

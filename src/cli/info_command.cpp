@@ -1,9 +1,10 @@
 // lmscope info: what a model is made of: parameters in total and per tensor, FLOPs per token,
-// and the bytes of parameters, gradients and AdamW state (fp32).
+// the bytes of parameters, gradients and AdamW state (fp32), and what attention keeps for backward.
 #include "commands.h"
 #include "model_flags.h"
 
 #include "lmscope/core/allocator.h"
+#include "lmscope/model/attention.h"
 
 #include <nlohmann/json.hpp>
 
@@ -18,6 +19,8 @@ class InfoCommand : public Command {
     app = parent.add_subcommand("info", "Parameter counts, FLOPs per token and memory of a model");
     model_.add_to(*app, false);
     app->add_option("--ctx", ctx_, "Context length for the attention FLOPs")->capture_default_str();
+    app->add_option("--attention", attention_, "flash or naive: which attention's saved state to report")
+        ->capture_default_str();
     app->add_option("--format", format_, "md or json")->capture_default_str();
   }
 
@@ -28,6 +31,11 @@ class InfoCommand : public Command {
     const auto specs = parameter_specs(c);
     const double params = static_cast<double>(c.parameter_count());
     const double bytes_params = params * 4, bytes_grads = params * 4, bytes_adam = params * 8;
+    // Per sequence and in fp32: naive keeps the probabilities (h·T² per layer), flash the
+    // log-sum-exps (h·T per layer).
+    const AttentionKind attention = parse_attention(attention_);
+    const double per_layer = static_cast<double>(c.heads * ctx_) * (attention == AttentionKind::naive ? ctx_ : 1);
+    const double attention_bytes = per_layer * static_cast<double>(c.layers) * 4;
     if (format_ == "json") {
       nlohmann::ordered_json j;
       j["model"] = {{"name", c.name},     {"vocab", c.vocab}, {"d_model", c.d_model}, {"d_ff", c.d_ff},
@@ -41,6 +49,7 @@ class InfoCommand : public Command {
       j["flops_per_token"] = {{"forward", c.forward_flops_per_token(ctx_)},
                               {"train_step", c.train_flops_per_token(ctx_)}};
       j["bytes"] = {{"parameters", bytes_params}, {"gradients", bytes_grads}, {"optimizer_state", bytes_adam}};
+      j["attention"] = {{"kind", attention_name(attention)}, {"saved_bytes_per_sequence_fp32", attention_bytes}};
       fmt::print("{}\n", j.dump(2));
       return 0;
     }
@@ -62,13 +71,17 @@ class InfoCommand : public Command {
                c.forward_flops_per_token(ctx_), c.train_flops_per_token(ctx_));
     fmt::print("Memory (fp32): parameters {}, gradients {}, AdamW state {}, together {}\n", human_bytes(bytes_params),
                human_bytes(bytes_grads), human_bytes(bytes_adam), human_bytes(bytes_params + bytes_grads + bytes_adam));
+    fmt::print("Attention ({}) keeps {} per sequence for backward at ctx {} (fp32): {}\n", attention_name(attention),
+               attention == AttentionKind::naive ? "the h·T² probabilities of every layer"
+                                                 : "the h·T log-sum-exps of every layer",
+               ctx_, human_bytes(attention_bytes));
     return 0;
   }
 
  private:
   ModelFlags model_;
   std::int64_t ctx_ = 256;
-  std::string format_ = "md";
+  std::string format_ = "md", attention_ = "flash";
 };
 
 }  // namespace

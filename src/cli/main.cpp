@@ -17,6 +17,7 @@ int main(int argc, char** argv) {
   commands.push_back(lmscope::cli::add_info_command(app));
   commands.push_back(lmscope::cli::add_train_command(app));
   commands.push_back(lmscope::cli::add_bench_command(app));
+  commands.push_back(lmscope::cli::add_attention_command(app));
   if (argc < 2) {
     fmt::print(stderr, "lmscope: error: a command is required: info, train or bench (see lmscope --help)\n");
     return 2;

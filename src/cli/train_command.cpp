@@ -48,6 +48,8 @@ class TrainCommand : public Command {
     app->add_option("--precision", precision_,
                     "fp32, or on CUDA tf32 or bf16 (mixed: fp32 master weights and optimizer state)")
         ->capture_default_str();
+    app->add_option("--attention", attention_, "flash (FlashAttention-2) or naive (scores kept in memory)")
+        ->capture_default_str();
   }
 
   int run() override {
@@ -76,7 +78,7 @@ class TrainCommand : public Command {
     }
 
     std::unique_ptr<Backend> backend = make_backend(device_.empty() ? default_device() : device_, precision_);
-    Transformer model(c, *backend, DType::f32, compute_dtype(precision_));
+    Transformer model(c, *backend, DType::f32, compute_dtype(precision_), parse_attention(attention_));
     if (init_.empty())
       model.init_parameters(seed_);
     else
@@ -121,7 +123,8 @@ class TrainCommand : public Command {
 
  private:
   ModelFlags model_;
-  std::string data_, init_, save_, log_, device_, precision_ = "fp32", schedule_ = "constant", sample_ = "random";
+  std::string data_, init_, save_, log_, device_, precision_ = "fp32", schedule_ = "constant", sample_ = "random",
+                                                  attention_ = "flash";
   std::int64_t steps_ = 0, batch_ = 4, ctx_ = 256, print_every_ = 10;
   std::uint64_t seed_ = 0;
   OptimizerConfig opt_;

@@ -31,9 +31,13 @@ struct TinyBatch {
   }
 };
 
-TEST(Model, GradientOfEveryParameterMatchesFiniteDifferences) {
+class ModelWith : public ::testing::TestWithParam<AttentionKind> {};
+INSTANTIATE_TEST_SUITE_P(Attention, ModelWith, ::testing::Values(AttentionKind::naive, AttentionKind::flash),
+                         [](const auto& info) { return std::string(attention_name(info.param)); });
+
+TEST_P(ModelWith, GradientOfEveryParameterMatchesFiniteDifferences) {
   auto be = make_cpu_backend();
-  Transformer model(tiny(), *be, DType::f64);
+  Transformer model(tiny(), *be, DType::f64, std::nullopt, GetParam());
   model.init_parameters(3);
   // Norm weights start at ones; perturb them so their gradients are generic.
   Rng rng(5);
@@ -54,6 +58,86 @@ TEST(Model, GradientOfEveryParameterMatchesFiniteDifferences) {
   };
   for (Parameter& p : model.parameters()) expect_gradient(p.spec.name, p.value, p.grad, loss, 1e-5);
   EXPECT_EQ(be->allocator().current_bytes(MemKind::activation), 0u) << "backward must free every saved activation";
+}
+
+TEST_P(ModelWith, AllocatorRecordsWhatTheModelHoldsAndWhen) {
+  auto be = make_cpu_backend();
+  Allocator& mem = be->allocator();
+  mem.record_events(true);
+  Transformer model(tiny(), *be, DType::f32, std::nullopt, GetParam());
+  model.init_parameters(1);
+  AdamW opt(model, {});
+  TinyBatch batch(2 * 4, 11, 2);
+  model.set_batch(2, 4, batch.ids.data(), batch.targets.data());
+  model.forward();
+  const std::size_t activations = mem.current_bytes(MemKind::activation);
+  EXPECT_GT(activations, 0u);
+  model.backward();
+  opt.step(1e-3);
+  EXPECT_EQ(mem.current_bytes(MemKind::activation), 0u);
+  EXPECT_EQ(mem.current_bytes(MemKind::gradient), mem.current_bytes(MemKind::parameter));
+  EXPECT_EQ(mem.current_bytes(MemKind::optimizer_state), 2 * mem.current_bytes(MemKind::parameter));
+  // naive keeps the probabilities, flash only the log-sum-exp; neither keeps the other's.
+  const std::string kept = GetParam() == AttentionKind::naive ? "attn.probs" : "attn.lse";
+  const std::string absent = GetParam() == AttentionKind::naive ? "attn.lse" : "attn.probs";
+  bool saw_kept_in_layer1 = false, saw_absent = false, saw_grad_in_backward = false;
+  for (const MemEvent& e : mem.events()) {
+    if (e.is_alloc && e.tag.what == kept && e.tag.layer == 1 && e.phase == Phase::forward) saw_kept_in_layer1 = true;
+    if (e.is_alloc && (e.tag.what == absent || (GetParam() == AttentionKind::flash && e.tag.what == "attn.scores")))
+      saw_absent = true;
+    if (e.is_alloc && e.tag.kind == MemKind::gradient && e.phase == Phase::backward) saw_grad_in_backward = true;
+  }
+  EXPECT_TRUE(saw_kept_in_layer1) << kept;
+  EXPECT_FALSE(saw_absent) << absent;
+  EXPECT_TRUE(saw_grad_in_backward);
+  EXPECT_GE(mem.peak_bytes(), mem.current_bytes() + activations / 2);
+}
+
+// Exactly the accounting of docs/design.md: per layer, naive saves B·h·T² probabilities where
+// flash saves B·h·T log-sum-exps; everything else is the same.
+TEST(Model, FlashSavesLinearInsteadOfQuadraticMemory) {
+  const std::int64_t B = 2, T = 64;  // sizes that are multiples of the allocator's 256-byte rounding
+  ModelConfig c = tiny();
+  c.d_model = 16;
+  c.heads = 2;
+  TinyBatch batch(B * T, 11, 3);
+  std::size_t saved[2] = {};
+  for (AttentionKind kind : {AttentionKind::naive, AttentionKind::flash}) {
+    auto be = make_cpu_backend();
+    Transformer model(c, *be, DType::f32, std::nullopt, kind);
+    model.init_parameters(1);
+    model.set_batch(B, T, batch.ids.data(), batch.targets.data());
+    model.forward();
+    saved[kind == AttentionKind::flash] = be->allocator().current_bytes(MemKind::activation);
+  }
+  const std::size_t per_layer = static_cast<std::size_t>(B * c.heads * (T * T - T)) * sizeof(float);
+  EXPECT_EQ(saved[0] - saved[1], static_cast<std::size_t>(c.layers) * per_layer);
+}
+
+// fp32 training with flash tracks naive: the same algorithm up to summation order.
+TEST(Model, FlashTrainsLikeNaive) {
+  ModelConfig c = tiny();
+  c.d_model = 32;
+  c.heads = 2;
+  c.d_ff = 48;
+  const std::int64_t B = 2, T = 70;  // two key tiles, the second partial
+  TinyBatch batch(B * T, 11, 4);
+  std::vector<double> losses[2];
+  for (AttentionKind kind : {AttentionKind::naive, AttentionKind::flash}) {
+    auto be = make_cpu_backend();
+    Transformer model(c, *be, DType::f32, std::nullopt, kind);
+    model.init_parameters(2);
+    AdamW opt(model, {.lr = 3e-3});
+    model.set_batch(B, T, batch.ids.data(), batch.targets.data());
+    for (int i = 0; i < 20; ++i) {
+      model.forward();
+      losses[kind == AttentionKind::flash].push_back(model.read_loss());
+      model.backward();
+      opt.step(3e-3);
+    }
+  }
+  EXPECT_LT(losses[0].back(), losses[0].front() - 0.1) << "the run must train for the comparison to mean anything";
+  for (int i = 0; i < 20; ++i) EXPECT_NEAR(losses[1][i], losses[0][i], 1e-4 * std::fabs(losses[0][i])) << "step " << i;
 }
 
 TEST(Model, PresetParameterCountsMatchTheAssignment) {
@@ -112,34 +196,6 @@ TEST(Model, CosineScheduleFollowsTheFormula) {
   EXPECT_DOUBLE_EQ(s.at(500), 0.1);
   LrSchedule constant{.lr_max = 0.3};
   EXPECT_DOUBLE_EQ(constant.at(1000), 0.3);
-}
-
-TEST(Model, AllocatorRecordsWhatTheModelHoldsAndWhen) {
-  auto be = make_cpu_backend();
-  Allocator& mem = be->allocator();
-  mem.record_events(true);
-  Transformer model(tiny(), *be);
-  model.init_parameters(1);
-  AdamW opt(model, {});
-  TinyBatch batch(2 * 4, 11, 2);
-  model.set_batch(2, 4, batch.ids.data(), batch.targets.data());
-  model.forward();
-  const std::size_t activations = mem.current_bytes(MemKind::activation);
-  EXPECT_GT(activations, 0u);
-  model.backward();
-  opt.step(1e-3);
-  EXPECT_EQ(mem.current_bytes(MemKind::activation), 0u);
-  EXPECT_EQ(mem.current_bytes(MemKind::gradient), mem.current_bytes(MemKind::parameter));
-  EXPECT_EQ(mem.current_bytes(MemKind::optimizer_state), 2 * mem.current_bytes(MemKind::parameter));
-  bool saw_probs_in_layer1 = false, saw_grad_in_backward = false;
-  for (const MemEvent& e : mem.events()) {
-    if (e.is_alloc && e.tag.what == "attn.probs" && e.tag.layer == 1 && e.phase == Phase::forward)
-      saw_probs_in_layer1 = true;
-    if (e.is_alloc && e.tag.kind == MemKind::gradient && e.phase == Phase::backward) saw_grad_in_backward = true;
-  }
-  EXPECT_TRUE(saw_probs_in_layer1);
-  EXPECT_TRUE(saw_grad_in_backward);
-  EXPECT_GE(mem.peak_bytes(), mem.current_bytes() + activations / 2);
 }
 
 TEST(Model, TrainingLowersTheLossOnARepeatedBatch) {

@@ -26,6 +26,20 @@ std::vector<double> download(Backend& backend, const Tensor& t) {
   return out;
 }
 
+AttentionShape attention_shape(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out,
+                               const Tensor& lse) {
+  LMSCOPE_CHECK(q.shape.size() == 3, "flash attention takes q as [n, tq, d], got {}", shape_str(q.shape));
+  const AttentionShape s{q.dim(0), q.dim(1), k.shape.size() == 3 ? k.dim(1) : 0, q.dim(2)};
+  LMSCOPE_CHECK(s.tq > 0 && s.tk > 0 && s.d > 0, "flash attention needs at least one query, key and channel");
+  LMSCOPE_CHECK(k.shape == (Shape{s.n, s.tk, s.d}), "flash attention k: {} against q {}", shape_str(k.shape),
+                shape_str(q.shape));
+  LMSCOPE_CHECK(v.shape == k.shape, "flash attention v: {} against k {}", shape_str(v.shape), shape_str(k.shape));
+  LMSCOPE_CHECK(out.shape == q.shape, "flash attention out: {} against q {}", shape_str(out.shape), shape_str(q.shape));
+  LMSCOPE_CHECK(lse.shape == (Shape{s.n, s.tq}), "flash attention lse: {} where [{}, {}] was expected",
+                shape_str(lse.shape), s.n, s.tq);
+  return s;
+}
+
 double read_scalar(Backend& backend, const Tensor& t) { return download(backend, Tensor{t.data, t.dtype, {1}})[0]; }
 
 std::unique_ptr<Backend> make_backend(const std::string& device, const std::string& precision) {

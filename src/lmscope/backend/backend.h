@@ -83,6 +83,18 @@ class Backend {
   // dscores = scale · probs ∘ (dprobs − rowsum(probs ∘ dprobs)); dscores may alias dprobs.
   virtual void softmax_backward(const Tensor& probs, const Tensor& dprobs, const Tensor& dscores, double scale) = 0;
 
+  // FlashAttention-2 (MODEL.md): q [n, tq, dk], k and v [n, tk, dk] -> out [n, tq, dk] and
+  // lse [n, tq] = log Σ_j exp(scale·q·k_j) (natural log), tiled with an online softmax so the scores
+  // never reach memory; causal masks key j > query i. lse is f32 (f64 when the op computes in f64).
+  virtual void flash_attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out,
+                                       const Tensor& lse, double scale, bool causal) = 0;
+  // dq, dk, dv from dout, recomputing the probabilities from lse: D = rowsum(dout ∘ out),
+  // P = exp(scale·q·kᵀ − lse), dS = P ∘ (dout·vᵀ − D). deterministic: dq summed over key tiles in a
+  // fixed order (its own pass) where a backend would otherwise accumulate it with atomics.
+  virtual void flash_attention_backward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out,
+                                        const Tensor& lse, const Tensor& dout, const Tensor& dq, const Tensor& dk,
+                                        const Tensor& dv, double scale, bool causal, bool deterministic) = 0;
+
   // out = silu(a) ∘ b; all [N, f].
   virtual void swiglu_forward(const Tensor& a, const Tensor& b, const Tensor& out) = 0;
   virtual void swiglu_backward(const Tensor& a, const Tensor& b, const Tensor& dout, const Tensor& da,
@@ -103,6 +115,13 @@ class Backend {
   virtual void adamw(const Tensor& param, const Tensor& grad, const Tensor& m, const Tensor& v, const AdamWArgs& args,
                      const Tensor& grad_norm, const Tensor& lowp_copy) = 0;
 };
+
+// The sizes of a flash attention call, checked (UserError naming the first mismatch):
+// q and out [n, tq, d], k and v [n, tk, d], lse [n, tq], tq and tk at least 1.
+struct AttentionShape {
+  std::int64_t n = 0, tq = 0, tk = 0, d = 0;
+};
+AttentionShape attention_shape(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out, const Tensor& lse);
 
 // Host values to and from an f32 or f64 tensor, converting to and from double.
 void upload(Backend& backend, const Tensor& t, std::span<const double> values);

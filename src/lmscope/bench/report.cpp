@@ -19,13 +19,13 @@ std::string mean_std(const PhaseStats& s) { return s.n ? fmt::format("{:.2f} ± 
 
 std::string markdown(const std::vector<BenchResult>& rows) {
   std::string out =
-      "| model | device | precision | mode | batch | ctx | forward ms | backward ms | optimizer ms | step ms | "
-      "tokens/s | TFLOP/s | MFU | peak memory | status |\n"
-      "|---|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|\n";
+      "| model | device | precision | attention | mode | batch | ctx | forward ms | backward ms | optimizer ms | "
+      "step ms | tokens/s | TFLOP/s | MFU | peak memory | status |\n"
+      "|---|---|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|\n";
   for (const BenchResult& r : rows) {
     const BenchSpec& s = r.spec;
-    out += fmt::format("| {} | {} | {} | {} | {} | {} | ", s.model.name, s.device, s.precision, bench_mode_name(s.mode),
-                       s.batch, s.ctx);
+    out += fmt::format("| {} | {} | {} | {} | {} | {} | {} | ", s.model.name, s.device, s.precision,
+                       attention_name(s.attention), bench_mode_name(s.mode), s.batch, s.ctx);
     if (r.ok())
       out += fmt::format("{} | {} | {} | {} | {:.0f} | {:.3f} | {} | {} | ok |\n", mean_std(r.forward),
                          mean_std(r.backward), mean_std(r.optimizer), mean_std(r.step), r.tokens_per_s, r.model_tflops,
@@ -55,15 +55,15 @@ std::string csv_field(const std::string& s) {
 }
 
 std::string csv(const std::vector<BenchResult>& rows) {
-  std::string out = "model,d_model,d_ff,layers,heads,vocab,device,precision,mode,batch,ctx,warmup,steps";
+  std::string out = "model,d_model,d_ff,layers,heads,vocab,device,precision,attention,mode,batch,ctx,warmup,steps";
   for (const char* p : kPhases)
     for (const char* f : {"mean_ms", "std_ms", "median_ms", "min_ms", "max_ms"}) out += fmt::format(",{}_{}", p, f);
   out += ",tokens_per_s,model_tflops,mfu,peak_bytes,device_name,status\n";
   for (const BenchResult& r : rows) {
     const BenchSpec& s = r.spec;
-    out += fmt::format("{},{},{},{},{},{},{},{},{},{},{},{},{}", csv_field(s.model.name), s.model.d_model, s.model.d_ff,
-                       s.model.layers, s.model.heads, s.model.vocab, s.device, s.precision, bench_mode_name(s.mode),
-                       s.batch, s.ctx, s.warmup, s.steps);
+    out += fmt::format("{},{},{},{},{},{},{},{},{},{},{},{},{},{}", csv_field(s.model.name), s.model.d_model,
+                       s.model.d_ff, s.model.layers, s.model.heads, s.model.vocab, s.device, s.precision,
+                       attention_name(s.attention), bench_mode_name(s.mode), s.batch, s.ctx, s.warmup, s.steps);
     for (int i = 0; i < 4; ++i) {
       const PhaseStats& p = phase(r, i);
       if (p.n)
@@ -96,6 +96,7 @@ std::string json(const std::vector<BenchResult>& rows) {
                   {"parameters", s.model.parameter_count()}};
     j["device"] = s.device;
     j["precision"] = s.precision;
+    j["attention"] = attention_name(s.attention);
     j["mode"] = bench_mode_name(s.mode);
     j["batch"] = s.batch;
     j["ctx"] = s.ctx;
@@ -131,6 +132,115 @@ std::string format_bench(const std::vector<BenchResult>& rows, ReportFormat f) {
       return csv(rows);
     case ReportFormat::json:
       return json(rows);
+  }
+  return {};
+}
+
+namespace {
+
+const char* const kAttentionPhases[] = {"forward", "backward", "forward_backward"};
+const PhaseStats& attention_phase(const AttentionBenchResult& r, int i) {
+  const PhaseStats* p[] = {&r.forward, &r.backward, &r.forward_backward};
+  return *p[i];
+}
+double attention_phase_flops(const AttentionBenchResult& r, int i) {
+  return i == 0 ? r.forward_flops : i == 1 ? r.backward_flops : r.forward_flops + r.backward_flops;
+}
+std::string mib(std::size_t bytes) { return fmt::format("{:.1f}", static_cast<double>(bytes) / (1 << 20)); }
+
+std::string attention_markdown(const std::vector<AttentionBenchResult>& rows) {
+  std::string out =
+      "| attention | precision | batch·heads | seq | d | causal | forward ms | backward ms | fwd+bwd ms | "
+      "fwd TFLOP/s | fwd+bwd TFLOP/s | of peak | saved for backward MiB (formula) | peak MiB | status |\n"
+      "|---|---|---:|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---|\n";
+  for (const AttentionBenchResult& r : rows) {
+    const AttentionBenchSpec& s = r.spec;
+    out += fmt::format("| {} | {} | {} | {} | {} | {} | ", attention_name(s.kind), s.precision, s.batch * s.heads,
+                       s.seq, s.d, s.causal ? "yes" : "no");
+    if (!r.ok()) {
+      out += fmt::format("- | - | - | - | - | - | - | - | {} |\n", r.status);
+      continue;
+    }
+    const double fb = r.tflops(r.forward_backward, r.forward_flops + r.backward_flops);
+    out += fmt::format("{:.3f} | {:.3f} | {:.3f} | {:.3g} | {:.3g} | {} | {} ({}) | {} | ok |\n", r.forward.mean,
+                       r.backward.mean, r.forward_backward.mean, r.tflops(r.forward, r.forward_flops), fb,
+                       r.peak_tflops > 0 ? fmt::format("{:.1f}%", 100 * fb / r.peak_tflops) : "-", mib(r.saved_bytes),
+                       mib(r.saved_bytes_formula), mib(r.peak_bytes));
+  }
+  return out;
+}
+
+std::string attention_csv(const std::vector<AttentionBenchResult>& rows) {
+  std::string out = "attention,device,precision,batch,heads,seq,d,causal,deterministic,warmup,iters";
+  for (const char* p : kAttentionPhases)
+    for (const char* f : {"n", "mean_ms", "std_ms", "median_ms", "min_ms", "max_ms", "tflops"})
+      out += fmt::format(",{}_{}", p, f);
+  out += ",input_bytes,saved_bytes,saved_bytes_formula,peak_bytes,peak_tflops,status\n";
+  for (const AttentionBenchResult& r : rows) {
+    const AttentionBenchSpec& s = r.spec;
+    out += fmt::format("{},{},{},{},{},{},{},{},{},{},{}", attention_name(s.kind), s.device, s.precision, s.batch,
+                       s.heads, s.seq, s.d, s.causal, s.deterministic, s.warmup, s.iters);
+    for (int i = 0; i < 3; ++i) {
+      const PhaseStats& p = attention_phase(r, i);
+      if (p.n)
+        out += fmt::format(",{},{:.5f},{:.5f},{:.5f},{:.5f},{:.5f},{:.3f}", p.n, p.mean, p.std, p.median, p.min, p.max,
+                           r.tflops(p, attention_phase_flops(r, i)));
+      else
+        out += ",,,,,,,";
+    }
+    if (r.ok())
+      out += fmt::format(",{},{},{},{},{}", r.input_bytes, r.saved_bytes, r.saved_bytes_formula, r.peak_bytes,
+                         r.peak_tflops);
+    else
+      out += ",,,,,";
+    out += "," + csv_field(r.status) + "\n";
+  }
+  return out;
+}
+
+std::string attention_json(const std::vector<AttentionBenchResult>& rows) {
+  nlohmann::ordered_json arr = nlohmann::ordered_json::array();
+  for (const AttentionBenchResult& r : rows) {
+    const AttentionBenchSpec& s = r.spec;
+    nlohmann::ordered_json j;
+    j["attention"] = attention_name(s.kind);
+    j["device"] = s.device;
+    j["precision"] = s.precision;
+    j["batch"] = s.batch;
+    j["heads"] = s.heads;
+    j["seq"] = s.seq;
+    j["d"] = s.d;
+    j["causal"] = s.causal;
+    j["deterministic"] = s.deterministic;
+    j["status"] = r.status;
+    if (r.ok()) {
+      for (int i = 0; i < 3; ++i) {
+        const PhaseStats& p = attention_phase(r, i);
+        j["ms"][kAttentionPhases[i]] = {{"n", p.n},           {"mean", p.mean}, {"std", p.std},
+                                        {"median", p.median}, {"min", p.min},   {"max", p.max}};
+        j["tflops"][kAttentionPhases[i]] = r.tflops(p, attention_phase_flops(r, i));
+      }
+      j["bytes"] = {{"inputs", r.input_bytes},
+                    {"saved_for_backward", r.saved_bytes},
+                    {"saved_for_backward_formula", r.saved_bytes_formula},
+                    {"peak", r.peak_bytes}};
+      j["peak_tflops"] = r.peak_tflops;
+    }
+    arr.push_back(j);
+  }
+  return arr.dump(2) + "\n";
+}
+
+}  // namespace
+
+std::string format_attention_bench(const std::vector<AttentionBenchResult>& rows, ReportFormat f) {
+  switch (f) {
+    case ReportFormat::markdown:
+      return attention_markdown(rows);
+    case ReportFormat::csv:
+      return attention_csv(rows);
+    case ReportFormat::json:
+      return attention_json(rows);
   }
   return {};
 }

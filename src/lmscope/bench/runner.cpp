@@ -66,7 +66,7 @@ namespace {
 
 void run_cell(const BenchSpec& spec, BenchResult& r, const BenchProgress& progress) {
   std::unique_ptr<Backend> backend = make_backend(spec.device, spec.precision);
-  Transformer model(spec.model, *backend, DType::f32, compute_dtype(spec.precision));
+  Transformer model(spec.model, *backend, DType::f32, compute_dtype(spec.precision), spec.attention);
   model.init_parameters(spec.seed);
   const std::int64_t n = spec.batch * spec.ctx;
   std::vector<std::int32_t> ids(static_cast<std::size_t>(n)), targets(static_cast<std::size_t>(n));
@@ -128,16 +128,23 @@ BenchResult run_bench_cell(const BenchSpec& spec, const BenchProgress& progress)
   r.spec = spec;
   try {
     run_cell(spec, r, progress);
-  } catch (const OutOfMemory& e) {
-    r.status =
-        fmt::format("OOM: asked for {} with {} in use of {}", human_bytes(static_cast<double>(e.requested())),
-                    human_bytes(static_cast<double>(e.in_use())), human_bytes(static_cast<double>(e.capacity())));
-  } catch (const Unsupported& e) {
-    r.status = fmt::format("unsupported: {}", e.what());
-  } catch (const std::exception& e) {
-    r.status = fmt::format("error: {}", e.what());
+  } catch (...) {
+    r.status = failure_status(std::current_exception());
   }
   return r;
+}
+
+std::string failure_status(const std::exception_ptr& failure) {
+  try {
+    std::rethrow_exception(failure);
+  } catch (const OutOfMemory& e) {
+    return fmt::format("OOM: asked for {} with {} in use of {}", human_bytes(static_cast<double>(e.requested())),
+                       human_bytes(static_cast<double>(e.in_use())), human_bytes(static_cast<double>(e.capacity())));
+  } catch (const Unsupported& e) {
+    return fmt::format("unsupported: {}", e.what());
+  } catch (const std::exception& e) {
+    return fmt::format("error: {}", e.what());
+  }
 }
 
 }  // namespace lmscope

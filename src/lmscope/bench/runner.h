@@ -3,6 +3,7 @@
 // timer around a synchronised region, as the seeds' PyTorch scripts do.
 #pragma once
 
+#include "lmscope/model/attention.h"
 #include "lmscope/model/config.h"
 
 #include <functional>
@@ -19,6 +20,7 @@ struct BenchSpec {
   ModelConfig model;
   std::string device = "cpu";
   std::string precision = "fp32";
+  AttentionKind attention = AttentionKind::flash;
   BenchMode mode = BenchMode::train;
   std::int64_t batch = 4, ctx = 256;
   int warmup = 5, steps = 10;
@@ -48,6 +50,9 @@ struct BenchResult {
   std::size_t peak_bytes = 0;
   bool ok() const { return status == "ok"; }
 };
+
+// The status row of a cell that threw: "OOM: asked for ...", "unsupported: ..." or "error: ...".
+std::string failure_status(const std::exception_ptr& e);
 
 // progress(done, total) is called once per warm-up or measured step.
 using BenchProgress = std::function<void(int done, int total)>;

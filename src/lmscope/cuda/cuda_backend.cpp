@@ -33,6 +33,16 @@ void same_dtype(const Tensor& a, const Tensor& b, const char* what) {
   LMSCOPE_CHECK(a.dtype == b.dtype, "{}: {} against {}", what, dtype_name(a.dtype), dtype_name(b.dtype));
 }
 
+AttentionShape flash_shape(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out, const Tensor& lse) {
+  const AttentionShape s = attention_shape(q, k, v, out, lse);
+  for (const Tensor* t : {&k, &v, &out}) same_dtype(q, *t, "flash attention");
+  if (!cuda::flash_attention_supports(static_cast<int>(s.d)))
+    throw Unsupported(fmt::format("flash attention on CUDA takes head dims up to 128, not {}", s.d));
+  if (s.n > 65535) throw Unsupported(fmt::format("flash attention on CUDA takes up to 65535 sequences, not {}", s.n));
+  if (s.tq > (1 << 30) || s.tk > (1 << 30)) throw Unsupported("flash attention on CUDA takes up to 2^30 positions");
+  return s;
+}
+
 class CudaBackend final : public Backend {
  public:
   explicit CudaBackend(GemmMath math) : alloc_(0) {
@@ -136,6 +146,31 @@ class CudaBackend final : public Backend {
     const std::int64_t tk = probs.dim(-1);
     cuda::softmax_backward(probs.data, dprobs.data, dscores.data, elem(probs), probs.numel() / tk, tk,
                            static_cast<float>(scale), stream_);
+  }
+
+  void flash_attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out, const Tensor& lse,
+                               double scale, bool causal) override {
+    const AttentionShape s = flash_shape(q, k, v, out, lse);
+    cuda::flash_attention_forward(q.data, k.data, v.data, out.data, f32(lse), elem(q), s.n, s.tq, s.tk,
+                                  static_cast<int>(s.d), static_cast<float>(scale), causal, stream_);
+  }
+  void flash_attention_backward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out, const Tensor& lse,
+                                const Tensor& dout, const Tensor& dq, const Tensor& dk, const Tensor& dv, double scale,
+                                bool causal, bool deterministic) override {
+    const AttentionShape s = flash_shape(q, k, v, out, lse);
+    for (const Tensor* t : {&dout, &dq, &dk, &dv}) same_dtype(q, *t, "flash attention backward");
+    same_shape(dout, out, "flash attention dout");
+    same_shape(dq, q, "flash attention dq");
+    same_shape(dk, k, "flash attention dk");
+    same_shape(dv, v, "flash attention dv");
+    const int d = static_cast<int>(s.d);
+    Allocation delta = alloc_.allocate({s.n, s.tq}, DType::f32, {MemKind::workspace, "flash.delta", -1});
+    Allocation dq_accum;
+    if (cuda::flash_attention_uses_atomics(elem(q), d, deterministic))
+      dq_accum = alloc_.allocate({s.n, s.tq, s.d}, DType::f32, {MemKind::workspace, "flash.dq_accum", -1});
+    cuda::flash_attention_backward(q.data, k.data, v.data, out.data, f32(lse), dout.data, dq.data, dk.data, dv.data,
+                                   elem(q), s.n, s.tq, s.tk, d, static_cast<float>(scale), causal, deterministic,
+                                   f32(delta), dq_accum.empty() ? nullptr : f32(dq_accum), stream_);
   }
 
   void swiglu_forward(const Tensor& a, const Tensor& b, const Tensor& out) override {

@@ -51,4 +51,19 @@ void cross_entropy_backward(const void* logits, const std::int32_t* targets, con
 void permute_heads(const void* in, void* out, Elem e, std::int64_t b, std::int64_t t, std::int64_t h, std::int64_t dk,
                    double theta, bool to_heads_major, cudaStream_t s);
 
+// flash_attention.cu: FlashAttention-2. q [n, tq, d], k and v [n, tk, d], o [n, tq, d] in the
+// storage named; lse [n, tq] fp32 (natural log of Σ exp(scale·s)); causal masks key j > query i.
+// Tensor cores for bf16 with d in {16, 32, 64, 80, 96, 128}; CUDA cores otherwise (d ≤ 128).
+bool flash_attention_supports(int d);
+void flash_attention_forward(const void* q, const void* k, const void* v, void* o, float* lse, Elem e, std::int64_t n,
+                             std::int64_t tq, std::int64_t tk, int d, float scale, bool causal, cudaStream_t s);
+// Whether the backward accumulates dq with atomics into dq_accum [n, tq, d] fp32 (else dq_accum
+// may be null): the tensor-core path unless deterministic.
+bool flash_attention_uses_atomics(Elem e, int d, bool deterministic);
+// delta: [n, tq] fp32 scratch.
+void flash_attention_backward(const void* q, const void* k, const void* v, const void* o, const float* lse,
+                              const void* dout, void* dq, void* dk, void* dv, Elem e, std::int64_t n, std::int64_t tq,
+                              std::int64_t tk, int d, float scale, bool causal, bool deterministic, float* delta,
+                              float* dq_accum, cudaStream_t s);
+
 }  // namespace lmscope::cuda

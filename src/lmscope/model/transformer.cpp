@@ -12,8 +12,8 @@ struct Transformer::Layer {
   Allocation x;           // layer input (for ln1's backward and the residual)
   Allocation rstd1, n1;   // ln1 statistics and output (the q/k/v weight gradients read n1)
   Allocation q, k, v;     // [B, h, T, dk], q and k after RoPE
-  Allocation probs;       // [B·h, T, T] softmax output (naive attention)
-  Allocation o;           // [N, d] merged heads (output_proj's weight gradient reads it)
+  AttentionSaved attn;    // naive: the [B·h, T, T] probabilities; flash: the [B·h, T] log-sum-exp
+  Allocation o;           // [N, d] merged heads (output_proj's weight gradient and flash's backward read it)
   Allocation h;           // residual after attention (for ln2's backward)
   Allocation rstd2, n2;   // ln2 statistics and output
   Allocation a, b, gate;  // w1·x, w3·x and silu(a)∘b
@@ -25,8 +25,9 @@ struct Transformer::Saved {
   Allocation logits, lse;  // logits become their own gradient in backward
 };
 
-Transformer::Transformer(const ModelConfig& config, Backend& backend, DType dtype, std::optional<DType> compute)
-    : config_(config), backend_(backend), dtype_(dtype), compute_(compute.value_or(dtype)) {
+Transformer::Transformer(const ModelConfig& config, Backend& backend, DType dtype, std::optional<DType> compute,
+                         AttentionKind attention)
+    : config_(config), backend_(backend), dtype_(dtype), compute_(compute.value_or(dtype)), attention_(attention) {
   config_.validate();
   std::unordered_map<std::string, Parameter*> by_name;
   for (ParameterSpec& s : parameter_specs(config_)) params_.push_back(Parameter{std::move(s), {}, {}, {}});
@@ -171,27 +172,8 @@ void Transformer::linear_backward_weight(const Tensor& dy, const Tensor& x, cons
                  .ldc = in});
 }
 
-// One product per (batch, head): C = op(A)·op(B), operands [B·h, rows, cols] contiguous.
-void Transformer::attention_gemm(bool ta, bool tb, std::int64_t m, std::int64_t n, std::int64_t k, const Tensor& a,
-                                 const Tensor& b, const Tensor& c) {
-  const std::int64_t batch = batch_ * config_.heads;
-  backend_.gemm({.trans_a = ta,
-                 .trans_b = tb,
-                 .m = m,
-                 .n = n,
-                 .k = k,
-                 .alpha = 1,
-                 .beta = 0,
-                 .a = a,
-                 .b = b,
-                 .c = c,
-                 .lda = ta ? m : k,
-                 .ldb = tb ? k : n,
-                 .ldc = n,
-                 .batch = batch,
-                 .stride_a = m * k,
-                 .stride_b = k * n,
-                 .stride_c = m * n});
+AttentionCall Transformer::attention_call(int layer) const {
+  return {.kind = attention_, .causal = true, .deterministic = false, .stats = dtype_, .layer = layer};
 }
 
 void Transformer::forward() {
@@ -224,14 +206,11 @@ void Transformer::forward() {
     }
     proj.reset();
 
-    {  // naive attention: S = Q·Kᵀ, P = softmax(S/√dk) causal, O = P·V
-      Allocation scores = act("attn.scores", l, {B * H, T, T});
-      attention_gemm(false, true, T, T, dk, L.q, L.k, scores);
-      L.probs = act("attn.probs", l, {B * H, T, T});
-      backend_.softmax_forward(scores, L.probs, 1.0 / std::sqrt(static_cast<double>(dk)), true);
-      scores.reset();
+    {
       Allocation o_heads = act("attn.o_heads", l, {B, H, T, dk});
-      attention_gemm(false, false, T, dk, T, L.probs, L.v, o_heads);
+      const Shape flat{B * H, T, dk};
+      attention_forward(backend_, attention_call(l), L.q.tensor().view(flat), L.k.tensor().view(flat),
+                        L.v.tensor().view(flat), o_heads.tensor().view(flat), L.attn);
       L.o = act("attn.o", l, {N, d});
       backend_.merge_heads(o_heads, L.o.tensor().view({B, T, H, dk}), 0.0);
     }
@@ -334,28 +313,33 @@ void Transformer::backward() {
     L.h.reset();
     L.rstd2.reset();
 
-    // h = x + wo·merge(P·V), P = softmax(Q·Kᵀ/√dk); dh holds d h.
+    // h = x + wo·merge(attention(q, k, v)); dh holds d h.
     Allocation dh_scratch;
     const Tensor& dh_c = as_compute(dh, dh_scratch, "grad.attn.residual.lowp", l);
     Allocation d_o = act("grad.attn.o", l, {N, d});
     linear_backward_input(dh_c, weight(P.wo), d_o, 0.0f);
     linear_backward_weight(dh_c, L.o, P.wo->grad);
-    L.o.reset();
     dh_scratch.reset();
+    Allocation o_heads;  // flash's backward reads the output; re-split from o rather than saved twice
+    if (attention_ == AttentionKind::flash) {
+      o_heads = act("attn.o_heads", l, {B, H, T, dk});
+      backend_.split_heads(L.o.tensor().view({B, T, H, dk}), o_heads, 0.0);
+    }
+    L.o.reset();
     Allocation do_heads = act("grad.attn.o_heads", l, {B, H, T, dk});
     backend_.split_heads(d_o.tensor().view({B, T, H, dk}), do_heads, 0.0);
     d_o.reset();
-    Allocation dscores = act("grad.attn.scores", l, {B * H, T, T});
-    attention_gemm(false, true, T, T, dk, do_heads, L.v, dscores);  // dP = dO·Vᵀ
-    Allocation dv_heads = act("grad.attn.v", l, {B, H, T, dk});
-    attention_gemm(true, false, T, dk, T, L.probs, do_heads, dv_heads);  // dV = Pᵀ·dO
+    Allocation dq_heads = act("grad.attn.q", l, {B, H, T, dk}), dk_heads = act("grad.attn.k", l, {B, H, T, dk}),
+               dv_heads = act("grad.attn.v", l, {B, H, T, dk});
+    {
+      const Shape flat{B * H, T, dk};
+      const Tensor o_flat = o_heads.empty() ? Tensor{} : o_heads.tensor().view(flat);
+      attention_backward(backend_, attention_call(l), L.q.tensor().view(flat), L.k.tensor().view(flat),
+                         L.v.tensor().view(flat), o_flat, do_heads.tensor().view(flat), dq_heads.tensor().view(flat),
+                         dk_heads.tensor().view(flat), dv_heads.tensor().view(flat), L.attn);
+    }
+    o_heads.reset();
     do_heads.reset();
-    backend_.softmax_backward(L.probs, dscores, dscores, 1.0 / std::sqrt(static_cast<double>(dk)));
-    L.probs.reset();
-    Allocation dq_heads = act("grad.attn.q", l, {B, H, T, dk}), dk_heads = act("grad.attn.k", l, {B, H, T, dk});
-    attention_gemm(false, false, T, dk, T, dscores, L.k, dq_heads);  // dQ = dS·K
-    attention_gemm(true, false, T, dk, T, dscores, L.q, dk_heads);   // dK = dSᵀ·Q
-    dscores.reset();
     L.q.reset();
     L.k.reset();
     L.v.reset();

@@ -4,6 +4,7 @@
 #pragma once
 
 #include "lmscope/backend/backend.h"
+#include "lmscope/model/attention.h"
 #include "lmscope/model/config.h"
 
 #include <cstdint>
@@ -24,8 +25,9 @@ class Transformer {
   // dtype: parameters, gradients, optimizer state and the residual stream (f32; f64 on the CPU for
   // gradient checks). compute: GEMM operands and the activations between GEMMs: the same as dtype,
   // or bf16 for mixed precision (docs/precision.md); none means the same as dtype.
+  // attention: flash (FlashAttention-2, the default) or naive (scores and probabilities in memory).
   Transformer(const ModelConfig& config, Backend& backend, DType dtype = DType::f32,
-              std::optional<DType> compute = std::nullopt);
+              std::optional<DType> compute = std::nullopt, AttentionKind attention = AttentionKind::flash);
   ~Transformer();
   Transformer(const Transformer&) = delete;
   Transformer& operator=(const Transformer&) = delete;
@@ -33,6 +35,7 @@ class Transformer {
   const ModelConfig& config() const { return config_; }
   DType dtype() const { return dtype_; }
   DType compute_dtype() const { return compute_; }
+  AttentionKind attention() const { return attention_; }
   // Copies every master matmul weight into its low-precision copy (after loading or initialising).
   void refresh_lowp_copies();
   Backend& backend() { return backend_; }
@@ -73,12 +76,12 @@ class Transformer {
   void linear(const Tensor& x, const Tensor& w, const Tensor& y);
   void linear_backward_input(const Tensor& dy, const Tensor& w, const Tensor& dx, float beta);
   void linear_backward_weight(const Tensor& dy, const Tensor& x, const Tensor& dw);
-  void attention_gemm(bool trans_a, bool trans_b, std::int64_t m, std::int64_t n, std::int64_t k, const Tensor& a,
-                      const Tensor& b, const Tensor& c);
+  AttentionCall attention_call(int layer) const;
 
   ModelConfig config_;
   Backend& backend_;
   DType dtype_, compute_;
+  AttentionKind attention_;
   std::vector<Parameter> params_;
   struct LayerParams {
     Parameter *wq, *wk, *wv, *wo, *ln1, *w1, *w2, *w3, *ln2;

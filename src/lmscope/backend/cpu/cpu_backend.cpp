@@ -3,6 +3,7 @@
 // rows with OpenMP. Every op is a template over float and double: f32 is the production type,
 // f64 lets the tests check gradients against finite differences without rounding noise.
 #include "lmscope/backend/backend.h"
+#include "lmscope/backend/cpu/flash_attention.h"
 
 #include <cblas.h>
 
@@ -71,6 +72,11 @@ void permute_heads(const Tensor& in, const Tensor& out, double theta, bool to_he
           y[2 * i + 1] = x0 * si + x1 * c;
         }
       }
+}
+
+template <typename T>
+void expect_dtype(const Tensor& t, const char* what) {
+  LMSCOPE_CHECK(t.dtype == (std::is_same_v<T, float> ? DType::f32 : DType::f64), "{}: operands of mixed types", what);
 }
 
 class CpuBackend final : public Backend {
@@ -259,6 +265,35 @@ class CpuBackend final : public Backend {
         for (std::int64_t j = 0; j < Tk; ++j) dot += p[j] * dp[j];
         for (std::int64_t j = 0; j < Tk; ++j) ds[j] = static_cast<T>(scale) * p[j] * (dp[j] - dot);
       }
+    });
+  }
+
+  void flash_attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out, const Tensor& lse,
+                               double scale, bool causal) override {
+    const AttentionShape s = attention_shape(q, k, v, out, lse);
+    dispatch(q.dtype, "flash_attention_forward", [&](auto z) {
+      using T = decltype(z);
+      for (const Tensor* t : {&k, &v, &out, &lse}) expect_dtype<T>(*t, "flash attention");
+      cpu::flash_attention_forward<T>(q.as<T>(), k.as<T>(), v.as<T>(), out.as<T>(), lse.as<T>(), s.n, s.tq, s.tk, s.d,
+                                      static_cast<T>(scale), causal);
+    });
+  }
+
+  void flash_attention_backward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out, const Tensor& lse,
+                                const Tensor& dout, const Tensor& dq, const Tensor& dk, const Tensor& dv, double scale,
+                                bool causal, bool /*deterministic: always*/) override {
+    const AttentionShape s = attention_shape(q, k, v, out, lse);
+    expect_shape(dout, out.shape, "flash attention dout");
+    expect_shape(dq, q.shape, "flash attention dq");
+    expect_shape(dk, k.shape, "flash attention dk");
+    expect_shape(dv, v.shape, "flash attention dv");
+    Allocation delta = alloc_.allocate({s.n, s.tq}, q.dtype, {MemKind::workspace, "flash.delta", -1});
+    dispatch(q.dtype, "flash_attention_backward", [&](auto z) {
+      using T = decltype(z);
+      for (const Tensor* t : {&k, &v, &out, &lse, &dout, &dq, &dk, &dv}) expect_dtype<T>(*t, "flash attention");
+      cpu::flash_attention_backward<T>(q.as<T>(), k.as<T>(), v.as<T>(), out.as<T>(), lse.as<T>(), dout.as<T>(),
+                                       dq.as<T>(), dk.as<T>(), dv.as<T>(), delta.tensor().as<T>(), s.n, s.tq, s.tk, s.d,
+                                       static_cast<T>(scale), causal);
     });
   }
 

@@ -1,0 +1,835 @@
+// FlashAttention-2 (MODEL.md) on the GPU, written here. Two paths:
+// - tensor cores (bf16 storage, head dims 16, 32, 64, 80, 96, 128): mma.sync m16n8k16 with fp32
+//   accumulation, operands staged in shared memory by cp.async (double-buffered) and read with
+//   ldmatrix; each warp owns 16 rows, the softmax statistics live in registers;
+// - CUDA cores (fp32 storage, or any head dim up to 128): the same tiling in plain fp32 arithmetic,
+//   four threads per row. This is what --precision fp32 means: no tensor cores.
+// Backward: delta = rowsum(dO∘O) first; then dK and dV per key tile; dQ either accumulated by the
+// dK/dV pass with fp32 atomics (fast, order varies) or by its own pass over key tiles (deterministic).
+// docs/flash-attention.md has the floors, the measurements and why the code is shaped so.
+#include "lmscope/cuda/launch_check.cuh"
+#include "lmscope/cuda/storage.cuh"
+
+#include <cuda_bf16.h>
+
+#include <cmath>
+#include <stdexcept>
+#include <type_traits>
+
+namespace lmscope::cuda {
+namespace {
+
+using bf16 = __nv_bfloat16;
+constexpr float kLog2e = 1.4426950408889634f;
+constexpr float kLn2 = 0.6931471805599453f;
+
+// ---------------------------------------------------------------- PTX helpers (sm_80 and later)
+__device__ __forceinline__ unsigned smem_addr(const void* p) {
+  return static_cast<unsigned>(__cvta_generic_to_shared(p));
+}
+// 16 bytes global -> shared; zero-filled when !valid (the source is then not read).
+__device__ __forceinline__ void cp_async16(void* dst, const void* src, bool valid) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_addr(dst)), "l"(src), "r"(valid ? 16 : 0));
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+__device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wait_group 0;\n" ::: "memory"); }
+
+__device__ __forceinline__ void ldmatrix_x4(unsigned (&r)[4], const void* p) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(smem_addr(p)));
+}
+__device__ __forceinline__ void ldmatrix_x4_trans(unsigned (&r)[4], const void* p) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(smem_addr(p)));
+}
+// c[16×8] += a[16×16] · b[16×8], bf16 in, fp32 accumulate.
+__device__ __forceinline__ void mma(float (&c)[4], const unsigned (&a)[4], unsigned b0, unsigned b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+      "{%0, %1, %2, %3};\n"
+      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+__device__ __forceinline__ unsigned pack_bf16(float lo, float hi) {
+  const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);  // lo in the low half: the lower column
+  return *reinterpret_cast<const unsigned*>(&v);
+}
+
+// Fragment geometry of m16n8k16 (lane = 4·g + t): an accumulator holds rows g and g + 8, columns
+// 2t and 2t + 1 of its 8-wide block. Two adjacent 8-wide accumulator blocks are exactly the A
+// operand of the next product over those 16 columns, which is how P and dS stay in registers.
+__device__ __forceinline__ void accumulators_to_a(unsigned (&a)[4], const float (&lo)[4], const float (&hi)[4]) {
+  a[0] = pack_bf16(lo[0], lo[1]);
+  a[1] = pack_bf16(lo[2], lo[3]);
+  a[2] = pack_bf16(hi[0], hi[1]);
+  a[3] = pack_bf16(hi[2], hi[3]);
+}
+
+// Shared tiles are [rows][D + 8]: the 16-byte pad puts the 8 rows one ldmatrix reads in 8 distinct
+// bank groups for every supported D.
+template <int D>
+constexpr int kStride = D + 8;
+
+// A operand (16 rows × 16 k) from a row-major [m][k] tile at (row0, k0).
+template <int STRIDE>
+__device__ __forceinline__ void load_a(unsigned (&a)[4], const bf16* tile, int row0, int k0, int lane) {
+  ldmatrix_x4(a, tile + (row0 + (lane % 16)) * STRIDE + k0 + (lane / 16) * 8);
+}
+// A operand from a tile stored transposed, [k][m].
+template <int STRIDE>
+__device__ __forceinline__ void load_a_trans(unsigned (&a)[4], const bf16* tile, int row0, int k0, int lane) {
+  ldmatrix_x4_trans(a, tile + (k0 + (lane % 8) + 8 * (lane / 16)) * STRIDE + row0 + 8 * ((lane / 8) % 2));
+}
+// B operands of two adjacent 8-wide n blocks (n0..n0+15) × 16 k, from a tile stored [n][k].
+template <int STRIDE>
+__device__ __forceinline__ void load_b(unsigned (&b)[4], const bf16* tile, int n0, int k0, int lane) {
+  ldmatrix_x4(b, tile + (n0 + (lane % 8) + 8 * (lane / 16)) * STRIDE + k0 + 8 * ((lane / 8) % 2));
+}
+// The same from a tile stored [k][n].
+template <int STRIDE>
+__device__ __forceinline__ void load_b_trans(unsigned (&b)[4], const bf16* tile, int n0, int k0, int lane) {
+  ldmatrix_x4_trans(b, tile + (k0 + (lane % 8) + 8 * ((lane / 8) % 2)) * STRIDE + n0 + 8 * (lane / 16));
+}
+
+// c[N/8 blocks] += a-rows(16 × K) · bᵀ where b is stored [n][k] (N rows of K values) in shared memory;
+// the a operand comes from registers.
+template <int K, int N, int STRIDE>
+__device__ __forceinline__ void mma_abt(float (&c)[N / 8][4], const unsigned (&a)[K / 16][4], const bf16* b, int lane) {
+#pragma unroll
+  for (int kc = 0; kc < K / 16; ++kc)
+#pragma unroll
+    for (int np = 0; np < N / 16; ++np) {
+      unsigned f[4];
+      load_b<STRIDE>(f, b, np * 16, kc * 16, lane);
+      mma(c[2 * np], a[kc], f[0], f[1]);
+      mma(c[2 * np + 1], a[kc], f[2], f[3]);
+    }
+}
+// c += a · b where b is stored [k][n] (K rows of N values).
+template <int K, int N, int STRIDE>
+__device__ __forceinline__ void mma_ab(float (&c)[N / 8][4], const unsigned (&a)[K / 16][4], const bf16* b, int lane) {
+#pragma unroll
+  for (int kc = 0; kc < K / 16; ++kc)
+#pragma unroll
+    for (int np = 0; np < N / 16; ++np) {
+      unsigned f[4];
+      load_b_trans<STRIDE>(f, b, np * 16, kc * 16, lane);
+      mma(c[2 * np], a[kc], f[0], f[1]);
+      mma(c[2 * np + 1], a[kc], f[2], f[3]);
+    }
+}
+
+// ROWS rows of a [total, D] bf16 matrix from row r0 into a [ROWS][D + 8] tile; rows past the end
+// are zeros.
+template <int D, int ROWS, int THREADS>
+__device__ __forceinline__ void load_tile(bf16* tile, const bf16* src, int r0, int total, int tid) {
+  constexpr int kChunks = D / 8;
+#pragma unroll
+  for (int c = tid; c < ROWS * kChunks; c += THREADS) {
+    const int r = c / kChunks, col = (c % kChunks) * 8;
+    const bool valid = r0 + r < total;
+    cp_async16(tile + r * kStride<D> + col, src + static_cast<long long>(valid ? r0 + r : 0) * D + col, valid);
+  }
+}
+
+template <int N>
+__device__ __forceinline__ void zero(float (&c)[N][4]) {
+#pragma unroll
+  for (int i = 0; i < N; ++i) c[i][0] = c[i][1] = c[i][2] = c[i][3] = 0.f;
+}
+
+__device__ __forceinline__ float quad_max(float x) {
+  x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 1));
+  return fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 2));
+}
+__device__ __forceinline__ float quad_sum(float x) {
+  x += __shfl_xor_sync(0xffffffffu, x, 1);
+  return x + __shfl_xor_sync(0xffffffffu, x, 2);
+}
+
+constexpr int kWarps = 4, kThreads = 32 * kWarps;
+constexpr int kTileQ = 16 * kWarps;  // queries per CTA tile: 16 per warp
+constexpr int kTileK = 64;           // keys per tile
+
+// Whether the tile [q0, q0 + kTileQ) × [k0, k0 + kTileK) has any masked element.
+__device__ __forceinline__ bool tile_needs_mask(int q0, int k0, int tq, int tk, bool causal) {
+  return k0 + kTileK > tk || q0 + kTileQ > tq || (causal && k0 + kTileK - 1 > q0);
+}
+__device__ __forceinline__ bool masked(int query, int key, int tq, int tk, bool causal) {
+  return key >= tk || query >= tq || (causal && key > query);
+}
+
+// Grid: x = query tiles, heaviest (last, under a causal mask) first; y = sequences.
+__device__ __forceinline__ int query_tile() { return static_cast<int>(gridDim.x - 1 - blockIdx.x); }
+
+// ---------------------------------------------------------------- tensor-core forward
+template <int D>
+__global__ void __launch_bounds__(kThreads)
+    flash_forward_tc(const bf16* __restrict__ q, const bf16* __restrict__ k, const bf16* __restrict__ v,
+                     bf16* __restrict__ o, float* __restrict__ lse, int tq, int tk, float scale_log2, bool causal) {
+  extern __shared__ __align__(16) unsigned char smem[];
+  bf16* sQ = reinterpret_cast<bf16*>(smem);
+  bf16* sK = sQ + kTileQ * kStride<D>;  // [2][kTileK][stride]
+  bf16* sV = sK + 2 * kTileK * kStride<D>;
+  const int seq = blockIdx.y, q0 = query_tile() * kTileQ;
+  const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, g = lane / 4, t = lane % 4;
+  q += static_cast<long long>(seq) * tq * D;
+  o += static_cast<long long>(seq) * tq * D;
+  k += static_cast<long long>(seq) * tk * D;
+  v += static_cast<long long>(seq) * tk * D;
+  lse += static_cast<long long>(seq) * tq;
+
+  const int kend = causal ? min(tk, q0 + kTileQ) : tk;
+  const int tiles = (kend + kTileK - 1) / kTileK;
+  load_tile<D, kTileQ, kThreads>(sQ, q, q0, tq, tid);
+  load_tile<D, kTileK, kThreads>(sK, k, 0, tk, tid);
+  load_tile<D, kTileK, kThreads>(sV, v, 0, tk, tid);
+  cp_async_commit();
+
+  float acc[D / 8][4];
+  zero(acc);
+  float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f};
+  unsigned qa[D / 16][4];
+  const int row[2] = {q0 + warp * 16 + g, q0 + warp * 16 + g + 8};
+
+  for (int j = 0; j < tiles; ++j) {
+    cp_async_wait_all();
+    __syncthreads();  // tile j is in; every warp is done with tile j − 1's buffer
+    if (j + 1 < tiles) {
+      const int nb = (j + 1) % 2;
+      load_tile<D, kTileK, kThreads>(sK + nb * kTileK * kStride<D>, k, (j + 1) * kTileK, tk, tid);
+      load_tile<D, kTileK, kThreads>(sV + nb * kTileK * kStride<D>, v, (j + 1) * kTileK, tk, tid);
+    }
+    cp_async_commit();
+    if (j == 0)
+#pragma unroll
+      for (int kc = 0; kc < D / 16; ++kc) load_a<kStride<D>>(qa[kc], sQ, warp * 16, kc * 16, lane);
+    const bf16* cK = sK + (j % 2) * kTileK * kStride<D>;
+    const bf16* cV = sV + (j % 2) * kTileK * kStride<D>;
+    const int k0 = j * kTileK;
+
+    float s[kTileK / 8][4];
+    zero(s);
+    mma_abt<D, kTileK, kStride<D>>(s, qa, cK, lane);
+
+    const bool mask = tile_needs_mask(q0, k0, tq, tk, causal);
+    float mx[2] = {m[0], m[1]};
+#pragma unroll
+    for (int nb = 0; nb < kTileK / 8; ++nb)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        float x = s[nb][e] * scale_log2;
+        if (mask && masked(row[e / 2], k0 + nb * 8 + 2 * t + (e % 2), tq, tk, causal)) x = -INFINITY;
+        s[nb][e] = x;
+        mx[e / 2] = fmaxf(mx[e / 2], x);
+      }
+    float base[2];
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+      mx[i] = quad_max(mx[i]);
+      base[i] = mx[i] == -INFINITY ? 0.f : mx[i];  // a row with nothing seen yet stays at zero
+      const float corr = exp2f(m[i] - base[i]);
+      m[i] = mx[i];
+      l[i] *= corr;
+#pragma unroll
+      for (int nd = 0; nd < D / 8; ++nd) acc[nd][2 * i] *= corr, acc[nd][2 * i + 1] *= corr;
+    }
+#pragma unroll
+    for (int nb = 0; nb < kTileK / 8; ++nb)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        s[nb][e] = exp2f(s[nb][e] - base[e / 2]);
+        l[e / 2] += s[nb][e];
+      }
+    unsigned pa[kTileK / 16][4];
+#pragma unroll
+    for (int kc = 0; kc < kTileK / 16; ++kc) accumulators_to_a(pa[kc], s[2 * kc], s[2 * kc + 1]);
+    mma_ab<kTileK, D, kStride<D>>(acc, pa, cV, lane);
+  }
+
+#pragma unroll
+  for (int i = 0; i < 2; ++i) {
+    l[i] = quad_sum(l[i]);
+    if (row[i] >= tq) continue;
+    const float inv = l[i] > 0.f ? 1.f / l[i] : 0.f;
+#pragma unroll
+    for (int nd = 0; nd < D / 8; ++nd)
+      *reinterpret_cast<__nv_bfloat162*>(o + static_cast<long long>(row[i]) * D + nd * 8 + 2 * t) =
+          __floats2bfloat162_rn(acc[nd][2 * i] * inv, acc[nd][2 * i + 1] * inv);
+    if (t == 0) lse[row[i]] = m[i] * kLn2 + logf(l[i]);
+  }
+}
+
+// ---------------------------------------------------------------- tensor-core backward
+// dK and dV of one key tile (16 keys per warp) against every query tile that sees it; with
+// ATOMIC_DQ also dQ += dS·K for each query tile, into fp32 dq_accum by atomics.
+template <int D, bool ATOMIC_DQ>
+__global__ void __launch_bounds__(kThreads)
+    flash_backward_dkdv_tc(const bf16* __restrict__ q, const bf16* __restrict__ k, const bf16* __restrict__ v,
+                           const bf16* __restrict__ dout, const float* __restrict__ lse,
+                           const float* __restrict__ delta, bf16* __restrict__ dk, bf16* __restrict__ dv,
+                           float* __restrict__ dq_accum, int tq, int tk, float scale, bool causal) {
+  constexpr int kSStride = kTileQ + 8;  // dSᵀ tile [keys][queries]
+  extern __shared__ __align__(16) unsigned char smem[];
+  bf16* sK = reinterpret_cast<bf16*>(smem);
+  bf16* sV = sK + kTileK * kStride<D>;
+  bf16* sQ = sV + kTileK * kStride<D>;                            // [2][kTileQ][stride]
+  bf16* sdO = sQ + 2 * kTileQ * kStride<D>;                       // [2][kTileQ][stride]
+  bf16* sdS = sdO + 2 * kTileQ * kStride<D>;                      // [kTileK][kSStride]
+  float* sL = reinterpret_cast<float*>(sdS + kTileK * kSStride);  // [2][kTileQ], log2 units
+  float* sDelta = sL + 2 * kTileQ;                                // [2][kTileQ]
+  const int seq = blockIdx.y, k0 = blockIdx.x * kTileK;           // x runs over key tiles, the heaviest (first) first
+  const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, g = lane / 4, t = lane % 4;
+  const long long qoff = static_cast<long long>(seq) * tq, koff = static_cast<long long>(seq) * tk;
+  q += qoff * D, dout += qoff * D, lse += qoff, delta += qoff, dq_accum += qoff * D;
+  k += koff * D, v += koff * D, dk += koff * D, dv += koff * D;
+  const float scale_log2 = scale * kLog2e;
+
+  const int first = causal ? k0 / kTileQ : 0;  // query tiles before the diagonal see none of these keys
+  const int tiles = (tq + kTileQ - 1) / kTileQ;
+  auto load_queries = [&](int i, int buf) {
+    load_tile<D, kTileQ, kThreads>(sQ + buf * kTileQ * kStride<D>, q, i * kTileQ, tq, tid);
+    load_tile<D, kTileQ, kThreads>(sdO + buf * kTileQ * kStride<D>, dout, i * kTileQ, tq, tid);
+    for (int r = tid; r < kTileQ; r += kThreads) {
+      const int row = i * kTileQ + r;
+      sL[buf * kTileQ + r] = row < tq ? lse[row] * kLog2e : INFINITY;
+      sDelta[buf * kTileQ + r] = row < tq ? delta[row] : 0.f;
+    }
+  };
+  load_tile<D, kTileK, kThreads>(sK, k, k0, tk, tid);
+  load_tile<D, kTileK, kThreads>(sV, v, k0, tk, tid);
+  if (first < tiles) load_queries(first, 0);
+  cp_async_commit();
+
+  float dk_acc[D / 8][4], dv_acc[D / 8][4];
+  zero(dk_acc);
+  zero(dv_acc);
+  const int key[2] = {k0 + warp * 16 + g, k0 + warp * 16 + g + 8};
+
+  for (int i = first; i < tiles; ++i) {
+    cp_async_wait_all();
+    __syncthreads();
+    const int buf = (i - first) % 2;
+    if (i + 1 < tiles) load_queries(i + 1, 1 - buf);
+    cp_async_commit();
+    const bf16* cQ = sQ + buf * kTileQ * kStride<D>;
+    const bf16* cdO = sdO + buf * kTileQ * kStride<D>;
+    const float* cL = sL + buf * kTileQ;
+    const float* cDelta = sDelta + buf * kTileQ;
+    const int q0 = i * kTileQ;
+
+    unsigned ka[D / 16][4];
+#pragma unroll
+    for (int kc = 0; kc < D / 16; ++kc) load_a<kStride<D>>(ka[kc], sK, warp * 16, kc * 16, lane);
+    float p[kTileQ / 8][4];  // Pᵀ: this warp's 16 keys × the tile's queries
+    zero(p);
+    mma_abt<D, kTileQ, kStride<D>>(p, ka, cQ, lane);
+    const bool mask = tile_needs_mask(q0, k0, tq, tk, causal);
+#pragma unroll
+    for (int nb = 0; nb < kTileQ / 8; ++nb)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int col = nb * 8 + 2 * t + (e % 2);
+        const float x = exp2f(p[nb][e] * scale_log2 - cL[col]);
+        p[nb][e] = mask && masked(q0 + col, key[e / 2], tq, tk, causal) ? 0.f : x;
+      }
+    // dV += Pᵀ·dO
+    unsigned pa[kTileQ / 16][4];
+#pragma unroll
+    for (int kc = 0; kc < kTileQ / 16; ++kc) accumulators_to_a(pa[kc], p[2 * kc], p[2 * kc + 1]);
+    mma_ab<kTileQ, D, kStride<D>>(dv_acc, pa, cdO, lane);
+    // dPᵀ = V·dOᵀ, dSᵀ = Pᵀ ∘ (dPᵀ − delta)
+    float dp[kTileQ / 8][4];
+    zero(dp);
+    {
+      unsigned va[D / 16][4];
+#pragma unroll
+      for (int kc = 0; kc < D / 16; ++kc) load_a<kStride<D>>(va[kc], sV, warp * 16, kc * 16, lane);
+      mma_abt<D, kTileQ, kStride<D>>(dp, va, cdO, lane);
+    }
+#pragma unroll
+    for (int nb = 0; nb < kTileQ / 8; ++nb)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) p[nb][e] *= dp[nb][e] - cDelta[nb * 8 + 2 * t + (e % 2)];
+        // dK += dSᵀ·Q
+#pragma unroll
+    for (int kc = 0; kc < kTileQ / 16; ++kc) accumulators_to_a(pa[kc], p[2 * kc], p[2 * kc + 1]);
+    mma_ab<kTileQ, D, kStride<D>>(dk_acc, pa, cQ, lane);
+
+    if constexpr (ATOMIC_DQ) {
+      // dQ (this query tile) += dS·K: dSᵀ goes through shared memory to be read transposed.
+#pragma unroll
+      for (int nb = 0; nb < kTileQ / 8; ++nb)
+#pragma unroll
+        for (int h = 0; h < 2; ++h)
+          *reinterpret_cast<unsigned*>(sdS + (warp * 16 + g + 8 * h) * kSStride + nb * 8 + 2 * t) =
+              pack_bf16(p[nb][2 * h], p[nb][2 * h + 1]);
+      __syncthreads();
+      float dq[D / 8][4];
+      zero(dq);
+#pragma unroll
+      for (int kc = 0; kc < kTileK / 16; ++kc) {
+        unsigned a[1][4];
+        load_a_trans<kSStride>(a[0], sdS, warp * 16, kc * 16, lane);
+#pragma unroll
+        for (int np = 0; np < D / 16; ++np) {
+          unsigned f[4];
+          load_b_trans<kStride<D>>(f, sK, np * 16, kc * 16, lane);
+          mma(dq[2 * np], a[0], f[0], f[1]);
+          mma(dq[2 * np + 1], a[0], f[2], f[3]);
+        }
+      }
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const int row = q0 + warp * 16 + g + 8 * h;
+        if (row >= tq) continue;
+        float* dst = dq_accum + static_cast<long long>(row) * D + 2 * t;
+#pragma unroll
+        for (int nd = 0; nd < D / 8; ++nd) {
+          atomicAdd(dst + nd * 8, dq[nd][2 * h] * scale);
+          atomicAdd(dst + nd * 8 + 1, dq[nd][2 * h + 1] * scale);
+        }
+      }
+    }
+  }
+
+  cp_async_wait_all();  // a causal key tile past the last query loads K and V but runs no step
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    if (key[h] >= tk) continue;
+#pragma unroll
+    for (int nd = 0; nd < D / 8; ++nd) {
+      const long long at = static_cast<long long>(key[h]) * D + nd * 8 + 2 * t;
+      *reinterpret_cast<__nv_bfloat162*>(dk + at) =
+          __floats2bfloat162_rn(dk_acc[nd][2 * h] * scale, dk_acc[nd][2 * h + 1] * scale);
+      *reinterpret_cast<__nv_bfloat162*>(dv + at) = __floats2bfloat162_rn(dv_acc[nd][2 * h], dv_acc[nd][2 * h + 1]);
+    }
+  }
+}
+
+// dQ of one query tile over every key tile it sees, in order: the deterministic path.
+template <int D>
+__global__ void __launch_bounds__(kThreads)
+    flash_backward_dq_tc(const bf16* __restrict__ q, const bf16* __restrict__ k, const bf16* __restrict__ v,
+                         const bf16* __restrict__ dout, const float* __restrict__ lse, const float* __restrict__ delta,
+                         bf16* __restrict__ dq, int tq, int tk, float scale, bool causal) {
+  extern __shared__ __align__(16) unsigned char smem[];
+  bf16* sQ = reinterpret_cast<bf16*>(smem);
+  bf16* sdO = sQ + kTileQ * kStride<D>;
+  bf16* sK = sdO + kTileQ * kStride<D>;  // [2][kTileK][stride]
+  bf16* sV = sK + 2 * kTileK * kStride<D>;
+  const int seq = blockIdx.y, q0 = query_tile() * kTileQ;
+  const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, g = lane / 4, t = lane % 4;
+  const long long qoff = static_cast<long long>(seq) * tq, koff = static_cast<long long>(seq) * tk;
+  q += qoff * D, dout += qoff * D, dq += qoff * D, lse += qoff, delta += qoff;
+  k += koff * D, v += koff * D;
+  const float scale_log2 = scale * kLog2e;
+
+  const int kend = causal ? min(tk, q0 + kTileQ) : tk;
+  const int tiles = (kend + kTileK - 1) / kTileK;
+  load_tile<D, kTileQ, kThreads>(sQ, q, q0, tq, tid);
+  load_tile<D, kTileQ, kThreads>(sdO, dout, q0, tq, tid);
+  load_tile<D, kTileK, kThreads>(sK, k, 0, tk, tid);
+  load_tile<D, kTileK, kThreads>(sV, v, 0, tk, tid);
+  cp_async_commit();
+
+  const int row[2] = {q0 + warp * 16 + g, q0 + warp * 16 + g + 8};
+  float lrow[2], drow[2];
+#pragma unroll
+  for (int i = 0; i < 2; ++i) {
+    lrow[i] = row[i] < tq ? lse[row[i]] * kLog2e : INFINITY;
+    drow[i] = row[i] < tq ? delta[row[i]] : 0.f;
+  }
+  float acc[D / 8][4];
+  zero(acc);
+  unsigned qa[D / 16][4], da[D / 16][4];
+
+  for (int j = 0; j < tiles; ++j) {
+    cp_async_wait_all();
+    __syncthreads();
+    if (j + 1 < tiles) {
+      const int nb = (j + 1) % 2;
+      load_tile<D, kTileK, kThreads>(sK + nb * kTileK * kStride<D>, k, (j + 1) * kTileK, tk, tid);
+      load_tile<D, kTileK, kThreads>(sV + nb * kTileK * kStride<D>, v, (j + 1) * kTileK, tk, tid);
+    }
+    cp_async_commit();
+    if (j == 0)
+#pragma unroll
+      for (int kc = 0; kc < D / 16; ++kc) {
+        load_a<kStride<D>>(qa[kc], sQ, warp * 16, kc * 16, lane);
+        load_a<kStride<D>>(da[kc], sdO, warp * 16, kc * 16, lane);
+      }
+    const bf16* cK = sK + (j % 2) * kTileK * kStride<D>;
+    const bf16* cV = sV + (j % 2) * kTileK * kStride<D>;
+    const int k0 = j * kTileK;
+
+    float p[kTileK / 8][4], dp[kTileK / 8][4];
+    zero(p);
+    zero(dp);
+    mma_abt<D, kTileK, kStride<D>>(p, qa, cK, lane);
+    mma_abt<D, kTileK, kStride<D>>(dp, da, cV, lane);
+    const bool mask = tile_needs_mask(q0, k0, tq, tk, causal);
+#pragma unroll
+    for (int nb = 0; nb < kTileK / 8; ++nb)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const float x = exp2f(p[nb][e] * scale_log2 - lrow[e / 2]);
+        const bool off = mask && masked(row[e / 2], k0 + nb * 8 + 2 * t + (e % 2), tq, tk, causal);
+        p[nb][e] = off ? 0.f : x * (dp[nb][e] - drow[e / 2]);
+      }
+    unsigned sa[kTileK / 16][4];
+#pragma unroll
+    for (int kc = 0; kc < kTileK / 16; ++kc) accumulators_to_a(sa[kc], p[2 * kc], p[2 * kc + 1]);
+    mma_ab<kTileK, D, kStride<D>>(acc, sa, cK, lane);
+  }
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    if (row[h] >= tq) continue;
+#pragma unroll
+    for (int nd = 0; nd < D / 8; ++nd)
+      *reinterpret_cast<__nv_bfloat162*>(dq + static_cast<long long>(row[h]) * D + nd * 8 + 2 * t) =
+          __floats2bfloat162_rn(acc[nd][2 * h] * scale, acc[nd][2 * h + 1] * scale);
+  }
+}
+
+// ---------------------------------------------------------------- CUDA-core path
+// Four threads per row (a quad: lanes 4r..4r+3), 32 rows per CTA, 32-wide tiles staged as fp32 in
+// shared memory [32][d + 1] (the +1 spreads a column over the banks). Thread s of a quad owns the
+// keys (or queries) s, s + 4, ... of a tile and the channels s, s + 4, ... of the outputs.
+constexpr int kSimtRows = 32, kSimtThreads = 4 * kSimtRows, kSimtMaxD = 128;
+
+template <typename T>
+__device__ __forceinline__ void load_rows_f32(float* tile, const T* src, int r0, int total, int d, int tid) {
+  for (int i = tid; i < kSimtRows * d; i += kSimtThreads) {
+    const int r = i / d, c = i % d;
+    tile[r * (d + 1) + c] = r0 + r < total ? ld(src[static_cast<long long>(r0 + r) * d + c]) : 0.f;
+  }
+}
+__device__ __forceinline__ float row_dot(const float* a, const float* b, int d) {
+  float s = 0.f;
+  for (int c = 0; c < d; ++c) s = fmaf(a[c], b[c], s);
+  return s;
+}
+
+template <typename T>
+__global__ void __launch_bounds__(kSimtThreads)
+    flash_forward_simt(const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v, T* __restrict__ o,
+                       float* __restrict__ lse, int tq, int tk, int d, float scale_log2, bool causal) {
+  extern __shared__ float fsm[];
+  const int rs = d + 1;
+  float *sQ = fsm, *sK = sQ + kSimtRows * rs, *sV = sK + kSimtRows * rs, *sP = sV + kSimtRows * rs;
+  const int seq = blockIdx.y, q0 = query_tile() * kSimtRows;
+  const int tid = threadIdx.x, r = tid / 4, s = tid % 4, row = q0 + r;
+  q += static_cast<long long>(seq) * tq * d, o += static_cast<long long>(seq) * tq * d;
+  k += static_cast<long long>(seq) * tk * d, v += static_cast<long long>(seq) * tk * d;
+  lse += static_cast<long long>(seq) * tq;
+  load_rows_f32(sQ, q, q0, tq, d, tid);
+  float acc[kSimtMaxD / 4] = {};
+  float m = -INFINITY, l = 0.f;
+  const int kend = causal ? min(tk, q0 + kSimtRows) : tk;
+  for (int k0 = 0; k0 < kend; k0 += kSimtRows) {
+    __syncthreads();
+    load_rows_f32(sK, k, k0, tk, d, tid);
+    load_rows_f32(sV, v, k0, tk, d, tid);
+    __syncthreads();
+    float sc[kSimtRows / 4], mx = m;
+#pragma unroll
+    for (int u = 0; u < kSimtRows / 4; ++u) {
+      const int key = k0 + s + 4 * u;
+      sc[u] =
+          masked(row, key, tq, tk, causal) ? -INFINITY : row_dot(sQ + r * rs, sK + (s + 4 * u) * rs, d) * scale_log2;
+      mx = fmaxf(mx, sc[u]);
+    }
+    mx = quad_max(mx);
+    const float base = mx == -INFINITY ? 0.f : mx, corr = exp2f(m - base);
+    m = mx;
+    l *= corr;
+#pragma unroll
+    for (int u = 0; u < kSimtRows / 4; ++u) {
+      const float p = exp2f(sc[u] - base);
+      l += p;
+      sP[r * (kSimtRows + 1) + s + 4 * u] = p;
+    }
+    __syncwarp();
+#pragma unroll
+    for (int w = 0; w < kSimtMaxD / 4; ++w) {
+      const int c = s + 4 * w;
+      if (c >= d) break;
+      float a = acc[w] * corr;
+      for (int key = 0; key < kSimtRows; ++key) a = fmaf(sP[r * (kSimtRows + 1) + key], sV[key * rs + c], a);
+      acc[w] = a;
+    }
+  }
+  l = quad_sum(l);
+  if (row >= tq) return;
+  const float inv = l > 0.f ? 1.f / l : 0.f;
+#pragma unroll
+  for (int w = 0; w < kSimtMaxD / 4; ++w)
+    if (s + 4 * w < d) o[static_cast<long long>(row) * d + s + 4 * w] = st<T>(acc[w] * inv);
+  if (s == 0) lse[row] = m * kLn2 + logf(l);
+}
+
+// dK and dV of 32 keys (a quad per key) against every query tile that sees them.
+template <typename T>
+__global__ void __launch_bounds__(kSimtThreads)
+    flash_backward_dkdv_simt(const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v,
+                             const T* __restrict__ dout, const float* __restrict__ lse, const float* __restrict__ delta,
+                             T* __restrict__ dk, T* __restrict__ dv, int tq, int tk, int d, float scale, bool causal) {
+  extern __shared__ float fsm[];
+  const int rs = d + 1, pld = kSimtRows + 1;
+  float *sK = fsm, *sV = sK + kSimtRows * rs, *sQ = sV + kSimtRows * rs, *sdO = sQ + kSimtRows * rs;
+  float *sP = sdO + kSimtRows * rs, *sdS = sP + kSimtRows * pld, *sL = sdS + kSimtRows * pld, *sD = sL + kSimtRows;
+  const int seq = blockIdx.y, k0 = blockIdx.x * kSimtRows;
+  const int tid = threadIdx.x, r = tid / 4, s = tid % 4, key = k0 + r;
+  const long long qoff = static_cast<long long>(seq) * tq, koff = static_cast<long long>(seq) * tk;
+  q += qoff * d, dout += qoff * d, lse += qoff, delta += qoff;
+  k += koff * d, v += koff * d, dk += koff * d, dv += koff * d;
+  const float scale_log2 = scale * kLog2e;
+  load_rows_f32(sK, k, k0, tk, d, tid);
+  load_rows_f32(sV, v, k0, tk, d, tid);
+  float dk_acc[kSimtMaxD / 4] = {}, dv_acc[kSimtMaxD / 4] = {};
+  for (int q0 = causal ? k0 / kSimtRows * kSimtRows : 0; q0 < tq; q0 += kSimtRows) {
+    __syncthreads();
+    load_rows_f32(sQ, q, q0, tq, d, tid);
+    load_rows_f32(sdO, dout, q0, tq, d, tid);
+    if (tid < kSimtRows) {
+      sL[tid] = q0 + tid < tq ? lse[q0 + tid] * kLog2e : INFINITY;
+      sD[tid] = q0 + tid < tq ? delta[q0 + tid] : 0.f;
+    }
+    __syncthreads();
+#pragma unroll
+    for (int u = 0; u < kSimtRows / 4; ++u) {
+      const int qi = s + 4 * u;
+      float p = 0.f, ds = 0.f;
+      if (!masked(q0 + qi, key, tq, tk, causal)) {
+        p = exp2f(row_dot(sK + r * rs, sQ + qi * rs, d) * scale_log2 - sL[qi]);
+        ds = p * (row_dot(sV + r * rs, sdO + qi * rs, d) - sD[qi]);
+      }
+      sP[r * pld + qi] = p;
+      sdS[r * pld + qi] = ds;
+    }
+    __syncwarp();
+#pragma unroll
+    for (int w = 0; w < kSimtMaxD / 4; ++w) {
+      const int c = s + 4 * w;
+      if (c >= d) break;
+      float a = dv_acc[w], b = dk_acc[w];
+      for (int qi = 0; qi < kSimtRows; ++qi) {
+        a = fmaf(sP[r * pld + qi], sdO[qi * rs + c], a);
+        b = fmaf(sdS[r * pld + qi], sQ[qi * rs + c], b);
+      }
+      dv_acc[w] = a, dk_acc[w] = b;
+    }
+  }
+  if (key >= tk) return;
+#pragma unroll
+  for (int w = 0; w < kSimtMaxD / 4; ++w)
+    if (s + 4 * w < d) {
+      dk[static_cast<long long>(key) * d + s + 4 * w] = st<T>(dk_acc[w] * scale);
+      dv[static_cast<long long>(key) * d + s + 4 * w] = st<T>(dv_acc[w]);
+    }
+}
+
+// dQ of 32 queries over every key tile they see.
+template <typename T>
+__global__ void __launch_bounds__(kSimtThreads)
+    flash_backward_dq_simt(const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v,
+                           const T* __restrict__ dout, const float* __restrict__ lse, const float* __restrict__ delta,
+                           T* __restrict__ dq, int tq, int tk, int d, float scale, bool causal) {
+  extern __shared__ float fsm[];
+  const int rs = d + 1, pld = kSimtRows + 1;
+  float *sQ = fsm, *sdO = sQ + kSimtRows * rs, *sK = sdO + kSimtRows * rs, *sV = sK + kSimtRows * rs;
+  float* sdS = sV + kSimtRows * rs;
+  const int seq = blockIdx.y, q0 = query_tile() * kSimtRows;
+  const int tid = threadIdx.x, r = tid / 4, s = tid % 4, row = q0 + r;
+  const long long qoff = static_cast<long long>(seq) * tq, koff = static_cast<long long>(seq) * tk;
+  q += qoff * d, dout += qoff * d, dq += qoff * d, lse += qoff, delta += qoff;
+  k += koff * d, v += koff * d;
+  const float scale_log2 = scale * kLog2e;
+  load_rows_f32(sQ, q, q0, tq, d, tid);
+  load_rows_f32(sdO, dout, q0, tq, d, tid);
+  const float lrow = row < tq ? lse[row] * kLog2e : INFINITY, drow = row < tq ? delta[row] : 0.f;
+  float acc[kSimtMaxD / 4] = {};
+  const int kend = causal ? min(tk, q0 + kSimtRows) : tk;
+  for (int k0 = 0; k0 < kend; k0 += kSimtRows) {
+    __syncthreads();
+    load_rows_f32(sK, k, k0, tk, d, tid);
+    load_rows_f32(sV, v, k0, tk, d, tid);
+    __syncthreads();
+#pragma unroll
+    for (int u = 0; u < kSimtRows / 4; ++u) {
+      const int kj = s + 4 * u;
+      float ds = 0.f;
+      if (!masked(row, k0 + kj, tq, tk, causal)) {
+        const float p = exp2f(row_dot(sQ + r * rs, sK + kj * rs, d) * scale_log2 - lrow);
+        ds = p * (row_dot(sdO + r * rs, sV + kj * rs, d) - drow);
+      }
+      sdS[r * pld + kj] = ds;
+    }
+    __syncwarp();
+#pragma unroll
+    for (int w = 0; w < kSimtMaxD / 4; ++w) {
+      const int c = s + 4 * w;
+      if (c >= d) break;
+      float a = acc[w];
+      for (int kj = 0; kj < kSimtRows; ++kj) a = fmaf(sdS[r * pld + kj], sK[kj * rs + c], a);
+      acc[w] = a;
+    }
+  }
+  if (row >= tq) return;
+#pragma unroll
+  for (int w = 0; w < kSimtMaxD / 4; ++w)
+    if (s + 4 * w < d) dq[static_cast<long long>(row) * d + s + 4 * w] = st<T>(acc[w] * scale);
+}
+
+// delta[row] = Σ dO∘O over the row: one warp per row.
+template <typename T>
+__global__ void flash_delta(const T* __restrict__ out, const T* __restrict__ dout, float* __restrict__ delta,
+                            long long rows, int d) {
+  const long long row = static_cast<long long>(blockIdx.x) * (blockDim.x / 32) + threadIdx.x / 32;
+  if (row >= rows) return;
+  float s = 0.f;
+  for (int c = threadIdx.x % 32; c < d; c += 32) s += ld(out[row * d + c]) * ld(dout[row * d + c]);
+  for (int off = 16; off > 0; off /= 2) s += __shfl_xor_sync(0xffffffffu, s, off);
+  if (threadIdx.x % 32 == 0) delta[row] = s;
+}
+
+// ---------------------------------------------------------------- launch
+dim3 grid_of(long long n, long long t, int rows_per_cta) {
+  if (n > 65535) throw std::runtime_error("flash attention: more than 65535 sequences in one call");
+  return dim3(static_cast<unsigned>((t + rows_per_cta - 1) / rows_per_cta), static_cast<unsigned>(n));
+}
+
+// Raises a kernel's dynamic shared memory limit where a tile needs more than the default 48 KiB.
+template <typename Kernel>
+void allow_smem(Kernel kernel, int bytes) {
+  if (bytes > 48 * 1024)
+    if (cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes) != cudaSuccess)
+      throw std::runtime_error("flash attention: the GPU refuses the shared memory a tile needs");
+}
+
+template <typename F>
+bool with_tc_head_dim(int d, F&& f) {
+  switch (d) {
+    case 16:
+      f(std::integral_constant<int, 16>{});
+      return true;
+    case 32:
+      f(std::integral_constant<int, 32>{});
+      return true;
+    case 64:
+      f(std::integral_constant<int, 64>{});
+      return true;
+    case 80:
+      f(std::integral_constant<int, 80>{});
+      return true;
+    case 96:
+      f(std::integral_constant<int, 96>{});
+      return true;
+    case 128:
+      f(std::integral_constant<int, 128>{});
+      return true;
+    default:
+      return false;
+  }
+}
+
+bool tensor_core_path(Elem e, int d) {
+  return e == Elem::bf16 && with_tc_head_dim(d, [](auto) {});
+}
+
+void check_head_dim(int d) {
+  if (d < 1 || d > kSimtMaxD) throw std::invalid_argument("flash attention supports head dims 1 to 128");
+}
+
+}  // namespace
+
+bool flash_attention_supports(int d) { return d >= 1 && d <= kSimtMaxD; }
+
+bool flash_attention_uses_atomics(Elem e, int d, bool deterministic) {
+  return !deterministic && tensor_core_path(e, d);
+}
+
+void flash_attention_forward(const void* q, const void* k, const void* v, void* o, float* lse, Elem e, std::int64_t n,
+                             std::int64_t tq, std::int64_t tk, int d, float scale, bool causal, cudaStream_t s) {
+  check_head_dim(d);
+  const float scale_log2 = scale * kLog2e;
+  if (tensor_core_path(e, d)) {
+    with_tc_head_dim(d, [&](auto dc) {
+      constexpr int D = decltype(dc)::value;
+      const int smem = (kTileQ + 4 * kTileK) * kStride<D> * 2;
+      allow_smem(flash_forward_tc<D>, smem);
+      flash_forward_tc<D><<<grid_of(n, tq, kTileQ), kThreads, smem, s>>>(
+          static_cast<const bf16*>(q), static_cast<const bf16*>(k), static_cast<const bf16*>(v), static_cast<bf16*>(o),
+          lse, static_cast<int>(tq), static_cast<int>(tk), scale_log2, causal);
+    });
+    return check_launch("flash_forward_tc");
+  }
+  with_elem(e, [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    const int smem = (3 * kSimtRows * (d + 1) + kSimtRows * (kSimtRows + 1)) * 4;
+    allow_smem(flash_forward_simt<T>, smem);
+    flash_forward_simt<T><<<grid_of(n, tq, kSimtRows), kSimtThreads, smem, s>>>(
+        static_cast<const T*>(q), static_cast<const T*>(k), static_cast<const T*>(v), static_cast<T*>(o), lse,
+        static_cast<int>(tq), static_cast<int>(tk), d, scale_log2, causal);
+  });
+  check_launch("flash_forward_simt");
+}
+
+void flash_attention_backward(const void* q, const void* k, const void* v, const void* o, const float* lse,
+                              const void* dout, void* dq, void* dk, void* dv, Elem e, std::int64_t n, std::int64_t tq,
+                              std::int64_t tk, int d, float scale, bool causal, bool deterministic, float* delta,
+                              float* dq_accum, cudaStream_t s) {
+  check_head_dim(d);
+  with_elem(e, [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    const long long rows = n * tq;
+    flash_delta<T><<<static_cast<unsigned>((rows + 7) / 8), 256, 0, s>>>(static_cast<const T*>(o),
+                                                                         static_cast<const T*>(dout), delta, rows, d);
+  });
+  check_launch("flash_delta");
+  const int itq = static_cast<int>(tq), itk = static_cast<int>(tk);
+  if (tensor_core_path(e, d)) {
+    const bool atomics = !deterministic;
+    if (atomics && cudaMemsetAsync(dq_accum, 0, sizeof(float) * n * tq * d, s) != cudaSuccess)
+      throw std::runtime_error("flash attention: clearing the dq accumulator failed");
+    with_tc_head_dim(d, [&](auto dc) {
+      constexpr int D = decltype(dc)::value;
+      auto qb = static_cast<const bf16*>(q), kb = static_cast<const bf16*>(k), vb = static_cast<const bf16*>(v),
+           gb = static_cast<const bf16*>(dout);
+      const int smem_kv = (2 * kTileK + 4 * kTileQ) * kStride<D> * 2 + kTileK * (kTileQ + 8) * 2 + 4 * kTileQ * 4;
+      auto dkdv = atomics ? flash_backward_dkdv_tc<D, true> : flash_backward_dkdv_tc<D, false>;
+      allow_smem(dkdv, smem_kv);
+      dkdv<<<grid_of(n, tk, kTileK), kThreads, smem_kv, s>>>(qb, kb, vb, gb, lse, delta, static_cast<bf16*>(dk),
+                                                             static_cast<bf16*>(dv), dq_accum, itq, itk, scale, causal);
+      check_launch("flash_backward_dkdv_tc");
+      if (atomics) return;
+      const int smem_q = (2 * kTileQ + 4 * kTileK) * kStride<D> * 2;
+      allow_smem(flash_backward_dq_tc<D>, smem_q);
+      flash_backward_dq_tc<D><<<grid_of(n, tq, kTileQ), kThreads, smem_q, s>>>(
+          qb, kb, vb, gb, lse, delta, static_cast<bf16*>(dq), itq, itk, scale, causal);
+      check_launch("flash_backward_dq_tc");
+    });
+    if (atomics) cast(dq_accum, Elem::f32, dq, Elem::bf16, n * tq * d, s);
+    return;
+  }
+  with_elem(e, [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    auto qt = static_cast<const T*>(q), kt = static_cast<const T*>(k), vt = static_cast<const T*>(v),
+         gt = static_cast<const T*>(dout);
+    const int smem_kv = (4 * kSimtRows * (d + 1) + 2 * kSimtRows * (kSimtRows + 1) + 2 * kSimtRows) * 4;
+    allow_smem(flash_backward_dkdv_simt<T>, smem_kv);
+    flash_backward_dkdv_simt<T><<<grid_of(n, tk, kSimtRows), kSimtThreads, smem_kv, s>>>(
+        qt, kt, vt, gt, lse, delta, static_cast<T*>(dk), static_cast<T*>(dv), itq, itk, d, scale, causal);
+    check_launch("flash_backward_dkdv_simt");
+    const int smem_q = (4 * kSimtRows * (d + 1) + kSimtRows * (kSimtRows + 1)) * 4;
+    allow_smem(flash_backward_dq_simt<T>, smem_q);
+    flash_backward_dq_simt<T><<<grid_of(n, tq, kSimtRows), kSimtThreads, smem_q, s>>>(
+        qt, kt, vt, gt, lse, delta, static_cast<T*>(dq), itq, itk, d, scale, causal);
+    check_launch("flash_backward_dq_simt");
+  });
+}
+
+}  // namespace lmscope::cuda

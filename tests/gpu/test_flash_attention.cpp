@@ -1,0 +1,154 @@
+// FlashAttention-2 on the GPU: both paths (tensor cores for bf16, CUDA cores for fp32 and other head
+// dims) against attention evaluated from its definition, both dq strategies, and the whole model
+// with flash against the model with naive attention. Skipped where no GPU is visible.
+#include "../common/attention_reference.h"
+
+#include "lmscope/backend/backend.h"
+#include "lmscope/backend/devices.h"
+#include "lmscope/model/optimizer.h"
+#include "lmscope/model/transformer.h"
+
+#include <gtest/gtest.h>
+
+namespace lmscope::test {
+namespace {
+
+class FlashOnGpu : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    if (list_gpus().empty()) GTEST_SKIP() << "no CUDA GPU visible";
+    gpu = make_cuda_backend(GemmMath::fp32);
+  }
+  // Uploads a host vector (through f32) into a tensor of the given dtype.
+  Allocation tensor(Shape s, DType dtype, const std::vector<double>* values) {
+    Allocation wide = gpu->allocator().allocate(s, DType::f32, {});
+    Allocation a = gpu->allocator().allocate(s, dtype, {});
+    if (values) {
+      upload(*gpu, wide, *values);
+      gpu->cast(wide, a);
+    } else {
+      gpu->fill(a, NAN);  // an element a kernel forgets to write shows up as a NaN
+    }
+    return a;
+  }
+  std::vector<double> fetch(const Tensor& t) {
+    Allocation wide = gpu->allocator().allocate(t.shape, DType::f32, {});
+    gpu->cast(t, wide);
+    return download(*gpu, wide);
+  }
+
+  struct Result {
+    std::vector<double> o, lse, dq, dk, dv;
+  };
+  Result run(const AttentionProblem& p, DType dtype, bool deterministic) {
+    Allocation q = tensor({p.n, p.tq, p.d}, dtype, &p.q), k = tensor({p.n, p.tk, p.d}, dtype, &p.k),
+               v = tensor({p.n, p.tk, p.d}, dtype, &p.v), g = tensor({p.n, p.tq, p.d}, dtype, &p.dout);
+    Allocation o = tensor({p.n, p.tq, p.d}, dtype, nullptr), lse = tensor({p.n, p.tq}, DType::f32, nullptr);
+    Allocation dq = tensor({p.n, p.tq, p.d}, dtype, nullptr), dk = tensor({p.n, p.tk, p.d}, dtype, nullptr),
+               dv = tensor({p.n, p.tk, p.d}, dtype, nullptr);
+    gpu->flash_attention_forward(q, k, v, o, lse, p.scale(), p.causal);
+    gpu->flash_attention_backward(q, k, v, o, lse, g, dq, dk, dv, p.scale(), p.causal, deterministic);
+    return {fetch(o), fetch(lse), fetch(dq), fetch(dk), fetch(dv)};
+  }
+  void expect_matches(const Result& r, const AttentionProblem& p, double tol, const std::string& what) {
+    for (const auto* x : {&r.o, &r.lse, &r.dq, &r.dk, &r.dv})
+      for (double e : *x) ASSERT_FALSE(std::isnan(e)) << what << ": NaN (an unwritten element?)";
+    EXPECT_LT(relative_error(r.o, p.o), tol) << what << ": o";
+    EXPECT_LT(relative_error(r.lse, p.lse), tol) << what << ": lse";
+    EXPECT_LT(relative_error(r.dq, p.dq), tol) << what << ": dq";
+    EXPECT_LT(relative_error(r.dk, p.dk), tol) << what << ": dk";
+    EXPECT_LT(relative_error(r.dv, p.dv), tol) << what << ": dv";
+  }
+  std::unique_ptr<Backend> gpu;
+};
+
+struct Case {
+  std::int64_t n, tq, tk, d;
+};
+// Every tensor-core head dim, dims only the CUDA-core path takes, lengths of 1, tile ± 1 and
+// several partial tiles, tq ≠ tk both ways.
+const Case kCases[] = {{1, 1, 1, 16},     {2, 63, 63, 32}, {1, 65, 65, 64},   {3, 130, 130, 80}, {1, 200, 77, 96},
+                       {2, 64, 129, 128}, {2, 37, 37, 5},  {1, 129, 129, 24}, {2, 300, 300, 64}, {1, 97, 97, 100}};
+
+TEST_F(FlashOnGpu, Fp32MatchesTheDefinition) {
+  std::uint64_t seed = 100;
+  for (const Case& c : kCases)
+    for (bool causal : {true, false}) {
+      const AttentionProblem p(c.n, c.tq, c.tk, c.d, causal, seed++);
+      expect_matches(run(p, DType::f32, false), p, 1e-5,
+                     fmt::format("fp32 n {} tq {} tk {} d {} causal {}", c.n, c.tq, c.tk, c.d, causal));
+    }
+}
+
+TEST_F(FlashOnGpu, Bf16MatchesTheDefinitionWithEitherDqStrategy) {
+  std::uint64_t seed = 200;
+  for (const Case& c : kCases)
+    for (bool causal : {true, false})
+      for (bool deterministic : {false, true}) {
+        const AttentionProblem p(c.n, c.tq, c.tk, c.d, causal, seed++, true);
+        expect_matches(run(p, DType::bf16, deterministic), p, 1e-2,
+                       fmt::format("bf16 n {} tq {} tk {} d {} causal {} deterministic {}", c.n, c.tq, c.tk, c.d,
+                                   causal, deterministic));
+      }
+}
+
+// The assignment's cases, (4, 128, 64) fp32, at its tolerance of 1e-2 on every element.
+TEST_F(FlashOnGpu, TheAssignmentsCases) {
+  for (bool causal : {false, true}) {
+    const AttentionProblem p(4, 128, 128, 64, causal, 2026);
+    const Result r = run(p, DType::f32, false);
+    EXPECT_LT(max_abs_error(r.o, p.o), 1e-2);
+    EXPECT_LT(max_abs_error(r.lse, p.lse), 1e-2);
+    EXPECT_LT(max_abs_error(r.dq, p.dq), 1e-2);
+    EXPECT_LT(max_abs_error(r.dk, p.dk), 1e-2);
+    EXPECT_LT(max_abs_error(r.dv, p.dv), 1e-2);
+  }
+}
+
+TEST_F(FlashOnGpu, DeterministicBackwardRepeatsBitForBit) {
+  const AttentionProblem p(4, 1000, 1000, 64, true, 7, true);
+  const Result a = run(p, DType::bf16, true), b = run(p, DType::bf16, true);
+  EXPECT_EQ(a.dq, b.dq);
+  EXPECT_EQ(a.dk, b.dk);
+  EXPECT_EQ(a.dv, b.dv);
+}
+
+TEST_F(FlashOnGpu, UnsupportedHeadDimIsSaidSo) {
+  Allocation q = tensor({1, 4, 136}, DType::bf16, nullptr), lse = tensor({1, 4}, DType::f32, nullptr);
+  EXPECT_THROW(gpu->flash_attention_forward(q, q, q, q, lse, 1.0, true), Unsupported);
+}
+
+// The criterion: the model with flash matches the model with naive attention, fp32 losses
+// within 1e-4 over 20 steps, here on the GPU (tests/unit has the same on the CPU).
+TEST_F(FlashOnGpu, ModelTrainsLikeNaive) {
+  ModelConfig c;
+  c.vocab = 503;
+  c.d_model = 128;
+  c.d_ff = 344;
+  c.layers = 2;
+  c.heads = 2;  // head dim 64
+  const std::int64_t B = 3, T = 100;
+  Rng rng(5);
+  std::vector<std::int32_t> x(B * T), y(B * T);
+  for (auto* v : {&x, &y})
+    for (auto& t : *v) t = static_cast<std::int32_t>(rng.below(503));
+  std::vector<double> losses[2];
+  for (AttentionKind kind : {AttentionKind::naive, AttentionKind::flash}) {
+    Transformer model(c, *gpu, DType::f32, std::nullopt, kind);
+    model.init_parameters(11);
+    AdamW opt(model, {.lr = 3e-3, .clip = 1.0});
+    model.set_batch(B, T, x.data(), y.data());
+    for (int i = 0; i < 20; ++i) {
+      model.forward();
+      losses[kind == AttentionKind::flash].push_back(model.read_loss());
+      model.backward();
+      opt.step(3e-3);
+    }
+  }
+  EXPECT_LT(losses[0].back(), losses[0].front() - 0.5) << "the run must train";
+  for (int i = 0; i < 20; ++i)
+    EXPECT_LT(std::fabs(losses[1][i] - losses[0][i]) / losses[0][i], 1e-4) << "step " << i + 1;
+}
+
+}  // namespace
+}  // namespace lmscope::test

@@ -21,7 +21,7 @@ if [[ "${LMSCOPE_SKIP_GPU_TESTS:-}" != 1 ]]; then
   tail -5 "$OUT/gpu-tests.log"
   grep -E "Failed|failed" -A15 "$OUT/gpu-tests.log" | head -60
   compute-sanitizer --tool memcheck --error-exitcode 9 build-gpu/tests/lmscope_gpu_tests \
-    --gtest_filter='-*Training*:*OutOfMemory*' >"$OUT/sanitizer.log" 2>&1
+    --gtest_filter='-*Training*:*OutOfMemory*:*Model*' >"$OUT/sanitizer.log" 2>&1
   echo "== compute-sanitizer memcheck exit $? ($(grep -c 'OK \]' "$OUT/sanitizer.log") tests ok): $(tail -1 "$OUT/sanitizer.log")"
 fi
 
@@ -35,4 +35,17 @@ if [[ "${1:-}" == "--grid" ]]; then
   (cd pytorch && $PY bench_reference.py --device cuda --model "$models" --ctx "$ctxs" --mode "$modes" --batch 4 \
     --precision "$prec" --warmup 5 --steps 10) >"$OUT/pytorch-$tag.md" 2>&1
   $PY tools/compare_grid.py "$OUT/lmscope-$tag.csv" "$OUT/pytorch-$tag.md"
+fi
+
+# --attention PRECISION SEQS DIMS BATCH [IMPLS]: lmscope attention (naive, flash) and PyTorch (naive,
+# SDPA) over the same causal cells in the same run; IMPLS default naive,flash.
+if [[ "${1:-}" == "--attention" ]]; then
+  prec=$2 seqs=$3 dims=$4 batch=$5 impls=${6:-naive,flash}
+  tag="attn-$prec-b$batch-${impls//,/-}"
+  build-gpu/lmscope attention --device cuda --attention "$impls" --precision "$prec" --seq "$seqs" --d "$dims" \
+    --batch "$batch" --max-seconds 2 --format csv --out "$OUT/lmscope-$tag.csv" >"$OUT/lmscope-$tag.md" 2>/dev/null
+  pt_impls=${impls/flash/sdpa}
+  (cd pytorch && $PY bench_attention.py --impl "$pt_impls" --precision "$prec" --seq "$seqs" --d "$dims" \
+    --batch "$batch" --max-seconds 2) >"$OUT/pytorch-$tag.md" 2>&1
+  $PY tools/compare_attention.py "$OUT/lmscope-$tag.csv" "$OUT/pytorch-$tag.md"
 fi

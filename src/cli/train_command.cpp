@@ -57,6 +57,7 @@ class TrainCommand : public Command {
     if (batch_ <= 0) user_error("--batch must be positive, got {}", batch_);
     if (ctx_ <= 0) user_error("--ctx must be positive, got {}", ctx_);
     if (steps_ < 0) user_error("--steps must be non-negative, got {}", steps_);
+    const AttentionKind attention = parse_attention(attention_);
     if (print_every_ <= 0) user_error("--print-every must be positive, got {}", print_every_);
     if (sample_ != "random" && sample_ != "sequential")
       user_error("unknown --sample '{}' (use random or sequential)", sample_);
@@ -78,7 +79,7 @@ class TrainCommand : public Command {
     }
 
     std::unique_ptr<Backend> backend = make_backend(device_.empty() ? default_device() : device_, precision_);
-    Transformer model(c, *backend, DType::f32, compute_dtype(precision_), parse_attention(attention_));
+    Transformer model(c, *backend, DType::f32, compute_dtype(precision_), attention);
     if (init_.empty())
       model.init_parameters(seed_);
     else

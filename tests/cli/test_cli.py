@@ -214,5 +214,42 @@ class Cli(unittest.TestCase):
         self.assertUserError(run("train", *TINY, "--data", self.data, "--steps", "1", "--init", trunc), "truncated")
 
 
+    # --- attention ---
+    def test_attention_benchmark_measures_what_it_saves(self):
+        out = self.path("attn.json")
+        r = run("attention", "--device", "cpu", "--precision", "fp32", "--seq", "64,200", "--d", "16",
+                "--batch", "2", "--iters", "3", "--warmup", "1", "--format", "json", "--out", out)
+        self.assertEqual(r.returncode, 0, r.stderr)
+        rows = json.load(open(out))
+        self.assertEqual([(x["attention"], x["seq"]) for x in rows],
+                         [("naive", 64), ("flash", 64), ("naive", 200), ("flash", 200)])
+        for x in rows:
+            self.assertEqual(x["status"], "ok")
+            self.assertEqual(x["ms"]["forward"]["n"], 3)
+            b = x["bytes"]
+            # measured (rounded to 256-byte blocks) against the formula: O plus P (naive) or L (flash)
+            self.assertLess(abs(b["saved_for_backward"] - b["saved_for_backward_formula"]), 3 * 256)
+            self.assertGreater(x["tflops"]["forward_backward"], 0)
+        naive, flash = rows[2]["bytes"]["saved_for_backward"], rows[3]["bytes"]["saved_for_backward"]
+        self.assertGreater(naive, 8 * flash)  # T² against T at T = 200
+        bf16 = run("attention", "--device", "cpu", "--precision", "bf16", "--seq", "64", "--d", "16", "--iters", "1")
+        self.assertEqual(bf16.returncode, 0, bf16.stderr)
+        self.assertIn("unsupported", bf16.stdout)
+
+    def test_attention_choice_everywhere(self):
+        for attention in ("naive", "flash"):
+            r = run("bench", *TINY, "--device", "cpu", "--ctx", "33", "--steps", "2", "--warmup", "0",
+                    "--attention", attention, "--format", "csv")
+            self.assertEqual(r.returncode, 0, r.stderr)
+            self.assertIn(f",{attention},", r.stdout)
+        info = json.loads(run("info", "--model", "small", "--ctx", "1024", "--attention", "naive", "--format", "json").stdout)
+        self.assertEqual(info["attention"]["saved_bytes_per_sequence_fp32"], 12 * 12 * 1024 * 1024 * 4)
+        self.assertUserError(run("bench", *TINY, "--attention", "fast"), "unknown attention 'fast'")
+        self.assertUserError(run("train", *TINY, "--data", self.data, "--steps", "1", "--attention", "fast"), "unknown attention")
+        self.assertUserError(run("attention", "--suite", "huge"), "unknown --suite 'huge'")
+        self.assertUserError(run("attention", "--precision", "tf32"), "unknown --precision 'tf32'")
+        self.assertUserError(run("attention", "--seq", "0"), "--seq must be positive")
+
+
 if __name__ == "__main__":
     unittest.main(verbosity=2)

@@ -1,6 +1,8 @@
 // The CUDA backend against the CPU reference: every op forward and backward on random inputs of
 // odd sizes, the GEMM in every transposition, and 20 training steps of a whole model.
 // Every test skips (and ctest reports it skipped) where no GPU is visible.
+#include "../common/training.h"
+
 #include "lmscope/backend/backend.h"
 #include "lmscope/backend/devices.h"
 #include "lmscope/core/rng.h"
@@ -65,24 +67,6 @@ class CudaVsCpu : public ::testing::Test {
 };
 
 constexpr double kFp32 = 1e-5;
-
-// Losses of 20 training steps on one fixed batch, the model seeded alike on every backend.
-std::vector<double> twenty_step_losses(Backend& be, const ModelConfig& c, std::optional<DType> compute, std::int64_t B,
-                                       std::int64_t T, const std::vector<std::int32_t>& x,
-                                       const std::vector<std::int32_t>& y) {
-  Transformer model(c, be, DType::f32, compute);
-  model.init_parameters(11);
-  AdamW opt(model, {.lr = 3e-3, .clip = 1.0});
-  model.set_batch(B, T, x.data(), y.data());
-  std::vector<double> out;
-  for (int i = 0; i < 20; ++i) {
-    model.forward();
-    out.push_back(model.read_loss());
-    model.backward();
-    opt.step(3e-3);
-  }
-  return out;
-}
 
 TEST_F(CudaVsCpu, RmsNorm) {
   const std::int64_t N = 37, d = 203;

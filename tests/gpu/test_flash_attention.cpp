@@ -2,6 +2,7 @@
 // dims) against attention evaluated from its definition, both dq strategies, and the whole model
 // with flash against the model with naive attention. Skipped where no GPU is visible.
 #include "../common/attention_reference.h"
+#include "../common/training.h"
 
 #include "lmscope/backend/backend.h"
 #include "lmscope/backend/devices.h"
@@ -132,19 +133,8 @@ TEST_F(FlashOnGpu, ModelTrainsLikeNaive) {
   std::vector<std::int32_t> x(B * T), y(B * T);
   for (auto* v : {&x, &y})
     for (auto& t : *v) t = static_cast<std::int32_t>(rng.below(503));
-  std::vector<double> losses[2];
-  for (AttentionKind kind : {AttentionKind::naive, AttentionKind::flash}) {
-    Transformer model(c, *gpu, DType::f32, std::nullopt, kind);
-    model.init_parameters(11);
-    AdamW opt(model, {.lr = 3e-3, .clip = 1.0});
-    model.set_batch(B, T, x.data(), y.data());
-    for (int i = 0; i < 20; ++i) {
-      model.forward();
-      losses[kind == AttentionKind::flash].push_back(model.read_loss());
-      model.backward();
-      opt.step(3e-3);
-    }
-  }
+  const std::vector<double> losses[2] = {twenty_step_losses(*gpu, c, std::nullopt, B, T, x, y, AttentionKind::naive),
+                                         twenty_step_losses(*gpu, c, std::nullopt, B, T, x, y, AttentionKind::flash)};
   EXPECT_LT(losses[0].back(), losses[0].front() - 0.5) << "the run must train";
   for (int i = 0; i < 20; ++i)
     EXPECT_LT(std::fabs(losses[1][i] - losses[0][i]) / losses[0][i], 1e-4) << "step " << i + 1;

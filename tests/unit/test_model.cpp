@@ -1,5 +1,6 @@
 // The whole model: gradient against finite differences (f64), preset sizes, seeded
 // initialisation, the schedule, and the allocator's record of what the model holds.
+#include "../common/training.h"
 #include "gradcheck.h"
 
 #include "lmscope/model/optimizer.h"
@@ -122,20 +123,10 @@ TEST(Model, FlashTrainsLikeNaive) {
   c.d_ff = 48;
   const std::int64_t B = 2, T = 70;  // two key tiles, the second partial
   TinyBatch batch(B * T, 11, 4);
-  std::vector<double> losses[2];
-  for (AttentionKind kind : {AttentionKind::naive, AttentionKind::flash}) {
-    auto be = make_cpu_backend();
-    Transformer model(c, *be, DType::f32, std::nullopt, kind);
-    model.init_parameters(2);
-    AdamW opt(model, {.lr = 3e-3});
-    model.set_batch(B, T, batch.ids.data(), batch.targets.data());
-    for (int i = 0; i < 20; ++i) {
-      model.forward();
-      losses[kind == AttentionKind::flash].push_back(model.read_loss());
-      model.backward();
-      opt.step(3e-3);
-    }
-  }
+  auto be = make_cpu_backend();
+  const std::vector<double> losses[2] = {
+      twenty_step_losses(*be, c, std::nullopt, B, T, batch.ids, batch.targets, AttentionKind::naive),
+      twenty_step_losses(*be, c, std::nullopt, B, T, batch.ids, batch.targets, AttentionKind::flash)};
   EXPECT_LT(losses[0].back(), losses[0].front() - 0.1) << "the run must train for the comparison to mean anything";
   for (int i = 0; i < 20; ++i) EXPECT_NEAR(losses[1][i], losses[0][i], 1e-4 * std::fabs(losses[0][i])) << "step " << i;
 }

@@ -93,32 +93,31 @@ __device__ __forceinline__ void load_b_trans(unsigned (&b)[4], const bf16* tile,
   ldmatrix_x4_trans(b, tile + (k0 + (lane % 8) + 8 * ((lane / 8) % 2)) * STRIDE + n0 + 8 * (lane / 16));
 }
 
-// c[N/8 blocks] += a-rows(16 × K) · bᵀ where b is stored [n][k] (N rows of K values) in shared memory;
-// the a operand comes from registers.
-template <int K, int N, int STRIDE>
-__device__ __forceinline__ void mma_abt(float (&c)[N / 8][4], const unsigned (&a)[K / 16][4], const bf16* b, int lane) {
+// c[N/8 blocks] += a(16 × K, from registers) · b(K × N, in shared memory), with b stored [n][k]
+// (N rows of K values: the product is a·bᵀ of the stored tile) or [k][n].
+template <int K, int N, int STRIDE, bool B_STORED_NK>
+__device__ __forceinline__ void mma_tile(float (&c)[N / 8][4], const unsigned (&a)[K / 16][4], const bf16* b,
+                                         int lane) {
 #pragma unroll
   for (int kc = 0; kc < K / 16; ++kc)
 #pragma unroll
     for (int np = 0; np < N / 16; ++np) {
       unsigned f[4];
-      load_b<STRIDE>(f, b, np * 16, kc * 16, lane);
+      if constexpr (B_STORED_NK)
+        load_b<STRIDE>(f, b, np * 16, kc * 16, lane);
+      else
+        load_b_trans<STRIDE>(f, b, np * 16, kc * 16, lane);
       mma(c[2 * np], a[kc], f[0], f[1]);
       mma(c[2 * np + 1], a[kc], f[2], f[3]);
     }
 }
-// c += a · b where b is stored [k][n] (K rows of N values).
+template <int K, int N, int STRIDE>
+__device__ __forceinline__ void mma_abt(float (&c)[N / 8][4], const unsigned (&a)[K / 16][4], const bf16* b, int lane) {
+  mma_tile<K, N, STRIDE, true>(c, a, b, lane);
+}
 template <int K, int N, int STRIDE>
 __device__ __forceinline__ void mma_ab(float (&c)[N / 8][4], const unsigned (&a)[K / 16][4], const bf16* b, int lane) {
-#pragma unroll
-  for (int kc = 0; kc < K / 16; ++kc)
-#pragma unroll
-    for (int np = 0; np < N / 16; ++np) {
-      unsigned f[4];
-      load_b_trans<STRIDE>(f, b, np * 16, kc * 16, lane);
-      mma(c[2 * np], a[kc], f[0], f[1]);
-      mma(c[2 * np + 1], a[kc], f[2], f[3]);
-    }
+  mma_tile<K, N, STRIDE, false>(c, a, b, lane);
 }
 
 // ROWS rows of a [total, D] bf16 matrix from row r0 into a [ROWS][D + 8] tile; rows past the end

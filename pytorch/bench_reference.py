@@ -1,5 +1,8 @@
 """Times the PyTorch reference (cs336_reference.py) the way lmscope bench times itself: phases
-between synchronisations, warm-up steps first, random tokens, the assignment's AdamW. Comma lists
+between synchronisations, warm-up steps first, random tokens. The optimizer is torch.optim.AdamW (its default
+multi-tensor form: what the PyTorch numbers in ANCHORS.md use) unless --optimizer assignment picks the
+assignment's per-tensor AdamW (cs336_reference.AdamW: about 11 passes over memory per tensor, 3-4x
+slower at 2.7B). Gradients are set to None between steps, as the seeds do. Comma lists
 in --model and --ctx sweep in one process; a cell out of memory prints an OOM row and the sweep
 goes on. One Markdown row per cell, so the two tables line up.
 
@@ -38,15 +41,18 @@ def forward_loss(a, model, x, y):
 
 def run_cell(a, model_name, ctx, mode):
     torch.manual_seed(0)
-    model = ref.TransformerLM(**ref.PRESETS[model_name]).to(a.device)
-    opt = ref.AdamW(model.parameters())
+    model = ref.TransformerLM(**ref.PRESETS[model_name], attention=a.attention).to(a.device)
+    if a.optimizer == "assignment":
+        opt = ref.AdamW(model.parameters())
+    else:  # the same update rule up to where eps enters; the same bytes moved per parameter
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.01)
     x = torch.randint(0, 10000, (a.batch, ctx), device=a.device)
     y = torch.randint(0, 10000, (a.batch, ctx), device=a.device)
     if a.device == "cuda":
         torch.cuda.reset_peak_memory_stats()
     fwd, bwd, step_opt = [], [], []
     for i in range(a.warmup + a.steps):
-        opt.zero_grad(set_to_none=False)
+        opt.zero_grad(set_to_none=True)
         box = {}
         f = timed(a.device, lambda: box.update(loss=forward_loss(a, model, x, y)))
         b = timed(a.device, lambda: box["loss"].backward()) if mode != "forward" else 0.0
@@ -68,6 +74,10 @@ def main():
     ap.add_argument("--warmup", type=int, default=2)
     ap.add_argument("--steps", type=int, default=5)
     ap.add_argument("--device", default="cpu")
+    ap.add_argument("--attention", default="naive", choices=["naive", "sdpa"],
+                    help="the assignment's attention (default) or F.scaled_dot_product_attention")
+    ap.add_argument("--optimizer", default="torch", choices=["torch", "assignment"],
+                    help="torch.optim.AdamW (default) or the assignment's per-tensor AdamW")
     ap.add_argument("--threads", type=int, default=0, help="torch.set_num_threads (CPU); 0 keeps the default")
     ap.add_argument("--precision", default="fp32", choices=["fp32", "tf32", "bf16"],
                     help="matmul math on CUDA; bf16 = torch.autocast(bfloat16) around forward and loss")
@@ -77,12 +87,12 @@ def main():
     torch.backends.cuda.matmul.allow_tf32 = a.precision == "tf32"
     torch.backends.cudnn.allow_tf32 = a.precision == "tf32"
     ms = lambda v: f"{statistics.mean(v):.2f} ± {statistics.stdev(v) if len(v) > 1 else 0:.2f}"
-    print("| framework | model | device | precision | mode | batch | ctx | forward ms | backward ms | optimizer ms "
+    print("| framework | model | device | precision | mode | attention | optimizer | batch | ctx | forward ms | backward ms | optimizer ms "
           "| step ms | peak GiB | status |")
-    print("|---|---|---|---|---|---:|---:|---:|---:|---:|---:|---:|---|")
+    print("|---|---|---|---|---|---|---|---:|---:|---:|---:|---:|---:|---:|---|")
     cells = [(m, mode, int(c)) for m in a.model.split(",") for mode in a.mode.split(",") for c in a.ctx.split(",")]
     for model_name, mode, ctx in cells:
-        head = f"| PyTorch {torch.__version__} | {model_name} | {a.device} | {a.precision} | {mode} | {a.batch} | {ctx} "
+        head = f"| PyTorch {torch.__version__} | {model_name} | {a.device} | {a.precision} | {mode} | {a.attention} | {a.optimizer} | {a.batch} | {ctx} "
         try:
             fwd, bwd, opt, total, peak = run_cell(a, model_name, ctx, mode)
             print(head + f"| {ms(fwd)} | {ms(bwd)} | {ms(opt)} | {ms(total)} | {peak:.1f} | ok |", flush=True)

@@ -25,15 +25,16 @@ if [[ "${LMSCOPE_SKIP_GPU_TESTS:-}" != 1 ]]; then
   echo "== compute-sanitizer memcheck exit $? ($(grep -c 'OK \]' "$OUT/sanitizer.log") tests ok): $(tail -1 "$OUT/sanitizer.log")"
 fi
 
-# --grid PRECISION MODELS CTXS [MODES]: lmscope and PyTorch over the same cells, batch 4, 5 warm-up and
-# 10 measured steps (MODES default train). LMSCOPE_SKIP_GPU_TESTS=1 skips the tests before it.
+# --grid PRECISION MODELS CTXS [MODES] [ATTENTION]: lmscope and PyTorch over the same cells, batch 4,
+# 5 warm-up and 10 measured steps (MODES default train; ATTENTION naive, or flash against PyTorch's
+# SDPA). LMSCOPE_SKIP_GPU_TESTS=1 skips the tests before it.
 if [[ "${1:-}" == "--grid" ]]; then
-  prec=$2 models=$3 ctxs=$4 modes=${5:-train}
-  tag="$prec-${modes//,/-}"
+  prec=$2 models=$3 ctxs=$4 modes=${5:-train} attn=${6:-naive}
+  tag="$prec-$attn-${modes//,/-}"
   build-gpu/lmscope bench --device cuda --model "$models" --ctx "$ctxs" --batch 4 --precision "$prec" --mode "$modes" \
-    --warmup 5 --steps 10 --format csv --out "$OUT/lmscope-$tag.csv" >"$OUT/lmscope-$tag.md" 2>/dev/null
+    --attention "$attn" --warmup 5 --steps 10 --format csv --out "$OUT/lmscope-$tag.csv" >"$OUT/lmscope-$tag.md" 2>/dev/null
   (cd pytorch && $PY bench_reference.py --device cuda --model "$models" --ctx "$ctxs" --mode "$modes" --batch 4 \
-    --precision "$prec" --warmup 5 --steps 10) >"$OUT/pytorch-$tag.md" 2>&1
+    --attention "${attn/flash/sdpa}" --precision "$prec" --warmup 5 --steps 10) >"$OUT/pytorch-$tag.md" 2>&1
   $PY tools/compare_grid.py "$OUT/lmscope-$tag.csv" "$OUT/pytorch-$tag.md"
 fi
 
@@ -48,4 +49,15 @@ if [[ "${1:-}" == "--attention" ]]; then
   (cd pytorch && $PY bench_attention.py --impl "$pt_impls" --precision "$prec" --seq "$seqs" --d "$dims" \
     --batch "$batch" --max-seconds 2) >"$OUT/pytorch-$tag.md" 2>&1
   $PY tools/compare_attention.py "$OUT/lmscope-$tag.csv" "$OUT/pytorch-$tag.md"
+fi
+
+# --profile PRECISION MODELS CTXS [MODES] [ATTENTION]: lmscope's kernel profile of those cells (CUPTI:
+# time by phase, op category and kernel), batch 4, 5 warm-up and 10 measured steps.
+if [[ "${1:-}" == "--profile" ]]; then
+  prec=$2 models=$3 ctxs=$4 modes=${5:-train} attn=${6:-naive}
+  tag="profile-$prec-$attn-${modes//,/-}"
+  build-gpu/lmscope bench --device cuda --model "$models" --ctx "$ctxs" --batch 4 --precision "$prec" --mode "$modes" \
+    --attention "$attn" --warmup 5 --steps 10 --profile --format json --out "$OUT/lmscope-$tag.json" \
+    >"$OUT/lmscope-$tag.md" 2>/dev/null
+  head -8 "$OUT/lmscope-$tag.md"
 fi

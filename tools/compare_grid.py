@@ -1,6 +1,7 @@
 """Joins an `lmscope bench --format csv` file with the Markdown rows of pytorch/bench_reference.py
 measured in the same run, and prints one Markdown table: step time, peak memory and the ratio
-PyTorch/lmscope per cell (> 1 means lmscope is faster).
+PyTorch/lmscope per cell (> 1 means lmscope is faster). lmscope's naive attention is compared with
+PyTorch's naive attention, its flash attention with PyTorch's SDPA.
 
   python3 tools/compare_grid.py lmscope.csv [more.csv ...] pytorch.md [more.md ...]
 """
@@ -8,16 +9,24 @@ import csv
 import sys
 
 
+# lmscope's attention -> the PyTorch attention it is compared with: its own naive form, or SDPA for flash.
+PEER_ATTENTION = {"naive": "naive", "flash": "sdpa"}
+
+
 def pytorch_rows(path):
-    rows = {}
+    """Rows keyed by (model, precision, mode, attention, ctx), columns found by the header's names
+    (older files have no mode column: train; no attention column: naive)."""
+    rows, names = {}, None
     with open(path) as f:
         for line in f:
             c = [x.strip() for x in line.strip().strip("|").split("|")]
-            if not c[0].startswith("PyTorch"):
+            if c[0] == "framework":
+                names = c
+            if not c[0].startswith("PyTorch") or names is None:
                 continue
-            if len(c) == 12:  # written before the script had --mode: train rows
-                c.insert(4, "train")
-            rows[(c[1], c[3], c[4], int(c[6]))] = {"step": c[10], "peak": c[11], "status": c[12]}
+            r = dict(zip(names, c))
+            key = (r["model"], r["precision"], r.get("mode", "train"), r.get("attention", "naive"), int(r["ctx"]))
+            rows[key] = {"step": r["step ms"], "peak": r["peak GiB"], "status": r["status"]}
     return rows
 
 
@@ -29,14 +38,15 @@ def main(paths):
                 lm.extend(csv.DictReader(f))
         else:
             pt.update(pytorch_rows(p))
-    print("| model | precision | mode | ctx | lmscope ms [GiB] | MFU | PyTorch ms [GiB] | PyTorch / lmscope |")
-    print("|---|---|---|---:|---:|---:|---:|---:|")
+    print("| model | precision | mode | attention | ctx | lmscope ms [GiB] | MFU | PyTorch ms [GiB] | PyTorch / lmscope |")
+    print("|---|---|---|---|---:|---:|---:|---:|---:|")
     for r in lm:
-        key = (r["model"], r["precision"], r["mode"], int(r["ctx"]))
+        key = (r["model"], r["precision"], r["mode"], r.get("attention", "naive"), int(r["ctx"]))
+        peer = PEER_ATTENTION[key[3]]
         ours_ok = r["status"] == "ok"
         ours = f"{float(r['step_mean_ms']):.1f} [{int(r['peak_bytes']) / 2**30:.1f}]" if ours_ok else r["status"]
         mfu = f"{100 * float(r['mfu']):.1f}%" if ours_ok and r.get("mfu") else "-"
-        p = pt.get(key)
+        p = pt.get(key[:3] + (peer,) + key[4:])
         if p is None:
             theirs, ratio = "not measured", "-"
         elif p["status"] != "ok":
@@ -45,7 +55,7 @@ def main(paths):
             step = float(p["step"].split("±")[0])
             theirs = f"{step:.1f} [{p['peak']}]"
             ratio = f"{step / float(r['step_mean_ms']):.2f}x" if ours_ok else "-"
-        print(f"| {key[0]} | {key[1]} | {key[2]} | {key[3]} | {ours} | {mfu} | {theirs} | {ratio} |")
+        print(f"| {key[0]} | {key[1]} | {key[2]} | {key[3]} vs {peer} | {key[4]} | {ours} | {mfu} | {theirs} | {ratio} |")
 
 
 if __name__ == "__main__":

@@ -7,6 +7,8 @@
 #include "lmscope/backend/backend.h"
 #include "lmscope/bench/report.h"
 
+#include <algorithm>
+
 namespace lmscope::cli {
 namespace {
 
@@ -27,6 +29,9 @@ class BenchCommand : public Command {
     app->add_option("--out", out_,
                     "Write the results here in --format, updated after every cell (the Markdown table still prints)");
     app->add_option("--seed", seed_, "Seed for weights and tokens")->capture_default_str();
+    app->add_flag("--profile", profile_,
+                  "Trace every kernel of the measured steps (CUDA, CUPTI): time by phase, op category and kernel, "
+                  "and how long the GPU waited for launches");
   }
 
   int run() override {
@@ -38,6 +43,8 @@ class BenchCommand : public Command {
     const auto devices = split_list(device_.empty() ? default_device() : device_);
     for (const auto& d : devices)
       if (d != "cpu" && d != "cuda") user_error("unknown --device '{}' (use cpu or cuda)", d);
+    if (profile_ && std::find(devices.begin(), devices.end(), "cpu") != devices.end())
+      user_error("--profile traces GPU kernels; it needs --device cuda");
     const auto precisions = split_list(precision_);
     for (const auto& p : precisions)
       if (p != "fp32" && p != "tf32" && p != "bf16") user_error("unknown --precision '{}' (use fp32, tf32 or bf16)", p);
@@ -55,7 +62,7 @@ class BenchCommand : public Command {
           for (auto a : attentions)
             for (auto mode : modes)
               for (auto b : batches)
-                for (auto t : ctxs) cells.push_back(BenchSpec{m, d, p, a, mode, b, t, warmup_, steps_, seed_});
+                for (auto t : ctxs) cells.push_back(BenchSpec{m, d, p, a, mode, b, t, warmup_, steps_, seed_, profile_});
 
     SweepProgress shown;
     std::vector<BenchResult> rows;
@@ -82,6 +89,7 @@ class BenchCommand : public Command {
               format_ = "md", out_;
   int warmup_ = 5, steps_ = 10;
   std::uint64_t seed_ = 0;
+  bool profile_ = false;
 };
 
 }  // namespace

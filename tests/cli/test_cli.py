@@ -163,6 +163,7 @@ class Cli(unittest.TestCase):
         self.assertUserError(run("bench", *TINY, "--mode", "sideways"), "unknown --mode 'sideways'")
         self.assertUserError(run("bench", *TINY, "--device", "tpu"), "unknown --device 'tpu'")
         self.assertUserError(run("bench", *TINY, "--format", "xml"), "unknown --format 'xml'")
+        self.assertUserError(run("bench", *TINY, "--device", "cpu", "--profile"), "it needs --device cuda")
         self.assertUserError(run("bench", "--no-such-flag"), "no-such-flag")
         self.assertUserError(run("frobnicate"), "unknown command 'frobnicate'")
         self.assertUserError(run(), "a command is required")

@@ -5,6 +5,7 @@
 
 #include "lmscope/backend/backend.h"
 #include "lmscope/backend/devices.h"
+#include "lmscope/bench/runner.h"
 #include "lmscope/core/rng.h"
 #include "lmscope/model/optimizer.h"
 #include "lmscope/model/transformer.h"
@@ -353,6 +354,64 @@ TEST_F(CudaVsCpu, OutOfMemoryIsReportedAndRecovered) {
   auto ok = mem.allocate({1 << 20}, DType::f32, {});  // the device still works
   gpu->fill(ok, 1.0);
   gpu->synchronize();
+}
+
+TEST_F(CudaVsCpu, KernelTracerSeesEveryKernelInItsPhase) {
+  Twin x = random({37, 129});
+  auto tracer = gpu->kernel_tracer();
+  ASSERT_TRUE(tracer);
+  tracer->set_phase(Phase::forward);
+  gpu->fill(x.gpu, 1.0);
+  tracer->set_phase(Phase::optimizer);
+  gpu->add(x.gpu, x.gpu, x.gpu);
+  gpu->add(x.gpu, x.gpu, x.gpu);
+  const std::vector<KernelRecord> records = tracer->finish();
+  ASSERT_EQ(records.size(), 3u);
+  EXPECT_EQ(records[0].name, "fill_kernel<float>");
+  EXPECT_EQ(records[0].phase, Phase::forward);
+  for (int i : {1, 2}) {
+    EXPECT_EQ(records[i].name, "add_kernel<float, float, float>");
+    EXPECT_EQ(records[i].phase, Phase::optimizer);
+    EXPECT_GE(records[i].start_ns, records[i - 1].end_ns);  // one stream: in order, no overlap
+  }
+  for (const KernelRecord& r : records) EXPECT_LT(r.start_ns, r.end_ns);
+  EXPECT_TRUE(gpu->kernel_tracer()) << "a finished tracer frees the way for the next";
+}
+
+TEST(CudaProfile, BenchCellAccountsForEveryPhase) {
+  if (list_gpus().empty()) GTEST_SKIP() << "no CUDA GPU visible";
+  BenchSpec spec;
+  spec.model = preset("small");
+  spec.model.layers = 2;
+  spec.device = "cuda";
+  spec.precision = "bf16";
+  spec.batch = 2;
+  spec.ctx = 64;
+  spec.warmup = 1;
+  spec.steps = 3;
+  spec.profile = true;
+  const BenchResult r = run_bench_cell(spec);
+  ASSERT_TRUE(r.ok()) << r.status;
+  const KernelProfile& k = r.kernels;
+  ASSERT_EQ(k.steps, 3);
+  for (auto [p, stats] : {std::pair{Phase::forward, r.forward}, std::pair{Phase::backward, r.backward},
+                          std::pair{Phase::optimizer, r.optimizer}}) {
+    EXPECT_GT(k.busy_ms(p), 0) << phase_name(p);
+    EXPECT_LE(k.busy_ms(p), stats.mean * 1.001) << phase_name(p) << ": kernels cannot outlast their phase";
+  }
+  // One AdamW launch per parameter tensor per step; GEMMs in forward and backward.
+  const auto params = static_cast<double>(3 + 9 * spec.model.layers);  // embedding, 9 per layer, norm, head
+  bool adamw = false, fwd_gemm = false, bwd_gemm = false;
+  for (const KernelSummary& s : k.kernels) {
+    if (s.name == "adamw_kernel") {
+      adamw = true;
+      EXPECT_DOUBLE_EQ(s.calls_per_step, params);
+      EXPECT_EQ(s.phase, Phase::optimizer);
+    }
+    fwd_gemm |= s.category == "GEMM" && s.phase == Phase::forward;
+    bwd_gemm |= s.category == "GEMM" && s.phase == Phase::backward;
+  }
+  EXPECT_TRUE(adamw && fwd_gemm && bwd_gemm);
 }
 
 }  // namespace

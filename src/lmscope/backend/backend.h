@@ -12,6 +12,7 @@
 #pragma once
 
 #include "lmscope/core/allocator.h"
+#include "lmscope/profile/kernel_profile.h"
 
 #include <memory>
 #include <span>
@@ -50,6 +51,8 @@ class Backend {
   virtual int mark() = 0;
   virtual double elapsed_ms(int from, int to) = 0;
   virtual void clear_marks() = 0;
+  // A recorder of the device's kernels from now on, or nullptr where the backend has none (CPU).
+  virtual std::unique_ptr<KernelTracer> kernel_tracer() { return nullptr; }
 
   // Host <-> backend memory and elementwise basics.
   virtual void copy_from_host(const Tensor& dst, const void* src) = 0;

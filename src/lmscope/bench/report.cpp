@@ -17,6 +17,82 @@ namespace {
 
 std::string mean_std(const PhaseStats& s) { return s.n ? fmt::format("{:.2f} ± {:.2f}", s.mean, s.std) : "-"; }
 
+const char* const kPhases[] = {"forward", "backward", "optimizer", "step"};
+const PhaseStats& phase(const BenchResult& r, int i) {
+  const PhaseStats* p[] = {&r.forward, &r.backward, &r.optimizer, &r.step};
+  return *p[i];
+}
+
+// The phases a kernel profile splits a step into, with the phase's mean time from the bench's marks.
+struct TimedPhase {
+  Phase phase;
+  double ms;
+};
+std::vector<TimedPhase> profiled_phases(const BenchResult& r) {
+  std::vector<TimedPhase> out;
+  for (auto [p, stats] : {std::pair{Phase::forward, &r.forward}, std::pair{Phase::backward, &r.backward},
+                          std::pair{Phase::optimizer, &r.optimizer}})
+    if (stats->n > 0) out.push_back({p, stats->mean});
+  return out;
+}
+
+constexpr int kTopKernels = 15;
+
+// Per phase: time by kernel category and the gaps where the GPU waited for the host; then the
+// longest kernels of the step.
+std::string markdown_profile(const BenchResult& r) {
+  const BenchSpec& s = r.spec;
+  const KernelProfile& k = r.kernels;
+  std::string out = fmt::format(
+      "\n### Where the time goes: {} {} {} {} {}, batch {}, ctx {} (per step, mean of {} measured steps)\n\n"
+      "| phase | what | ms | share of phase | launches |\n|---|---|---:|---:|---:|\n",
+      s.model.name, s.device, s.precision, attention_name(s.attention), bench_mode_name(s.mode), s.batch, s.ctx,
+      k.steps);
+  for (const TimedPhase& p : profiled_phases(r)) {
+    for (const KernelSummary& c : k.categories)
+      if (c.phase == p.phase)
+        out += fmt::format("| {} | {} | {:.3f} | {:.1f}% | {:.0f} |\n", phase_name(p.phase), c.category, c.ms_per_step,
+                           100 * c.ms_per_step / p.ms, c.calls_per_step);
+    const double idle = std::max(0.0, p.ms - k.busy_ms(p.phase));
+    out += fmt::format("| {} | GPU idle (waiting for launches) | {:.3f} | {:.1f}% | |\n", phase_name(p.phase), idle,
+                       100 * idle / p.ms);
+  }
+  out += "\n| phase | kernel | category | calls | ms | µs per call | share of step |\n|---|---|---|---:|---:|---:|---:|\n";
+  double step_ms = 0;
+  for (const TimedPhase& p : profiled_phases(r)) step_ms += p.ms;
+  for (std::size_t i = 0; i < k.kernels.size() && i < kTopKernels; ++i) {
+    const KernelSummary& c = k.kernels[i];
+    out += fmt::format("| {} | `{}` | {} | {:.0f} | {:.3f} | {:.1f} | {:.1f}% |\n", phase_name(c.phase), c.name,
+                       c.category, c.calls_per_step, c.ms_per_step, 1e3 * c.ms_per_step / c.calls_per_step,
+                       100 * c.ms_per_step / step_ms);
+  }
+  if (k.kernels.size() > kTopKernels)
+    out += fmt::format("\n({} more kernels; `--format json` lists all.)\n", k.kernels.size() - kTopKernels);
+  return out;
+}
+
+nlohmann::ordered_json json_profile(const BenchResult& r) {
+  nlohmann::ordered_json j;
+  j["steps"] = r.kernels.steps;
+  for (const TimedPhase& p : profiled_phases(r)) {
+    nlohmann::ordered_json ph;
+    ph["phase"] = phase_name(p.phase);
+    ph["ms"] = p.ms;
+    ph["busy_ms"] = r.kernels.busy_ms(p.phase);
+    for (const KernelSummary& c : r.kernels.categories)
+      if (c.phase == p.phase)
+        ph["categories"].push_back({{"category", c.category}, {"ms", c.ms_per_step}, {"launches", c.calls_per_step}});
+    j["phases"].push_back(ph);
+  }
+  for (const KernelSummary& c : r.kernels.kernels)
+    j["kernels"].push_back({{"phase", phase_name(c.phase)},
+                            {"name", c.name},
+                            {"category", c.category},
+                            {"calls", c.calls_per_step},
+                            {"ms", c.ms_per_step}});
+  return j;
+}
+
 std::string markdown(const std::vector<BenchResult>& rows) {
   std::string out =
       "| model | device | precision | attention | mode | batch | ctx | forward ms | backward ms | optimizer ms | "
@@ -34,13 +110,9 @@ std::string markdown(const std::vector<BenchResult>& rows) {
     else
       out += fmt::format("- | - | - | - | - | - | - | - | {} |\n", r.status);
   }
+  for (const BenchResult& r : rows)
+    if (r.ok() && r.kernels.steps > 0) out += markdown_profile(r);
   return out;
-}
-
-const char* const kPhases[] = {"forward", "backward", "optimizer", "step"};
-const PhaseStats& phase(const BenchResult& r, int i) {
-  const PhaseStats* p[] = {&r.forward, &r.backward, &r.optimizer, &r.step};
-  return *p[i];
 }
 
 std::string csv_field(const std::string& s) {
@@ -116,6 +188,7 @@ std::string json(const std::vector<BenchResult>& rows) {
       j["peak_tflops"] = r.peak_tflops;
       j["mfu"] = r.mfu;
       j["peak_bytes"] = r.peak_bytes;
+      if (r.kernels.steps > 0) j["kernels"] = json_profile(r);
     }
     arr.push_back(j);
   }

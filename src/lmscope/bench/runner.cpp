@@ -79,19 +79,31 @@ void run_cell(const BenchSpec& spec, BenchResult& r, const BenchProgress& progre
 
   // Phases are timed by marks in the backend's stream (CUDA events on the GPU), so no phase waits
   // for the host; the whole step by a host clock around a synchronised region, the seeds' method.
+  // With spec.profile, a tracer records every kernel of the measured steps, tagged with its phase.
   std::vector<double> fwd, bwd, optim, step;
+  std::unique_ptr<KernelTracer> tracer;
+  auto enter = [&](Phase p) {
+    if (tracer) tracer->set_phase(p);
+  };
   const int total = spec.warmup + spec.steps;
   for (int i = 0; i < total; ++i) {
     backend->synchronize();
+    if (spec.profile && i == spec.warmup) {
+      tracer = backend->kernel_tracer();
+      if (!tracer) throw Unsupported(fmt::format("--profile traces GPU kernels; the {} backend has none", spec.device));
+    }
     const auto t0 = std::chrono::steady_clock::now();
     const int m0 = backend->mark();
+    enter(Phase::forward);
     model.forward();
     const int m1 = backend->mark();
+    enter(Phase::backward);
     if (spec.mode == BenchMode::forward)
       model.discard_activations();
     else
       model.backward();
     const int m2 = backend->mark();
+    enter(Phase::optimizer);
     if (opt) opt->step(1e-3);
     const int m3 = backend->mark();
     backend->synchronize();
@@ -105,6 +117,7 @@ void run_cell(const BenchSpec& spec, BenchResult& r, const BenchProgress& progre
     backend->clear_marks();
     if (progress) progress(i + 1, total);
   }
+  if (tracer) r.kernels = summarize_kernels(tracer->finish(), spec.steps);
   const double loss = model.read_loss();
   if (!std::isfinite(loss)) throw std::runtime_error(fmt::format("the loss is {}", loss));
   r.peak_bytes = backend->allocator().peak_bytes();

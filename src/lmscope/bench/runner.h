@@ -5,6 +5,7 @@
 
 #include "lmscope/model/attention.h"
 #include "lmscope/model/config.h"
+#include "lmscope/profile/kernel_profile.h"
 
 #include <functional>
 #include <string>
@@ -25,6 +26,7 @@ struct BenchSpec {
   std::int64_t batch = 4, ctx = 256;
   int warmup = 5, steps = 10;
   std::uint64_t seed = 0;
+  bool profile = false;  // trace every kernel of the measured steps (a backend with a KernelTracer)
 };
 
 // The datasheet peak of a GPU for a precision (bf16/tf32 dense tensor cores, fp32 CUDA cores),
@@ -48,6 +50,7 @@ struct BenchResult {
   double peak_tflops = 0;   // the device's datasheet peak for the precision; 0 when unknown
   double mfu = 0;           // model_tflops / peak_tflops
   std::size_t peak_bytes = 0;
+  KernelProfile kernels;  // per measured step; steps == 0 unless spec.profile
   bool ok() const { return status == "ok"; }
 };
 

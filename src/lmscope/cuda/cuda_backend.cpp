@@ -5,6 +5,7 @@
 #include "lmscope/cuda/cuda_allocator.h"
 #include "lmscope/cuda/cuda_check.h"
 #include "lmscope/cuda/gemm.h"
+#include "lmscope/cuda/kernel_tracer.h"
 #include "lmscope/cuda/kernels.h"
 
 #include <cmath>
@@ -70,6 +71,7 @@ class CudaBackend final : public Backend {
     LMSCOPE_CUDA_CHECK(cudaEventRecord(events_[used_events_], stream_));
     return static_cast<int>(used_events_++);
   }
+  std::unique_ptr<KernelTracer> kernel_tracer() override { return cuda::make_kernel_tracer(); }
   double elapsed_ms(int from, int to) override {
     float ms = 0;
     LMSCOPE_CUDA_CHECK(cudaEventElapsedTime(&ms, events_.at(from), events_.at(to)));

@@ -101,7 +101,7 @@ __global__ void cross_entropy_rows_kernel(const T* logits, const std::int32_t* t
 }
 
 // One block, a fixed order: the loss is the same bit for bit on every run.
-__global__ void mean_kernel(const float* values, float* out, std::int64_t n) {
+__global__ void loss_mean_kernel(const float* values, float* out, std::int64_t n) {
   float acc = 0;
   for (std::int64_t i = threadIdx.x; i < n; i += blockDim.x) acc += values[i];
   acc = block_sum(acc);
@@ -184,8 +184,8 @@ void cross_entropy_forward(const void* logits, Elem e, const std::int32_t* targe
         <<<static_cast<unsigned>(n), 256, 0, s>>>(static_cast<const T*>(logits), targets, lse, row_loss, v);
   });
   check_launch("cross_entropy_rows_kernel");
-  mean_kernel<<<1, 1024, 0, s>>>(row_loss, loss, n);
-  check_launch("mean_kernel");
+  loss_mean_kernel<<<1, 1024, 0, s>>>(row_loss, loss, n);
+  check_launch("loss_mean_kernel");
 }
 
 void cross_entropy_backward(const void* logits, const std::int32_t* targets, const float* lse, void* dlogits, Elem e,

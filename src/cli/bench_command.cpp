@@ -62,7 +62,8 @@ class BenchCommand : public Command {
           for (auto a : attentions)
             for (auto mode : modes)
               for (auto b : batches)
-                for (auto t : ctxs) cells.push_back(BenchSpec{m, d, p, a, mode, b, t, warmup_, steps_, seed_, profile_});
+                for (auto t : ctxs)
+                  cells.push_back(BenchSpec{m, d, p, a, mode, b, t, warmup_, steps_, seed_, profile_});
 
     SweepProgress shown;
     std::vector<BenchResult> rows;

@@ -99,8 +99,9 @@ TEST_F(CudaVsCpu, HeadsWithRope) {
 }
 
 TEST_F(CudaVsCpu, Softmax) {
-  for (bool causal : {true, false}) {
-    const std::int64_t rows = 6, T = 37;
+  // T 64 takes the packed path (rows of whole 16-byte packs), T 37 the element-wise one.
+  for (auto [causal, T] : {std::pair{true, 37}, std::pair{false, 37}, std::pair{true, 64}, std::pair{false, 64}}) {
+    const std::int64_t rows = 6;
     auto s = random({rows, T, T}, 3.0), dp = random({rows, T, T});
     auto p = output({rows, T, T}), ds = output({rows, T, T});
     cpu->softmax_forward(s.cpu, p.cpu, 0.125, causal);
@@ -261,8 +262,8 @@ TEST_F(Bf16VsCpu, Gemm) {
 }
 
 TEST_F(Bf16VsCpu, RowOps) {
-  const std::int64_t N = 37, d = 203, T = 37;
-  {  // RMSNorm: f32 in, bf16 out; backward from a bf16 gradient into f32
+  const std::int64_t N = 37, d = 203, T = 40;  // T 40: softmax rows of whole 16-byte packs
+  {                                            // RMSNorm: f32 in, bf16 out; backward from a bf16 gradient into f32
     auto x = random({N, d}), w = random({d}), y = output({N, d}), r = output({N}), dy = random({N, d});
     auto dx = output({N, d}), dw = output({d});
     cpu->rmsnorm_forward(x.cpu, w.cpu, y.cpu, r.cpu, 1e-5);

@@ -14,7 +14,8 @@ TEST(KernelNames, DemangledWithoutNamespacesReturnTypeOrArguments) {
   // void f<(int)64, true>(int): template arguments with spaces stay whole.
   EXPECT_EQ(short_kernel_name("_Z1fILi64ELb1EEvi"), "f<64, true>");
   // Not mangled (cuBLAS's own kernels): unchanged.
-  EXPECT_EQ(short_kernel_name("nvjet_sm90_tst_128x256_64x4_2x1_v_bz_coopA_TNT"), "nvjet_sm90_tst_128x256_64x4_2x1_v_bz_coopA_TNT");
+  EXPECT_EQ(short_kernel_name("nvjet_sm90_tst_128x256_64x4_2x1_v_bz_coopA_TNT"),
+            "nvjet_sm90_tst_128x256_64x4_2x1_v_bz_coopA_TNT");
   EXPECT_EQ(short_kernel_name("plain_kernel(int)"), "plain_kernel");
 }
 
@@ -34,8 +35,8 @@ TEST(KernelNames, Categories) {
 
 TEST(KernelSummary, PerStepTotalsByPhaseCategoryAndKernel) {
   const std::vector<KernelRecord> records = {
-      {"nvjet_a", Phase::forward, 0, 4000},      {"nvjet_a", Phase::forward, 5000, 9000},
-      {"nvjet_b", Phase::forward, 9000, 10000},  {"adamw_kernel", Phase::optimizer, 20000, 26000},
+      {"nvjet_a", Phase::forward, 0, 4000},       {"nvjet_a", Phase::forward, 5000, 9000},
+      {"nvjet_b", Phase::forward, 9000, 10000},   {"adamw_kernel", Phase::optimizer, 20000, 26000},
       {"nvjet_a", Phase::backward, 30000, 32000}, {"add_kernel", Phase::forward, 10000, 10500},
   };
   const KernelProfile p = summarize_kernels(records, 2);

@@ -57,7 +57,8 @@ std::string markdown_profile(const BenchResult& r) {
     out += fmt::format("| {} | GPU idle (waiting for launches) | {:.3f} | {:.1f}% | |\n", phase_name(p.phase), idle,
                        100 * idle / p.ms);
   }
-  out += "\n| phase | kernel | category | calls | ms | µs per call | share of step |\n|---|---|---|---:|---:|---:|---:|\n";
+  out +=
+      "\n| phase | kernel | category | calls | ms | µs per call | share of step |\n|---|---|---|---:|---:|---:|---:|\n";
   double step_ms = 0;
   for (const TimedPhase& p : profiled_phases(r)) step_ms += p.ms;
   for (std::size_t i = 0; i < k.kernels.size() && i < kTopKernels; ++i) {

@@ -55,6 +55,7 @@ class CudaBackend final : public Backend {
     cudaStreamSynchronize(stream_);
     gemm_.reset();
     norm_sum_.reset();
+    rope_tables_.clear();
     for (cudaEvent_t e : events_) cudaEventDestroy(e);
     cudaStreamDestroy(stream_);
   }
@@ -127,12 +128,13 @@ class CudaBackend final : public Backend {
 
   void split_heads(const Tensor& in, const Tensor& out, double theta) override {
     same_dtype(in, out, "split_heads");
-    cuda::permute_heads(in.data, out.data, elem(in), in.dim(0), in.dim(1), in.dim(2), in.dim(3), theta, true, stream_);
+    cuda::permute_heads(in.data, out.data, elem(in), in.dim(0), in.dim(1), in.dim(2), in.dim(3),
+                        rope_table(in.dim(1), in.dim(3), theta), true, stream_);
   }
   void merge_heads(const Tensor& in, const Tensor& out, double theta) override {
     same_dtype(in, out, "merge_heads");
-    cuda::permute_heads(in.data, out.data, elem(in), out.dim(0), out.dim(1), out.dim(2), out.dim(3), theta, false,
-                        stream_);
+    cuda::permute_heads(in.data, out.data, elem(in), out.dim(0), out.dim(1), out.dim(2), out.dim(3),
+                        rope_table(out.dim(1), out.dim(3), theta), false, stream_);
   }
 
   void softmax_forward(const Tensor& scores, const Tensor& probs, double scale, bool causal) override {
@@ -224,6 +226,24 @@ class CudaBackend final : public Backend {
   std::unique_ptr<cuda::Gemm> gemm_;
   Allocation norm_sum_;
   std::vector<cudaEvent_t> events_;
+  // RoPE's (cos, sin) per (position, pair), made on first use of a shape; nullptr for theta <= 0.
+  struct RopeKey {
+    std::int64_t t, dk;
+    double theta;
+    bool operator==(const RopeKey&) const = default;
+  };
+  std::vector<std::pair<RopeKey, Allocation>> rope_tables_;
+  const float* rope_table(std::int64_t t, std::int64_t dk, double theta) {
+    if (theta <= 0) return nullptr;
+    LMSCOPE_CHECK(dk % 2 == 0, "RoPE needs an even head dim, got {}", dk);
+    const RopeKey key{t, dk, theta};
+    for (auto& [k, table] : rope_tables_)
+      if (k == key) return table.tensor().as<float>();
+    Allocation table = alloc_.allocate({t, dk / 2, 2}, DType::f32, {MemKind::workspace, "rope.table", -1});
+    cuda::rope_table(table.tensor().as<float>(), t, dk, theta, stream_);
+    rope_tables_.emplace_back(key, std::move(table));
+    return rope_tables_.back().second.tensor().as<float>();
+  }
   std::size_t used_events_ = 0;
 };
 

@@ -28,28 +28,56 @@ __global__ void add_kernel(const TA* a, const TB* b, TO* out, std::int64_t n) {
   GRID_STRIDE(i, n) out[i] = st<TO>(ld(a[i]) + ld(b[i]));
 }
 
-template <typename T>
+// SwiGLU moves 3 (forward) and 5 (backward) tensors of B·T·d_ff: VEC elements per 16-byte access
+// in the main loop (VEC = 1 where a pointer is not aligned), then the tail one by one.
+__device__ __forceinline__ float silu(float x) { return x / (1.0f + expf(-x)); }
+
+template <typename T, int VEC>
 __global__ void swiglu_forward_kernel(const T* a, const T* b, T* out, std::int64_t n) {
-  GRID_STRIDE(i, n) {
-    const float x = ld(a[i]);
-    out[i] = st<T>(x / (1.0f + expf(-x)) * ld(b[i]));
+  const std::int64_t packs = n / VEC;
+  float x[VEC], y[VEC];
+  GRID_STRIDE(i, packs) {
+    load<VEC>(a + i * VEC, x);
+    load<VEC>(b + i * VEC, y);
+    for (int k = 0; k < VEC; ++k) x[k] = silu(x[k]) * y[k];
+    store<VEC>(out + i * VEC, x);
+  }
+  GRID_STRIDE(j, n - packs * VEC) {
+    const std::int64_t i = packs * VEC + j;
+    out[i] = st<T>(silu(ld(a[i])) * ld(b[i]));
   }
 }
 
-template <typename T>
+__device__ __forceinline__ void swiglu_grad(float x, float y, float g, float& dx, float& dy) {
+  const float s = 1.0f / (1.0f + expf(-x));
+  dx = g * y * s * (1.0f + x * (1.0f - s));
+  dy = g * x * s;
+}
+
+template <typename T, int VEC>
 __global__ void swiglu_backward_kernel(const T* a, const T* b, const T* dout, T* da, T* db, std::int64_t n) {
-  GRID_STRIDE(i, n) {
-    const float x = ld(a[i]), s = 1.0f / (1.0f + expf(-x)), g = ld(dout[i]);
-    da[i] = st<T>(g * ld(b[i]) * s * (1.0f + x * (1.0f - s)));
-    db[i] = st<T>(g * x * s);
+  const std::int64_t packs = n / VEC;
+  float x[VEC], y[VEC], g[VEC];
+  GRID_STRIDE(i, packs) {
+    load<VEC>(a + i * VEC, x);
+    load<VEC>(b + i * VEC, y);
+    load<VEC>(dout + i * VEC, g);
+    for (int k = 0; k < VEC; ++k) swiglu_grad(x[k], y[k], g[k], x[k], y[k]);
+    store<VEC>(da + i * VEC, x);
+    store<VEC>(db + i * VEC, y);
+  }
+  GRID_STRIDE(j, n - packs * VEC) {
+    const std::int64_t i = packs * VEC + j;
+    float dx, dy;
+    swiglu_grad(ld(a[i]), ld(b[i]), ld(dout[i]), dx, dy);
+    da[i] = st<T>(dx);
+    db[i] = st<T>(dy);
   }
 }
 
 // AdamW and the gradient norm are bound by memory (AdamW moves 30 bytes per parameter: p, g, m, v
 // read, p, m, v and the bf16 copy written), so they load and store four floats at a time wherever
 // the pointers are 16-byte aligned, which the allocator's blocks are; a tail goes one by one.
-bool aligned(const void* p, std::size_t bytes) { return reinterpret_cast<std::uintptr_t>(p) % bytes == 0; }
-
 struct AdamWConsts {
   float beta1, beta2, eps, alpha, decay;
 };
@@ -144,8 +172,12 @@ void add(const void* a, Elem ea, const void* b, Elem eb, void* out, Elem eout, s
 void swiglu_forward(const void* a, const void* b, void* out, Elem e, std::int64_t n, cudaStream_t s) {
   with_elem(e, [&](auto t) {
     using T = typename decltype(t)::type;
-    swiglu_forward_kernel<T><<<grid_for(n, kBlock), kBlock, 0, s>>>(static_cast<const T*>(a), static_cast<const T*>(b),
-                                                                    static_cast<T*>(out), n);
+    const auto *x = static_cast<const T*>(a), *y = static_cast<const T*>(b);
+    auto* o = static_cast<T*>(out);
+    if (aligned16({x, y, o}))
+      swiglu_forward_kernel<T, kPack<T>><<<grid_for(n / kPack<T> + 1, kBlock), kBlock, 0, s>>>(x, y, o, n);
+    else
+      swiglu_forward_kernel<T, 1><<<grid_for(n, kBlock), kBlock, 0, s>>>(x, y, o, n);
   });
   check_launch("swiglu_forward_kernel");
 }
@@ -154,25 +186,28 @@ void swiglu_backward(const void* a, const void* b, const void* dout, void* da, v
                      cudaStream_t s) {
   with_elem(e, [&](auto t) {
     using T = typename decltype(t)::type;
-    swiglu_backward_kernel<T><<<grid_for(n, kBlock), kBlock, 0, s>>>(static_cast<const T*>(a), static_cast<const T*>(b),
-                                                                     static_cast<const T*>(dout), static_cast<T*>(da),
-                                                                     static_cast<T*>(db), n);
+    const auto *x = static_cast<const T*>(a), *y = static_cast<const T*>(b), *g = static_cast<const T*>(dout);
+    auto *dx = static_cast<T*>(da), *dy = static_cast<T*>(db);
+    if (aligned16({x, y, g, dx, dy}))
+      swiglu_backward_kernel<T, kPack<T>><<<grid_for(n / kPack<T> + 1, kBlock), kBlock, 0, s>>>(x, y, g, dx, dy, n);
+    else
+      swiglu_backward_kernel<T, 1><<<grid_for(n, kBlock), kBlock, 0, s>>>(x, y, g, dx, dy, n);
   });
   check_launch("swiglu_backward_kernel");
 }
 
 void adamw(float* p, const float* g, float* m, float* v, std::int64_t n, float beta1, float beta2, float eps,
            float alpha, float decay, const float* grad_norm, float max_norm, void* lowp, cudaStream_t s) {
-  const bool vec = aligned(p, 16) && aligned(g, 16) && aligned(m, 16) && aligned(v, 16) && aligned(lowp, 8);
+  const bool vec = aligned16({p, g, m, v}) && reinterpret_cast<std::uintptr_t>(lowp) % 8 == 0;
   const std::int64_t n4 = vec ? n / 4 : 0;
-  adamw_kernel<<<grid_for(n4 > 0 ? n4 : n, kBlock), kBlock, 0, s>>>(p, g, m, v, n, n4,
-                                                                   AdamWConsts{beta1, beta2, eps, alpha, decay},
-                                                                   grad_norm, max_norm, static_cast<__nv_bfloat16*>(lowp));
+  adamw_kernel<<<grid_for(n4 > 0 ? n4 : n, kBlock), kBlock, 0, s>>>(
+      p, g, m, v, n, n4, AdamWConsts{beta1, beta2, eps, alpha, decay}, grad_norm, max_norm,
+      static_cast<__nv_bfloat16*>(lowp));
   check_launch("adamw_kernel");
 }
 
 void sum_squares(const float* x, std::int64_t n, double* sum, cudaStream_t s) {
-  const std::int64_t n4 = aligned(x, 16) ? n / 4 : 0;
+  const std::int64_t n4 = aligned16({x}) ? n / 4 : 0;
   sum_squares_kernel<<<std::min(grid_for(n4 > 0 ? n4 : n, kBlock), 1024u), kBlock, 0, s>>>(x, n, n4, sum);
   check_launch("sum_squares_kernel");
 }

@@ -17,8 +17,11 @@ namespace lmscope::cuda {
 namespace {
 
 constexpr CUpti_ExternalCorrelationKind kPhaseKind = CUPTI_EXTERNAL_CORRELATION_KIND_CUSTOM0;
-constexpr CUpti_ActivityKind kKinds[] = {CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL, CUPTI_ACTIVITY_KIND_MEMSET,
-                                         CUPTI_ACTIVITY_KIND_MEMCPY, CUPTI_ACTIVITY_KIND_EXTERNAL_CORRELATION};
+// External-correlation records come only with API records, so the runtime's and the driver's
+// (cuBLASLt launches through the driver) are on too, though nothing reads them.
+constexpr CUpti_ActivityKind kKinds[] = {
+    CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL, CUPTI_ACTIVITY_KIND_MEMSET, CUPTI_ACTIVITY_KIND_MEMCPY,
+    CUPTI_ACTIVITY_KIND_RUNTIME,           CUPTI_ACTIVITY_KIND_DRIVER, CUPTI_ACTIVITY_KIND_EXTERNAL_CORRELATION};
 constexpr std::size_t kBufferBytes = std::size_t{8} << 20;
 
 void cupti_check(CUptiResult r, const char* what) {
@@ -34,7 +37,7 @@ struct Collector {
   std::mutex mu;
   bool active = false;
   std::vector<KernelRecord> records;
-  std::vector<std::uint32_t> correlation;                    // of records[i]
+  std::vector<std::uint32_t> correlation;                     // of records[i]
   std::unordered_map<std::uint32_t, std::uint64_t> phase_of;  // correlation id -> Phase
   std::unordered_map<const char*, std::string> names;         // CUPTI's name pointer -> short name
 };
@@ -113,7 +116,8 @@ class CuptiKernelTracer final : public KernelTracer {
     }
   }
   ~CuptiKernelTracer() override {
-    if (!finished_) stop();
+    if (finished_) return;
+    stop();
     release();
   }
 
@@ -126,17 +130,22 @@ class CuptiKernelTracer final : public KernelTracer {
   std::vector<KernelRecord> finish() override {
     LMSCOPE_CUDA_CHECK(cudaDeviceSynchronize());
     stop();
-    Collector& c = collector();
-    std::lock_guard lock(c.mu);
+    std::vector<KernelRecord> out;
     std::size_t dropped = 0;
     cuptiActivityGetNumDroppedRecords(nullptr, 0, &dropped);
-    if (dropped > 0) throw std::runtime_error(fmt::format("CUPTI dropped {} activity records", dropped));
-    std::vector<KernelRecord> out = std::move(c.records);
-    for (std::size_t i = 0; i < out.size(); ++i) {
-      auto it = c.phase_of.find(c.correlation[i]);
-      if (it != c.phase_of.end()) out[i].phase = static_cast<Phase>(it->second);
+    {
+      Collector& c = collector();
+      std::lock_guard lock(c.mu);
+      out = std::move(c.records);
+      for (std::size_t i = 0; i < out.size(); ++i) {
+        auto it = c.phase_of.find(c.correlation[i]);
+        if (it != c.phase_of.end()) out[i].phase = static_cast<Phase>(it->second);
+      }
     }
-    std::sort(out.begin(), out.end(), [](const KernelRecord& a, const KernelRecord& b) { return a.start_ns < b.start_ns; });
+    release();
+    if (dropped > 0) throw std::runtime_error(fmt::format("CUPTI dropped {} activity records", dropped));
+    std::sort(out.begin(), out.end(),
+              [](const KernelRecord& a, const KernelRecord& b) { return a.start_ns < b.start_ns; });
     return out;
   }
 

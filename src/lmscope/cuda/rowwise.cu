@@ -56,31 +56,59 @@ __global__ void rmsnorm_backward_dw_kernel(const TD* dout, const float* x, const
   atomicAdd(&dw[j], acc);
 }
 
-template <typename T>
-__global__ void softmax_forward_kernel(const T* scores, T* probs, std::int64_t tq, std::int64_t tk, float scale,
-                                       bool causal) {
-  const std::int64_t row = blockIdx.x;
+// Softmax rows are short (T keys) and many (B·h·T), so a warp takes a row: shuffles instead of
+// block barriers, and VEC elements per 16-byte load where the row length allows.
+constexpr int kSoftmaxWarps = 4;
+
+template <typename T, int VEC>
+__global__ void softmax_forward_kernel(const T* scores, T* probs, std::int64_t rows, std::int64_t tq, std::int64_t tk,
+                                       float scale, bool causal) {
+  const std::int64_t row = blockIdx.x * std::int64_t{kSoftmaxWarps} + threadIdx.x / 32;
+  const int lane = threadIdx.x % 32;
+  if (row >= rows) return;
   const T* s = scores + row * tk;
   T* p = probs + row * tk;
   const std::int64_t valid = causal ? min(tk, row % tq + 1) : tk;
-  float mx = -FLT_MAX;
-  for (std::int64_t j = threadIdx.x; j < valid; j += blockDim.x) mx = fmaxf(mx, ld(s[j]));
-  mx = block_max(mx);
-  float sum = 0;
-  for (std::int64_t j = threadIdx.x; j < valid; j += blockDim.x) sum += expf(scale * (ld(s[j]) - mx));
-  const float inv = 1.0f / block_sum(sum);
-  for (std::int64_t j = threadIdx.x; j < tk; j += blockDim.x)
-    p[j] = st<T>(j < valid ? expf(scale * (ld(s[j]) - mx)) * inv : 0.0f);
+  float mx = -FLT_MAX, sum = 0, x[VEC];
+  for (std::int64_t j = lane * VEC; j < valid; j += 32 * VEC) {
+    load<VEC>(s + j, x);
+    for (int k = 0; k < VEC; ++k)
+      if (j + k < valid) mx = fmaxf(mx, x[k]);
+  }
+  mx = warp_max(mx);
+  for (std::int64_t j = lane * VEC; j < valid; j += 32 * VEC) {
+    load<VEC>(s + j, x);
+    for (int k = 0; k < VEC; ++k)
+      if (j + k < valid) sum += expf(scale * (x[k] - mx));
+  }
+  const float inv = 1.0f / warp_sum(sum);
+  for (std::int64_t j = lane * VEC; j < tk; j += 32 * VEC) {
+    if (j < valid) load<VEC>(s + j, x);
+    for (int k = 0; k < VEC; ++k) x[k] = j + k < valid ? expf(scale * (x[k] - mx)) * inv : 0.0f;
+    store<VEC>(p + j, x);
+  }
 }
 
-template <typename T>
-__global__ void softmax_backward_kernel(const T* probs, const T* dprobs, T* dscores, std::int64_t tk, float scale) {
-  const std::int64_t base = blockIdx.x * tk;
-  float dot = 0;
-  for (std::int64_t j = threadIdx.x; j < tk; j += blockDim.x) dot += ld(probs[base + j]) * ld(dprobs[base + j]);
-  dot = block_sum(dot);
-  for (std::int64_t j = threadIdx.x; j < tk; j += blockDim.x)
-    dscores[base + j] = st<T>(scale * ld(probs[base + j]) * (ld(dprobs[base + j]) - dot));
+template <typename T, int VEC>
+__global__ void softmax_backward_kernel(const T* probs, const T* dprobs, T* dscores, std::int64_t rows, std::int64_t tk,
+                                        float scale) {
+  const std::int64_t row = blockIdx.x * std::int64_t{kSoftmaxWarps} + threadIdx.x / 32;
+  const int lane = threadIdx.x % 32;
+  if (row >= rows) return;
+  const std::int64_t base = row * tk;
+  float dot = 0, pv[VEC], dv[VEC];
+  for (std::int64_t j = lane * VEC; j < tk; j += 32 * VEC) {
+    load<VEC>(probs + base + j, pv);
+    load<VEC>(dprobs + base + j, dv);
+    for (int k = 0; k < VEC; ++k) dot += pv[k] * dv[k];
+  }
+  dot = warp_sum(dot);
+  for (std::int64_t j = lane * VEC; j < tk; j += 32 * VEC) {
+    load<VEC>(probs + base + j, pv);
+    load<VEC>(dprobs + base + j, dv);
+    for (int k = 0; k < VEC; ++k) pv[k] = scale * pv[k] * (dv[k] - dot);
+    store<VEC>(dscores + base + j, pv);
+  }
 }
 
 template <typename T>
@@ -158,20 +186,30 @@ void rmsnorm_backward(const void* dout, Elem edout, const float* x, const float*
 
 void softmax_forward(const void* scores, void* probs, Elem e, std::int64_t rows, std::int64_t tq, std::int64_t tk,
                      float scale, bool causal, cudaStream_t s) {
+  const auto grid = static_cast<unsigned>((rows + kSoftmaxWarps - 1) / kSoftmaxWarps);
   with_elem(e, [&](auto t) {
     using T = typename decltype(t)::type;
-    softmax_forward_kernel<T><<<static_cast<unsigned>(rows), 128, 0, s>>>(
-        static_cast<const T*>(scores), static_cast<T*>(probs), tq, tk, scale, causal);
+    const auto* in = static_cast<const T*>(scores);
+    auto* out = static_cast<T*>(probs);
+    if (tk % kPack<T> == 0 && aligned16({in, out}))
+      softmax_forward_kernel<T, kPack<T>><<<grid, 32 * kSoftmaxWarps, 0, s>>>(in, out, rows, tq, tk, scale, causal);
+    else
+      softmax_forward_kernel<T, 1><<<grid, 32 * kSoftmaxWarps, 0, s>>>(in, out, rows, tq, tk, scale, causal);
   });
   check_launch("softmax_forward_kernel");
 }
 
 void softmax_backward(const void* probs, const void* dprobs, void* dscores, Elem e, std::int64_t rows, std::int64_t tk,
                       float scale, cudaStream_t s) {
+  const auto grid = static_cast<unsigned>((rows + kSoftmaxWarps - 1) / kSoftmaxWarps);
   with_elem(e, [&](auto t) {
     using T = typename decltype(t)::type;
-    softmax_backward_kernel<T><<<static_cast<unsigned>(rows), 128, 0, s>>>(
-        static_cast<const T*>(probs), static_cast<const T*>(dprobs), static_cast<T*>(dscores), tk, scale);
+    const auto *p = static_cast<const T*>(probs), *dp = static_cast<const T*>(dprobs);
+    auto* ds = static_cast<T*>(dscores);
+    if (tk % kPack<T> == 0 && aligned16({p, dp, ds}))
+      softmax_backward_kernel<T, kPack<T>><<<grid, 32 * kSoftmaxWarps, 0, s>>>(p, dp, ds, rows, tk, scale);
+    else
+      softmax_backward_kernel<T, 1><<<grid, 32 * kSoftmaxWarps, 0, s>>>(p, dp, ds, rows, tk, scale);
   });
   check_launch("softmax_backward_kernel");
 }

@@ -5,6 +5,8 @@
 
 #include <cuda_bf16.h>
 
+#include <cstdint>
+#include <initializer_list>
 #include <stdexcept>
 
 namespace lmscope::cuda {
@@ -20,6 +22,34 @@ __device__ __forceinline__ float st<float>(float x) {
 template <>
 __device__ __forceinline__ __nv_bfloat16 st<__nv_bfloat16>(float x) {
   return __float2bfloat16(x);  // round to nearest even
+}
+
+// N consecutive elements moved as one load or store of N·sizeof(T) bytes (16 for the kernels'
+// choices); the address must be aligned to that.
+template <typename T, int N>
+struct alignas(sizeof(T) * N) Pack {
+  T v[N];
+};
+template <int N, typename T>
+__device__ __forceinline__ void load(const T* p, float (&x)[N]) {
+  const Pack<T, N> k = *reinterpret_cast<const Pack<T, N>*>(p);
+#pragma unroll
+  for (int i = 0; i < N; ++i) x[i] = ld(k.v[i]);
+}
+template <int N, typename T>
+__device__ __forceinline__ void store(T* p, const float (&x)[N]) {
+  Pack<T, N> k;
+#pragma unroll
+  for (int i = 0; i < N; ++i) k.v[i] = st<T>(x[i]);
+  *reinterpret_cast<Pack<T, N>*>(p) = k;
+}
+// Elements per 16-byte pack, and whether pointers allow packs.
+template <typename T>
+constexpr int kPack = static_cast<int>(16 / sizeof(T));
+inline bool aligned16(std::initializer_list<const void*> ptrs) {
+  for (const void* p : ptrs)
+    if (reinterpret_cast<std::uintptr_t>(p) % 16 != 0) return false;
+  return true;
 }
 
 template <typename T>

@@ -40,7 +40,7 @@ struct KernelSummary {
 };
 
 struct KernelProfile {
-  int steps = 0;  // 0: no profile was taken
+  int steps = 0;                          // 0: no profile was taken
   std::vector<KernelSummary> kernels;     // one per (phase, name), longest first
   std::vector<KernelSummary> categories;  // one per (phase, category) with name empty, in phase order, longest first
   // Sum of kernel durations per step in a phase (kernels of one stream never overlap).

@@ -31,26 +31,27 @@ __device__ __forceinline__ void st2(__nv_bfloat16* p, float2 v) {
   *reinterpret_cast<__nv_bfloat162*>(p) = __float22bfloat162_rn(v);
 }
 
-// rope: [T, dk/2] (cos, sin), or nullptr for no rotation; sign −1 undoes the rotation (backward).
+// One block row per token (b, t), its threads over the token's h·dk/2 pairs: the only divisions
+// left are one 32-bit divide per pair (64-bit index arithmetic per element cost more than the
+// memory traffic). rope: [T, dk/2] (cos, sin), or nullptr for no rotation; sign −1 undoes the
+// rotation (backward).
 template <typename E>
-__global__ void permute_heads_kernel(const E* in, E* out, std::int64_t B, std::int64_t T, std::int64_t H,
-                                     std::int64_t dk, const float2* rope, bool to_heads_major, float sign) {
-  const std::int64_t pairs = dk / 2, total = B * T * H * pairs;
-  for (std::int64_t idx = blockIdx.x * std::int64_t{blockDim.x} + threadIdx.x; idx < total;
-       idx += std::int64_t{gridDim.x} * blockDim.x) {
-    const std::int64_t i = idx % pairs, h = (idx / pairs) % H, t = (idx / (pairs * H)) % T, b = idx / (pairs * H * T);
-    const std::int64_t token_major = ((b * T + t) * H + h) * dk + 2 * i,
-                       head_major = ((b * H + h) * T + t) * dk + 2 * i;
-    const float2 x = ld2(in + (to_heads_major ? token_major : head_major));
-    E* y = out + (to_heads_major ? head_major : token_major);
-    if (!rope) {
-      st2(y, x);
-      continue;
-    }
-    const float2 cs = rope[t * pairs + i];
-    const float c = cs.x, s = sign * cs.y;
-    st2(y, make_float2(x.x * c - x.y * s, x.x * s + x.y * c));
+__global__ void permute_heads_kernel(const E* in, E* out, std::int64_t T, int H, int dk, const float2* rope,
+                                     bool to_heads_major, float sign) {
+  const int pairs = dk / 2, j = blockIdx.y * blockDim.x + threadIdx.x;
+  if (j >= H * pairs) return;
+  const std::int64_t token = blockIdx.x, b = token / T, t = token % T;
+  const int h = j / pairs, i = j - h * pairs;
+  const std::int64_t token_major = token * H * dk + 2 * j, head_major = ((b * H + h) * T + t) * dk + 2 * i;
+  const float2 x = ld2(in + (to_heads_major ? token_major : head_major));
+  E* y = out + (to_heads_major ? head_major : token_major);
+  if (!rope) {
+    st2(y, x);
+    return;
   }
+  const float2 cs = rope[t * pairs + i];
+  const float c = cs.x, s = sign * cs.y;
+  st2(y, make_float2(x.x * c - x.y * s, x.x * s + x.y * c));
 }
 
 }  // namespace
@@ -62,12 +63,13 @@ void rope_table(float* table, std::int64_t t, std::int64_t dk, double theta, cud
 
 void permute_heads(const void* in, void* out, Elem e, std::int64_t b, std::int64_t t, std::int64_t h, std::int64_t dk,
                    const float* rope, bool to_heads_major, cudaStream_t s) {
-  const std::int64_t total = b * t * h * (dk / 2);
+  constexpr int kThreads = 128;
+  const dim3 grid(static_cast<unsigned>(b * t), static_cast<unsigned>((h * (dk / 2) + kThreads - 1) / kThreads));
   with_elem(e, [&](auto tag) {
     using T = typename decltype(tag)::type;
-    permute_heads_kernel<T><<<grid_for(total, 256), 256, 0, s>>>(static_cast<const T*>(in), static_cast<T*>(out), b, t,
-                                                                 h, dk, reinterpret_cast<const float2*>(rope),
-                                                                 to_heads_major, to_heads_major ? 1.0f : -1.0f);
+    permute_heads_kernel<T><<<grid, kThreads, 0, s>>>(
+        static_cast<const T*>(in), static_cast<T*>(out), t, static_cast<int>(h), static_cast<int>(dk),
+        reinterpret_cast<const float2*>(rope), to_heads_major, to_heads_major ? 1.0f : -1.0f);
   });
   check_launch("permute_heads_kernel");
 }

@@ -4,29 +4,14 @@ the same run: per cell, lmscope flash against SDPA and lmscope naive against PyT
 
   python3 tools/compare_attention.py lmscope.csv pytorch.md
 """
-import csv
 import sys
 
-
-def pytorch_rows(path):
-    rows = {}
-    with open(path) as f:
-        for line in f:
-            c = [x.strip() for x in line.strip().strip("|").split("|")]
-            if not c[0].startswith("PyTorch"):
-                continue
-            rows[(c[1], c[2], int(c[3]), int(c[4]), int(c[5]))] = c
-    return rows
+from result_tables import read_inputs
 
 
 def main(paths):
-    ours, theirs = [], {}
-    for p in paths:
-        if p.endswith(".csv"):
-            with open(p) as f:
-                ours.extend(csv.DictReader(f))
-        else:
-            theirs.update(pytorch_rows(p))
+    ours, pytorch = read_inputs(paths)
+    theirs = {(r["attention"], r["precision"], int(r["batch"]), int(r["seq"]), int(r["d"])): r for r in pytorch}
     print("| lmscope | vs | precision | batch | seq | d | lmscope fwd / bwd / fwd+bwd ms | fwd+bwd TFLOP/s (of peak) "
           "| PyTorch fwd / bwd / fwd+bwd ms | fwd+bwd ratio | saved MiB lmscope / PyTorch |")
     print("|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|")
@@ -45,11 +30,11 @@ def main(paths):
         p = theirs.get(key)
         if p is None:
             print(head + f"| {f:.3f} / {b:.3f} / {fb:.3f} | {tf:.1f}{share} | not measured | - | {saved} / - |")
-        elif p[12] != "ok":
-            print(head + f"| {f:.3f} / {b:.3f} / {fb:.3f} | {tf:.1f}{share} | {p[12]} | lmscope only | {saved} / - |")
+        elif p["status"] != "ok":
+            print(head + f"| {f:.3f} / {b:.3f} / {fb:.3f} | {tf:.1f}{share} | {p['status']} | lmscope only | {saved} / - |")
         else:
-            print(head + f"| {f:.3f} / {b:.3f} / {fb:.3f} | {tf:.1f}{share} | {p[7]} / {p[8]} / {p[9]} "
-                  f"| {float(p[9]) / fb:.2f}x | {saved} / {p[10]} |")
+            print(head + f"| {f:.3f} / {b:.3f} / {fb:.3f} | {tf:.1f}{share} | {p['forward ms']} / {p['backward ms']} / "
+                  f"{p['fwd+bwd ms']} | {float(p['fwd+bwd ms']) / fb:.2f}x | {saved} / {p['saved MiB']} |")
 
 
 if __name__ == "__main__":

@@ -5,39 +5,25 @@ PyTorch's naive attention, its flash attention with PyTorch's SDPA.
 
   python3 tools/compare_grid.py lmscope.csv [more.csv ...] pytorch.md [more.md ...]
 """
-import csv
 import sys
+
+from result_tables import read_inputs
 
 
 # lmscope's attention -> the PyTorch attention it is compared with: its own naive form, or SDPA for flash.
 PEER_ATTENTION = {"naive": "naive", "flash": "sdpa"}
 
 
-def pytorch_rows(path):
-    """Rows keyed by (model, precision, mode, attention, ctx), columns found by the header's names
-    (older files have no mode column: train; no attention column: naive)."""
-    rows, names = {}, None
-    with open(path) as f:
-        for line in f:
-            c = [x.strip() for x in line.strip().strip("|").split("|")]
-            if c[0] == "framework":
-                names = c
-            if not c[0].startswith("PyTorch") or names is None:
-                continue
-            r = dict(zip(names, c))
-            key = (r["model"], r["precision"], r.get("mode", "train"), r.get("attention", "naive"), int(r["ctx"]))
-            rows[key] = {"step": r["step ms"], "peak": r["peak GiB"], "status": r["status"]}
-    return rows
+def keyed(rows):
+    """PyTorch rows by (model, precision, mode, attention, ctx); older files have no mode column
+    (train) and no attention column (naive)."""
+    return {(r["model"], r["precision"], r.get("mode", "train"), r.get("attention", "naive"), int(r["ctx"])):
+            {"step": r["step ms"], "peak": r["peak GiB"], "status": r["status"]} for r in rows}
 
 
 def main(paths):
-    lm, pt = [], {}
-    for p in paths:
-        if p.endswith(".csv"):
-            with open(p) as f:
-                lm.extend(csv.DictReader(f))
-        else:
-            pt.update(pytorch_rows(p))
+    lm, pytorch = read_inputs(paths)
+    pt = keyed(pytorch)
     print("| model | precision | mode | attention | ctx | lmscope ms [GiB] | MFU | PyTorch ms [GiB] | PyTorch / lmscope |")
     print("|---|---|---|---|---:|---:|---:|---:|---:|")
     for r in lm:

@@ -15,6 +15,7 @@
 #include <cmath>
 #include <stdexcept>
 #include <type_traits>
+#include <utility>
 
 namespace lmscope::cuda {
 namespace {
@@ -709,30 +710,14 @@ void allow_smem(Kernel kernel, int bytes) {
       throw std::runtime_error("flash attention: the GPU refuses the shared memory a tile needs");
 }
 
+// Calls f(std::integral_constant<int, D>{}) for the tensor-core head dim D equal to d; false if none is.
+template <int... Ds, typename F>
+bool with_head_dim_of(int d, F&& f) {
+  return ((d == Ds && (f(std::integral_constant<int, Ds>{}), true)) || ...);
+}
 template <typename F>
 bool with_tc_head_dim(int d, F&& f) {
-  switch (d) {
-    case 16:
-      f(std::integral_constant<int, 16>{});
-      return true;
-    case 32:
-      f(std::integral_constant<int, 32>{});
-      return true;
-    case 64:
-      f(std::integral_constant<int, 64>{});
-      return true;
-    case 80:
-      f(std::integral_constant<int, 80>{});
-      return true;
-    case 96:
-      f(std::integral_constant<int, 96>{});
-      return true;
-    case 128:
-      f(std::integral_constant<int, 128>{});
-      return true;
-    default:
-      return false;
-  }
+  return with_head_dim_of<16, 32, 64, 80, 96, 128>(d, std::forward<F>(f));
 }
 
 bool tensor_core_path(Elem e, int d) {

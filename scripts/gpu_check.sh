@@ -11,17 +11,28 @@ PY=/opt/torch/.venv/bin/python
 nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.max.sm --format=csv | tee "$OUT/gpu.txt"
 date -u +%FT%TZ | tee -a "$OUT/gpu.txt"
 
-cmake -S . -B build-gpu -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES="90a;80" >"$OUT/configure.log" 2>&1 \
-  || { tail -30 "$OUT/configure.log"; exit 1; }
-cmake --build build-gpu -j 16 >"$OUT/build.log" 2>&1 || { grep -E "error" -A5 "$OUT/build.log" | head -60; exit 1; }
-echo "== build ok"
+# LMSCOPE_BUILD_DIR=DIR uses binaries built elsewhere (DIR/lmscope, DIR/tests/lmscope_gpu_tests) and
+# skips the build; the tests then run from the test binary, not ctest.
+B=${LMSCOPE_BUILD_DIR:-build-gpu}
+if [[ -z "${LMSCOPE_BUILD_DIR:-}" ]]; then
+  cmake -S . -B build-gpu -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES="90a;80" >"$OUT/configure.log" 2>&1 \
+    || { tail -30 "$OUT/configure.log"; exit 1; }
+  cmake --build build-gpu -j 16 >"$OUT/build.log" 2>&1 || { grep -E "error" -A5 "$OUT/build.log" | head -60; exit 1; }
+  echo "== build ok"
+else
+  export LD_LIBRARY_PATH=/usr/local/cuda/lib64:/usr/local/cuda/extras/CUPTI/lib64${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+fi
 
 if [[ "${LMSCOPE_SKIP_GPU_TESTS:-}" != 1 ]]; then
-  (cd build-gpu && ctest -L gpu --output-on-failure) >"$OUT/gpu-tests.log" 2>&1
+  if [[ -z "${LMSCOPE_BUILD_DIR:-}" ]]; then
+    (cd build-gpu && ctest -L gpu --output-on-failure) >"$OUT/gpu-tests.log" 2>&1
+  else
+    "$B/tests/lmscope_gpu_tests" >"$OUT/gpu-tests.log" 2>&1
+  fi
   tail -5 "$OUT/gpu-tests.log"
   grep -E "Failed|failed" -A15 "$OUT/gpu-tests.log" | head -60
   # (CUPTI tracing cannot run under compute-sanitizer, which holds the same tools interface.)
-  compute-sanitizer --tool memcheck --error-exitcode 9 build-gpu/tests/lmscope_gpu_tests \
+  compute-sanitizer --tool memcheck --error-exitcode 9 "$B/tests/lmscope_gpu_tests" \
     --gtest_filter='-*Training*:*OutOfMemory*:*Model*:*KernelTracer*:*CudaProfile*' >"$OUT/sanitizer.log" 2>&1
   echo "== compute-sanitizer memcheck exit $? ($(grep -c 'OK \]' "$OUT/sanitizer.log") tests ok): $(tail -1 "$OUT/sanitizer.log")"
 fi
@@ -32,7 +43,7 @@ fi
 if [[ "${1:-}" == "--grid" ]]; then
   prec=$2 models=$3 ctxs=$4 modes=${5:-train} attn=${6:-naive}
   tag="$prec-$attn-${modes//,/-}"
-  build-gpu/lmscope bench --device cuda --model "$models" --ctx "$ctxs" --batch 4 --precision "$prec" --mode "$modes" \
+  "$B/lmscope" bench --device cuda --model "$models" --ctx "$ctxs" --batch 4 --precision "$prec" --mode "$modes" \
     --attention "$attn" --warmup 5 --steps 10 --format csv --out "$OUT/lmscope-$tag.csv" >"$OUT/lmscope-$tag.md" 2>/dev/null
   (cd pytorch && $PY bench_reference.py --device cuda --model "$models" --ctx "$ctxs" --mode "$modes" --batch 4 \
     --attention "${attn/flash/sdpa}" --precision "$prec" --warmup 5 --steps 10) >"$OUT/pytorch-$tag.md" 2>&1
@@ -44,7 +55,7 @@ fi
 if [[ "${1:-}" == "--attention" ]]; then
   prec=$2 seqs=$3 dims=$4 batch=$5 impls=${6:-naive,flash}
   tag="attn-$prec-b$batch-${impls//,/-}"
-  build-gpu/lmscope attention --device cuda --attention "$impls" --precision "$prec" --seq "$seqs" --d "$dims" \
+  "$B/lmscope" attention --device cuda --attention "$impls" --precision "$prec" --seq "$seqs" --d "$dims" \
     --batch "$batch" --max-seconds 2 --format csv --out "$OUT/lmscope-$tag.csv" >"$OUT/lmscope-$tag.md" 2>/dev/null
   pt_impls=${impls/flash/sdpa}
   (cd pytorch && $PY bench_attention.py --impl "$pt_impls" --precision "$prec" --seq "$seqs" --d "$dims" \
@@ -57,7 +68,7 @@ fi
 if [[ "${1:-}" == "--profile" ]]; then
   prec=$2 models=$3 ctxs=$4 modes=${5:-train} attn=${6:-naive}
   tag="profile-$prec-$attn-${modes//,/-}"
-  build-gpu/lmscope bench --device cuda --model "$models" --ctx "$ctxs" --batch 4 --precision "$prec" --mode "$modes" \
+  "$B/lmscope" bench --device cuda --model "$models" --ctx "$ctxs" --batch 4 --precision "$prec" --mode "$modes" \
     --attention "$attn" --warmup 5 --steps 10 --profile --format json --out "$OUT/lmscope-$tag.json" \
     >"$OUT/lmscope-$tag.md" 2>/dev/null
   head -8 "$OUT/lmscope-$tag.md"

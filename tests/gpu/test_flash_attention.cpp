@@ -6,6 +6,7 @@
 
 #include "lmscope/backend/backend.h"
 #include "lmscope/backend/devices.h"
+#include "lmscope/cuda/kernels.h"
 #include "lmscope/model/optimizer.h"
 #include "lmscope/model/transformer.h"
 
@@ -91,6 +92,26 @@ TEST_F(FlashOnGpu, Bf16MatchesTheDefinitionWithEitherDqStrategy) {
                        fmt::format("bf16 n {} tq {} tk {} d {} causal {} deterministic {}", c.n, c.tq, c.tk, c.d,
                                    causal, deterministic));
       }
+}
+
+// The Hopper forward (wgmma) runs only with at least one 128-row query tile per SM, so it needs
+// many sequences: partial tiles, tq ≠ tk, both of its head dims.
+TEST_F(FlashOnGpu, HopperForwardMatchesTheDefinition) {
+  const std::vector<GpuInfo> gpus = list_gpus();
+  const Case cases[] = {{64, 300, 300, 64}, {80, 200, 77, 64}, {48, 257, 257, 128}};
+  std::uint64_t seed = 300;
+  for (const Case& c : cases) {
+    const bool wgmma = cuda::flash_attention_forward_uses_wgmma(cuda::Elem::bf16, static_cast<int>(c.d), c.n, c.tq);
+    if (gpus[0].compute_major == 9) {
+      EXPECT_TRUE(wgmma) << "a Hopper GPU takes the wgmma forward for n " << c.n << " tq " << c.tq << " d " << c.d;
+    }
+    for (bool causal : {true, false}) {
+      const AttentionProblem p(c.n, c.tq, c.tk, c.d, causal, seed++, true);
+      expect_matches(
+          run(p, DType::bf16, true), p, 1e-2,
+          fmt::format("bf16 n {} tq {} tk {} d {} causal {} (wgmma {})", c.n, c.tq, c.tk, c.d, causal, wgmma));
+    }
+  }
 }
 
 // The assignment's cases, (4, 128, 64) fp32, at its tolerance of 1e-2 on every element.

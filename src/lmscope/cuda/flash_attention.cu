@@ -9,10 +9,13 @@
 // docs/flash-attention.md has the floors, the measurements and why the code is shaped so.
 #include "lmscope/cuda/launch_check.cuh"
 #include "lmscope/cuda/storage.cuh"
+#include "lmscope/cuda/wgmma.cuh"
 
 #include <cuda_bf16.h>
 
 #include <cmath>
+#include <cstdlib>
+#include <cstring>
 #include <stdexcept>
 #include <type_traits>
 #include <utility>
@@ -33,7 +36,11 @@ __device__ __forceinline__ void cp_async16(void* dst, const void* src, bool vali
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_addr(dst)), "l"(src), "r"(valid ? 16 : 0));
 }
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
-__device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wait_group 0;\n" ::: "memory"); }
+template <int PENDING>
+__device__ __forceinline__ void cp_async_wait() {  // until at most PENDING commit groups are in flight
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(PENDING) : "memory");
+}
+__device__ __forceinline__ void cp_async_wait_all() { cp_async_wait<0>(); }
 
 __device__ __forceinline__ void ldmatrix_x4(unsigned (&r)[4], const void* p) {
   asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
@@ -161,6 +168,50 @@ __device__ __forceinline__ bool masked(int query, int key, int tq, int tk, bool 
   return key >= tk || query >= tq || (causal && key > query);
 }
 
+// 2^x in one MUFU instruction (exp2f adds range handling around it); 2^−∞ = 0. Tensor-core paths
+// only: their inputs are bf16, far coarser than its 2-ulp error.
+__device__ __forceinline__ float fast_exp2(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+  return y;
+}
+
+// Online softmax of a warp's 16 rows × 64 keys of raw scores s (m16n8 accumulator blocks: rows g and
+// g + 8, keys k0 + 8·nb + 2t + {0, 1}). On return s holds P relative to the new running max; m (in
+// log2 units of scaled scores) and l are updated, and corr is the factor the output rows must be
+// scaled by. The max is taken on raw scores (the scale is positive) so that one FFMA per element
+// scales and shifts; MASK=false, the common tile, has no per-element mask test at all.
+template <bool MASK>
+__device__ __forceinline__ void online_softmax(float (&s)[8][4], float (&m)[2], float (&l)[2], float (&corr)[2],
+                                               float scale_log2, const int (&row)[2], int k0, int t, int tq, int tk,
+                                               bool causal) {
+  float mx[2] = {-INFINITY, -INFINITY};
+#pragma unroll
+  for (int nb = 0; nb < 8; ++nb)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      if (MASK && masked(row[e / 2], k0 + nb * 8 + 2 * t + (e % 2), tq, tk, causal)) s[nb][e] = -INFINITY;
+      mx[e / 2] = fmaxf(mx[e / 2], s[nb][e]);
+    }
+  float shift[2];
+#pragma unroll
+  for (int i = 0; i < 2; ++i) {
+    const float mnew = fmaxf(m[i], quad_max(mx[i]) * scale_log2);
+    const float base = mnew == -INFINITY ? 0.f : mnew;  // a row with nothing seen yet stays at zero
+    corr[i] = fast_exp2(m[i] - base);
+    m[i] = mnew;
+    l[i] *= corr[i];
+    shift[i] = -base;
+  }
+#pragma unroll
+  for (int nb = 0; nb < 8; ++nb)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      s[nb][e] = fast_exp2(fmaf(s[nb][e], scale_log2, shift[e / 2]));
+      l[e / 2] += s[nb][e];
+    }
+}
+
 // Grid: x = query tiles, heaviest (last, under a causal mask) first; y = sequences.
 __device__ __forceinline__ int query_tile() { return static_cast<int>(gridDim.x - 1 - blockIdx.x); }
 
@@ -214,35 +265,15 @@ __global__ void __launch_bounds__(kThreads)
     zero(s);
     mma_abt<D, kTileK, kStride<D>>(s, qa, cK, lane);
 
-    const bool mask = tile_needs_mask(q0, k0, tq, tk, causal);
-    float mx[2] = {m[0], m[1]};
+    float corr[2];
+    if (tile_needs_mask(q0, k0, tq, tk, causal))
+      online_softmax<true>(s, m, l, corr, scale_log2, row, k0, t, tq, tk, causal);
+    else
+      online_softmax<false>(s, m, l, corr, scale_log2, row, k0, t, tq, tk, causal);
 #pragma unroll
-    for (int nb = 0; nb < kTileK / 8; ++nb)
+    for (int nd = 0; nd < D / 8; ++nd)
 #pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        float x = s[nb][e] * scale_log2;
-        if (mask && masked(row[e / 2], k0 + nb * 8 + 2 * t + (e % 2), tq, tk, causal)) x = -INFINITY;
-        s[nb][e] = x;
-        mx[e / 2] = fmaxf(mx[e / 2], x);
-      }
-    float base[2];
-#pragma unroll
-    for (int i = 0; i < 2; ++i) {
-      mx[i] = quad_max(mx[i]);
-      base[i] = mx[i] == -INFINITY ? 0.f : mx[i];  // a row with nothing seen yet stays at zero
-      const float corr = exp2f(m[i] - base[i]);
-      m[i] = mx[i];
-      l[i] *= corr;
-#pragma unroll
-      for (int nd = 0; nd < D / 8; ++nd) acc[nd][2 * i] *= corr, acc[nd][2 * i + 1] *= corr;
-    }
-#pragma unroll
-    for (int nb = 0; nb < kTileK / 8; ++nb)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        s[nb][e] = exp2f(s[nb][e] - base[e / 2]);
-        l[e / 2] += s[nb][e];
-      }
+      for (int e = 0; e < 4; ++e) acc[nd][e] *= corr[e / 2];
     unsigned pa[kTileK / 16][4];
 #pragma unroll
     for (int kc = 0; kc < kTileK / 16; ++kc) accumulators_to_a(pa[kc], s[2 * kc], s[2 * kc + 1]);
@@ -260,6 +291,167 @@ __global__ void __launch_bounds__(kThreads)
           __floats2bfloat162_rn(acc[nd][2 * i] * inv, acc[nd][2 * i + 1] * inv);
     if (t == 0) lse[row[i]] = m[i] * kLn2 + logf(l[i]);
   }
+}
+
+// ---------------------------------------------------------------- Hopper forward (wgmma, sm_90a)
+// Two warpgroups of 64 query rows each; keys in tiles of 64. K and V are double-buffered by
+// cp.async into 128-byte-swizzled tiles (wgmma.cuh) that wgmma reads straight from shared memory;
+// Q is read once into registers as A fragments, and P goes from the S accumulators to the A
+// fragments of P·V without leaving registers, as in the mma.sync kernel.
+constexpr int kWgThreads = 256, kWgTileQ = 128, kWgTileK = 64, kWgStages = 4;
+
+// ROWS rows of a [total, D] bf16 matrix from row r0 into a swizzled [ROWS][D] tile; zeros past the end.
+template <int D, int ROWS>
+__device__ __forceinline__ void load_swizzled(unsigned char* tile, const bf16* src, int r0, int total, int tid) {
+  constexpr int kChunks = D / 8;
+#pragma unroll
+  for (int c = tid; c < ROWS * kChunks; c += kWgThreads) {
+    const int r = c / kChunks, chunk = c % kChunks;
+    const bool valid = r0 + r < total;
+    cp_async16(tile + sm90::swizzled_offset(r, chunk, ROWS),
+               src + static_cast<long long>(valid ? r0 + r : 0) * D + chunk * 8, valid);
+  }
+}
+
+#ifdef LMSCOPE_WGMMA
+// Dynamic shared memory, rounded up to the 1024-byte alignment of the swizzle atoms.
+__device__ __forceinline__ unsigned char* atom_aligned_smem(unsigned char* smem) {
+  const unsigned pad = (sm90::kAtomBytes - smem_addr(smem) % sm90::kAtomBytes) % sm90::kAtomBytes;
+  return smem + pad;
+}
+#endif
+
+// Software pipeline per warpgroup: step j issues S_j = Q·K_jᵀ and O += P_{j−1}·V_{j−1} together,
+// waits for S_j only, and computes the softmax of tile j while the tensor cores run P_{j−1}·V_{j−1};
+// O is rescaled once that product is done. K and V tiles sit in a ring of kWgStages slots, loaded
+// kWgStages − 2 tiles ahead. The steady-state loop has no branch around a wgmma: ptxas serialises
+// every wgmma of a kernel where one sits in code it cannot prove warp-uniform, or where an
+// accumulator is read before the wait that covers it. So both warpgroups run every key tile of
+// the CTA; under a causal mask the first one's last tile is then fully masked and adds nothing.
+template <int D>
+__global__ void __launch_bounds__(kWgThreads)
+    flash_forward_wgmma(const bf16* __restrict__ q, const bf16* __restrict__ k, const bf16* __restrict__ v,
+                        bf16* __restrict__ o, float* __restrict__ lse, int tq, int tk, float scale_log2, bool causal) {
+#ifdef LMSCOPE_WGMMA
+  constexpr int kPanels = D / sm90::kPanelCols;
+  constexpr int kTileBytes = kWgTileK * D * 2;
+  extern __shared__ unsigned char smem_raw[];
+  unsigned char* sQ = atom_aligned_smem(smem_raw);
+  unsigned char* sK = sQ + kWgTileQ * D * 2;        // [kWgStages] tiles
+  unsigned char* sV = sK + kWgStages * kTileBytes;  // [kWgStages] tiles
+  const int seq = blockIdx.y, q0 = query_tile() * kWgTileQ;
+  const int tid = threadIdx.x, wg = tid / 128, warp = (tid / 32) % 4, lane = tid % 32, g = lane / 4, t = lane % 4;
+  const int wq0 = q0 + wg * 64;  // this warpgroup's first query
+  q += static_cast<long long>(seq) * tq * D;
+  o += static_cast<long long>(seq) * tq * D;
+  k += static_cast<long long>(seq) * tk * D;
+  v += static_cast<long long>(seq) * tk * D;
+  lse += static_cast<long long>(seq) * tq;
+
+  const int kend = causal ? min(tk, q0 + kWgTileQ) : tk;
+  const int tiles = (kend + kWgTileK - 1) / kWgTileK;
+  auto load_keys = [&](int i) {  // tile i into its slot, one commit group per tile (empty past the end)
+    if (i < tiles) {
+      load_swizzled<D, kWgTileK>(sK + (i % kWgStages) * kTileBytes, k, i * kWgTileK, tk, tid);
+      load_swizzled<D, kWgTileK>(sV + (i % kWgStages) * kTileBytes, v, i * kWgTileK, tk, tid);
+    }
+    cp_async_commit();
+  };
+  // Waits for tile j's loads, then lets the ring move on: every warpgroup is done with tile j − 2.
+  auto next_tile = [&](int j) {
+    cp_async_wait<kWgStages - 3>();
+    sm90::fence_shared_for_async_reads();
+    __syncthreads();
+    load_keys(j + kWgStages - 2);
+  };
+  load_swizzled<D, kWgTileQ>(sQ, q, q0, tq, tid);
+#pragma unroll
+  for (int i = 0; i < kWgStages - 2; ++i) load_keys(i);
+
+  float acc[kPanels][8][4] = {};
+  float s[8][4];
+  float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f}, corr[2];
+  unsigned qa[D / 16][4], pa[kWgTileK / 16][4];
+  const int row[2] = {wq0 + warp * 16 + g, wq0 + warp * 16 + g + 8};
+
+  auto issue_scores = [&](int j) {  // s = Q·K_jᵀ
+    const unsigned char* cK = sK + (j % kWgStages) * kTileBytes;
+#pragma unroll
+    for (int kc = 0; kc < D / 16; ++kc)
+      sm90::mma_rs<false>(s, qa[kc], sm90::descriptor(cK + (kc / 4) * kWgTileK * 128 + (kc % 4) * 32), kc > 0);
+    sm90::commit();
+  };
+  auto issue_pv = [&](int j) {  // acc += P_j·V_j
+    const unsigned char* cV = sV + (j % kWgStages) * kTileBytes;
+#pragma unroll
+    for (int kc = 0; kc < kWgTileK / 16; ++kc)
+#pragma unroll
+      for (int p = 0; p < kPanels; ++p)
+        sm90::mma_rs<true>(acc[p], pa[kc], sm90::descriptor(cV + p * kWgTileK * 128 + kc * 16 * 128), true);
+    sm90::commit();
+  };
+  auto softmax = [&](int j) {
+    const int k0 = j * kWgTileK;
+    if (k0 + kWgTileK > tk || wq0 + 64 > tq || (causal && k0 + kWgTileK - 1 > wq0))
+      online_softmax<true>(s, m, l, corr, scale_log2, row, k0, t, tq, tk, causal);
+    else
+      online_softmax<false>(s, m, l, corr, scale_log2, row, k0, t, tq, tk, causal);
+  };
+  auto rescale_and_take_p = [&] {
+#pragma unroll
+    for (int p = 0; p < kPanels; ++p)
+#pragma unroll
+      for (int nd = 0; nd < 8; ++nd)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) acc[p][nd][e] *= corr[e / 2];
+#pragma unroll
+    for (int kc = 0; kc < kWgTileK / 16; ++kc) accumulators_to_a(pa[kc], s[2 * kc], s[2 * kc + 1]);
+  };
+
+  next_tile(0);
+#pragma unroll
+  for (int kc = 0; kc < D / 16; ++kc)
+    ldmatrix_x4(qa[kc], sQ + sm90::swizzled_offset(wg * 64 + warp * 16 + lane % 16, 2 * kc + lane / 16, kWgTileQ));
+  sm90::fence();
+  issue_scores(0);
+  sm90::wait<0>();
+  sm90::hold(s);
+  softmax(0);
+  rescale_and_take_p();
+  for (int j = 1; j < tiles; ++j) {
+    next_tile(j);
+    sm90::fence();
+    issue_scores(j);
+    issue_pv(j - 1);
+    sm90::wait<1>();  // the scores are in; P_{j−1}·V_{j−1} may still run
+    sm90::hold(s);
+    softmax(j);
+    sm90::wait<0>();
+#pragma unroll
+    for (int p = 0; p < kPanels; ++p) sm90::hold(acc[p]);
+    rescale_and_take_p();
+  }
+  sm90::fence();
+  issue_pv(tiles - 1);
+  sm90::wait<0>();
+#pragma unroll
+  for (int p = 0; p < kPanels; ++p) sm90::hold(acc[p]);
+  cp_async_wait_all();
+
+#pragma unroll
+  for (int i = 0; i < 2; ++i) {
+    l[i] = quad_sum(l[i]);
+    if (row[i] >= tq) continue;
+    const float inv = l[i] > 0.f ? 1.f / l[i] : 0.f;
+#pragma unroll
+    for (int p = 0; p < kPanels; ++p)
+#pragma unroll
+      for (int nd = 0; nd < 8; ++nd)
+        *reinterpret_cast<__nv_bfloat162*>(o + static_cast<long long>(row[i]) * D + p * 64 + nd * 8 + 2 * t) =
+            __floats2bfloat162_rn(acc[p][nd][2 * i] * inv, acc[p][nd][2 * i + 1] * inv);
+    if (t == 0) lse[row[i]] = m[i] * kLn2 + logf(l[i]);
+  }
+#endif
 }
 
 // ---------------------------------------------------------------- tensor-core backward
@@ -332,7 +524,7 @@ __global__ void __launch_bounds__(kThreads)
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
         const int col = nb * 8 + 2 * t + (e % 2);
-        const float x = exp2f(p[nb][e] * scale_log2 - cL[col]);
+        const float x = fast_exp2(fmaf(p[nb][e], scale_log2, -cL[col]));
         p[nb][e] = mask && masked(q0 + col, key[e / 2], tq, tk, causal) ? 0.f : x;
       }
     // dV += Pᵀ·dO
@@ -475,7 +667,7 @@ __global__ void __launch_bounds__(kThreads)
     for (int nb = 0; nb < kTileK / 8; ++nb)
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
-        const float x = exp2f(p[nb][e] * scale_log2 - lrow[e / 2]);
+        const float x = fast_exp2(fmaf(p[nb][e], scale_log2, -lrow[e / 2]));
         const bool off = mask && masked(row[e / 2], k0 + nb * 8 + 2 * t + (e % 2), tq, tk, causal);
         p[nb][e] = off ? 0.f : x * (dp[nb][e] - drow[e / 2]);
       }
@@ -724,6 +916,27 @@ bool tensor_core_path(Elem e, int d) {
   return e == Elem::bf16 && with_tc_head_dim(d, [](auto) {});
 }
 
+// Whether the wgmma forward runs: a Hopper GPU, with its sm_90a code in this binary (a build for
+// other architectures, or compute_80 PTX compiled at load, leaves it empty), and at least one
+// 128-row CTA per SM. With fewer, the mma.sync kernel's 64-row tiles spread over more SMs and win
+// (H100, batch 8: seq 1024 0.025 against 0.030 ms; seq 4096 0.138 against 0.129 ms, wgmma ahead;
+// docs/flash-attention.md). LMSCOPE_NO_WGMMA=1 picks the mma.sync kernels, for comparison and tests.
+bool wgmma_forward(Elem e, int d, std::int64_t n, std::int64_t tq) {
+  if (e != Elem::bf16 || (d != 64 && d != 128)) return false;
+  if (const char* off = std::getenv("LMSCOPE_NO_WGMMA"); off && *off && std::strcmp(off, "0") != 0) return false;
+  static const int sms = [] {  // 0 where the kernels cannot run
+    int device = 0, major = 0, count = 0;
+    cudaFuncAttributes attr{};
+    const bool hopper = cudaGetDevice(&device) == cudaSuccess &&
+                        cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device) == cudaSuccess &&
+                        major == 9 && cudaFuncGetAttributes(&attr, flash_forward_wgmma<64>) == cudaSuccess &&
+                        attr.ptxVersion >= 90 &&
+                        cudaDeviceGetAttribute(&count, cudaDevAttrMultiProcessorCount, device) == cudaSuccess;
+    return hopper ? count : 0;
+  }();
+  return sms > 0 && n * ((tq + kWgTileQ - 1) / kWgTileQ) >= sms;
+}
+
 void check_head_dim(int d) {
   if (d < 1 || d > kSimtMaxD) throw std::invalid_argument("flash attention supports head dims 1 to 128");
 }
@@ -731,6 +944,10 @@ void check_head_dim(int d) {
 }  // namespace
 
 bool flash_attention_supports(int d) { return d >= 1 && d <= kSimtMaxD; }
+
+bool flash_attention_forward_uses_wgmma(Elem e, int d, std::int64_t n, std::int64_t tq) {
+  return wgmma_forward(e, d, n, tq);
+}
 
 bool flash_attention_uses_atomics(Elem e, int d, bool deterministic) {
   return !deterministic && tensor_core_path(e, d);
@@ -740,6 +957,20 @@ void flash_attention_forward(const void* q, const void* k, const void* v, void* 
                              std::int64_t tq, std::int64_t tk, int d, float scale, bool causal, cudaStream_t s) {
   check_head_dim(d);
   const float scale_log2 = scale * kLog2e;
+  if (wgmma_forward(e, d, n, tq)) {
+    auto launch = [&](auto kernel, int dc) {
+      const int smem = (kWgTileQ + 2 * kWgStages * kWgTileK) * dc * 2 + sm90::kAtomBytes;
+      allow_smem(kernel, smem);
+      kernel<<<grid_of(n, tq, kWgTileQ), kWgThreads, smem, s>>>(
+          static_cast<const bf16*>(q), static_cast<const bf16*>(k), static_cast<const bf16*>(v), static_cast<bf16*>(o),
+          lse, static_cast<int>(tq), static_cast<int>(tk), scale_log2, causal);
+    };
+    if (d == 64)
+      launch(flash_forward_wgmma<64>, 64);
+    else
+      launch(flash_forward_wgmma<128>, 128);
+    return check_launch("flash_forward_wgmma");
+  }
   if (tensor_core_path(e, d)) {
     with_tc_head_dim(d, [&](auto dc) {
       constexpr int D = decltype(dc)::value;

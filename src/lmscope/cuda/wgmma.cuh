@@ -1,0 +1,85 @@
+// Hopper (sm_90a) warpgroup MMA: the pieces the flash-attention kernels build on, written here from
+// the PTX ISA (§9.7.15, "Asynchronous Warpgroup Level Matrix Multiply-Accumulate").
+//
+// Shared tiles use the 128-byte swizzle: a tile of R rows × C bf16 columns (C a multiple of 64) is
+// stored as C/64 panels of R rows × 128 bytes, and the 16-byte chunk c of row r sits at chunk
+// c ^ (r % 8) of that row. The same bytes serve both majors: read as a K-major operand, rows are
+// M or N and the 64 columns are K; read as an MN-major operand (transposed), rows are K and the
+// columns N. Eight rows (1024 bytes) are one swizzle atom, so panels must start 1024-byte aligned.
+//
+// Only compiled into sm_90a code (LMSCOPE_WGMMA); the host checks the device before launching.
+#pragma once
+
+#include <cuda_bf16.h>
+
+#include <cstdint>
+
+#if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
+#define LMSCOPE_WGMMA 1
+#endif
+
+namespace lmscope::cuda::sm90 {
+
+constexpr int kPanelCols = 64;    // bf16 columns per 128-byte swizzled row
+constexpr int kAtomBytes = 1024;  // 8 rows of 128 bytes
+
+// Byte offset of the 16-byte chunk `chunk` (8 columns) of row r in a swizzled tile of `rows` rows.
+__device__ __forceinline__ int swizzled_offset(int r, int chunk, int rows) {
+  return (chunk / 8) * rows * 128 + r * 128 + (((chunk % 8) ^ (r % 8)) << 4);
+}
+
+// Matrix descriptor of the operand starting at p: 128-byte swizzle, 8-row groups 1024 bytes apart
+// (the stride byte offset). The leading byte offset is not used by swizzled K-major operands, nor
+// by MN-major ones no wider than 64 columns, which is all these kernels issue.
+__device__ __forceinline__ std::uint64_t descriptor(const void* p) {
+  const auto addr = static_cast<std::uint64_t>(__cvta_generic_to_shared(p));
+  return ((addr & 0x3FFFF) >> 4) | (std::uint64_t{kAtomBytes >> 4} << 16) | (std::uint64_t{kAtomBytes >> 4} << 32) |
+         (std::uint64_t{1} << 62);
+}
+
+#ifdef LMSCOPE_WGMMA
+__device__ __forceinline__ void fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
+__device__ __forceinline__ void commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
+template <int N>
+__device__ __forceinline__ void wait() {
+  asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory");
+}
+// Shared memory written by ordinary stores or cp.async, made visible to wgmma's (async proxy) reads.
+__device__ __forceinline__ void fence_shared_for_async_reads() {
+  asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+}
+// Pins the accumulator registers: the compiler must not move their uses across a wait.
+__device__ __forceinline__ void hold(float (&d)[8][4]) {
+#pragma unroll
+  for (int i = 0; i < 8; ++i)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) asm volatile("" : "+f"(d[i][e])::"memory");
+}
+
+#define LMSCOPE_WGMMA_D32                                                                                      \
+  "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), "+f"(d[1][0]), "+f"(d[1][1]), "+f"(d[1][2]),     \
+      "+f"(d[1][3]), "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]), "+f"(d[3][0]), "+f"(d[3][1]), \
+      "+f"(d[3][2]), "+f"(d[3][3]), "+f"(d[4][0]), "+f"(d[4][1]), "+f"(d[4][2]), "+f"(d[4][3]), "+f"(d[5][0]), \
+      "+f"(d[5][1]), "+f"(d[5][2]), "+f"(d[5][3]), "+f"(d[6][0]), "+f"(d[6][1]), "+f"(d[6][2]), "+f"(d[6][3]), \
+      "+f"(d[7][0]), "+f"(d[7][1]), "+f"(d[7][2]), "+f"(d[7][3])
+#define LMSCOPE_WGMMA_REGS32                                                                                   \
+  "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, " \
+  "%23, %24, %25, %26, %27, %28, %29, %30, %31}"
+
+// d[64 × 64] (+)= a[64 × 16] · b[16 × 64]: a from registers (the m16n8k16 A fragment of each warp's
+// 16 rows), b from shared memory, K-major (TRANS_B false: stored [n][k]) or N-major (stored [k][n]).
+// The accumulator layout is m16n8k16's, eight 8-column blocks side by side per warp.
+template <bool TRANS_B>
+__device__ __forceinline__ void mma_rs(float (&d)[8][4], const unsigned (&a)[4], std::uint64_t b, bool accumulate) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 " LMSCOPE_WGMMA_REGS32
+      ", {%32, %33, %34, %35}, %36, p, 1, 1, %38;\n}\n"
+      : LMSCOPE_WGMMA_D32
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(static_cast<int>(accumulate)), "n"(TRANS_B ? 1 : 0));
+}
+#undef LMSCOPE_WGMMA_D32
+#undef LMSCOPE_WGMMA_REGS32
+#endif
+
+}  // namespace lmscope::cuda::sm90

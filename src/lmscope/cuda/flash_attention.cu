@@ -1,7 +1,9 @@
-// FlashAttention-2 (MODEL.md) on the GPU, written here. Two paths:
+// FlashAttention-2 (MODEL.md) on the GPU, written here. Three paths:
 // - tensor cores (bf16 storage, head dims 16, 32, 64, 80, 96, 128): mma.sync m16n8k16 with fp32
 //   accumulation, operands staged in shared memory by cp.async (double-buffered) and read with
 //   ldmatrix; each warp owns 16 rows, the softmax statistics live in registers;
+// - on Hopper, for the bf16 forward at d 64 and 128 with enough query tiles to fill the GPU:
+//   wgmma (warpgroup MMA reading K and V from swizzled shared memory), the same algorithm;
 // - CUDA cores (fp32 storage, or any head dim up to 128): the same tiling in plain fp32 arithmetic,
 //   four threads per row. This is what --precision fp32 means: no tensor cores.
 // Backward: delta = rowsum(dO∘O) first; then dK and dV per key tile; dQ either accumulated by the
@@ -294,10 +296,10 @@ __global__ void __launch_bounds__(kThreads)
 }
 
 // ---------------------------------------------------------------- Hopper forward (wgmma, sm_90a)
-// Two warpgroups of 64 query rows each; keys in tiles of 64. K and V are double-buffered by
-// cp.async into 128-byte-swizzled tiles (wgmma.cuh) that wgmma reads straight from shared memory;
-// Q is read once into registers as A fragments, and P goes from the S accumulators to the A
-// fragments of P·V without leaving registers, as in the mma.sync kernel.
+// Two warpgroups of 64 query rows each; keys in tiles of 64. K and V go by cp.async into
+// 128-byte-swizzled tiles (wgmma.cuh) that wgmma reads straight from shared memory; Q is read once
+// into registers as A fragments, and P goes from the S accumulators to the A fragments of P·V
+// without leaving registers, as in the mma.sync kernel.
 constexpr int kWgThreads = 256, kWgTileQ = 128, kWgTileK = 64, kWgStages = 4;
 
 // ROWS rows of a [total, D] bf16 matrix from row r0 into a swizzled [ROWS][D] tile; zeros past the end.

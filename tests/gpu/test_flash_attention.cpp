@@ -94,23 +94,28 @@ TEST_F(FlashOnGpu, Bf16MatchesTheDefinitionWithEitherDqStrategy) {
       }
 }
 
-// The Hopper forward (wgmma) runs only with at least one 128-row query tile per SM, so it needs
-// many sequences: partial tiles, tq ≠ tk, both of its head dims.
-TEST_F(FlashOnGpu, HopperForwardMatchesTheDefinition) {
+// The Hopper kernels (wgmma) run only with at least one 128-row tile per SM (queries forward, keys
+// backward), so they need many sequences: partial tiles, tq ≠ tk both ways, both head dims, both dq
+// strategies.
+TEST_F(FlashOnGpu, HopperKernelsMatchTheDefinition) {
   const std::vector<GpuInfo> gpus = list_gpus();
-  const Case cases[] = {{64, 300, 300, 64}, {80, 200, 77, 64}, {48, 257, 257, 128}};
+  const Case cases[] = {{64, 300, 300, 64}, {140, 200, 77, 64}, {48, 257, 257, 128}, {140, 77, 200, 128}};
   std::uint64_t seed = 300;
   for (const Case& c : cases) {
-    const bool wgmma = cuda::flash_attention_forward_uses_wgmma(cuda::Elem::bf16, static_cast<int>(c.d), c.n, c.tq);
+    const int d = static_cast<int>(c.d);
+    const bool forward = cuda::flash_attention_forward_uses_wgmma(cuda::Elem::bf16, d, c.n, c.tq);
+    const bool backward = cuda::flash_attention_backward_uses_wgmma(cuda::Elem::bf16, d, c.n, c.tk);
     if (gpus[0].compute_major == 9) {
-      EXPECT_TRUE(wgmma) << "a Hopper GPU takes the wgmma forward for n " << c.n << " tq " << c.tq << " d " << c.d;
+      EXPECT_TRUE(forward && backward) << "a Hopper GPU takes the wgmma kernels for n " << c.n << " tq " << c.tq
+                                       << " tk " << c.tk << " d " << c.d;
     }
-    for (bool causal : {true, false}) {
-      const AttentionProblem p(c.n, c.tq, c.tk, c.d, causal, seed++, true);
-      expect_matches(
-          run(p, DType::bf16, true), p, 1e-2,
-          fmt::format("bf16 n {} tq {} tk {} d {} causal {} (wgmma {})", c.n, c.tq, c.tk, c.d, causal, wgmma));
-    }
+    for (bool causal : {true, false})
+      for (bool deterministic : {false, true}) {
+        const AttentionProblem p(c.n, c.tq, c.tk, c.d, causal, seed++, true);
+        expect_matches(run(p, DType::bf16, deterministic), p, 1e-2,
+                       fmt::format("bf16 n {} tq {} tk {} d {} causal {} deterministic {} (wgmma {} {})", c.n, c.tq,
+                                   c.tk, c.d, causal, deterministic, forward, backward));
+      }
   }
 }
 

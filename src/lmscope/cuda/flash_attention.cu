@@ -316,6 +316,10 @@ __device__ __forceinline__ void load_swizzled(unsigned char* tile, const bf16* s
 }
 
 #ifdef LMSCOPE_WGMMA
+// 4 bytes global -> shared; zero-filled when !valid.
+__device__ __forceinline__ void cp_async4(void* dst, const void* src, bool valid) {
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(smem_addr(dst)), "l"(src), "r"(valid ? 4 : 0));
+}
 // Dynamic shared memory, rounded up to the 1024-byte alignment of the swizzle atoms.
 __device__ __forceinline__ unsigned char* atom_aligned_smem(unsigned char* smem) {
   const unsigned pad = (sm90::kAtomBytes - smem_addr(smem) % sm90::kAtomBytes) % sm90::kAtomBytes;
@@ -688,6 +692,223 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
+// ---------------------------------------------------------------- Hopper backward (wgmma, sm_90a)
+// One CTA per 128 keys: two warpgroups of 64 keys each, over query tiles of 64 rows (Q, dO, L and
+// delta in a kWbStages ring, loaded kWbStages − 1 tiles ahead). Per query tile each warpgroup issues
+// Sᵀ = K·Qᵀ and dPᵀ = V·dOᵀ (both operands in shared memory), turns Sᵀ into Pᵀ while dPᵀ runs,
+// issues dV += Pᵀ·dO, turns dPᵀ into dSᵀ while that runs, and issues dK += dSᵀ·Q (A operands from
+// registers, as P in the forward). With ATOMIC_DQ both warpgroups then put dSᵀ in shared memory, and
+// each computes half of dQ's columns over the CTA's 128 keys (wgmma reads dS transposed there) and
+// adds them to the fp32 accumulator with 8-byte atomics: one atomic per two values per 64 queries ×
+// 128 keys, an eighth of the mma.sync kernel's count.
+constexpr int kWbKeys = 128, kWbTileQ = 64, kWbStages = 3;
+
+template <int D>
+constexpr int wgmma_backward_smem() {
+  return (2 * kWbKeys + 2 * kWbStages * kWbTileQ) * D * 2 + kWbKeys * kWbTileQ * 2 + 2 * kWbStages * kWbTileQ * 4 +
+         sm90::kAtomBytes;
+}
+
+// Pᵀ of a warp's 16 keys × 64 queries from raw scores Sᵀ (accumulator layout: keys key[0] and key[1],
+// queries q0 + 8·nb + 2t + {0, 1}); lse2 holds those queries' log-sum-exp in log2 units. Masked
+// elements become 0; MASK=false, most tiles, tests nothing.
+template <bool MASK>
+__device__ __forceinline__ void probabilities_t(float (&s)[8][4], const float (&lse2)[8][2], float scale_log2,
+                                                const int (&key)[2], int q0, int t, int tq, int tk, bool causal) {
+#pragma unroll
+  for (int nb = 0; nb < 8; ++nb)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const float x = fast_exp2(fmaf(s[nb][e], scale_log2, -lse2[nb][e % 2]));
+      s[nb][e] = MASK && masked(q0 + nb * 8 + 2 * t + (e % 2), key[e / 2], tq, tk, causal) ? 0.f : x;
+    }
+}
+
+template <int D, bool ATOMIC_DQ>
+__global__ void __launch_bounds__(kWgThreads)
+    flash_backward_wgmma(const bf16* __restrict__ q, const bf16* __restrict__ k, const bf16* __restrict__ v,
+                         const bf16* __restrict__ dout, const float* __restrict__ lse, const float* __restrict__ delta,
+                         bf16* __restrict__ dk, bf16* __restrict__ dv, float* __restrict__ dq_accum, int tq, int tk,
+                         float scale, bool causal) {
+#ifdef LMSCOPE_WGMMA
+  constexpr int kPanels = D / sm90::kPanelCols;
+  constexpr int kKeyBytes = kWbKeys * D * 2, kQBytes = kWbTileQ * D * 2;
+  constexpr int kDqCols = D / 2;  // dQ columns per warpgroup
+  extern __shared__ unsigned char smem_raw[];
+  unsigned char* sK = atom_aligned_smem(smem_raw);
+  unsigned char* sV = sK + kKeyBytes;
+  unsigned char* sQ = sV + kKeyBytes;                                  // [kWbStages] tiles
+  unsigned char* sdO = sQ + kWbStages * kQBytes;                       // [kWbStages] tiles
+  unsigned char* sdS = sdO + kWbStages * kQBytes;                      // dSᵀ [kWbKeys][kWbTileQ]
+  float* sL = reinterpret_cast<float*>(sdS + kWbKeys * kWbTileQ * 2);  // [kWbStages][kWbTileQ]
+  float* sDelta = sL + kWbStages * kWbTileQ;                           // [kWbStages][kWbTileQ]
+  const int seq = blockIdx.y, k0 = blockIdx.x * kWbKeys;  // x runs over key tiles, the heaviest (first) first
+  const int tid = threadIdx.x, wg = tid / 128, warp = (tid / 32) % 4, lane = tid % 32, g = lane / 4, t = lane % 4;
+  const int wk0 = k0 + wg * 64;  // this warpgroup's first key
+  const long long qoff = static_cast<long long>(seq) * tq, koff = static_cast<long long>(seq) * tk;
+  q += qoff * D, dout += qoff * D, lse += qoff, delta += qoff, dq_accum += qoff * D;
+  k += koff * D, v += koff * D, dk += koff * D, dv += koff * D;
+  const float scale_log2 = scale * kLog2e;
+
+  const int first = causal ? k0 / kWbTileQ : 0;  // query tiles before the diagonal see none of these keys
+  const int tiles = (tq + kWbTileQ - 1) / kWbTileQ;
+  auto load_queries = [&](int i) {  // tile i into its slot, one commit group per tile (empty past the end)
+    if (i < tiles) {
+      const int slot = i % kWbStages;
+      load_swizzled<D, kWbTileQ>(sQ + slot * kQBytes, q, i * kWbTileQ, tq, tid);
+      load_swizzled<D, kWbTileQ>(sdO + slot * kQBytes, dout, i * kWbTileQ, tq, tid);
+      if (tid < 2 * kWbTileQ) {  // zeros past the end: those queries are masked
+        const int r = tid % kWbTileQ, row = i * kWbTileQ + r;
+        cp_async4((tid < kWbTileQ ? sL : sDelta) + slot * kWbTileQ + r,
+                  (tid < kWbTileQ ? lse : delta) + min(row, tq - 1), row < tq);
+      }
+    }
+    cp_async_commit();
+  };
+  load_swizzled<D, kWbKeys>(sK, k, k0, tk, tid);
+  load_swizzled<D, kWbKeys>(sV, v, k0, tk, tid);
+#pragma unroll
+  for (int i = 0; i < kWbStages - 1; ++i) load_queries(first + i);
+
+  float dk_acc[kPanels][8][4] = {}, dv_acc[kPanels][8][4] = {};
+  const int key[2] = {wk0 + warp * 16 + g, wk0 + warp * 16 + g + 8};
+  // This warpgroup's keys, in each panel.
+  const std::uint64_t k_desc = sm90::descriptor(sK + wg * 64 * 128), v_desc = sm90::descriptor(sV + wg * 64 * 128);
+
+  for (int i = first; i < tiles; ++i) {
+    cp_async_wait<kWbStages - 2>();
+    sm90::fence_shared_for_async_reads();
+    __syncthreads();  // tile i is in; both warpgroups are done with tile i − 1's slot and with dSᵀ
+    load_queries(i + kWbStages - 1);
+    const int slot = i % kWbStages, q0 = i * kWbTileQ;
+    const unsigned char* cQ = sQ + slot * kQBytes;
+    const unsigned char* cdO = sdO + slot * kQBytes;
+
+    // Sᵀ = K·Qᵀ and dPᵀ = V·dOᵀ: K-major A and B, 16 channels (32 bytes) per step within a panel.
+    const std::uint64_t q_desc = sm90::descriptor(cQ), do_desc = sm90::descriptor(cdO);
+    float s[8][4], dp[8][4];
+    sm90::fence();
+#pragma unroll
+    for (int kc = 0; kc < D / 16; ++kc)
+      sm90::mma_ss<64, false, false>(s, sm90::advance(k_desc, (kc / 4) * kWbKeys * 128 + (kc % 4) * 32),
+                                     sm90::advance(q_desc, (kc / 4) * kWbTileQ * 128 + (kc % 4) * 32), kc > 0);
+    sm90::commit();
+#pragma unroll
+    for (int kc = 0; kc < D / 16; ++kc)
+      sm90::mma_ss<64, false, false>(dp, sm90::advance(v_desc, (kc / 4) * kWbKeys * 128 + (kc % 4) * 32),
+                                     sm90::advance(do_desc, (kc / 4) * kWbTileQ * 128 + (kc % 4) * 32), kc > 0);
+    sm90::commit();
+    float lse2[8][2];
+#pragma unroll
+    for (int nb = 0; nb < 8; ++nb) {
+      const float2 l2 = *reinterpret_cast<const float2*>(sL + slot * kWbTileQ + nb * 8 + 2 * t);
+      lse2[nb][0] = l2.x * kLog2e, lse2[nb][1] = l2.y * kLog2e;
+    }
+
+    sm90::wait<1>();  // Sᵀ is in; dPᵀ may still run
+    sm90::hold(s);
+    if (q0 + kWbTileQ > tq || wk0 + 64 > tk || (causal && wk0 + 63 > q0))
+      probabilities_t<true>(s, lse2, scale_log2, key, q0, t, tq, tk, causal);
+    else
+      probabilities_t<false>(s, lse2, scale_log2, key, q0, t, tq, tk, causal);
+    unsigned pa[kWbTileQ / 16][4], da[kWbTileQ / 16][4];
+#pragma unroll
+    for (int kc = 0; kc < kWbTileQ / 16; ++kc) accumulators_to_a(pa[kc], s[2 * kc], s[2 * kc + 1]);
+    // dV += Pᵀ·dO: dO as an N-major B, 16 queries (rows) per step.
+    sm90::fence();
+#pragma unroll
+    for (int kc = 0; kc < kWbTileQ / 16; ++kc)
+#pragma unroll
+      for (int p = 0; p < kPanels; ++p)
+        sm90::mma_rs<true>(dv_acc[p], pa[kc], sm90::advance(do_desc, p * kWbTileQ * 128 + kc * 16 * 128), true);
+    sm90::commit();
+
+    float dlt[8][2];
+#pragma unroll
+    for (int nb = 0; nb < 8; ++nb) {
+      const float2 d2 = *reinterpret_cast<const float2*>(sDelta + slot * kWbTileQ + nb * 8 + 2 * t);
+      dlt[nb][0] = d2.x, dlt[nb][1] = d2.y;
+    }
+    sm90::wait<1>();  // dPᵀ is in; dV may still run
+    sm90::hold(dp);
+#pragma unroll
+    for (int nb = 0; nb < 8; ++nb)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) dp[nb][e] = s[nb][e] * (dp[nb][e] - dlt[nb][e % 2]);  // dSᵀ
+#pragma unroll
+    for (int kc = 0; kc < kWbTileQ / 16; ++kc) accumulators_to_a(da[kc], dp[2 * kc], dp[2 * kc + 1]);
+    // dK += dSᵀ·Q
+    sm90::fence();
+#pragma unroll
+    for (int kc = 0; kc < kWbTileQ / 16; ++kc)
+#pragma unroll
+      for (int p = 0; p < kPanels; ++p)
+        sm90::mma_rs<true>(dk_acc[p], da[kc], sm90::advance(q_desc, p * kWbTileQ * 128 + kc * 16 * 128), true);
+    sm90::commit();
+
+    if constexpr (ATOMIC_DQ) {
+      // dSᵀ to shared memory: fragment da[kc][2·hi + h] is keys row g + 8h, queries 16·kc + 8·hi + 2t + {0, 1}.
+#pragma unroll
+      for (int kc = 0; kc < kWbTileQ / 16; ++kc)
+#pragma unroll
+        for (int hi = 0; hi < 2; ++hi)
+#pragma unroll
+          for (int h = 0; h < 2; ++h)
+            *reinterpret_cast<unsigned*>(
+                sdS + sm90::swizzled_offset(wg * 64 + warp * 16 + g + 8 * h, 2 * kc + hi, kWbKeys) + 4 * t) =
+                da[kc][2 * hi + h];
+      sm90::fence_shared_for_async_reads();
+      __syncthreads();  // both warpgroups' dSᵀ are in
+      // dQ[:, n0 .. n0 + kDqCols) = dS·K over the CTA's keys: dSᵀ as an M-major A, K as an N-major B.
+      const int n0 = wg * kDqCols;
+      const std::uint64_t ds_desc = sm90::descriptor(sdS),
+                          kn_desc = sm90::descriptor(sK + (n0 / 64) * kWbKeys * 128 + (n0 % 64) * 2);
+      float dq[kDqCols / 8][4];
+      sm90::fence();
+#pragma unroll
+      for (int kc = 0; kc < kWbKeys / 16; ++kc)
+        sm90::mma_ss<kDqCols, true, true>(dq, sm90::advance(ds_desc, kc * 16 * 128),
+                                          sm90::advance(kn_desc, kc * 16 * 128), kc > 0);
+      sm90::commit();
+      sm90::wait<0>();
+      sm90::hold(dq);
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const int row = q0 + warp * 16 + g + 8 * h;
+        if (row >= tq) continue;
+        float* dst = dq_accum + static_cast<long long>(row) * D + n0 + 2 * t;
+#pragma unroll
+        for (int nb = 0; nb < kDqCols / 8; ++nb)
+          atomicAdd(reinterpret_cast<float2*>(dst + nb * 8),
+                    make_float2(dq[nb][2 * h] * scale, dq[nb][2 * h + 1] * scale));
+      }
+    } else {
+      sm90::wait<0>();
+    }
+  }
+  cp_async_wait_all();  // a causal key tile past the last query loads K and V but runs no step
+#pragma unroll
+  for (int p = 0; p < kPanels; ++p) {
+    sm90::hold(dk_acc[p]);
+    sm90::hold(dv_acc[p]);
+  }
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    if (key[h] >= tk) continue;
+#pragma unroll
+    for (int p = 0; p < kPanels; ++p)
+#pragma unroll
+      for (int nb = 0; nb < 8; ++nb) {
+        const long long at = static_cast<long long>(key[h]) * D + p * 64 + nb * 8 + 2 * t;
+        *reinterpret_cast<__nv_bfloat162*>(dk + at) =
+            __floats2bfloat162_rn(dk_acc[p][nb][2 * h] * scale, dk_acc[p][nb][2 * h + 1] * scale);
+        *reinterpret_cast<__nv_bfloat162*>(dv + at) =
+            __floats2bfloat162_rn(dv_acc[p][nb][2 * h], dv_acc[p][nb][2 * h + 1]);
+      }
+  }
+#endif
+}
+
 // ---------------------------------------------------------------- CUDA-core path
 // Four threads per row (a quad: lanes 4r..4r+3), 32 rows per CTA, 32-wide tiles staged as fp32 in
 // shared memory [32][d + 1] (the +1 spreads a column over the banks). Thread s of a quad owns the
@@ -918,12 +1139,14 @@ bool tensor_core_path(Elem e, int d) {
   return e == Elem::bf16 && with_tc_head_dim(d, [](auto) {});
 }
 
-// Whether the wgmma forward runs: a Hopper GPU, with its sm_90a code in this binary (a build for
-// other architectures, or compute_80 PTX compiled at load, leaves it empty), and at least one
-// 128-row CTA per SM. With fewer, the mma.sync kernel's 64-row tiles spread over more SMs and win
-// (H100, batch 8: seq 1024 0.025 against 0.030 ms; seq 4096 0.138 against 0.129 ms, wgmma ahead;
-// docs/flash-attention.md). LMSCOPE_NO_WGMMA=1 picks the mma.sync kernels, for comparison and tests.
-bool wgmma_forward(Elem e, int d, std::int64_t n, std::int64_t tq) {
+// Whether the Hopper (wgmma) kernels run: bf16 at d 64 or 128 on a Hopper GPU, with their sm_90a
+// code in this binary (a build for other architectures, or compute_80 PTX compiled at load, leaves
+// it empty), and at least one CTA per SM. Both kernels take 128 rows per CTA: queries in the
+// forward (rows = tq), keys in the backward (rows = tk). With fewer CTAs than SMs the mma.sync
+// kernels' 64-row tiles spread over more SMs and win (H100, batch 8: forward at seq 1024 0.025
+// against 0.030 ms; seq 4096 0.138 against 0.129 ms, wgmma ahead; docs/flash-attention.md).
+// LMSCOPE_NO_WGMMA=1 picks the mma.sync kernels, for comparison and tests.
+bool wgmma_path(Elem e, int d, std::int64_t n, std::int64_t rows) {
   if (e != Elem::bf16 || (d != 64 && d != 128)) return false;
   if (const char* off = std::getenv("LMSCOPE_NO_WGMMA"); off && *off && std::strcmp(off, "0") != 0) return false;
   static const int sms = [] {  // 0 where the kernels cannot run
@@ -936,8 +1159,9 @@ bool wgmma_forward(Elem e, int d, std::int64_t n, std::int64_t tq) {
                         cudaDeviceGetAttribute(&count, cudaDevAttrMultiProcessorCount, device) == cudaSuccess;
     return hopper ? count : 0;
   }();
-  return sms > 0 && n * ((tq + kWgTileQ - 1) / kWgTileQ) >= sms;
+  return sms > 0 && n * ((rows + kWgTileQ - 1) / kWgTileQ) >= sms;
 }
+static_assert(kWgTileQ == kWbKeys, "wgmma_path counts both kernels' CTAs with one tile size");
 
 void check_head_dim(int d) {
   if (d < 1 || d > kSimtMaxD) throw std::invalid_argument("flash attention supports head dims 1 to 128");
@@ -948,7 +1172,11 @@ void check_head_dim(int d) {
 bool flash_attention_supports(int d) { return d >= 1 && d <= kSimtMaxD; }
 
 bool flash_attention_forward_uses_wgmma(Elem e, int d, std::int64_t n, std::int64_t tq) {
-  return wgmma_forward(e, d, n, tq);
+  return wgmma_path(e, d, n, tq);
+}
+
+bool flash_attention_backward_uses_wgmma(Elem e, int d, std::int64_t n, std::int64_t tk) {
+  return wgmma_path(e, d, n, tk);
 }
 
 bool flash_attention_uses_atomics(Elem e, int d, bool deterministic) {
@@ -959,7 +1187,7 @@ void flash_attention_forward(const void* q, const void* k, const void* v, void* 
                              std::int64_t tq, std::int64_t tk, int d, float scale, bool causal, cudaStream_t s) {
   check_head_dim(d);
   const float scale_log2 = scale * kLog2e;
-  if (wgmma_forward(e, d, n, tq)) {
+  if (wgmma_path(e, d, n, tq)) {
     auto launch = [&](auto kernel, int dc) {
       const int smem = (kWgTileQ + 2 * kWgStages * kWgTileK) * dc * 2 + sm90::kAtomBytes;
       allow_smem(kernel, smem);
@@ -1012,16 +1240,32 @@ void flash_attention_backward(const void* q, const void* k, const void* v, const
     const bool atomics = !deterministic;
     if (atomics && cudaMemsetAsync(dq_accum, 0, sizeof(float) * n * tq * d, s) != cudaSuccess)
       throw std::runtime_error("flash attention: clearing the dq accumulator failed");
+    const bool hopper = wgmma_path(e, d, n, tk);
     with_tc_head_dim(d, [&](auto dc) {
       constexpr int D = decltype(dc)::value;
       auto qb = static_cast<const bf16*>(q), kb = static_cast<const bf16*>(k), vb = static_cast<const bf16*>(v),
            gb = static_cast<const bf16*>(dout);
-      const int smem_kv = (2 * kTileK + 4 * kTileQ) * kStride<D> * 2 + kTileK * (kTileQ + 8) * 2 + 4 * kTileQ * 4;
-      auto dkdv = atomics ? flash_backward_dkdv_tc<D, true> : flash_backward_dkdv_tc<D, false>;
-      allow_smem(dkdv, smem_kv);
-      dkdv<<<grid_of(n, tk, kTileK), kThreads, smem_kv, s>>>(qb, kb, vb, gb, lse, delta, static_cast<bf16*>(dk),
-                                                             static_cast<bf16*>(dv), dq_accum, itq, itk, scale, causal);
-      check_launch("flash_backward_dkdv_tc");
+      bool dkdv_done = false;
+      if constexpr (D == 64 || D == 128)
+        if (hopper) {
+          constexpr int smem = wgmma_backward_smem<D>();
+          auto dkdv = atomics ? flash_backward_wgmma<D, true> : flash_backward_wgmma<D, false>;
+          allow_smem(dkdv, smem);
+          dkdv<<<grid_of(n, tk, kWbKeys), kWgThreads, smem, s>>>(qb, kb, vb, gb, lse, delta, static_cast<bf16*>(dk),
+                                                                 static_cast<bf16*>(dv), dq_accum, itq, itk, scale,
+                                                                 causal);
+          check_launch("flash_backward_wgmma");
+          dkdv_done = true;
+        }
+      if (!dkdv_done) {
+        const int smem_kv = (2 * kTileK + 4 * kTileQ) * kStride<D> * 2 + kTileK * (kTileQ + 8) * 2 + 4 * kTileQ * 4;
+        auto dkdv = atomics ? flash_backward_dkdv_tc<D, true> : flash_backward_dkdv_tc<D, false>;
+        allow_smem(dkdv, smem_kv);
+        dkdv<<<grid_of(n, tk, kTileK), kThreads, smem_kv, s>>>(qb, kb, vb, gb, lse, delta, static_cast<bf16*>(dk),
+                                                               static_cast<bf16*>(dv), dq_accum, itq, itk, scale,
+                                                               causal);
+        check_launch("flash_backward_dkdv_tc");
+      }
       if (atomics) return;
       const int smem_q = (2 * kTileQ + 4 * kTileK) * kStride<D> * 2;
       allow_smem(flash_backward_dq_tc<D>, smem_q);

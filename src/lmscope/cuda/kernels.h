@@ -63,6 +63,9 @@ void flash_attention_forward(const void* q, const void* k, const void* v, void* 
 // Whether the forward runs the Hopper wgmma kernel for this call (bf16, d 64 or 128, an sm_90a
 // binary on a Hopper GPU, and at least one 128-row query tile per SM); else the mma.sync kernel.
 bool flash_attention_forward_uses_wgmma(Elem e, int d, std::int64_t n, std::int64_t tq);
+// The same for the backward's dK/dV kernel (at least one 128-key tile per SM); its dq, when
+// deterministic, stays the mma.sync kernel's own pass.
+bool flash_attention_backward_uses_wgmma(Elem e, int d, std::int64_t n, std::int64_t tk);
 // Whether the backward accumulates dq with atomics into dq_accum [n, tq, d] fp32 (else dq_accum
 // may be null): the tensor-core path unless deterministic.
 bool flash_attention_uses_atomics(Elem e, int d, bool deterministic);

@@ -37,6 +37,12 @@ __device__ __forceinline__ std::uint64_t descriptor(const void* p) {
          (std::uint64_t{1} << 62);
 }
 
+// The descriptor of the operand `bytes` (a multiple of 16) further on: the start address field is
+// in 16-byte units, and shared addresses stay below its 2^18-byte range.
+__device__ __forceinline__ std::uint64_t advance(std::uint64_t desc, int bytes) {
+  return desc + static_cast<std::uint64_t>(bytes >> 4);
+}
+
 #ifdef LMSCOPE_WGMMA
 __device__ __forceinline__ void fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
 __device__ __forceinline__ void commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
@@ -49,19 +55,23 @@ __device__ __forceinline__ void fence_shared_for_async_reads() {
   asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
 }
 // Pins the accumulator registers: the compiler must not move their uses across a wait.
-__device__ __forceinline__ void hold(float (&d)[8][4]) {
+template <int NB>
+__device__ __forceinline__ void hold(float (&d)[NB][4]) {
 #pragma unroll
-  for (int i = 0; i < 8; ++i)
+  for (int i = 0; i < NB; ++i)
 #pragma unroll
     for (int e = 0; e < 4; ++e) asm volatile("" : "+f"(d[i][e])::"memory");
 }
 
-#define LMSCOPE_WGMMA_D32                                                                                      \
+#define LMSCOPE_WGMMA_D16                                                                                      \
   "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), "+f"(d[1][0]), "+f"(d[1][1]), "+f"(d[1][2]),     \
       "+f"(d[1][3]), "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]), "+f"(d[3][0]), "+f"(d[3][1]), \
-      "+f"(d[3][2]), "+f"(d[3][3]), "+f"(d[4][0]), "+f"(d[4][1]), "+f"(d[4][2]), "+f"(d[4][3]), "+f"(d[5][0]), \
-      "+f"(d[5][1]), "+f"(d[5][2]), "+f"(d[5][3]), "+f"(d[6][0]), "+f"(d[6][1]), "+f"(d[6][2]), "+f"(d[6][3]), \
-      "+f"(d[7][0]), "+f"(d[7][1]), "+f"(d[7][2]), "+f"(d[7][3])
+      "+f"(d[3][2]), "+f"(d[3][3])
+#define LMSCOPE_WGMMA_D32                                                                                      \
+  LMSCOPE_WGMMA_D16, "+f"(d[4][0]), "+f"(d[4][1]), "+f"(d[4][2]), "+f"(d[4][3]), "+f"(d[5][0]), "+f"(d[5][1]), \
+      "+f"(d[5][2]), "+f"(d[5][3]), "+f"(d[6][0]), "+f"(d[6][1]), "+f"(d[6][2]), "+f"(d[6][3]), "+f"(d[7][0]), \
+      "+f"(d[7][1]), "+f"(d[7][2]), "+f"(d[7][3])
+#define LMSCOPE_WGMMA_REGS16 "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15}"
 #define LMSCOPE_WGMMA_REGS32                                                                                   \
   "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, " \
   "%23, %24, %25, %26, %27, %28, %29, %30, %31}"
@@ -78,6 +88,29 @@ __device__ __forceinline__ void mma_rs(float (&d)[8][4], const unsigned (&a)[4],
       : LMSCOPE_WGMMA_D32
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(static_cast<int>(accumulate)), "n"(TRANS_B ? 1 : 0));
 }
+
+// d[64 × N] (+)= a[64 × 16] · b[16 × N], N 32 or 64, both operands in shared memory: a K-major
+// (TRANS_A false: stored [m][k]) or M-major (stored [k][m]), b as above.
+template <int N, bool TRANS_A, bool TRANS_B>
+__device__ __forceinline__ void mma_ss(float (&d)[N / 8][4], std::uint64_t a, std::uint64_t b, bool accumulate) {
+  static_assert(N == 32 || N == 64, "wgmma shapes these kernels issue: n32, n64");
+  if constexpr (N == 64)
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 " LMSCOPE_WGMMA_REGS32
+        ", %32, %33, p, 1, 1, %35, %36;\n}\n"
+        : LMSCOPE_WGMMA_D32
+        : "l"(a), "l"(b), "r"(static_cast<int>(accumulate)), "n"(TRANS_A ? 1 : 0), "n"(TRANS_B ? 1 : 0));
+  else
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %18, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n32k16.f32.bf16.bf16 " LMSCOPE_WGMMA_REGS16
+        ", %16, %17, p, 1, 1, %19, %20;\n}\n"
+        : LMSCOPE_WGMMA_D16
+        : "l"(a), "l"(b), "r"(static_cast<int>(accumulate)), "n"(TRANS_A ? 1 : 0), "n"(TRANS_B ? 1 : 0));
+}
+#undef LMSCOPE_WGMMA_D16
+#undef LMSCOPE_WGMMA_REGS16
 #undef LMSCOPE_WGMMA_D32
 #undef LMSCOPE_WGMMA_REGS32
 #endif

@@ -94,7 +94,7 @@ TEST_F(FlashOnGpu, Bf16MatchesTheDefinitionWithEitherDqStrategy) {
       }
 }
 
-// The Hopper kernels (wgmma) run only with at least one 128-row tile per SM (queries forward, keys
+// The Hopper kernels (wgmma) run only with 128-row tiles for 7/8 of the SMs or more (queries forward, keys
 // backward), so they need many sequences: partial tiles, tq ≠ tk both ways, both head dims, both dq
 // strategies.
 TEST_F(FlashOnGpu, HopperKernelsMatchTheDefinition) {

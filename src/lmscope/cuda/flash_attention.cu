@@ -1143,11 +1143,12 @@ bool tensor_core_path(Elem e, int d) {
 
 // Whether the Hopper (wgmma) kernels run: bf16 at d 64 or 128 on a Hopper GPU, with their sm_90a
 // code in this binary (a build for other architectures, or compute_80 PTX compiled at load, leaves
-// it empty), and at least one CTA per SM. Both kernels take 128 rows per CTA: queries in the
-// forward (rows = tq), keys in the backward (rows = tk). With fewer CTAs than SMs the mma.sync
-// kernels' 64-row tiles spread over more SMs and win (H100, batch 8: forward at seq 1024 0.025
-// against 0.030 ms; seq 4096 0.138 against 0.129 ms, wgmma ahead; docs/flash-attention.md).
-// LMSCOPE_NO_WGMMA=1 picks the mma.sync kernels, for comparison and tests.
+// it empty), and CTAs for at least 7/8 of the SMs. Both kernels take 128 rows per CTA: queries in
+// the forward (rows = tq), keys in the backward (rows = tk). Measured on the H100 (132 SMs,
+// docs/flash-attention.md): with 64 such CTAs the mma.sync kernels' 64-row tiles spread over more
+// SMs and win (forward, batch 8, seq 1024: 0.025 against 0.030 ms); with 128 the wgmma kernels win
+// (batch 1, seq 16384, d 128: backward 1.26 against 1.10 ms; batch 8, seq 2048, d 64: 0.133 against
+// 0.112 ms). LMSCOPE_NO_WGMMA=1 picks the mma.sync kernels, for comparison and tests.
 bool wgmma_path(Elem e, int d, std::int64_t n, std::int64_t rows) {
   if (e != Elem::bf16 || (d != 64 && d != 128)) return false;
   if (const char* off = std::getenv("LMSCOPE_NO_WGMMA"); off && *off && std::strcmp(off, "0") != 0) return false;
@@ -1161,7 +1162,7 @@ bool wgmma_path(Elem e, int d, std::int64_t n, std::int64_t rows) {
                         cudaDeviceGetAttribute(&count, cudaDevAttrMultiProcessorCount, device) == cudaSuccess;
     return hopper ? count : 0;
   }();
-  return sms > 0 && n * ((rows + kWgTileQ - 1) / kWgTileQ) >= sms;
+  return sms > 0 && 8 * n * ((rows + kWgTileQ - 1) / kWgTileQ) >= 7 * sms;
 }
 static_assert(kWgTileQ == kWbKeys, "wgmma_path counts both kernels' CTAs with one tile size");
 

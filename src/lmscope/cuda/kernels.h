@@ -61,9 +61,9 @@ bool flash_attention_supports(int d);
 void flash_attention_forward(const void* q, const void* k, const void* v, void* o, float* lse, Elem e, std::int64_t n,
                              std::int64_t tq, std::int64_t tk, int d, float scale, bool causal, cudaStream_t s);
 // Whether the forward runs the Hopper wgmma kernel for this call (bf16, d 64 or 128, an sm_90a
-// binary on a Hopper GPU, and at least one 128-row query tile per SM); else the mma.sync kernel.
+// binary on a Hopper GPU, and 128-row query tiles for at least 7/8 of the SMs); else mma.sync.
 bool flash_attention_forward_uses_wgmma(Elem e, int d, std::int64_t n, std::int64_t tq);
-// The same for the backward's dK/dV kernel (at least one 128-key tile per SM); its dq, when
+// The same for the backward's dK/dV kernel (128-key tiles); its dq, when
 // deterministic, stays the mma.sync kernel's own pass.
 bool flash_attention_backward_uses_wgmma(Elem e, int d, std::int64_t n, std::int64_t tk);
 // Whether the backward accumulates dq with atomics into dq_accum [n, tq, d] fp32 (else dq_accum

@@ -777,6 +777,21 @@ __global__ void __launch_bounds__(kWgThreads)
   // This warpgroup's keys, in each panel.
   const std::uint64_t k_desc = sm90::descriptor(sK + wg * 64 * 128), v_desc = sm90::descriptor(sV + wg * 64 * 128);
 
+  // acc += X·Y for this warpgroup's 64 keys × a query tile X (accumulator blocks, packed into the A
+  // fragments a) and a [query][channel] tile Y of the ring (Q or dO) read as an N-major B.
+  auto issue_product = [&](float(&acc)[kPanels][8][4], unsigned(&a)[kWbTileQ / 16][4], const float(&x)[8][4],
+                           std::uint64_t y_desc) {
+#pragma unroll
+    for (int kc = 0; kc < kWbTileQ / 16; ++kc) accumulators_to_a(a[kc], x[2 * kc], x[2 * kc + 1]);
+    sm90::fence();
+#pragma unroll
+    for (int kc = 0; kc < kWbTileQ / 16; ++kc)
+#pragma unroll
+      for (int p = 0; p < kPanels; ++p)
+        sm90::mma_rs<true>(acc[p], a[kc], sm90::advance(y_desc, p * kWbTileQ * 128 + kc * 16 * 128), true);
+    sm90::commit();
+  };
+
   for (int i = first; i < tiles; ++i) {
     cp_async_wait<kWbStages - 2>();
     sm90::fence_shared_for_async_reads();
@@ -813,17 +828,8 @@ __global__ void __launch_bounds__(kWgThreads)
       probabilities_t<true>(s, lse2, scale_log2, key, q0, t, tq, tk, causal);
     else
       probabilities_t<false>(s, lse2, scale_log2, key, q0, t, tq, tk, causal);
-    unsigned pa[kWbTileQ / 16][4], da[kWbTileQ / 16][4];
-#pragma unroll
-    for (int kc = 0; kc < kWbTileQ / 16; ++kc) accumulators_to_a(pa[kc], s[2 * kc], s[2 * kc + 1]);
-    // dV += Pᵀ·dO: dO as an N-major B, 16 queries (rows) per step.
-    sm90::fence();
-#pragma unroll
-    for (int kc = 0; kc < kWbTileQ / 16; ++kc)
-#pragma unroll
-      for (int p = 0; p < kPanels; ++p)
-        sm90::mma_rs<true>(dv_acc[p], pa[kc], sm90::advance(do_desc, p * kWbTileQ * 128 + kc * 16 * 128), true);
-    sm90::commit();
+    unsigned pa[kWbTileQ / 16][4], da[kWbTileQ / 16][4];  // apart: wgmma reads them after issue
+    issue_product(dv_acc, pa, s, do_desc);                // dV += Pᵀ·dO
 
     float dlt[8][2];
 #pragma unroll
@@ -837,16 +843,7 @@ __global__ void __launch_bounds__(kWgThreads)
     for (int nb = 0; nb < 8; ++nb)
 #pragma unroll
       for (int e = 0; e < 4; ++e) dp[nb][e] = s[nb][e] * (dp[nb][e] - dlt[nb][e % 2]);  // dSᵀ
-#pragma unroll
-    for (int kc = 0; kc < kWbTileQ / 16; ++kc) accumulators_to_a(da[kc], dp[2 * kc], dp[2 * kc + 1]);
-    // dK += dSᵀ·Q
-    sm90::fence();
-#pragma unroll
-    for (int kc = 0; kc < kWbTileQ / 16; ++kc)
-#pragma unroll
-      for (int p = 0; p < kPanels; ++p)
-        sm90::mma_rs<true>(dk_acc[p], da[kc], sm90::advance(q_desc, p * kWbTileQ * 128 + kc * 16 * 128), true);
-    sm90::commit();
+    issue_product(dk_acc, da, dp, q_desc);                                              // dK += dSᵀ·Q
 
     if constexpr (ATOMIC_DQ) {
       // dSᵀ to shared memory: fragment da[kc][2·hi + h] is keys row g + 8h, queries 16·kc + 8·hi + 2t + {0, 1}.

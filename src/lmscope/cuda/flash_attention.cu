@@ -303,12 +303,17 @@ __global__ void __launch_bounds__(kThreads)
 constexpr int kWgThreads = 256, kWgTileQ = 128, kWgTileK = 64, kWgStages = 4;
 
 // ROWS rows of a [total, D] bf16 matrix from row r0 into a swizzled [ROWS][D] tile; zeros past the end.
+// Every thread copies the same number of 16-byte chunks, all of one column chunk, so the loop
+// unrolls fully and the swizzle is worked out once (a loop bounded by tid compiled to a generic
+// loop with remainder branches in every tile's load).
 template <int D, int ROWS>
 __device__ __forceinline__ void load_swizzled(unsigned char* tile, const bf16* src, int r0, int total, int tid) {
-  constexpr int kChunks = D / 8;
+  constexpr int kChunks = D / 8, kRowsPerPass = kWgThreads / kChunks;
+  static_assert(kWgThreads % kChunks == 0 && ROWS % kRowsPerPass == 0, "whole passes of the CTA's threads");
+  const int chunk = tid % kChunks;
 #pragma unroll
-  for (int c = tid; c < ROWS * kChunks; c += kWgThreads) {
-    const int r = c / kChunks, chunk = c % kChunks;
+  for (int pass = 0; pass < ROWS / kRowsPerPass; ++pass) {
+    const int r = pass * kRowsPerPass + tid / kChunks;
     const bool valid = r0 + r < total;
     cp_async16(tile + sm90::swizzled_offset(r, chunk, ROWS),
                src + static_cast<long long>(valid ? r0 + r : 0) * D + chunk * 8, valid);

@@ -132,11 +132,15 @@ __device__ __forceinline__ void mma_ab(float (&c)[N / 8][4], const unsigned (&a)
 
 // ROWS rows of a [total, D] bf16 matrix from row r0 into a [ROWS][D + 8] tile; rows past the end
 // are zeros.
+// The trip count is fixed at compile time so that the loop unrolls (bounded by tid it compiled to a
+// generic loop with remainder branches).
 template <int D, int ROWS, int THREADS>
 __device__ __forceinline__ void load_tile(bf16* tile, const bf16* src, int r0, int total, int tid) {
-  constexpr int kChunks = D / 8;
+  constexpr int kChunks = D / 8, kTotal = ROWS * kChunks;
 #pragma unroll
-  for (int c = tid; c < ROWS * kChunks; c += THREADS) {
+  for (int pass = 0; pass < (kTotal + THREADS - 1) / THREADS; ++pass) {
+    const int c = pass * THREADS + tid;
+    if (kTotal % THREADS != 0 && c >= kTotal) break;
     const int r = c / kChunks, col = (c % kChunks) * 8;
     const bool valid = r0 + r < total;
     cp_async16(tile + r * kStride<D> + col, src + static_cast<long long>(valid ? r0 + r : 0) * D + col, valid);

@@ -133,12 +133,13 @@ __device__ __forceinline__ void mma_ab(float (&c)[N / 8][4], const unsigned (&a)
 // ROWS rows of a [total, D] bf16 matrix from row r0 into a [ROWS][D + 8] tile; rows past the end
 // are zeros.
 // The trip count is fixed at compile time so that the loop unrolls (bounded by tid it compiled to a
-// generic loop with remainder branches).
+// generic loop with remainder branches). Beyond 6 passes it unrolls by 4: the d 128 dQ kernel,
+// fully unrolled, reached 254 registers and ran 4% slower (docs/flash-attention.md, step 15).
 template <int D, int ROWS, int THREADS>
 __device__ __forceinline__ void load_tile(bf16* tile, const bf16* src, int r0, int total, int tid) {
-  constexpr int kChunks = D / 8, kTotal = ROWS * kChunks;
-#pragma unroll
-  for (int pass = 0; pass < (kTotal + THREADS - 1) / THREADS; ++pass) {
+  constexpr int kChunks = D / 8, kTotal = ROWS * kChunks, kPasses = (kTotal + THREADS - 1) / THREADS;
+#pragma unroll(kPasses > 6 ? 4 : kPasses)
+  for (int pass = 0; pass < kPasses; ++pass) {
     const int c = pass * THREADS + tid;
     if (kTotal % THREADS != 0 && c >= kTotal) break;
     const int r = c / kChunks, col = (c % kChunks) * 8;

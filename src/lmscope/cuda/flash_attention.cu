@@ -445,6 +445,7 @@ __global__ void __launch_bounds__(kWgThreads, D == 64 ? 2 : 1)
     sm90::hold(s);
     softmax(j);
     sm90::wait<0>();
+    sm90::hold(pa);
 #pragma unroll
     for (int p = 0; p < kPanels; ++p) sm90::hold(acc[p]);
     rescale_and_take_p();
@@ -881,6 +882,8 @@ __global__ void __launch_bounds__(kWgThreads)
       sm90::commit();
       sm90::wait<0>();
       sm90::hold(dq);
+      sm90::hold(pa);
+      sm90::hold(da);
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
         const int row = q0 + warp * 16 + g + 8 * h;
@@ -893,6 +896,8 @@ __global__ void __launch_bounds__(kWgThreads)
       }
     } else {
       sm90::wait<0>();
+      sm90::hold(pa);
+      sm90::hold(da);
     }
   }
   cp_async_wait_all();  // a causal key tile past the last query loads K and V but runs no step
@@ -914,6 +919,141 @@ __global__ void __launch_bounds__(kWgThreads)
         *reinterpret_cast<__nv_bfloat162*>(dv + at) =
             __floats2bfloat162_rn(dv_acc[p][nb][2 * h], dv_acc[p][nb][2 * h + 1]);
       }
+  }
+#endif
+}
+
+// dQ of 128 queries (two warpgroups × 64) over every key tile they see, in order: the deterministic
+// dQ on Hopper. Built as the forward is: Q and dO in registers as A fragments, K and V in the same
+// 4-slot ring; per key tile S = Q·Kᵀ and dP = dO·Vᵀ (K-major B), then dQ += dS·K (N-major B), which
+// runs on while the next tile's S and dP are issued. Launched at d 128 only: at d 64 the same code
+// gives wrong dq, and the cause is not found yet (docs/flash-attention.md, step 16).
+template <bool MASK>
+__device__ __forceinline__ void probabilities(float (&s)[8][4], const float (&lse2)[2], float scale_log2,
+                                              const int (&row)[2], int k0, int t, int tq, int tk, bool causal) {
+#pragma unroll
+  for (int nb = 0; nb < 8; ++nb)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const float x = fast_exp2(fmaf(s[nb][e], scale_log2, -lse2[e / 2]));
+      s[nb][e] = MASK && masked(row[e / 2], k0 + nb * 8 + 2 * t + (e % 2), tq, tk, causal) ? 0.f : x;
+    }
+}
+
+template <int D>
+__global__ void __launch_bounds__(kWgThreads)
+    flash_backward_dq_wgmma(const bf16* __restrict__ q, const bf16* __restrict__ k, const bf16* __restrict__ v,
+                            const bf16* __restrict__ dout, const float* __restrict__ lse,
+                            const float* __restrict__ delta, bf16* __restrict__ dq, int tq, int tk, float scale,
+                            bool causal) {
+#ifdef LMSCOPE_WGMMA
+  constexpr int kPanels = D / sm90::kPanelCols;
+  constexpr int kTileBytes = kWgTileK * D * 2;
+  extern __shared__ unsigned char smem_raw[];
+  unsigned char* sQ = atom_aligned_smem(smem_raw);
+  unsigned char* sdO = sQ + kWgTileQ * D * 2;
+  unsigned char* sK = sdO + kWgTileQ * D * 2;       // [kWgStages] tiles
+  unsigned char* sV = sK + kWgStages * kTileBytes;  // [kWgStages] tiles
+  const int seq = blockIdx.y, q0 = query_tile() * kWgTileQ;
+  const int tid = threadIdx.x, wg = tid / 128, warp = (tid / 32) % 4, lane = tid % 32, g = lane / 4, t = lane % 4;
+  const int wq0 = q0 + wg * 64;  // this warpgroup's first query
+  const long long qoff = static_cast<long long>(seq) * tq, koff = static_cast<long long>(seq) * tk;
+  q += qoff * D, dout += qoff * D, dq += qoff * D, lse += qoff, delta += qoff;
+  k += koff * D, v += koff * D;
+  const float scale_log2 = scale * kLog2e;
+
+  const int kend = causal ? min(tk, q0 + kWgTileQ) : tk;
+  const int tiles = (kend + kWgTileK - 1) / kWgTileK;
+  auto load_keys = [&](int i) {  // tile i into its slot, one commit group per tile (empty past the end)
+    if (i < tiles) {
+      load_swizzled<D, kWgTileK>(sK + (i % kWgStages) * kTileBytes, k, i * kWgTileK, tk, tid);
+      load_swizzled<D, kWgTileK>(sV + (i % kWgStages) * kTileBytes, v, i * kWgTileK, tk, tid);
+    }
+    cp_async_commit();
+  };
+  // Waits for tile j's loads, then lets the ring move on: every warpgroup is done with tile j − 2.
+  auto next_tile = [&](int j) {
+    cp_async_wait<kWgStages - 3>();
+    sm90::fence_shared_for_async_reads();
+    __syncthreads();
+    load_keys(j + kWgStages - 2);
+  };
+  load_swizzled<D, kWgTileQ>(sQ, q, q0, tq, tid);
+  load_swizzled<D, kWgTileQ>(sdO, dout, q0, tq, tid);
+#pragma unroll
+  for (int i = 0; i < kWgStages - 2; ++i) load_keys(i);
+
+  const int row[2] = {wq0 + warp * 16 + g, wq0 + warp * 16 + g + 8};
+  float lse2[2], drow[2];
+#pragma unroll
+  for (int i = 0; i < 2; ++i) {
+    lse2[i] = row[i] < tq ? lse[row[i]] * kLog2e : INFINITY;
+    drow[i] = row[i] < tq ? delta[row[i]] : 0.f;
+  }
+  float acc[kPanels][8][4] = {};
+#pragma unroll
+  for (int p = 0; p < kPanels; ++p) sm90::hold(acc[p]);  // zeroed here, not inside a wgmma stage
+  float s[8][4], dp[8][4];
+  unsigned qa[D / 16][4], da[D / 16][4], sa[kWgTileK / 16][4];
+
+  next_tile(0);
+#pragma unroll
+  for (int kc = 0; kc < D / 16; ++kc) {
+    const int at = sm90::swizzled_offset(wg * 64 + warp * 16 + lane % 16, 2 * kc + lane / 16, kWgTileQ);
+    ldmatrix_x4(qa[kc], sQ + at);
+    ldmatrix_x4(da[kc], sdO + at);
+  }
+  for (int j = 0; j < tiles; ++j) {
+    if (j > 0) next_tile(j);
+    const unsigned char* cK = sK + (j % kWgStages) * kTileBytes;
+    const unsigned char* cV = sV + (j % kWgStages) * kTileBytes;
+    const std::uint64_t k_desc = sm90::descriptor(cK), v_desc = sm90::descriptor(cV);
+    sm90::fence();
+#pragma unroll
+    for (int kc = 0; kc < D / 16; ++kc)
+      sm90::mma_rs<false>(s, qa[kc], sm90::advance(k_desc, (kc / 4) * kWgTileK * 128 + (kc % 4) * 32), kc > 0);
+    sm90::commit();
+#pragma unroll
+    for (int kc = 0; kc < D / 16; ++kc)
+      sm90::mma_rs<false>(dp, da[kc], sm90::advance(v_desc, (kc / 4) * kWgTileK * 128 + (kc % 4) * 32), kc > 0);
+    sm90::commit();
+    sm90::wait<1>();  // the previous tile's dQ and this one's S are in; dP may still run
+    sm90::hold(sa);
+    sm90::hold(s);
+    const int k0 = j * kWgTileK;
+    if (k0 + kWgTileK > tk || wq0 + 64 > tq || (causal && k0 + kWgTileK - 1 > wq0))
+      probabilities<true>(s, lse2, scale_log2, row, k0, t, tq, tk, causal);
+    else
+      probabilities<false>(s, lse2, scale_log2, row, k0, t, tq, tk, causal);
+    sm90::wait<0>();
+    sm90::hold(dp);
+#pragma unroll
+    for (int nb = 0; nb < 8; ++nb)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) s[nb][e] *= dp[nb][e] - drow[e / 2];  // dS
+#pragma unroll
+    for (int kc = 0; kc < kWgTileK / 16; ++kc) accumulators_to_a(sa[kc], s[2 * kc], s[2 * kc + 1]);
+    sm90::fence();
+#pragma unroll
+    for (int kc = 0; kc < kWgTileK / 16; ++kc)
+#pragma unroll
+      for (int p = 0; p < kPanels; ++p)
+        sm90::mma_rs<true>(acc[p], sa[kc], sm90::advance(k_desc, p * kWgTileK * 128 + kc * 16 * 128), true);
+    sm90::commit();
+  }
+  sm90::wait<0>();
+#pragma unroll
+  for (int p = 0; p < kPanels; ++p) sm90::hold(acc[p]);
+  cp_async_wait_all();
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    if (row[h] >= tq) continue;
+#pragma unroll
+    for (int p = 0; p < kPanels; ++p)
+#pragma unroll
+      for (int nb = 0; nb < 8; ++nb)
+        *reinterpret_cast<__nv_bfloat162*>(dq + static_cast<long long>(row[h]) * D + p * 64 + nb * 8 + 2 * t) =
+            __floats2bfloat162_rn(acc[p][nb][2 * h] * scale, acc[p][nb][2 * h + 1] * scale);
   }
 #endif
 }
@@ -1277,6 +1417,14 @@ void flash_attention_backward(const void* q, const void* k, const void* v, const
         check_launch("flash_backward_dkdv_tc");
       }
       if (atomics) return;
+      if constexpr (D == 128)
+        if (wgmma_path(e, d, n, tq)) {
+          constexpr int smem = (2 * kWgTileQ + 2 * kWgStages * kWgTileK) * D * 2 + sm90::kAtomBytes;
+          allow_smem(flash_backward_dq_wgmma<D>, smem);
+          flash_backward_dq_wgmma<D><<<grid_of(n, tq, kWgTileQ), kWgThreads, smem, s>>>(
+              qb, kb, vb, gb, lse, delta, static_cast<bf16*>(dq), itq, itk, scale, causal);
+          return check_launch("flash_backward_dq_wgmma");
+        }
       const int smem_q = (2 * kTileQ + 4 * kTileK) * kStride<D> * 2;
       allow_smem(flash_backward_dq_tc<D>, smem_q);
       flash_backward_dq_tc<D><<<grid_of(n, tq, kTileQ), kThreads, smem_q, s>>>(

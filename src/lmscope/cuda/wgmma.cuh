@@ -63,6 +63,17 @@ __device__ __forceinline__ void hold(float (&d)[NB][4]) {
     for (int e = 0; e < 4; ++e) asm volatile("" : "+f"(d[i][e])::"memory");
 }
 
+// Pins A fragments that an issued wgmma reads from registers; called after the wait that covers that
+// wgmma, it keeps their registers from being reused while the tensor cores may still read them
+// (without it, the dQ kernel's fragments were overwritten by the next tile's products).
+template <int NB>
+__device__ __forceinline__ void hold(unsigned (&a)[NB][4]) {
+#pragma unroll
+  for (int i = 0; i < NB; ++i)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) asm volatile("" : "+r"(a[i][e])::"memory");
+}
+
 #define LMSCOPE_WGMMA_D16                                                                                      \
   "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), "+f"(d[1][0]), "+f"(d[1][1]), "+f"(d[1][2]),     \
       "+f"(d[1][3]), "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]), "+f"(d[3][0]), "+f"(d[3][1]), \

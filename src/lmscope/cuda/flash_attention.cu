@@ -335,6 +335,40 @@ __device__ __forceinline__ unsigned char* atom_aligned_smem(unsigned char* smem)
   const unsigned pad = (sm90::kAtomBytes - smem_addr(smem) % sm90::kAtomBytes) % sm90::kAtomBytes;
   return smem + pad;
 }
+
+// The K and V tiles the Hopper forward and dQ kernels walk: a ring of kWgStages slots of 64 keys
+// (K's slots, then V's), loaded kWgStages − 2 tiles ahead with one commit group per tile (empty past
+// the last), so that a slot is refilled only when every warpgroup is done with it.
+template <int D>
+struct KeyValueRing {
+  static constexpr int kTileBytes = kWgTileK * D * 2;
+  unsigned char* slots;
+  const bf16* k;
+  const bf16* v;
+  int tk, tiles, tid;
+
+  __device__ __forceinline__ unsigned char* k_tile(int i) const { return slots + (i % kWgStages) * kTileBytes; }
+  __device__ __forceinline__ unsigned char* v_tile(int i) const { return k_tile(i) + kWgStages * kTileBytes; }
+  __device__ __forceinline__ void load(int i) const {
+    if (i < tiles) {
+      load_swizzled<D, kWgTileK>(k_tile(i), k, i * kWgTileK, tk, tid);
+      load_swizzled<D, kWgTileK>(v_tile(i), v, i * kWgTileK, tk, tid);
+    }
+    cp_async_commit();
+  }
+  // The first tiles (loads the caller issued before join their commit group).
+  __device__ __forceinline__ void start() const {
+#pragma unroll
+    for (int i = 0; i < kWgStages - 2; ++i) load(i);
+  }
+  // Waits for tile j's loads, then moves on: every warpgroup is done with tile j − 2.
+  __device__ __forceinline__ void next(int j) const {
+    cp_async_wait<kWgStages - 3>();
+    sm90::fence_shared_for_async_reads();
+    __syncthreads();
+    load(j + kWgStages - 2);
+  }
+};
 #endif
 
 // Software pipeline per warpgroup: step j issues S_j = Q·K_jᵀ and O += P_{j−1}·V_{j−1} together,
@@ -352,11 +386,9 @@ __global__ void __launch_bounds__(kWgThreads, D == 64 ? 2 : 1)
                         bf16* __restrict__ o, float* __restrict__ lse, int tq, int tk, float scale_log2, bool causal) {
 #ifdef LMSCOPE_WGMMA
   constexpr int kPanels = D / sm90::kPanelCols;
-  constexpr int kTileBytes = kWgTileK * D * 2;
   extern __shared__ unsigned char smem_raw[];
   unsigned char* sQ = atom_aligned_smem(smem_raw);
-  unsigned char* sK = sQ + kWgTileQ * D * 2;        // [kWgStages] tiles
-  unsigned char* sV = sK + kWgStages * kTileBytes;  // [kWgStages] tiles
+  unsigned char* sK = sQ + kWgTileQ * D * 2;  // the K/V ring
   const int seq = blockIdx.y, q0 = query_tile() * kWgTileQ;
   const int tid = threadIdx.x, wg = tid / 128, warp = (tid / 32) % 4, lane = tid % 32, g = lane / 4, t = lane % 4;
   const int wq0 = q0 + wg * 64;  // this warpgroup's first query
@@ -368,23 +400,9 @@ __global__ void __launch_bounds__(kWgThreads, D == 64 ? 2 : 1)
 
   const int kend = causal ? min(tk, q0 + kWgTileQ) : tk;
   const int tiles = (kend + kWgTileK - 1) / kWgTileK;
-  auto load_keys = [&](int i) {  // tile i into its slot, one commit group per tile (empty past the end)
-    if (i < tiles) {
-      load_swizzled<D, kWgTileK>(sK + (i % kWgStages) * kTileBytes, k, i * kWgTileK, tk, tid);
-      load_swizzled<D, kWgTileK>(sV + (i % kWgStages) * kTileBytes, v, i * kWgTileK, tk, tid);
-    }
-    cp_async_commit();
-  };
-  // Waits for tile j's loads, then lets the ring move on: every warpgroup is done with tile j − 2.
-  auto next_tile = [&](int j) {
-    cp_async_wait<kWgStages - 3>();
-    sm90::fence_shared_for_async_reads();
-    __syncthreads();
-    load_keys(j + kWgStages - 2);
-  };
+  const KeyValueRing<D> ring{sK, k, v, tk, tiles, tid};
   load_swizzled<D, kWgTileQ>(sQ, q, q0, tq, tid);
-#pragma unroll
-  for (int i = 0; i < kWgStages - 2; ++i) load_keys(i);
+  ring.start();
 
   float acc[kPanels][8][4] = {};
   float s[8][4];
@@ -393,14 +411,14 @@ __global__ void __launch_bounds__(kWgThreads, D == 64 ? 2 : 1)
   const int row[2] = {wq0 + warp * 16 + g, wq0 + warp * 16 + g + 8};
 
   auto issue_scores = [&](int j) {  // s = Q·K_jᵀ
-    const unsigned char* cK = sK + (j % kWgStages) * kTileBytes;
+    const unsigned char* cK = ring.k_tile(j);
 #pragma unroll
     for (int kc = 0; kc < D / 16; ++kc)
       sm90::mma_rs<false>(s, qa[kc], sm90::descriptor(cK + (kc / 4) * kWgTileK * 128 + (kc % 4) * 32), kc > 0);
     sm90::commit();
   };
   auto issue_pv = [&](int j) {  // acc += P_j·V_j
-    const unsigned char* cV = sV + (j % kWgStages) * kTileBytes;
+    const unsigned char* cV = ring.v_tile(j);
 #pragma unroll
     for (int kc = 0; kc < kWgTileK / 16; ++kc)
 #pragma unroll
@@ -426,7 +444,7 @@ __global__ void __launch_bounds__(kWgThreads, D == 64 ? 2 : 1)
     for (int kc = 0; kc < kWgTileK / 16; ++kc) accumulators_to_a(pa[kc], s[2 * kc], s[2 * kc + 1]);
   };
 
-  next_tile(0);
+  ring.next(0);
 #pragma unroll
   for (int kc = 0; kc < D / 16; ++kc)
     ldmatrix_x4(qa[kc], sQ + sm90::swizzled_offset(wg * 64 + warp * 16 + lane % 16, 2 * kc + lane / 16, kWgTileQ));
@@ -437,7 +455,7 @@ __global__ void __launch_bounds__(kWgThreads, D == 64 ? 2 : 1)
   softmax(0);
   rescale_and_take_p();
   for (int j = 1; j < tiles; ++j) {
-    next_tile(j);
+    ring.next(j);
     sm90::fence();
     issue_scores(j);
     issue_pv(j - 1);
@@ -948,12 +966,10 @@ __global__ void __launch_bounds__(kWgThreads)
                             bool causal) {
 #ifdef LMSCOPE_WGMMA
   constexpr int kPanels = D / sm90::kPanelCols;
-  constexpr int kTileBytes = kWgTileK * D * 2;
   extern __shared__ unsigned char smem_raw[];
   unsigned char* sQ = atom_aligned_smem(smem_raw);
   unsigned char* sdO = sQ + kWgTileQ * D * 2;
-  unsigned char* sK = sdO + kWgTileQ * D * 2;       // [kWgStages] tiles
-  unsigned char* sV = sK + kWgStages * kTileBytes;  // [kWgStages] tiles
+  unsigned char* sK = sdO + kWgTileQ * D * 2;  // the K/V ring
   const int seq = blockIdx.y, q0 = query_tile() * kWgTileQ;
   const int tid = threadIdx.x, wg = tid / 128, warp = (tid / 32) % 4, lane = tid % 32, g = lane / 4, t = lane % 4;
   const int wq0 = q0 + wg * 64;  // this warpgroup's first query
@@ -964,24 +980,10 @@ __global__ void __launch_bounds__(kWgThreads)
 
   const int kend = causal ? min(tk, q0 + kWgTileQ) : tk;
   const int tiles = (kend + kWgTileK - 1) / kWgTileK;
-  auto load_keys = [&](int i) {  // tile i into its slot, one commit group per tile (empty past the end)
-    if (i < tiles) {
-      load_swizzled<D, kWgTileK>(sK + (i % kWgStages) * kTileBytes, k, i * kWgTileK, tk, tid);
-      load_swizzled<D, kWgTileK>(sV + (i % kWgStages) * kTileBytes, v, i * kWgTileK, tk, tid);
-    }
-    cp_async_commit();
-  };
-  // Waits for tile j's loads, then lets the ring move on: every warpgroup is done with tile j − 2.
-  auto next_tile = [&](int j) {
-    cp_async_wait<kWgStages - 3>();
-    sm90::fence_shared_for_async_reads();
-    __syncthreads();
-    load_keys(j + kWgStages - 2);
-  };
+  const KeyValueRing<D> ring{sK, k, v, tk, tiles, tid};
   load_swizzled<D, kWgTileQ>(sQ, q, q0, tq, tid);
   load_swizzled<D, kWgTileQ>(sdO, dout, q0, tq, tid);
-#pragma unroll
-  for (int i = 0; i < kWgStages - 2; ++i) load_keys(i);
+  ring.start();
 
   const int row[2] = {wq0 + warp * 16 + g, wq0 + warp * 16 + g + 8};
   float lse2[2], drow[2];
@@ -996,7 +998,7 @@ __global__ void __launch_bounds__(kWgThreads)
   float s[8][4], dp[8][4];
   unsigned qa[D / 16][4], da[D / 16][4], sa[kWgTileK / 16][4];
 
-  next_tile(0);
+  ring.next(0);
 #pragma unroll
   for (int kc = 0; kc < D / 16; ++kc) {
     const int at = sm90::swizzled_offset(wg * 64 + warp * 16 + lane % 16, 2 * kc + lane / 16, kWgTileQ);
@@ -1004,10 +1006,8 @@ __global__ void __launch_bounds__(kWgThreads)
     ldmatrix_x4(da[kc], sdO + at);
   }
   for (int j = 0; j < tiles; ++j) {
-    if (j > 0) next_tile(j);
-    const unsigned char* cK = sK + (j % kWgStages) * kTileBytes;
-    const unsigned char* cV = sV + (j % kWgStages) * kTileBytes;
-    const std::uint64_t k_desc = sm90::descriptor(cK), v_desc = sm90::descriptor(cV);
+    if (j > 0) ring.next(j);
+    const std::uint64_t k_desc = sm90::descriptor(ring.k_tile(j)), v_desc = sm90::descriptor(ring.v_tile(j));
     sm90::fence();
 #pragma unroll
     for (int kc = 0; kc < D / 16; ++kc)

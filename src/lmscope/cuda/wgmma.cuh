@@ -13,6 +13,7 @@
 #include <cuda_bf16.h>
 
 #include <cstdint>
+#include <type_traits>
 
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
 #define LMSCOPE_WGMMA 1
@@ -54,24 +55,21 @@ __device__ __forceinline__ void wait() {
 __device__ __forceinline__ void fence_shared_for_async_reads() {
   asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
 }
-// Pins the accumulator registers: the compiler must not move their uses across a wait.
-template <int NB>
-__device__ __forceinline__ void hold(float (&d)[NB][4]) {
+// Pins registers a wgmma writes (accumulators, float) or reads (A fragments, unsigned). Called after
+// the wait that covers the wgmma, it keeps the compiler from moving their uses before the wait or
+// reusing their registers while the tensor cores may still read them.
+template <typename T, int NB>
+__device__ __forceinline__ void hold(T (&x)[NB][4]) {
+  static_assert(std::is_same_v<T, float> || std::is_same_v<T, unsigned>);
 #pragma unroll
   for (int i = 0; i < NB; ++i)
 #pragma unroll
-    for (int e = 0; e < 4; ++e) asm volatile("" : "+f"(d[i][e])::"memory");
-}
-
-// Pins A fragments that an issued wgmma reads from registers; called after the wait that covers that
-// wgmma, it keeps their registers from being reused while the tensor cores may still read them
-// (without it, the dQ kernel's fragments were overwritten by the next tile's products).
-template <int NB>
-__device__ __forceinline__ void hold(unsigned (&a)[NB][4]) {
-#pragma unroll
-  for (int i = 0; i < NB; ++i)
-#pragma unroll
-    for (int e = 0; e < 4; ++e) asm volatile("" : "+r"(a[i][e])::"memory");
+    for (int e = 0; e < 4; ++e) {
+      if constexpr (std::is_same_v<T, float>)
+        asm volatile("" : "+f"(x[i][e])::"memory");
+      else
+        asm volatile("" : "+r"(x[i][e])::"memory");
+    }
 }
 
 #define LMSCOPE_WGMMA_D16                                                                                      \

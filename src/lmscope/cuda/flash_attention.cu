@@ -336,6 +336,23 @@ __device__ __forceinline__ unsigned char* atom_aligned_smem(unsigned char* smem)
   return smem + pad;
 }
 
+// acc (+)= X·Y on a warpgroup: X its 64 rows × 64 (accumulator blocks x, packed here into the A
+// fragments a, which must stay untouched until a wait covers this product), Y a 64-row swizzled
+// tile read as an N-major B, one 64-column panel per accumulator.
+template <int PANELS>
+__device__ __forceinline__ void issue_product(float (&acc)[PANELS][8][4], unsigned (&a)[4][4], const float (&x)[8][4],
+                                              std::uint64_t y_desc) {
+#pragma unroll
+  for (int kc = 0; kc < 4; ++kc) accumulators_to_a(a[kc], x[2 * kc], x[2 * kc + 1]);
+  sm90::fence();
+#pragma unroll
+  for (int kc = 0; kc < 4; ++kc)
+#pragma unroll
+    for (int p = 0; p < PANELS; ++p)
+      sm90::mma_rs<true>(acc[p], a[kc], sm90::advance(y_desc, p * 64 * 128 + kc * 16 * 128), true);
+  sm90::commit();
+}
+
 // The K and V tiles the Hopper forward and dQ kernels walk: a ring of kWgStages slots of 64 keys
 // (K's slots, then V's), loaded kWgStages − 2 tiles ahead with one commit group per tile (empty past
 // the last), so that a slot is refilled only when every warpgroup is done with it.
@@ -733,6 +750,7 @@ __global__ void __launch_bounds__(kThreads)
 // adds them to the fp32 accumulator with 8-byte atomics: one atomic per two values per 64 queries ×
 // 128 keys, an eighth of the mma.sync kernel's count.
 constexpr int kWbKeys = 128, kWbTileQ = 64, kWbStages = 3;
+static_assert(kWbTileQ == 64 && kWgTileK == 64, "issue_product multiplies by 64-row tiles");
 
 template <int D>
 constexpr int wgmma_backward_smem() {
@@ -805,21 +823,6 @@ __global__ void __launch_bounds__(kWgThreads)
   const int key[2] = {wk0 + warp * 16 + g, wk0 + warp * 16 + g + 8};
   // This warpgroup's keys, in each panel.
   const std::uint64_t k_desc = sm90::descriptor(sK + wg * 64 * 128), v_desc = sm90::descriptor(sV + wg * 64 * 128);
-
-  // acc += X·Y for this warpgroup's 64 keys × a query tile X (accumulator blocks, packed into the A
-  // fragments a) and a [query][channel] tile Y of the ring (Q or dO) read as an N-major B.
-  auto issue_product = [&](float(&acc)[kPanels][8][4], unsigned(&a)[kWbTileQ / 16][4], const float(&x)[8][4],
-                           std::uint64_t y_desc) {
-#pragma unroll
-    for (int kc = 0; kc < kWbTileQ / 16; ++kc) accumulators_to_a(a[kc], x[2 * kc], x[2 * kc + 1]);
-    sm90::fence();
-#pragma unroll
-    for (int kc = 0; kc < kWbTileQ / 16; ++kc)
-#pragma unroll
-      for (int p = 0; p < kPanels; ++p)
-        sm90::mma_rs<true>(acc[p], a[kc], sm90::advance(y_desc, p * kWbTileQ * 128 + kc * 16 * 128), true);
-    sm90::commit();
-  };
 
   for (int i = first; i < tiles; ++i) {
     cp_async_wait<kWbStages - 2>();
@@ -1031,15 +1034,7 @@ __global__ void __launch_bounds__(kWgThreads)
     for (int nb = 0; nb < 8; ++nb)
 #pragma unroll
       for (int e = 0; e < 4; ++e) s[nb][e] *= dp[nb][e] - drow[e / 2];  // dS
-#pragma unroll
-    for (int kc = 0; kc < kWgTileK / 16; ++kc) accumulators_to_a(sa[kc], s[2 * kc], s[2 * kc + 1]);
-    sm90::fence();
-#pragma unroll
-    for (int kc = 0; kc < kWgTileK / 16; ++kc)
-#pragma unroll
-      for (int p = 0; p < kPanels; ++p)
-        sm90::mma_rs<true>(acc[p], sa[kc], sm90::advance(k_desc, p * kWgTileK * 128 + kc * 16 * 128), true);
-    sm90::commit();
+    issue_product(acc, sa, s, k_desc);                                  // dQ += dS·K
   }
   sm90::wait<0>();
 #pragma unroll

@@ -183,11 +183,17 @@ __device__ __forceinline__ float fast_exp2(float x) {
   return y;
 }
 
+// How far (log2 units) a row's scores may rise above its running max before the max is moved: P
+// then reaches at most 2^8, which bf16 and the fp32 sums hold exactly as well as values below 1,
+// and the output rows need rescaling only in the rare tile that moves a max (see needs_rescale).
+constexpr float kMaxGrowth = 8.f;
+
 // Online softmax of a warp's 16 rows × 64 keys of raw scores s (m16n8 accumulator blocks: rows g and
-// g + 8, keys k0 + 8·nb + 2t + {0, 1}). On return s holds P relative to the new running max; m (in
-// log2 units of scaled scores) and l are updated, and corr is the factor the output rows must be
-// scaled by. The max is taken on raw scores (the scale is positive) so that one FFMA per element
-// scales and shifts; MASK=false, the common tile, has no per-element mask test at all.
+// g + 8, keys k0 + 8·nb + 2t + {0, 1}). On return s holds P relative to the running max m (in log2
+// units of scaled scores), l is updated, and corr is the factor the output rows must be scaled by:
+// 1 unless this tile moved the max (by more than kMaxGrowth). The max is taken on raw scores (the
+// scale is positive) so that one FFMA per element scales and shifts; MASK=false, the common tile,
+// has no per-element mask test at all.
 template <bool MASK>
 __device__ __forceinline__ void online_softmax(float (&s)[8][4], float (&m)[2], float (&l)[2], float (&corr)[2],
                                                float scale_log2, const int (&row)[2], int k0, int t, int tq, int tk,
@@ -203,9 +209,10 @@ __device__ __forceinline__ void online_softmax(float (&s)[8][4], float (&m)[2], 
   float shift[2];
 #pragma unroll
   for (int i = 0; i < 2; ++i) {
-    const float mnew = fmaxf(m[i], quad_max(mx[i]) * scale_log2);
-    const float base = mnew == -INFINITY ? 0.f : mnew;  // a row with nothing seen yet stays at zero
-    corr[i] = fast_exp2(m[i] - base);
+    const float seen = quad_max(mx[i]) * scale_log2;
+    const float mnew = seen > m[i] + kMaxGrowth ? seen : m[i];  // −∞ + 8 = −∞: the first scores set it
+    const float base = mnew == -INFINITY ? 0.f : mnew;          // a row with nothing seen yet stays at zero
+    corr[i] = mnew == m[i] ? 1.f : fast_exp2(m[i] - base);
     m[i] = mnew;
     l[i] *= corr[i];
     shift[i] = -base;
@@ -217,6 +224,12 @@ __device__ __forceinline__ void online_softmax(float (&s)[8][4], float (&m)[2], 
       s[nb][e] = fast_exp2(fmaf(s[nb][e], scale_log2, shift[e / 2]));
       l[e / 2] += s[nb][e];
     }
+}
+
+// Whether any row of the warp must rescale its output after online_softmax: a warp-uniform test, so
+// that the usual tile skips the multiplies as a whole warp.
+__device__ __forceinline__ bool needs_rescale(const float (&corr)[2]) {
+  return __any_sync(0xffffffffu, corr[0] != 1.f || corr[1] != 1.f);
 }
 
 // Grid: x = query tiles, heaviest (last, under a causal mask) first; y = sequences.
@@ -277,10 +290,11 @@ __global__ void __launch_bounds__(kThreads)
       online_softmax<true>(s, m, l, corr, scale_log2, row, k0, t, tq, tk, causal);
     else
       online_softmax<false>(s, m, l, corr, scale_log2, row, k0, t, tq, tk, causal);
+    if (needs_rescale(corr))
 #pragma unroll
-    for (int nd = 0; nd < D / 8; ++nd)
+      for (int nd = 0; nd < D / 8; ++nd)
 #pragma unroll
-      for (int e = 0; e < 4; ++e) acc[nd][e] *= corr[e / 2];
+        for (int e = 0; e < 4; ++e) acc[nd][e] *= corr[e / 2];
     unsigned pa[kTileK / 16][4];
 #pragma unroll
     for (int kc = 0; kc < kTileK / 16; ++kc) accumulators_to_a(pa[kc], s[2 * kc], s[2 * kc + 1]);
@@ -451,12 +465,13 @@ __global__ void __launch_bounds__(kWgThreads, D == 64 ? 2 : 1)
       online_softmax<false>(s, m, l, corr, scale_log2, row, k0, t, tq, tk, causal);
   };
   auto rescale_and_take_p = [&] {
+    if (needs_rescale(corr))
 #pragma unroll
-    for (int p = 0; p < kPanels; ++p)
+      for (int p = 0; p < kPanels; ++p)
 #pragma unroll
-      for (int nd = 0; nd < 8; ++nd)
+        for (int nd = 0; nd < 8; ++nd)
 #pragma unroll
-        for (int e = 0; e < 4; ++e) acc[p][nd][e] *= corr[e / 2];
+          for (int e = 0; e < 4; ++e) acc[p][nd][e] *= corr[e / 2];
 #pragma unroll
     for (int kc = 0; kc < kWgTileK / 16; ++kc) accumulators_to_a(pa[kc], s[2 * kc], s[2 * kc + 1]);
   };
@@ -945,10 +960,11 @@ __global__ void __launch_bounds__(kWgThreads)
 }
 
 // dQ of 128 queries (two warpgroups × 64) over every key tile they see, in order: the deterministic
-// dQ on Hopper. Built as the forward is: Q and dO in registers as A fragments, K and V in the same
-// 4-slot ring; per key tile S = Q·Kᵀ and dP = dO·Vᵀ (K-major B), then dQ += dS·K (N-major B), which
-// runs on while the next tile's S and dP are issued. Launched at d 128 only: at d 64 the same code
-// gives wrong dq, and the cause is not found yet (docs/flash-attention.md, step 16).
+// dQ on Hopper. Built as the forward is: K and V in the same 4-slot ring; per key tile S = Q·Kᵀ and
+// dP = dO·Vᵀ (K-major B), then dQ += dS·K (N-major B), which runs on while the next tile's S and dP
+// are issued. At d 128 Q and dO sit in registers as A fragments. At d 64 wgmma reads them from
+// shared memory (2% slower): with register fragments there, dq comes out wrong although the PTX is
+// right, and the cause is not found (docs/flash-attention.md, steps 16 and 20).
 template <bool MASK>
 __device__ __forceinline__ void probabilities(float (&s)[8][4], const float (&lse2)[2], float scale_log2,
                                               const int (&row)[2], int k0, int t, int tq, int tk, bool causal) {
@@ -1000,25 +1016,36 @@ __global__ void __launch_bounds__(kWgThreads)
   for (int p = 0; p < kPanels; ++p) sm90::hold(acc[p]);  // zeroed here, not inside a wgmma stage
   float s[8][4], dp[8][4];
   unsigned qa[D / 16][4], da[D / 16][4], sa[kWgTileK / 16][4];
+  constexpr bool kFromShared = D == 64;  // Q and dO as shared-memory operands, qa and da unused
 
   ring.next(0);
+  if constexpr (!kFromShared)
 #pragma unroll
-  for (int kc = 0; kc < D / 16; ++kc) {
-    const int at = sm90::swizzled_offset(wg * 64 + warp * 16 + lane % 16, 2 * kc + lane / 16, kWgTileQ);
-    ldmatrix_x4(qa[kc], sQ + at);
-    ldmatrix_x4(da[kc], sdO + at);
-  }
+    for (int kc = 0; kc < D / 16; ++kc) {
+      const int at = sm90::swizzled_offset(wg * 64 + warp * 16 + lane % 16, 2 * kc + lane / 16, kWgTileQ);
+      ldmatrix_x4(qa[kc], sQ + at);
+      ldmatrix_x4(da[kc], sdO + at);
+    }
+  const std::uint64_t q_desc = sm90::descriptor(sQ + wg * 64 * 128), do_desc = sm90::descriptor(sdO + wg * 64 * 128);
   for (int j = 0; j < tiles; ++j) {
     if (j > 0) ring.next(j);
     const std::uint64_t k_desc = sm90::descriptor(ring.k_tile(j)), v_desc = sm90::descriptor(ring.v_tile(j));
     sm90::fence();
 #pragma unroll
     for (int kc = 0; kc < D / 16; ++kc)
-      sm90::mma_rs<false>(s, qa[kc], sm90::advance(k_desc, (kc / 4) * kWgTileK * 128 + (kc % 4) * 32), kc > 0);
+      if constexpr (kFromShared)
+        sm90::mma_ss<64, false, false>(s, sm90::advance(q_desc, (kc / 4) * kWgTileQ * 128 + (kc % 4) * 32),
+                                       sm90::advance(k_desc, (kc / 4) * kWgTileK * 128 + (kc % 4) * 32), kc > 0);
+      else
+        sm90::mma_rs<false>(s, qa[kc], sm90::advance(k_desc, (kc / 4) * kWgTileK * 128 + (kc % 4) * 32), kc > 0);
     sm90::commit();
 #pragma unroll
     for (int kc = 0; kc < D / 16; ++kc)
-      sm90::mma_rs<false>(dp, da[kc], sm90::advance(v_desc, (kc / 4) * kWgTileK * 128 + (kc % 4) * 32), kc > 0);
+      if constexpr (kFromShared)
+        sm90::mma_ss<64, false, false>(dp, sm90::advance(do_desc, (kc / 4) * kWgTileQ * 128 + (kc % 4) * 32),
+                                       sm90::advance(v_desc, (kc / 4) * kWgTileK * 128 + (kc % 4) * 32), kc > 0);
+      else
+        sm90::mma_rs<false>(dp, da[kc], sm90::advance(v_desc, (kc / 4) * kWgTileK * 128 + (kc % 4) * 32), kc > 0);
     sm90::commit();
     sm90::wait<1>();  // the previous tile's dQ and this one's S are in; dP may still run
     sm90::hold(sa);
@@ -1412,7 +1439,7 @@ void flash_attention_backward(const void* q, const void* k, const void* v, const
         check_launch("flash_backward_dkdv_tc");
       }
       if (atomics) return;
-      if constexpr (D == 128)
+      if constexpr (D == 64 || D == 128)
         if (wgmma_path(e, d, n, tq)) {
           constexpr int smem = (2 * kWgTileQ + 2 * kWgStages * kWgTileK) * D * 2 + sm90::kAtomBytes;
           allow_smem(flash_backward_dq_wgmma<D>, smem);

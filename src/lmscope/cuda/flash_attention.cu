@@ -320,6 +320,13 @@ __global__ void __launch_bounds__(kThreads)
 // into registers as A fragments, and P goes from the S accumulators to the A fragments of P·V
 // without leaving registers, as in the mma.sync kernel.
 constexpr int kWgThreads = 256, kWgTileQ = 128, kWgTileK = 64, kWgStages = 4;
+// Shared bytes of the rings' mbarriers (RingSync below) and of the K/V ring: K and V tiles of
+// kWgTileK keys per slot, then the barriers.
+constexpr int kRingBarrierBytes = 2 * kWgStages * 8;
+template <int D>
+constexpr int key_value_ring_bytes() {
+  return 2 * kWgStages * kWgTileK * D * 2 + kRingBarrierBytes;
+}
 
 // ROWS rows of a [total, D] bf16 matrix from row r0 into a swizzled [ROWS][D] tile; zeros past the end.
 // Every thread copies the same number of 16-byte chunks, all of one column chunk, so the loop
@@ -367,49 +374,115 @@ __device__ __forceinline__ void issue_product(float (&acc)[PANELS][8][4], unsign
   sm90::commit();
 }
 
-// The K and V tiles the Hopper forward and dQ kernels walk: a ring of kWgStages slots of 64 keys
-// (K's slots, then V's), loaded kWgStages − 2 tiles ahead with one commit group per tile (empty past
-// the last), so that a slot is refilled only when every warpgroup is done with it.
-template <int D>
+// How a ring of kWgStages slots in shared memory is handed between its loaders and its readers:
+// every thread loads part of each tile by cp.async, kWgStages − 2 tiles ahead, one commit group per
+// tile. Step r of a kernel (r counts the tiles it walks): wait(r), issue the products, advance (load
+// tile r + 2, after wait_empty(r + 2), and land(r + 1)), and release(r') once the products that read
+// tile r' are waited for.
+// With mbarriers (CTA_SYNC false, two per slot at `bars`) a slot's `full` barrier completes when
+// every thread has seen its own copies into it land (and fenced them for wgmma's reads), and `empty`
+// when every thread has released it: the warpgroups never meet at a CTA barrier, and one may run
+// ahead of the other. Landing tile r + 1 early in step r, not at its end, is what lets them: at
+// d 128 the forward took 10% less time than with a __syncthreads per step, and 0% with the late
+// land. At d 64, where two CTAs share an SM and each is issue-bound, the barrier traffic costs more
+// than it frees; there CTA_SYNC keeps a __syncthreads per step (wait lands tile r, meets, then
+// loads tile r + 2; advance does nothing), 4% faster (docs/flash-attention.md, step 21).
+template <bool CTA_SYNC>
+struct RingSync {
+  std::uint64_t* bars;  // [kWgStages] full, then [kWgStages] empty
+  int tid;
+
+  __device__ __forceinline__ void init() const {
+    if (!CTA_SYNC && tid < kWgStages) {
+      sm90::mbarrier_init(bars + tid, kWgThreads);
+      sm90::mbarrier_init(bars + kWgStages + tid, kWgThreads);
+    }
+    __syncthreads();  // the barriers are set up before anyone arrives
+  }
+  // Tile r is in shared memory for every thread's reads. With CTA_SYNC every thread is also done
+  // with tile r − 2, whose slot the step refills.
+  __device__ __forceinline__ void wait(int r) const {
+    if constexpr (CTA_SYNC) {
+      cp_async_wait<kWgStages - 3>();
+      sm90::fence_shared_for_async_reads();
+      __syncthreads();
+    } else {
+      sm90::mbarrier_wait(bars + r % kWgStages, (r / kWgStages) & 1);
+    }
+  }
+  // Before loading tile r: every thread is done with tile r − kWgStages, the slot's last one.
+  __device__ __forceinline__ void wait_empty(int r) const {
+    if (!CTA_SYNC && r >= kWgStages) sm90::mbarrier_wait(bars + kWgStages + r % kWgStages, (r / kWgStages - 1) & 1);
+  }
+  // This thread is done with tile r (the wgmmas that read it are waited for).
+  __device__ __forceinline__ void release(int r) const {
+    if constexpr (!CTA_SYNC) sm90::mbarrier_arrive(bars + kWgStages + r % kWgStages);
+  }
+  // mbarriers only: every commit group but the newest has landed, this thread's copies into tile r
+  // (if it exists) among them.
+  __device__ __forceinline__ void land(int r, bool exists) const {
+    if constexpr (!CTA_SYNC) {
+      cp_async_wait<kWgStages - 3>();
+      sm90::fence_shared_for_async_reads();
+      if (exists) sm90::mbarrier_arrive(bars + r % kWgStages);
+    }
+  }
+};
+static_assert(kWgStages == 4, "RingSync waits for all but one commit group: tiles are loaded two ahead");
+
+// The K and V tiles the Hopper forward and dQ kernels walk, in a RingSync'd ring (K's slots, then
+// V's, then the barriers).
+template <int D, bool CTA_SYNC>
 struct KeyValueRing {
   static constexpr int kTileBytes = kWgTileK * D * 2;
   unsigned char* slots;
   const bf16* k;
   const bf16* v;
   int tk, tiles, tid;
+  RingSync<CTA_SYNC> sync{reinterpret_cast<std::uint64_t*>(slots + 2 * kWgStages * kTileBytes), tid};
 
   __device__ __forceinline__ unsigned char* k_tile(int i) const { return slots + (i % kWgStages) * kTileBytes; }
   __device__ __forceinline__ unsigned char* v_tile(int i) const { return k_tile(i) + kWgStages * kTileBytes; }
+
+  // Sets up the barriers and loads the first tiles (copies the caller issued before join tile 0).
+  __device__ __forceinline__ void start() const {
+    sync.init();
+#pragma unroll
+    for (int i = 0; i < kWgStages - 2; ++i) load(i);
+    sync.land(0, 0 < tiles);
+  }
+  __device__ __forceinline__ void wait(int j) const {
+    sync.wait(j);
+    if constexpr (CTA_SYNC) load(j + kWgStages - 2);
+  }
+  __device__ __forceinline__ void advance(int j) const {
+    if constexpr (!CTA_SYNC) {
+      load(j + kWgStages - 2);
+      sync.land(j + 1, j + 1 < tiles);
+    }
+  }
+  __device__ __forceinline__ void release(int j) const { sync.release(j); }
+
+ private:
   __device__ __forceinline__ void load(int i) const {
     if (i < tiles) {
+      sync.wait_empty(i);
       load_swizzled<D, kWgTileK>(k_tile(i), k, i * kWgTileK, tk, tid);
       load_swizzled<D, kWgTileK>(v_tile(i), v, i * kWgTileK, tk, tid);
     }
     cp_async_commit();
-  }
-  // The first tiles (loads the caller issued before join their commit group).
-  __device__ __forceinline__ void start() const {
-#pragma unroll
-    for (int i = 0; i < kWgStages - 2; ++i) load(i);
-  }
-  // Waits for tile j's loads, then moves on: every warpgroup is done with tile j − 2.
-  __device__ __forceinline__ void next(int j) const {
-    cp_async_wait<kWgStages - 3>();
-    sm90::fence_shared_for_async_reads();
-    __syncthreads();
-    load(j + kWgStages - 2);
   }
 };
 #endif
 
 // Software pipeline per warpgroup: step j issues S_j = Q·K_jᵀ and O += P_{j−1}·V_{j−1} together,
 // waits for S_j only, and computes the softmax of tile j while the tensor cores run P_{j−1}·V_{j−1};
-// O is rescaled once that product is done. K and V tiles sit in a ring of kWgStages slots, loaded
+// O is rescaled once that product is done. K and V tiles sit in a KeyValueRing, loaded
 // kWgStages − 2 tiles ahead. The steady-state loop has no branch around a wgmma: ptxas serialises
 // every wgmma of a kernel where one sits in code it cannot prove warp-uniform, or where an
 // accumulator is read before the wait that covers it. So both warpgroups run every key tile of
 // the CTA; under a causal mask the first one's last tile is then fully masked and adds nothing.
-// At d 64 two CTAs fit an SM when the kernel keeps to 128 registers (ptxas then spills 84 bytes):
+// At d 64 two CTAs fit an SM when the kernel keeps to 128 registers (ptxas then spills 48 bytes):
 // one CTA's softmax runs beside the other's tensor work (s 16384, b 8: 1.14 → 0.96 ms).
 template <int D>
 __global__ void __launch_bounds__(kWgThreads, D == 64 ? 2 : 1)
@@ -431,7 +504,7 @@ __global__ void __launch_bounds__(kWgThreads, D == 64 ? 2 : 1)
 
   const int kend = causal ? min(tk, q0 + kWgTileQ) : tk;
   const int tiles = (kend + kWgTileK - 1) / kWgTileK;
-  const KeyValueRing<D> ring{sK, k, v, tk, tiles, tid};
+  const KeyValueRing<D, D == 64> ring{sK, k, v, tk, tiles, tid};
   load_swizzled<D, kWgTileQ>(sQ, q, q0, tq, tid);
   ring.start();
 
@@ -476,21 +549,23 @@ __global__ void __launch_bounds__(kWgThreads, D == 64 ? 2 : 1)
     for (int kc = 0; kc < kWgTileK / 16; ++kc) accumulators_to_a(pa[kc], s[2 * kc], s[2 * kc + 1]);
   };
 
-  ring.next(0);
+  ring.wait(0);
 #pragma unroll
   for (int kc = 0; kc < D / 16; ++kc)
     ldmatrix_x4(qa[kc], sQ + sm90::swizzled_offset(wg * 64 + warp * 16 + lane % 16, 2 * kc + lane / 16, kWgTileQ));
   sm90::fence();
   issue_scores(0);
+  ring.advance(0);
   sm90::wait<0>();
   sm90::hold(s);
   softmax(0);
   rescale_and_take_p();
   for (int j = 1; j < tiles; ++j) {
-    ring.next(j);
+    ring.wait(j);
     sm90::fence();
     issue_scores(j);
     issue_pv(j - 1);
+    ring.advance(j);
     sm90::wait<1>();  // the scores are in; P_{j−1}·V_{j−1} may still run
     sm90::hold(s);
     softmax(j);
@@ -498,6 +573,7 @@ __global__ void __launch_bounds__(kWgThreads, D == 64 ? 2 : 1)
     sm90::hold(pa);
 #pragma unroll
     for (int p = 0; p < kPanels; ++p) sm90::hold(acc[p]);
+    ring.release(j - 1);
     rescale_and_take_p();
   }
   sm90::fence();
@@ -757,20 +833,21 @@ __global__ void __launch_bounds__(kThreads)
 
 // ---------------------------------------------------------------- Hopper backward (wgmma, sm_90a)
 // One CTA per 128 keys: two warpgroups of 64 keys each, over query tiles of 64 rows (Q, dO, L and
-// delta in a kWbStages ring, loaded kWbStages − 1 tiles ahead). Per query tile each warpgroup issues
+// delta in a ring of kWgStages slots, handed over by RingSync: mbarriers without atomics, a CTA
+// barrier per tile with them, as the dSᵀ exchange needs one anyway). Per query tile each warpgroup issues
 // Sᵀ = K·Qᵀ and dPᵀ = V·dOᵀ (both operands in shared memory), turns Sᵀ into Pᵀ while dPᵀ runs,
 // issues dV += Pᵀ·dO, turns dPᵀ into dSᵀ while that runs, and issues dK += dSᵀ·Q (A operands from
 // registers, as P in the forward). With ATOMIC_DQ both warpgroups then put dSᵀ in shared memory, and
 // each computes half of dQ's columns over the CTA's 128 keys (wgmma reads dS transposed there) and
 // adds them to the fp32 accumulator with 8-byte atomics: one atomic per two values per 64 queries ×
 // 128 keys, an eighth of the mma.sync kernel's count.
-constexpr int kWbKeys = 128, kWbTileQ = 64, kWbStages = 3;
+constexpr int kWbKeys = 128, kWbTileQ = 64, kWbStages = kWgStages;
 static_assert(kWbTileQ == 64 && kWgTileK == 64, "issue_product multiplies by 64-row tiles");
 
 template <int D>
 constexpr int wgmma_backward_smem() {
   return (2 * kWbKeys + 2 * kWbStages * kWbTileQ) * D * 2 + kWbKeys * kWbTileQ * 2 + 2 * kWbStages * kWbTileQ * 4 +
-         sm90::kAtomBytes;
+         kRingBarrierBytes + sm90::kAtomBytes;
 }
 
 // Pᵀ of a warp's 16 keys × 64 queries from raw scores Sᵀ (accumulator layout: keys key[0] and key[1],
@@ -816,9 +893,12 @@ __global__ void __launch_bounds__(kWgThreads)
 
   const int first = causal ? k0 / kWbTileQ : 0;  // query tiles before the diagonal see none of these keys
   const int tiles = (tq + kWbTileQ - 1) / kWbTileQ;
-  auto load_queries = [&](int i) {  // tile i into its slot, one commit group per tile (empty past the end)
+  const RingSync<ATOMIC_DQ> ring{reinterpret_cast<std::uint64_t*>(sDelta + kWbStages * kWbTileQ), tid};
+  auto load_queries = [&](int r) {  // tile first + r into its slot, one commit group per tile (empty past the end)
+    const int i = first + r;
     if (i < tiles) {
-      const int slot = i % kWbStages;
+      ring.wait_empty(r);
+      const int slot = r % kWbStages;
       load_swizzled<D, kWbTileQ>(sQ + slot * kQBytes, q, i * kWbTileQ, tq, tid);
       load_swizzled<D, kWbTileQ>(sdO + slot * kQBytes, dout, i * kWbTileQ, tq, tid);
       if (tid < 2 * kWbTileQ) {  // zeros past the end: those queries are masked
@@ -829,10 +909,12 @@ __global__ void __launch_bounds__(kWgThreads)
     }
     cp_async_commit();
   };
+  ring.init();
   load_swizzled<D, kWbKeys>(sK, k, k0, tk, tid);
   load_swizzled<D, kWbKeys>(sV, v, k0, tk, tid);
 #pragma unroll
-  for (int i = 0; i < kWbStages - 1; ++i) load_queries(first + i);
+  for (int r = 0; r < kWbStages - 2; ++r) load_queries(r);
+  ring.land(0, first < tiles);
 
   float dk_acc[kPanels][8][4] = {}, dv_acc[kPanels][8][4] = {};
   const int key[2] = {wk0 + warp * 16 + g, wk0 + warp * 16 + g + 8};
@@ -840,11 +922,9 @@ __global__ void __launch_bounds__(kWgThreads)
   const std::uint64_t k_desc = sm90::descriptor(sK + wg * 64 * 128), v_desc = sm90::descriptor(sV + wg * 64 * 128);
 
   for (int i = first; i < tiles; ++i) {
-    cp_async_wait<kWbStages - 2>();
-    sm90::fence_shared_for_async_reads();
-    __syncthreads();  // tile i is in; both warpgroups are done with tile i − 1's slot and with dSᵀ
-    load_queries(i + kWbStages - 1);
-    const int slot = i % kWbStages, q0 = i * kWbTileQ;
+    const int r = i - first, slot = r % kWbStages, q0 = i * kWbTileQ;
+    ring.wait(r);  // with atomics also: both warpgroups are done with dSᵀ
+    if constexpr (ATOMIC_DQ) load_queries(r + kWbStages - 2);
     const unsigned char* cQ = sQ + slot * kQBytes;
     const unsigned char* cdO = sdO + slot * kQBytes;
 
@@ -862,6 +942,10 @@ __global__ void __launch_bounds__(kWgThreads)
       sm90::mma_ss<64, false, false>(dp, sm90::advance(v_desc, (kc / 4) * kWbKeys * 128 + (kc % 4) * 32),
                                      sm90::advance(do_desc, (kc / 4) * kWbTileQ * 128 + (kc % 4) * 32), kc > 0);
     sm90::commit();
+    if constexpr (!ATOMIC_DQ) {
+      load_queries(r + kWbStages - 2);
+      ring.land(r + 1, i + 1 < tiles);
+    }
     float lse2[8][2];
 #pragma unroll
     for (int nb = 0; nb < 8; ++nb) {
@@ -935,6 +1019,7 @@ __global__ void __launch_bounds__(kWgThreads)
       sm90::hold(pa);
       sm90::hold(da);
     }
+    ring.release(r);
   }
   cp_async_wait_all();  // a causal key tile past the last query loads K and V but runs no step
 #pragma unroll
@@ -999,7 +1084,7 @@ __global__ void __launch_bounds__(kWgThreads)
 
   const int kend = causal ? min(tk, q0 + kWgTileQ) : tk;
   const int tiles = (kend + kWgTileK - 1) / kWgTileK;
-  const KeyValueRing<D> ring{sK, k, v, tk, tiles, tid};
+  const KeyValueRing<D, false> ring{sK, k, v, tk, tiles, tid};
   load_swizzled<D, kWgTileQ>(sQ, q, q0, tq, tid);
   load_swizzled<D, kWgTileQ>(sdO, dout, q0, tq, tid);
   ring.start();
@@ -1018,7 +1103,7 @@ __global__ void __launch_bounds__(kWgThreads)
   unsigned qa[D / 16][4], da[D / 16][4], sa[kWgTileK / 16][4];
   constexpr bool kFromShared = D == 64;  // Q and dO as shared-memory operands, qa and da unused
 
-  ring.next(0);
+  ring.wait(0);
   if constexpr (!kFromShared)
 #pragma unroll
     for (int kc = 0; kc < D / 16; ++kc) {
@@ -1028,7 +1113,7 @@ __global__ void __launch_bounds__(kWgThreads)
     }
   const std::uint64_t q_desc = sm90::descriptor(sQ + wg * 64 * 128), do_desc = sm90::descriptor(sdO + wg * 64 * 128);
   for (int j = 0; j < tiles; ++j) {
-    if (j > 0) ring.next(j);
+    ring.wait(j);
     const std::uint64_t k_desc = sm90::descriptor(ring.k_tile(j)), v_desc = sm90::descriptor(ring.v_tile(j));
     sm90::fence();
 #pragma unroll
@@ -1047,9 +1132,11 @@ __global__ void __launch_bounds__(kWgThreads)
       else
         sm90::mma_rs<false>(dp, da[kc], sm90::advance(v_desc, (kc / 4) * kWgTileK * 128 + (kc % 4) * 32), kc > 0);
     sm90::commit();
+    ring.advance(j);
     sm90::wait<1>();  // the previous tile's dQ and this one's S are in; dP may still run
     sm90::hold(sa);
     sm90::hold(s);
+    if (j > 0) ring.release(j - 1);  // its S, dP and dQ are done
     const int k0 = j * kWgTileK;
     if (k0 + kWgTileK > tk || wq0 + 64 > tq || (causal && k0 + kWgTileK - 1 > wq0))
       probabilities<true>(s, lse2, scale_log2, row, k0, t, tq, tk, causal);
@@ -1361,7 +1448,8 @@ void flash_attention_forward(const void* q, const void* k, const void* v, void* 
   const float scale_log2 = scale * kLog2e;
   if (wgmma_path(e, d, n, tq)) {
     auto launch = [&](auto kernel, int dc) {
-      const int smem = (kWgTileQ + 2 * kWgStages * kWgTileK) * dc * 2 + sm90::kAtomBytes;
+      const int smem =
+          kWgTileQ * dc * 2 + (dc == 64 ? key_value_ring_bytes<64>() : key_value_ring_bytes<128>()) + sm90::kAtomBytes;
       allow_smem(kernel, smem);
       kernel<<<grid_of(n, tq, kWgTileQ), kWgThreads, smem, s>>>(
           static_cast<const bf16*>(q), static_cast<const bf16*>(k), static_cast<const bf16*>(v), static_cast<bf16*>(o),
@@ -1441,7 +1529,7 @@ void flash_attention_backward(const void* q, const void* k, const void* v, const
       if (atomics) return;
       if constexpr (D == 64 || D == 128)
         if (wgmma_path(e, d, n, tq)) {
-          constexpr int smem = (2 * kWgTileQ + 2 * kWgStages * kWgTileK) * D * 2 + sm90::kAtomBytes;
+          constexpr int smem = 2 * kWgTileQ * D * 2 + key_value_ring_bytes<D>() + sm90::kAtomBytes;
           allow_smem(flash_backward_dq_wgmma<D>, smem);
           flash_backward_dq_wgmma<D><<<grid_of(n, tq, kWgTileQ), kWgThreads, smem, s>>>(
               qb, kb, vb, gb, lse, delta, static_cast<bf16*>(dq), itq, itk, scale, causal);

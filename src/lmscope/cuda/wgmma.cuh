@@ -55,6 +55,26 @@ __device__ __forceinline__ void wait() {
 __device__ __forceinline__ void fence_shared_for_async_reads() {
   asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
 }
+// mbarriers (PTX ISA §9.7.13.15): a 64-bit shared word that completes a phase once `count` arrivals
+// have come; a waiter names the phase by its parity (phase k completes with parity k % 2).
+__device__ __forceinline__ void mbarrier_init(std::uint64_t* bar, int count) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(static_cast<unsigned>(__cvta_generic_to_shared(bar))),
+               "r"(count)
+               : "memory");
+}
+__device__ __forceinline__ void mbarrier_arrive(std::uint64_t* bar) {
+  asm volatile("{\n.reg .b64 state;\nmbarrier.arrive.shared::cta.b64 state, [%0];\n}\n" ::"r"(
+                   static_cast<unsigned>(__cvta_generic_to_shared(bar)))
+               : "memory");
+}
+__device__ __forceinline__ void mbarrier_wait(std::uint64_t* bar, int parity) {
+  asm volatile(
+      "{\n.reg .pred done;\nwait:\n"
+      "mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n"
+      "@!done bra wait;\n}\n" ::"r"(static_cast<unsigned>(__cvta_generic_to_shared(bar))),
+      "r"(parity)
+      : "memory");
+}
 // Pins registers a wgmma writes (accumulators, float) or reads (A fragments, unsigned). Called after
 // the wait that covers the wgmma, it keeps the compiler from moving their uses before the wait or
 // reusing their registers while the tensor cores may still read them.

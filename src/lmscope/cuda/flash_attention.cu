@@ -430,6 +430,27 @@ struct RingSync {
 };
 static_assert(kWgStages == 4, "RingSync waits for all but one commit group: tiles are loaded two ahead");
 
+// acc = A·Bᵀ over D channels on a warpgroup (scores: 64 rows of A against 64 rows of B), B a K-major
+// swizzled tile of b_rows rows in shared memory; A either a K-major tile of a_rows rows there too
+// or, in the overload below, this warpgroup's A fragments in registers. One commit group.
+template <int D>
+__device__ __forceinline__ void issue_scores(float (&acc)[8][4], std::uint64_t a, int a_rows, std::uint64_t b,
+                                             int b_rows) {
+#pragma unroll
+  for (int kc = 0; kc < D / 16; ++kc)
+    sm90::mma_ss<64, false, false>(acc, sm90::advance(a, sm90::k_major_step(kc, a_rows)),
+                                   sm90::advance(b, sm90::k_major_step(kc, b_rows)), kc > 0);
+  sm90::commit();
+}
+template <int D>
+__device__ __forceinline__ void issue_scores(float (&acc)[8][4], const unsigned (&a)[D / 16][4], std::uint64_t b,
+                                             int b_rows) {
+#pragma unroll
+  for (int kc = 0; kc < D / 16; ++kc)
+    sm90::mma_rs<false>(acc, a[kc], sm90::advance(b, sm90::k_major_step(kc, b_rows)), kc > 0);
+  sm90::commit();
+}
+
 // The K and V tiles the Hopper forward and dQ kernels walk, in a RingSync'd ring (K's slots, then
 // V's, then the barriers).
 template <int D, bool CTA_SYNC>
@@ -514,14 +535,8 @@ __global__ void __launch_bounds__(kWgThreads, D == 64 ? 2 : 1)
   unsigned qa[D / 16][4], pa[kWgTileK / 16][4];
   const int row[2] = {wq0 + warp * 16 + g, wq0 + warp * 16 + g + 8};
 
-  auto issue_scores = [&](int j) {  // s = Q·K_jᵀ
-    const unsigned char* cK = ring.k_tile(j);
-#pragma unroll
-    for (int kc = 0; kc < D / 16; ++kc)
-      sm90::mma_rs<false>(s, qa[kc], sm90::descriptor(cK + (kc / 4) * kWgTileK * 128 + (kc % 4) * 32), kc > 0);
-    sm90::commit();
-  };
-  auto issue_pv = [&](int j) {  // acc += P_j·V_j
+  auto issue_s = [&](int j) { issue_scores<D>(s, qa, sm90::descriptor(ring.k_tile(j)), kWgTileK); };  // Q·K_jᵀ
+  auto issue_pv = [&](int j) {                                                                        // acc += P_j·V_j
     const unsigned char* cV = ring.v_tile(j);
 #pragma unroll
     for (int kc = 0; kc < kWgTileK / 16; ++kc)
@@ -554,7 +569,7 @@ __global__ void __launch_bounds__(kWgThreads, D == 64 ? 2 : 1)
   for (int kc = 0; kc < D / 16; ++kc)
     ldmatrix_x4(qa[kc], sQ + sm90::swizzled_offset(wg * 64 + warp * 16 + lane % 16, 2 * kc + lane / 16, kWgTileQ));
   sm90::fence();
-  issue_scores(0);
+  issue_s(0);
   ring.advance(0);
   sm90::wait<0>();
   sm90::hold(s);
@@ -563,7 +578,7 @@ __global__ void __launch_bounds__(kWgThreads, D == 64 ? 2 : 1)
   for (int j = 1; j < tiles; ++j) {
     ring.wait(j);
     sm90::fence();
-    issue_scores(j);
+    issue_s(j);
     issue_pv(j - 1);
     ring.advance(j);
     sm90::wait<1>();  // the scores are in; P_{j−1}·V_{j−1} may still run
@@ -932,16 +947,8 @@ __global__ void __launch_bounds__(kWgThreads)
     const std::uint64_t q_desc = sm90::descriptor(cQ), do_desc = sm90::descriptor(cdO);
     float s[8][4], dp[8][4];
     sm90::fence();
-#pragma unroll
-    for (int kc = 0; kc < D / 16; ++kc)
-      sm90::mma_ss<64, false, false>(s, sm90::advance(k_desc, (kc / 4) * kWbKeys * 128 + (kc % 4) * 32),
-                                     sm90::advance(q_desc, (kc / 4) * kWbTileQ * 128 + (kc % 4) * 32), kc > 0);
-    sm90::commit();
-#pragma unroll
-    for (int kc = 0; kc < D / 16; ++kc)
-      sm90::mma_ss<64, false, false>(dp, sm90::advance(v_desc, (kc / 4) * kWbKeys * 128 + (kc % 4) * 32),
-                                     sm90::advance(do_desc, (kc / 4) * kWbTileQ * 128 + (kc % 4) * 32), kc > 0);
-    sm90::commit();
+    issue_scores<D>(s, k_desc, kWbKeys, q_desc, kWbTileQ);
+    issue_scores<D>(dp, v_desc, kWbKeys, do_desc, kWbTileQ);
     if constexpr (!ATOMIC_DQ) {
       load_queries(r + kWbStages - 2);
       ring.land(r + 1, i + 1 < tiles);
@@ -1116,22 +1123,13 @@ __global__ void __launch_bounds__(kWgThreads)
     ring.wait(j);
     const std::uint64_t k_desc = sm90::descriptor(ring.k_tile(j)), v_desc = sm90::descriptor(ring.v_tile(j));
     sm90::fence();
-#pragma unroll
-    for (int kc = 0; kc < D / 16; ++kc)
-      if constexpr (kFromShared)
-        sm90::mma_ss<64, false, false>(s, sm90::advance(q_desc, (kc / 4) * kWgTileQ * 128 + (kc % 4) * 32),
-                                       sm90::advance(k_desc, (kc / 4) * kWgTileK * 128 + (kc % 4) * 32), kc > 0);
-      else
-        sm90::mma_rs<false>(s, qa[kc], sm90::advance(k_desc, (kc / 4) * kWgTileK * 128 + (kc % 4) * 32), kc > 0);
-    sm90::commit();
-#pragma unroll
-    for (int kc = 0; kc < D / 16; ++kc)
-      if constexpr (kFromShared)
-        sm90::mma_ss<64, false, false>(dp, sm90::advance(do_desc, (kc / 4) * kWgTileQ * 128 + (kc % 4) * 32),
-                                       sm90::advance(v_desc, (kc / 4) * kWgTileK * 128 + (kc % 4) * 32), kc > 0);
-      else
-        sm90::mma_rs<false>(dp, da[kc], sm90::advance(v_desc, (kc / 4) * kWgTileK * 128 + (kc % 4) * 32), kc > 0);
-    sm90::commit();
+    if constexpr (kFromShared) {
+      issue_scores<D>(s, q_desc, kWgTileQ, k_desc, kWgTileK);
+      issue_scores<D>(dp, do_desc, kWgTileQ, v_desc, kWgTileK);
+    } else {
+      issue_scores<D>(s, qa, k_desc, kWgTileK);
+      issue_scores<D>(dp, da, v_desc, kWgTileK);
+    }
     ring.advance(j);
     sm90::wait<1>();  // the previous tile's dQ and this one's S are in; dP may still run
     sm90::hold(sa);

@@ -63,8 +63,8 @@ void flash_attention_forward(const void* q, const void* k, const void* v, void* 
 // Whether the forward runs the Hopper wgmma kernel for this call (bf16, d 64 or 128, an sm_90a
 // binary on a Hopper GPU, and 128-row query tiles for at least 7/8 of the SMs); else mma.sync.
 bool flash_attention_forward_uses_wgmma(Elem e, int d, std::int64_t n, std::int64_t tq);
-// The same for the backward's dK/dV kernel (128-key tiles); its dq, when
-// deterministic, stays the mma.sync kernel's own pass.
+// The same for the backward's dK/dV kernel (128-key tiles). When deterministic, its dq pass runs on
+// wgmma under the same rule with 128-row query tiles (flash_attention_forward_uses_wgmma's).
 bool flash_attention_backward_uses_wgmma(Elem e, int d, std::int64_t n, std::int64_t tk);
 // Whether the backward accumulates dq with atomics into dq_accum [n, tq, d] fp32 (else dq_accum
 // may be null): the tensor-core path unless deterministic.

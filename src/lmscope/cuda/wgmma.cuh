@@ -28,6 +28,9 @@ constexpr int kAtomBytes = 1024;  // 8 rows of 128 bytes
 __device__ __forceinline__ int swizzled_offset(int r, int chunk, int rows) {
   return (chunk / 8) * rows * 128 + r * 128 + (((chunk % 8) ^ (r % 8)) << 4);
 }
+// Byte offset of the kc-th 16-column step of K in a swizzled tile of `rows` rows read as a K-major
+// operand: 32 bytes per step within a panel (the hardware applies the swizzle), panels `rows` apart.
+__device__ __forceinline__ int k_major_step(int kc, int rows) { return (kc / 4) * rows * 128 + (kc % 4) * 32; }
 
 // Matrix descriptor of the operand starting at p: 128-byte swizzle, 8-row groups 1024 bytes apart
 // (the stride byte offset). The leading byte offset is not used by swizzled K-major operands, nor

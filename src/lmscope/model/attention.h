@@ -24,8 +24,8 @@ struct AttentionCall {
   AttentionKind kind = AttentionKind::flash;
   bool causal = true;
   // flash backward: dq by its own pass over key tiles, in a fixed order, so runs repeat bit for bit;
-  // false allows atomics (on the H100 faster with the Hopper kernels at d 64, slower with the
-  // mma.sync ones: docs/flash-attention.md).
+  // false allows atomics (on the H100 no faster at any measured length and head dim:
+  // docs/flash-attention.md).
   bool deterministic = true;
   DType stats = DType::f32;  // dtype of the log-sum-exp
   int layer = -1;            // for the allocation tags

@@ -170,8 +170,8 @@ class CudaBackend final : public Backend {
     const int d = static_cast<int>(s.d);
     Allocation delta = alloc_.allocate({s.n, s.tq}, DType::f32, {MemKind::workspace, "flash.delta", -1});
     Allocation dq_accum;
-    if (cuda::flash_attention_uses_atomics(elem(q), d, deterministic))
-      dq_accum = alloc_.allocate({s.n, s.tq, s.d}, DType::f32, {MemKind::workspace, "flash.dq_accum", -1});
+    if (const std::int64_t rows = cuda::flash_attention_dq_accum_rows(elem(q), d, s.n, s.tq, s.tk, deterministic))
+      dq_accum = alloc_.allocate({s.n, rows, s.d}, DType::f32, {MemKind::workspace, "flash.dq_accum", -1});
     cuda::flash_attention_backward(q.data, k.data, v.data, out.data, f32(lse), dout.data, dq.data, dk.data, dv.data,
                                    elem(q), s.n, s.tq, s.tk, d, static_cast<float>(scale), causal, deterministic,
                                    f32(delta), dq_accum.empty() ? nullptr : f32(dq_accum), stream_);

@@ -387,8 +387,9 @@ __device__ __forceinline__ void issue_product(float (&acc)[PANELS][8][4], unsign
 // land. At d 64, where two CTAs share an SM and each is issue-bound, the barrier traffic costs more
 // than it frees; there CTA_SYNC keeps a __syncthreads per step (wait lands tile r, meets, then
 // loads tile r + 2; advance does nothing), 4% faster (docs/flash-attention.md, step 21).
-template <bool CTA_SYNC>
+template <bool CTA_SYNC, int AHEAD = kWgStages - 2>
 struct RingSync {
+  static_assert(CTA_SYNC || AHEAD == kWgStages - 2, "the mbarrier ring loads kWgStages - 2 tiles ahead");
   std::uint64_t* bars;  // [kWgStages] full, then [kWgStages] empty
   int tid;
 
@@ -400,10 +401,10 @@ struct RingSync {
     __syncthreads();  // the barriers are set up before anyone arrives
   }
   // Tile r is in shared memory for every thread's reads. With CTA_SYNC every thread is also done
-  // with tile r − 2, whose slot the step refills.
+  // with tile r − 1, so the step may refill any slot but r's (loads run AHEAD tiles ahead).
   __device__ __forceinline__ void wait(int r) const {
     if constexpr (CTA_SYNC) {
-      cp_async_wait<kWgStages - 3>();
+      cp_async_wait<AHEAD - 1>();
       sm90::fence_shared_for_async_reads();
       __syncthreads();
     } else {
@@ -852,17 +853,41 @@ __global__ void __launch_bounds__(kThreads)
 // barrier per tile with them, as the dSᵀ exchange needs one anyway). Per query tile each warpgroup issues
 // Sᵀ = K·Qᵀ and dPᵀ = V·dOᵀ (both operands in shared memory), turns Sᵀ into Pᵀ while dPᵀ runs,
 // issues dV += Pᵀ·dO, turns dPᵀ into dSᵀ while that runs, and issues dK += dSᵀ·Q (A operands from
-// registers, as P in the forward). With ATOMIC_DQ both warpgroups then put dSᵀ in shared memory, and
-// each computes half of dQ's columns over the CTA's 128 keys (wgmma reads dS transposed there) and
-// adds them to the fp32 accumulator with 8-byte atomics: one atomic per two values per 64 queries ×
-// 128 keys, an eighth of the mma.sync kernel's count.
-constexpr int kWbKeys = 128, kWbTileQ = 64, kWbStages = kWgStages;
+// registers, as P in the forward). With ATOMIC_DQ both warpgroups then put dSᵀ in shared memory
+// (two buffers), and at the next tile's barrier each issues half of dQ's columns over the CTA's 128
+// keys (wgmma reads dS transposed there) ahead of that tile's Sᵀ and dPᵀ, writes them to a shared
+// fp32 tile (two buffers) while those run, and one thread hands the tile to the copy engine at the
+// barrier after: a bulk reduction adds it to dq_accum in L2 while the warpgroups go on. One CTA
+// barrier per tile, and no thread waits on global memory (step 22 in docs/flash-attention.md: 8-byte
+// atomics from every thread at the end of each tile made the backward 8% slower at d 64). dq_accum
+// holds, per sequence and 64-query tile, the tile's 64 × D values in the order the threads'
+// accumulators hold them (dq_tile_index), so every thread writes whole 16-byte runs.
+constexpr int kWbKeys = 128, kWbTileQ = 64;
 static_assert(kWbTileQ == 64 && kWgTileK == 64, "issue_product multiplies by 64-row tiles");
+// Ring slots. The mbarrier ring needs kWgStages, loading two tiles ahead. With ATOMIC_DQ every
+// thread meets at a CTA barrier per tile before the slot of the tile before is refilled, so
+// kStages − 1 ahead is safe: 3 slots at d 64; 2 at d 128, which leaves room for the dQ tiles.
+template <int D, bool ATOMIC_DQ>
+constexpr int kWbStages = ATOMIC_DQ ? (D == 64 ? 3 : 2) : kWgStages;
+template <int D, bool ATOMIC_DQ>
+constexpr int kWbAhead = ATOMIC_DQ ? kWbStages<D, ATOMIC_DQ> - 1 : kWgStages - 2;
 
-template <int D>
+template <int D, bool ATOMIC_DQ>
 constexpr int wgmma_backward_smem() {
-  return (2 * kWbKeys + 2 * kWbStages * kWbTileQ) * D * 2 + kWbKeys * kWbTileQ * 2 + 2 * kWbStages * kWbTileQ * 4 +
-         kRingBarrierBytes + sm90::kAtomBytes;
+  constexpr int stages = kWbStages<D, ATOMIC_DQ>;
+  return (2 * kWbKeys + 2 * stages * kWbTileQ) * D * 2 + (ATOMIC_DQ ? 2 * kWbKeys * kWbTileQ * 2 : 0) +
+         (ATOMIC_DQ ? 2 * kWbTileQ * D * 4 : 0) + 2 * stages * kWbTileQ * 4 + kRingBarrierBytes + sm90::kAtomBytes;
+}
+
+// Where the Hopper backward leaves dQ's element (row, col) of a 64-query tile in dq_accum, counted
+// in floats from the tile's start: column half (one per warpgroup), 8-column block nb, warp (16
+// rows), lane (g = row % 8, t = column pair), then the four accumulator values (row r and r + 8,
+// columns c and c + 1).
+template <int D>
+__host__ __device__ constexpr int dq_tile_index(int row, int col) {
+  constexpr int kHalf = D / 2;
+  const int half = col / kHalf, nb = (col % kHalf) / 8, warp = row / 16, g = row % 8, t = (col % 8) / 2;
+  return half * kWbTileQ * kHalf + ((nb * 4 + warp) * 32 + g * 4 + t) * 4 + ((row % 16) / 8) * 2 + col % 2;
 }
 
 // Pᵀ of a warp's 16 keys × 64 queries from raw scores Sᵀ (accumulator layout: keys key[0] and key[1],
@@ -890,30 +915,34 @@ __global__ void __launch_bounds__(kWgThreads)
   constexpr int kPanels = D / sm90::kPanelCols;
   constexpr int kKeyBytes = kWbKeys * D * 2, kQBytes = kWbTileQ * D * 2;
   constexpr int kDqCols = D / 2;  // dQ columns per warpgroup
+  constexpr int kStages = kWbStages<D, ATOMIC_DQ>, kAhead = kWbAhead<D, ATOMIC_DQ>;
+  constexpr int kDsBytes = ATOMIC_DQ ? kWbKeys * kWbTileQ * 2 : 0, kDqBytes = ATOMIC_DQ ? kWbTileQ * D * 4 : 0;
   extern __shared__ unsigned char smem_raw[];
   unsigned char* sK = atom_aligned_smem(smem_raw);
   unsigned char* sV = sK + kKeyBytes;
-  unsigned char* sQ = sV + kKeyBytes;                                  // [kWbStages] tiles
-  unsigned char* sdO = sQ + kWbStages * kQBytes;                       // [kWbStages] tiles
-  unsigned char* sdS = sdO + kWbStages * kQBytes;                      // dSᵀ [kWbKeys][kWbTileQ]
-  float* sL = reinterpret_cast<float*>(sdS + kWbKeys * kWbTileQ * 2);  // [kWbStages][kWbTileQ]
-  float* sDelta = sL + kWbStages * kWbTileQ;                           // [kWbStages][kWbTileQ]
-  const int seq = blockIdx.y, k0 = blockIdx.x * kWbKeys;  // x runs over key tiles, the heaviest (first) first
+  unsigned char* sQ = sV + kKeyBytes;                         // [kStages] tiles
+  unsigned char* sdO = sQ + kStages * kQBytes;                // [kStages] tiles
+  unsigned char* sdS = sdO + kStages * kQBytes;               // ATOMIC_DQ: [2] dSᵀ [kWbKeys][kWbTileQ]
+  float* sdQ = reinterpret_cast<float*>(sdS + 2 * kDsBytes);  // ATOMIC_DQ: [2] dq_accum tiles
+  float* sL = sdQ + 2 * kDqBytes / 4;                         // [kStages][kWbTileQ]
+  float* sDelta = sL + kStages * kWbTileQ;                    // [kStages][kWbTileQ]
+  const int seq = blockIdx.y, k0 = blockIdx.x * kWbKeys;      // x runs over key tiles, the heaviest (first) first
   const int tid = threadIdx.x, wg = tid / 128, warp = (tid / 32) % 4, lane = tid % 32, g = lane / 4, t = lane % 4;
   const int wk0 = k0 + wg * 64;  // this warpgroup's first key
   const long long qoff = static_cast<long long>(seq) * tq, koff = static_cast<long long>(seq) * tk;
-  q += qoff * D, dout += qoff * D, lse += qoff, delta += qoff, dq_accum += qoff * D;
+  q += qoff * D, dout += qoff * D, lse += qoff, delta += qoff;
   k += koff * D, v += koff * D, dk += koff * D, dv += koff * D;
   const float scale_log2 = scale * kLog2e;
 
   const int first = causal ? k0 / kWbTileQ : 0;  // query tiles before the diagonal see none of these keys
   const int tiles = (tq + kWbTileQ - 1) / kWbTileQ;
-  const RingSync<ATOMIC_DQ> ring{reinterpret_cast<std::uint64_t*>(sDelta + kWbStages * kWbTileQ), tid};
+  dq_accum += static_cast<long long>(seq) * tiles * kWbTileQ * D;
+  const RingSync<ATOMIC_DQ, kAhead> ring{reinterpret_cast<std::uint64_t*>(sDelta + kStages * kWbTileQ), tid};
   auto load_queries = [&](int r) {  // tile first + r into its slot, one commit group per tile (empty past the end)
     const int i = first + r;
     if (i < tiles) {
       ring.wait_empty(r);
-      const int slot = r % kWbStages;
+      const int slot = r % kStages;
       load_swizzled<D, kWbTileQ>(sQ + slot * kQBytes, q, i * kWbTileQ, tq, tid);
       load_swizzled<D, kWbTileQ>(sdO + slot * kQBytes, dout, i * kWbTileQ, tq, tid);
       if (tid < 2 * kWbTileQ) {  // zeros past the end: those queries are masked
@@ -928,18 +957,44 @@ __global__ void __launch_bounds__(kWgThreads)
   load_swizzled<D, kWbKeys>(sK, k, k0, tk, tid);
   load_swizzled<D, kWbKeys>(sV, v, k0, tk, tid);
 #pragma unroll
-  for (int r = 0; r < kWbStages - 2; ++r) load_queries(r);
+  for (int r = 0; r < kAhead; ++r) load_queries(r);
   ring.land(0, first < tiles);
 
   float dk_acc[kPanels][8][4] = {}, dv_acc[kPanels][8][4] = {};
+  float dq[kDqCols / 8][4];  // ATOMIC_DQ: dQ of the tile before
+  const int n0 = wg * kDqCols;
+  // dQ[:, n0 .. n0 + kDqCols) of tile r = dS·K over the CTA's keys: dSᵀ (buffer r % 2) as an M-major
+  // A, K as an N-major B.
+  auto issue_dq = [&](int r) {
+    const std::uint64_t ds_desc = sm90::descriptor(sdS + (r & 1) * kDsBytes),
+                        kn_desc = sm90::descriptor(sK + (n0 / 64) * kWbKeys * 128 + (n0 % 64) * 2);
+#pragma unroll
+    for (int kc = 0; kc < kWbKeys / 16; ++kc)
+      sm90::mma_ss<kDqCols, true, true>(dq, sm90::advance(ds_desc, kc * 16 * 128),
+                                        sm90::advance(kn_desc, kc * 16 * 128), kc > 0);
+    sm90::commit();
+  };
+  // dQ of tile r, once waited for, into its dq_accum tile in shared memory (buffer r % 2).
+  auto stage_dq = [&](int r) {
+    float* dst = sdQ + (r & 1) * (kDqBytes / 4);
+#pragma unroll
+    for (int nb = 0; nb < kDqCols / 8; ++nb)
+      *reinterpret_cast<float4*>(dst + dq_tile_index<D>(warp * 16 + g, n0 + nb * 8 + 2 * t)) =
+          make_float4(dq[nb][0], dq[nb][1], dq[nb][2], dq[nb][3]);
+    sm90::fence_shared_for_async_reads();  // for the copy engine's reads
+  };
   const int key[2] = {wk0 + warp * 16 + g, wk0 + warp * 16 + g + 8};
   // This warpgroup's keys, in each panel.
   const std::uint64_t k_desc = sm90::descriptor(sK + wg * 64 * 128), v_desc = sm90::descriptor(sV + wg * 64 * 128);
 
   for (int i = first; i < tiles; ++i) {
-    const int r = i - first, slot = r % kWbStages, q0 = i * kWbTileQ;
-    ring.wait(r);  // with atomics also: both warpgroups are done with dSᵀ
-    if constexpr (ATOMIC_DQ) load_queries(r + kWbStages - 2);
+    const int r = i - first, slot = r % kStages, q0 = i * kWbTileQ;
+    ring.wait(r);  // with atomics also: every thread's dSᵀ of the tile before is in, and its dQ before that
+    if constexpr (ATOMIC_DQ) {
+      if (tid == 0 && r > 1)
+        sm90::bulk_reduce_add(dq_accum + (i - 2) * kWbTileQ * D, sdQ + (r & 1) * (kDqBytes / 4), kDqBytes);
+      load_queries(r + kAhead);
+    }
     const unsigned char* cQ = sQ + slot * kQBytes;
     const unsigned char* cdO = sdO + slot * kQBytes;
 
@@ -947,10 +1002,15 @@ __global__ void __launch_bounds__(kWgThreads)
     const std::uint64_t q_desc = sm90::descriptor(cQ), do_desc = sm90::descriptor(cdO);
     float s[8][4], dp[8][4];
     sm90::fence();
+    if constexpr (ATOMIC_DQ) issue_dq(r - 1);  // dQ of the tile before (r = 0: of nothing, never staged)
     issue_scores<D>(s, k_desc, kWbKeys, q_desc, kWbTileQ);
     issue_scores<D>(dp, v_desc, kWbKeys, do_desc, kWbTileQ);
-    if constexpr (!ATOMIC_DQ) {
-      load_queries(r + kWbStages - 2);
+    if constexpr (ATOMIC_DQ) {
+      sm90::wait<2>();  // dQ of the tile before is in; Sᵀ and dPᵀ may still run
+      sm90::hold(dq);
+      if (r > 0) stage_dq(r - 1);
+    } else {
+      load_queries(r + kAhead);
       ring.land(r + 1, i + 1 < tiles);
     }
     float lse2[8][2];
@@ -984,6 +1044,7 @@ __global__ void __launch_bounds__(kWgThreads)
     issue_product(dk_acc, da, dp, q_desc);                                              // dK += dSᵀ·Q
 
     if constexpr (ATOMIC_DQ) {
+      unsigned char* sds = sdS + (r & 1) * kDsBytes;  // the other buffer is the tile before's, read by its dQ
       // dSᵀ to shared memory: fragment da[kc][2·hi + h] is keys row g + 8h, queries 16·kc + 8·hi + 2t + {0, 1}.
 #pragma unroll
       for (int kc = 0; kc < kWbTileQ / 16; ++kc)
@@ -992,43 +1053,33 @@ __global__ void __launch_bounds__(kWgThreads)
 #pragma unroll
           for (int h = 0; h < 2; ++h)
             *reinterpret_cast<unsigned*>(
-                sdS + sm90::swizzled_offset(wg * 64 + warp * 16 + g + 8 * h, 2 * kc + hi, kWbKeys) + 4 * t) =
+                sds + sm90::swizzled_offset(wg * 64 + warp * 16 + g + 8 * h, 2 * kc + hi, kWbKeys) + 4 * t) =
                 da[kc][2 * hi + h];
-      sm90::fence_shared_for_async_reads();
-      __syncthreads();  // both warpgroups' dSᵀ are in
-      // dQ[:, n0 .. n0 + kDqCols) = dS·K over the CTA's keys: dSᵀ as an M-major A, K as an N-major B.
-      const int n0 = wg * kDqCols;
-      const std::uint64_t ds_desc = sm90::descriptor(sdS),
-                          kn_desc = sm90::descriptor(sK + (n0 / 64) * kWbKeys * 128 + (n0 % 64) * 2);
-      float dq[kDqCols / 8][4];
-      sm90::fence();
-#pragma unroll
-      for (int kc = 0; kc < kWbKeys / 16; ++kc)
-        sm90::mma_ss<kDqCols, true, true>(dq, sm90::advance(ds_desc, kc * 16 * 128),
-                                          sm90::advance(kn_desc, kc * 16 * 128), kc > 0);
-      sm90::commit();
-      sm90::wait<0>();
-      sm90::hold(dq);
-      sm90::hold(pa);
-      sm90::hold(da);
-#pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        const int row = q0 + warp * 16 + g + 8 * h;
-        if (row >= tq) continue;
-        float* dst = dq_accum + static_cast<long long>(row) * D + n0 + 2 * t;
-#pragma unroll
-        for (int nb = 0; nb < kDqCols / 8; ++nb)
-          atomicAdd(reinterpret_cast<float2*>(dst + nb * 8),
-                    make_float2(dq[nb][2 * h] * scale, dq[nb][2 * h + 1] * scale));
-      }
-    } else {
-      sm90::wait<0>();
-      sm90::hold(pa);
-      sm90::hold(da);
+      sm90::fence_shared_for_async_reads();  // for the next tile's dQ, after its barrier
+      // The reduction issued this tile read the dQ buffer that the next tile refills.
+      if (tid == 0) sm90::bulk_wait_read<0>();
     }
+    sm90::wait<0>();
+    sm90::hold(pa);
+    sm90::hold(da);
     ring.release(r);
   }
-  cp_async_wait_all();  // a causal key tile past the last query loads K and V but runs no step
+  cp_async_wait_all();        // a causal key tile past the last query loads K and V but runs no step
+  if constexpr (ATOMIC_DQ) {  // the last tile's dQ, and the last two reductions
+    const int steps = max(tiles - first, 0);
+    __syncthreads();
+    sm90::fence();
+    issue_dq(steps - 1);  // (with no steps: of nothing, never staged)
+    sm90::wait<0>();
+    sm90::hold(dq);
+    if (steps > 0) stage_dq(steps - 1);
+    __syncthreads();
+    if (tid == 0) {
+      for (int r = max(steps - 2, 0); r < steps; ++r)
+        sm90::bulk_reduce_add(dq_accum + (first + r) * kWbTileQ * D, sdQ + (r & 1) * (kDqBytes / 4), kDqBytes);
+      sm90::bulk_wait<0>();
+    }
+  }
 #pragma unroll
   for (int p = 0; p < kPanels; ++p) {
     sm90::hold(dk_acc[p]);
@@ -1049,6 +1100,29 @@ __global__ void __launch_bounds__(kWgThreads)
       }
   }
 #endif
+}
+
+// dq [n, tq, D] bf16 = scale · the Hopper backward's dq_accum (tiles in dq_tile_index's order): one
+// thread per four accumulator values, read as one float4.
+template <int D>
+__global__ void dq_from_tiles(const float* __restrict__ accum, bf16* __restrict__ dq, int tq, int tiles,
+                              long long quads, float scale) {
+  constexpr int kHalf = D / 2, kTileQuads = kWbTileQ * D / 4, kHalfQuads = kTileQuads / 2;
+  const long long f = static_cast<long long>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (f >= quads) return;
+  const long long tile = f / kTileQuads;  // seq · tiles + query tile
+  const int j = static_cast<int>(f % kTileQuads), half = j / kHalfQuads, lane = j % 32, warp = (j / 32) % 4,
+            nb = (j % kHalfQuads) / 128;
+  const int row = static_cast<int>(tile % tiles) * kWbTileQ + warp * 16 + lane / 4,
+            col = half * kHalf + nb * 8 + 2 * (lane % 4);
+  const float4 x = reinterpret_cast<const float4*>(accum)[f];
+  bf16* out = dq + tile / tiles * tq * D + col;
+  if (row < tq)
+    *reinterpret_cast<__nv_bfloat162*>(out + static_cast<long long>(row) * D) =
+        __floats2bfloat162_rn(x.x * scale, x.y * scale);
+  if (row + 8 < tq)
+    *reinterpret_cast<__nv_bfloat162*>(out + static_cast<long long>(row + 8) * D) =
+        __floats2bfloat162_rn(x.z * scale, x.w * scale);
 }
 
 // dQ of 128 queries (two warpgroups × 64) over every key tile they see, in order: the deterministic
@@ -1436,8 +1510,10 @@ bool flash_attention_backward_uses_wgmma(Elem e, int d, std::int64_t n, std::int
   return wgmma_path(e, d, n, tk);
 }
 
-bool flash_attention_uses_atomics(Elem e, int d, bool deterministic) {
-  return !deterministic && tensor_core_path(e, d);
+std::int64_t flash_attention_dq_accum_rows(Elem e, int d, std::int64_t n, std::int64_t tq, std::int64_t tk,
+                                           bool deterministic) {
+  if (deterministic || !tensor_core_path(e, d)) return 0;
+  return wgmma_path(e, d, n, tk) ? (tq + kWbTileQ - 1) / kWbTileQ * kWbTileQ : tq;
 }
 
 void flash_attention_forward(const void* q, const void* k, const void* v, void* o, float* lse, Elem e, std::int64_t n,
@@ -1496,7 +1572,8 @@ void flash_attention_backward(const void* q, const void* k, const void* v, const
   const int itq = static_cast<int>(tq), itk = static_cast<int>(tk);
   if (tensor_core_path(e, d)) {
     const bool atomics = !deterministic;
-    if (atomics && cudaMemsetAsync(dq_accum, 0, sizeof(float) * n * tq * d, s) != cudaSuccess)
+    const std::int64_t accum_rows = flash_attention_dq_accum_rows(e, d, n, tq, tk, deterministic);
+    if (atomics && cudaMemsetAsync(dq_accum, 0, sizeof(float) * n * accum_rows * d, s) != cudaSuccess)
       throw std::runtime_error("flash attention: clearing the dq accumulator failed");
     const bool hopper = wgmma_path(e, d, n, tk);
     with_tc_head_dim(d, [&](auto dc) {
@@ -1506,13 +1583,24 @@ void flash_attention_backward(const void* q, const void* k, const void* v, const
       bool dkdv_done = false;
       if constexpr (D == 64 || D == 128)
         if (hopper) {
-          constexpr int smem = wgmma_backward_smem<D>();
-          auto dkdv = atomics ? flash_backward_wgmma<D, true> : flash_backward_wgmma<D, false>;
-          allow_smem(dkdv, smem);
-          dkdv<<<grid_of(n, tk, kWbKeys), kWgThreads, smem, s>>>(qb, kb, vb, gb, lse, delta, static_cast<bf16*>(dk),
-                                                                 static_cast<bf16*>(dv), dq_accum, itq, itk, scale,
-                                                                 causal);
+          auto launch = [&](auto dkdv, int smem) {
+            allow_smem(dkdv, smem);
+            dkdv<<<grid_of(n, tk, kWbKeys), kWgThreads, smem, s>>>(qb, kb, vb, gb, lse, delta, static_cast<bf16*>(dk),
+                                                                   static_cast<bf16*>(dv), dq_accum, itq, itk, scale,
+                                                                   causal);
+          };
+          if (atomics)
+            launch(flash_backward_wgmma<D, true>, wgmma_backward_smem<D, true>());
+          else
+            launch(flash_backward_wgmma<D, false>, wgmma_backward_smem<D, false>());
           check_launch("flash_backward_wgmma");
+          if (atomics) {
+            const int tiles = static_cast<int>(accum_rows / kWbTileQ);
+            const long long quads = n * accum_rows * D / 4;
+            dq_from_tiles<D><<<static_cast<unsigned>((quads + 255) / 256), 256, 0, s>>>(
+                dq_accum, static_cast<bf16*>(dq), itq, tiles, quads, scale);
+            check_launch("dq_from_tiles");
+          }
           dkdv_done = true;
         }
       if (!dkdv_done) {
@@ -1539,7 +1627,7 @@ void flash_attention_backward(const void* q, const void* k, const void* v, const
           qb, kb, vb, gb, lse, delta, static_cast<bf16*>(dq), itq, itk, scale, causal);
       check_launch("flash_backward_dq_tc");
     });
-    if (atomics) cast(dq_accum, Elem::f32, dq, Elem::bf16, n * tq * d, s);
+    if (atomics && !hopper) cast(dq_accum, Elem::f32, dq, Elem::bf16, n * tq * d, s);
     return;
   }
   with_elem(e, [&](auto tag) {

@@ -66,9 +66,11 @@ bool flash_attention_forward_uses_wgmma(Elem e, int d, std::int64_t n, std::int6
 // The same for the backward's dK/dV kernel (128-key tiles). When deterministic, its dq pass runs on
 // wgmma under the same rule with 128-row query tiles (flash_attention_forward_uses_wgmma's).
 bool flash_attention_backward_uses_wgmma(Elem e, int d, std::int64_t n, std::int64_t tk);
-// Whether the backward accumulates dq with atomics into dq_accum [n, tq, d] fp32 (else dq_accum
-// may be null): the tensor-core path unless deterministic.
-bool flash_attention_uses_atomics(Elem e, int d, bool deterministic);
+// The rows of the fp32 workspace dq_accum [n, rows, d] that the backward accumulates dq in when not
+// deterministic on the tensor-core path (tq, or tq rounded up to whole 64-query tiles for the
+// Hopper kernel, which adds tiles in its own order); 0 where it needs none (dq_accum may be null).
+std::int64_t flash_attention_dq_accum_rows(Elem e, int d, std::int64_t n, std::int64_t tq, std::int64_t tk,
+                                           bool deterministic);
 // delta: [n, tq] fp32 scratch.
 void flash_attention_backward(const void* q, const void* k, const void* v, const void* o, const float* lse,
                               const void* dout, void* dq, void* dk, void* dv, Elem e, std::int64_t n, std::int64_t tq,

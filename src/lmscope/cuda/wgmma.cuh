@@ -78,6 +78,27 @@ __device__ __forceinline__ void mbarrier_wait(std::uint64_t* bar, int parity) {
       "r"(parity)
       : "memory");
 }
+// Bulk reduction (PTX ISA §9.7.9.25.4.2, cp.reduce.async.bulk): the copy engine adds `bytes` (a
+// multiple of 16, both addresses 16-byte aligned) of fp32 from shared memory into global memory,
+// in L2, while the issuing thread goes on. Shared memory written by ordinary stores must be fenced
+// for the async proxy (fence_shared_for_async_reads) by its writers before the issuing thread sees
+// it. One commit group per call; bulk_wait_read<N> returns once all but the newest N groups have
+// read their source (it may be rewritten), bulk_wait<N> once their writes are done as well.
+__device__ __forceinline__ void bulk_reduce_add(float* dst, const void* src, int bytes) {
+  asm volatile(
+      "cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32 [%0], [%1], %2;\n"
+      "cp.async.bulk.commit_group;\n" ::"l"(dst),
+      "r"(static_cast<unsigned>(__cvta_generic_to_shared(src))), "r"(bytes)
+      : "memory");
+}
+template <int N>
+__device__ __forceinline__ void bulk_wait_read() {
+  asm volatile("cp.async.bulk.wait_group.read %0;\n" ::"n"(N) : "memory");
+}
+template <int N>
+__device__ __forceinline__ void bulk_wait() {
+  asm volatile("cp.async.bulk.wait_group %0;\n" ::"n"(N) : "memory");
+}
 // Pins registers a wgmma writes (accumulators, float) or reads (A fragments, unsigned). Called after
 // the wait that covers the wgmma, it keeps the compiler from moving their uses before the wait or
 // reusing their registers while the tensor cores may still read them.

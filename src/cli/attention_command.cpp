@@ -38,8 +38,8 @@ class AttentionCommand : public Command {
     app->add_option("--d", d_, "Head dimension(s) (default: the suite's)");
     app->add_option("--causal", causal_, "Causal mask: true or false")->capture_default_str();
     app->add_flag("--atomic-dq", atomic_dq_,
-                  "Flash backward accumulates dq with fp32 atomics in the dK/dV pass (not deterministic; "
-                  "default: a separate dq pass)");
+                  "Flash backward accumulates dq in fp32 in the dK/dV pass, by atomics or bulk reductions "
+                  "(not deterministic; default: a separate dq pass)");
     app->add_option("--warmup", warmup_, "Untimed passes before each timed phase")->capture_default_str();
     app->add_option("--iters", iters_, "Timed passes per phase")->capture_default_str();
     app->add_option("--max-seconds", max_seconds_, "Stop a phase early after this much timed work (at least 3 passes)")

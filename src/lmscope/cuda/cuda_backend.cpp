@@ -8,7 +8,9 @@
 #include "lmscope/cuda/kernel_tracer.h"
 #include "lmscope/cuda/kernels.h"
 
+#include <algorithm>
 #include <cmath>
+#include <limits>
 
 namespace lmscope {
 namespace {
@@ -39,8 +41,11 @@ AttentionShape flash_shape(const Tensor& q, const Tensor& k, const Tensor& v, co
   for (const Tensor* t : {&k, &v, &out}) same_dtype(q, *t, "flash attention");
   if (!cuda::flash_attention_supports(static_cast<int>(s.d)))
     throw Unsupported(fmt::format("flash attention on CUDA takes head dims up to 128, not {}", s.d));
-  if (s.n > 65535) throw Unsupported(fmt::format("flash attention on CUDA takes up to 65535 sequences, not {}", s.n));
   if (s.tq > (1 << 30) || s.tk > (1 << 30)) throw Unsupported("flash attention on CUDA takes up to 2^30 positions");
+  // One CTA per sequence and tile (32 rows at the least) in a one-dimensional grid.
+  if (s.n * ((std::max(s.tq, s.tk) + 31) / 32) > std::numeric_limits<int>::max())
+    throw Unsupported(fmt::format("flash attention on CUDA takes up to 2^31 tiles of 32 rows, not {} sequences of {}",
+                                  s.n, std::max(s.tq, s.tk)));
   return s;
 }
 

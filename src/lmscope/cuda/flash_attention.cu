@@ -11,6 +11,7 @@
 // docs/flash-attention.md has the floors, the measurements and why the code is shaped so.
 #include "lmscope/cuda/launch_check.cuh"
 #include "lmscope/cuda/storage.cuh"
+#include "lmscope/cuda/tile_order.h"
 #include "lmscope/cuda/wgmma.cuh"
 
 #include <cuda_bf16.h>
@@ -18,6 +19,7 @@
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
+#include <limits>
 #include <stdexcept>
 #include <type_traits>
 #include <utility>
@@ -232,19 +234,29 @@ __device__ __forceinline__ bool needs_rescale(const float (&corr)[2]) {
   return __any_sync(0xffffffffu, corr[0] != 1.f || corr[1] != 1.f);
 }
 
-// Grid: x = query tiles, heaviest (last, under a causal mask) first; y = sequences.
-__device__ __forceinline__ int query_tile() { return static_cast<int>(gridDim.x - 1 - blockIdx.x); }
+// This CTA's sequence and first row (tile_order.h), over tiles of `rows` queries (the last tile is
+// the heaviest) or keys (the first is).
+__device__ __forceinline__ int2 query_tile(const TileOrder& order, int rows) {
+  const CtaTile c = order.at(static_cast<int>(blockIdx.x));
+  return make_int2(c.seq, (order.tiles - 1 - c.rank) * rows);
+}
+__device__ __forceinline__ int2 key_tile(const TileOrder& order, int rows) {
+  const CtaTile c = order.at(static_cast<int>(blockIdx.x));
+  return make_int2(c.seq, c.rank * rows);
+}
 
 // ---------------------------------------------------------------- tensor-core forward
 template <int D>
 __global__ void __launch_bounds__(kThreads)
     flash_forward_tc(const bf16* __restrict__ q, const bf16* __restrict__ k, const bf16* __restrict__ v,
-                     bf16* __restrict__ o, float* __restrict__ lse, int tq, int tk, float scale_log2, bool causal) {
+                     bf16* __restrict__ o, float* __restrict__ lse, int tq, int tk, float scale_log2, bool causal,
+                     TileOrder order) {
   extern __shared__ __align__(16) unsigned char smem[];
   bf16* sQ = reinterpret_cast<bf16*>(smem);
   bf16* sK = sQ + kTileQ * kStride<D>;  // [2][kTileK][stride]
   bf16* sV = sK + 2 * kTileK * kStride<D>;
-  const int seq = blockIdx.y, q0 = query_tile() * kTileQ;
+  const int2 cta = query_tile(order, kTileQ);
+  const int seq = cta.x, q0 = cta.y;
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, g = lane / 4, t = lane % 4;
   q += static_cast<long long>(seq) * tq * D;
   o += static_cast<long long>(seq) * tq * D;
@@ -509,13 +521,15 @@ struct KeyValueRing {
 template <int D>
 __global__ void __launch_bounds__(kWgThreads, D == 64 ? 2 : 1)
     flash_forward_wgmma(const bf16* __restrict__ q, const bf16* __restrict__ k, const bf16* __restrict__ v,
-                        bf16* __restrict__ o, float* __restrict__ lse, int tq, int tk, float scale_log2, bool causal) {
+                        bf16* __restrict__ o, float* __restrict__ lse, int tq, int tk, float scale_log2, bool causal,
+                        TileOrder order) {
 #ifdef LMSCOPE_WGMMA
   constexpr int kPanels = D / sm90::kPanelCols;
   extern __shared__ unsigned char smem_raw[];
   unsigned char* sQ = atom_aligned_smem(smem_raw);
   unsigned char* sK = sQ + kWgTileQ * D * 2;  // the K/V ring
-  const int seq = blockIdx.y, q0 = query_tile() * kWgTileQ;
+  const int2 cta = query_tile(order, kWgTileQ);
+  const int seq = cta.x, q0 = cta.y;
   const int tid = threadIdx.x, wg = tid / 128, warp = (tid / 32) % 4, lane = tid % 32, g = lane / 4, t = lane % 4;
   const int wq0 = q0 + wg * 64;  // this warpgroup's first query
   q += static_cast<long long>(seq) * tq * D;
@@ -623,7 +637,7 @@ __global__ void __launch_bounds__(kThreads)
     flash_backward_dkdv_tc(const bf16* __restrict__ q, const bf16* __restrict__ k, const bf16* __restrict__ v,
                            const bf16* __restrict__ dout, const float* __restrict__ lse,
                            const float* __restrict__ delta, bf16* __restrict__ dk, bf16* __restrict__ dv,
-                           float* __restrict__ dq_accum, int tq, int tk, float scale, bool causal) {
+                           float* __restrict__ dq_accum, int tq, int tk, float scale, bool causal, TileOrder order) {
   constexpr int kSStride = kTileQ + 8;  // dSᵀ tile [keys][queries]
   extern __shared__ __align__(16) unsigned char smem[];
   bf16* sK = reinterpret_cast<bf16*>(smem);
@@ -633,7 +647,8 @@ __global__ void __launch_bounds__(kThreads)
   bf16* sdS = sdO + 2 * kTileQ * kStride<D>;                      // [kTileK][kSStride]
   float* sL = reinterpret_cast<float*>(sdS + kTileK * kSStride);  // [2][kTileQ], log2 units
   float* sDelta = sL + 2 * kTileQ;                                // [2][kTileQ]
-  const int seq = blockIdx.y, k0 = blockIdx.x * kTileK;           // x runs over key tiles, the heaviest (first) first
+  const int2 cta = key_tile(order, kTileK);
+  const int seq = cta.x, k0 = cta.y;
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, g = lane / 4, t = lane % 4;
   const long long qoff = static_cast<long long>(seq) * tq, koff = static_cast<long long>(seq) * tk;
   q += qoff * D, dout += qoff * D, lse += qoff, delta += qoff, dq_accum += qoff * D;
@@ -767,13 +782,14 @@ template <int D>
 __global__ void __launch_bounds__(kThreads)
     flash_backward_dq_tc(const bf16* __restrict__ q, const bf16* __restrict__ k, const bf16* __restrict__ v,
                          const bf16* __restrict__ dout, const float* __restrict__ lse, const float* __restrict__ delta,
-                         bf16* __restrict__ dq, int tq, int tk, float scale, bool causal) {
+                         bf16* __restrict__ dq, int tq, int tk, float scale, bool causal, TileOrder order) {
   extern __shared__ __align__(16) unsigned char smem[];
   bf16* sQ = reinterpret_cast<bf16*>(smem);
   bf16* sdO = sQ + kTileQ * kStride<D>;
   bf16* sK = sdO + kTileQ * kStride<D>;  // [2][kTileK][stride]
   bf16* sV = sK + 2 * kTileK * kStride<D>;
-  const int seq = blockIdx.y, q0 = query_tile() * kTileQ;
+  const int2 cta = query_tile(order, kTileQ);
+  const int seq = cta.x, q0 = cta.y;
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, g = lane / 4, t = lane % 4;
   const long long qoff = static_cast<long long>(seq) * tq, koff = static_cast<long long>(seq) * tk;
   q += qoff * D, dout += qoff * D, dq += qoff * D, lse += qoff, delta += qoff;
@@ -910,7 +926,7 @@ __global__ void __launch_bounds__(kWgThreads)
     flash_backward_wgmma(const bf16* __restrict__ q, const bf16* __restrict__ k, const bf16* __restrict__ v,
                          const bf16* __restrict__ dout, const float* __restrict__ lse, const float* __restrict__ delta,
                          bf16* __restrict__ dk, bf16* __restrict__ dv, float* __restrict__ dq_accum, int tq, int tk,
-                         float scale, bool causal) {
+                         float scale, bool causal, TileOrder order) {
 #ifdef LMSCOPE_WGMMA
   constexpr int kPanels = D / sm90::kPanelCols;
   constexpr int kKeyBytes = kWbKeys * D * 2, kQBytes = kWbTileQ * D * 2;
@@ -926,7 +942,8 @@ __global__ void __launch_bounds__(kWgThreads)
   float* sdQ = reinterpret_cast<float*>(sdS + 2 * kDsBytes);  // ATOMIC_DQ: [2] dq_accum tiles
   float* sL = sdQ + 2 * kDqBytes / 4;                         // [kStages][kWbTileQ]
   float* sDelta = sL + kStages * kWbTileQ;                    // [kStages][kWbTileQ]
-  const int seq = blockIdx.y, k0 = blockIdx.x * kWbKeys;      // x runs over key tiles, the heaviest (first) first
+  const int2 cta = key_tile(order, kWbKeys);
+  const int seq = cta.x, k0 = cta.y;
   const int tid = threadIdx.x, wg = tid / 128, warp = (tid / 32) % 4, lane = tid % 32, g = lane / 4, t = lane % 4;
   const int wk0 = k0 + wg * 64;  // this warpgroup's first key
   const long long qoff = static_cast<long long>(seq) * tq, koff = static_cast<long long>(seq) * tk;
@@ -1148,14 +1165,15 @@ __global__ void __launch_bounds__(kWgThreads)
     flash_backward_dq_wgmma(const bf16* __restrict__ q, const bf16* __restrict__ k, const bf16* __restrict__ v,
                             const bf16* __restrict__ dout, const float* __restrict__ lse,
                             const float* __restrict__ delta, bf16* __restrict__ dq, int tq, int tk, float scale,
-                            bool causal) {
+                            bool causal, TileOrder order) {
 #ifdef LMSCOPE_WGMMA
   constexpr int kPanels = D / sm90::kPanelCols;
   extern __shared__ unsigned char smem_raw[];
   unsigned char* sQ = atom_aligned_smem(smem_raw);
   unsigned char* sdO = sQ + kWgTileQ * D * 2;
   unsigned char* sK = sdO + kWgTileQ * D * 2;  // the K/V ring
-  const int seq = blockIdx.y, q0 = query_tile() * kWgTileQ;
+  const int2 cta = query_tile(order, kWgTileQ);
+  const int seq = cta.x, q0 = cta.y;
   const int tid = threadIdx.x, wg = tid / 128, warp = (tid / 32) % 4, lane = tid % 32, g = lane / 4, t = lane % 4;
   const int wq0 = q0 + wg * 64;  // this warpgroup's first query
   const long long qoff = static_cast<long long>(seq) * tq, koff = static_cast<long long>(seq) * tk;
@@ -1261,11 +1279,12 @@ __device__ __forceinline__ float row_dot(const float* a, const float* b, int d) 
 template <typename T>
 __global__ void __launch_bounds__(kSimtThreads)
     flash_forward_simt(const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v, T* __restrict__ o,
-                       float* __restrict__ lse, int tq, int tk, int d, float scale_log2, bool causal) {
+                       float* __restrict__ lse, int tq, int tk, int d, float scale_log2, bool causal, TileOrder order) {
   extern __shared__ float fsm[];
   const int rs = d + 1;
   float *sQ = fsm, *sK = sQ + kSimtRows * rs, *sV = sK + kSimtRows * rs, *sP = sV + kSimtRows * rs;
-  const int seq = blockIdx.y, q0 = query_tile() * kSimtRows;
+  const int2 cta = query_tile(order, kSimtRows);
+  const int seq = cta.x, q0 = cta.y;
   const int tid = threadIdx.x, r = tid / 4, s = tid % 4, row = q0 + r;
   q += static_cast<long long>(seq) * tq * d, o += static_cast<long long>(seq) * tq * d;
   k += static_cast<long long>(seq) * tk * d, v += static_cast<long long>(seq) * tk * d;
@@ -1321,12 +1340,14 @@ template <typename T>
 __global__ void __launch_bounds__(kSimtThreads)
     flash_backward_dkdv_simt(const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v,
                              const T* __restrict__ dout, const float* __restrict__ lse, const float* __restrict__ delta,
-                             T* __restrict__ dk, T* __restrict__ dv, int tq, int tk, int d, float scale, bool causal) {
+                             T* __restrict__ dk, T* __restrict__ dv, int tq, int tk, int d, float scale, bool causal,
+                             TileOrder order) {
   extern __shared__ float fsm[];
   const int rs = d + 1, pld = kSimtRows + 1;
   float *sK = fsm, *sV = sK + kSimtRows * rs, *sQ = sV + kSimtRows * rs, *sdO = sQ + kSimtRows * rs;
   float *sP = sdO + kSimtRows * rs, *sdS = sP + kSimtRows * pld, *sL = sdS + kSimtRows * pld, *sD = sL + kSimtRows;
-  const int seq = blockIdx.y, k0 = blockIdx.x * kSimtRows;
+  const int2 cta = key_tile(order, kSimtRows);
+  const int seq = cta.x, k0 = cta.y;
   const int tid = threadIdx.x, r = tid / 4, s = tid % 4, key = k0 + r;
   const long long qoff = static_cast<long long>(seq) * tq, koff = static_cast<long long>(seq) * tk;
   q += qoff * d, dout += qoff * d, lse += qoff, delta += qoff;
@@ -1382,12 +1403,13 @@ template <typename T>
 __global__ void __launch_bounds__(kSimtThreads)
     flash_backward_dq_simt(const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v,
                            const T* __restrict__ dout, const float* __restrict__ lse, const float* __restrict__ delta,
-                           T* __restrict__ dq, int tq, int tk, int d, float scale, bool causal) {
+                           T* __restrict__ dq, int tq, int tk, int d, float scale, bool causal, TileOrder order) {
   extern __shared__ float fsm[];
   const int rs = d + 1, pld = kSimtRows + 1;
   float *sQ = fsm, *sdO = sQ + kSimtRows * rs, *sK = sdO + kSimtRows * rs, *sV = sK + kSimtRows * rs;
   float* sdS = sV + kSimtRows * rs;
-  const int seq = blockIdx.y, q0 = query_tile() * kSimtRows;
+  const int2 cta = query_tile(order, kSimtRows);
+  const int seq = cta.x, q0 = cta.y;
   const int tid = threadIdx.x, r = tid / 4, s = tid % 4, row = q0 + r;
   const long long qoff = static_cast<long long>(seq) * tq, koff = static_cast<long long>(seq) * tk;
   q += qoff * d, dout += qoff * d, dq += qoff * d, lse += qoff, delta += qoff;
@@ -1442,10 +1464,14 @@ __global__ void flash_delta(const T* __restrict__ out, const T* __restrict__ dou
 }
 
 // ---------------------------------------------------------------- launch
-dim3 grid_of(long long n, long long t, int rows_per_cta) {
-  if (n > 65535) throw std::runtime_error("flash attention: more than 65535 sequences in one call");
-  return dim3(static_cast<unsigned>((t + rows_per_cta - 1) / rows_per_cta), static_cast<unsigned>(n));
+// The CTA order over n sequences of t rows in tiles of `rows`; `streamed` is the bytes that one
+// sequence's CTAs read tile by tile (K and V under query tiles, Q and dO under key tiles).
+TileOrder tile_order(long long n, long long t, int rows, long long streamed) {
+  const long long tiles = (t + rows - 1) / rows;
+  if (n * tiles > std::numeric_limits<int>::max()) throw std::runtime_error("flash attention: more than 2^31 tiles");
+  return TileOrder{static_cast<int>(n), static_cast<int>(tiles), tile_group(n, tiles, streamed)};
 }
+unsigned grid_of(const TileOrder& order) { return static_cast<unsigned>(order.ctas()); }
 
 // Raises a kernel's dynamic shared memory limit where a tile needs more than the default 48 KiB.
 template <typename Kernel>
@@ -1520,14 +1546,16 @@ void flash_attention_forward(const void* q, const void* k, const void* v, void* 
                              std::int64_t tq, std::int64_t tk, int d, float scale, bool causal, cudaStream_t s) {
   check_head_dim(d);
   const float scale_log2 = scale * kLog2e;
+  const long long kv_bytes = 2 * tk * d * 2;  // K and V in bf16, streamed under the tensor-core kernels' query tiles
   if (wgmma_path(e, d, n, tq)) {
     auto launch = [&](auto kernel, int dc) {
       const int smem =
           kWgTileQ * dc * 2 + (dc == 64 ? key_value_ring_bytes<64>() : key_value_ring_bytes<128>()) + sm90::kAtomBytes;
       allow_smem(kernel, smem);
-      kernel<<<grid_of(n, tq, kWgTileQ), kWgThreads, smem, s>>>(
+      const TileOrder order = tile_order(n, tq, kWgTileQ, kv_bytes);
+      kernel<<<grid_of(order), kWgThreads, smem, s>>>(
           static_cast<const bf16*>(q), static_cast<const bf16*>(k), static_cast<const bf16*>(v), static_cast<bf16*>(o),
-          lse, static_cast<int>(tq), static_cast<int>(tk), scale_log2, causal);
+          lse, static_cast<int>(tq), static_cast<int>(tk), scale_log2, causal, order);
     };
     if (d == 64)
       launch(flash_forward_wgmma<64>, 64);
@@ -1540,9 +1568,10 @@ void flash_attention_forward(const void* q, const void* k, const void* v, void* 
       constexpr int D = decltype(dc)::value;
       const int smem = (kTileQ + 4 * kTileK) * kStride<D> * 2;
       allow_smem(flash_forward_tc<D>, smem);
-      flash_forward_tc<D><<<grid_of(n, tq, kTileQ), kThreads, smem, s>>>(
+      const TileOrder order = tile_order(n, tq, kTileQ, kv_bytes);
+      flash_forward_tc<D><<<grid_of(order), kThreads, smem, s>>>(
           static_cast<const bf16*>(q), static_cast<const bf16*>(k), static_cast<const bf16*>(v), static_cast<bf16*>(o),
-          lse, static_cast<int>(tq), static_cast<int>(tk), scale_log2, causal);
+          lse, static_cast<int>(tq), static_cast<int>(tk), scale_log2, causal, order);
     });
     return check_launch("flash_forward_tc");
   }
@@ -1550,9 +1579,10 @@ void flash_attention_forward(const void* q, const void* k, const void* v, void* 
     using T = typename decltype(tag)::type;
     const int smem = (3 * kSimtRows * (d + 1) + kSimtRows * (kSimtRows + 1)) * 4;
     allow_smem(flash_forward_simt<T>, smem);
-    flash_forward_simt<T><<<grid_of(n, tq, kSimtRows), kSimtThreads, smem, s>>>(
+    const TileOrder order = tile_order(n, tq, kSimtRows, 2 * tk * d * static_cast<long long>(sizeof(T)));
+    flash_forward_simt<T><<<grid_of(order), kSimtThreads, smem, s>>>(
         static_cast<const T*>(q), static_cast<const T*>(k), static_cast<const T*>(v), static_cast<T*>(o), lse,
-        static_cast<int>(tq), static_cast<int>(tk), d, scale_log2, causal);
+        static_cast<int>(tq), static_cast<int>(tk), d, scale_log2, causal, order);
   });
   check_launch("flash_forward_simt");
 }
@@ -1571,6 +1601,7 @@ void flash_attention_backward(const void* q, const void* k, const void* v, const
   check_launch("flash_delta");
   const int itq = static_cast<int>(tq), itk = static_cast<int>(tk);
   if (tensor_core_path(e, d)) {
+    const long long kv_bytes = 2 * tk * d * 2, qdo_bytes = 2 * tq * d * 2;  // bf16 K and V, Q and dO
     const bool atomics = !deterministic;
     const std::int64_t accum_rows = flash_attention_dq_accum_rows(e, d, n, tq, tk, deterministic);
     if (atomics && cudaMemsetAsync(dq_accum, 0, sizeof(float) * n * accum_rows * d, s) != cudaSuccess)
@@ -1585,9 +1616,10 @@ void flash_attention_backward(const void* q, const void* k, const void* v, const
         if (hopper) {
           auto launch = [&](auto dkdv, int smem) {
             allow_smem(dkdv, smem);
-            dkdv<<<grid_of(n, tk, kWbKeys), kWgThreads, smem, s>>>(qb, kb, vb, gb, lse, delta, static_cast<bf16*>(dk),
-                                                                   static_cast<bf16*>(dv), dq_accum, itq, itk, scale,
-                                                                   causal);
+            const TileOrder order = tile_order(n, tk, kWbKeys, qdo_bytes);
+            dkdv<<<grid_of(order), kWgThreads, smem, s>>>(qb, kb, vb, gb, lse, delta, static_cast<bf16*>(dk),
+                                                          static_cast<bf16*>(dv), dq_accum, itq, itk, scale, causal,
+                                                          order);
           };
           if (atomics)
             launch(flash_backward_wgmma<D, true>, wgmma_backward_smem<D, true>());
@@ -1607,9 +1639,10 @@ void flash_attention_backward(const void* q, const void* k, const void* v, const
         const int smem_kv = (2 * kTileK + 4 * kTileQ) * kStride<D> * 2 + kTileK * (kTileQ + 8) * 2 + 4 * kTileQ * 4;
         auto dkdv = atomics ? flash_backward_dkdv_tc<D, true> : flash_backward_dkdv_tc<D, false>;
         allow_smem(dkdv, smem_kv);
-        dkdv<<<grid_of(n, tk, kTileK), kThreads, smem_kv, s>>>(qb, kb, vb, gb, lse, delta, static_cast<bf16*>(dk),
-                                                               static_cast<bf16*>(dv), dq_accum, itq, itk, scale,
-                                                               causal);
+        const TileOrder order = tile_order(n, tk, kTileK, qdo_bytes);
+        dkdv<<<grid_of(order), kThreads, smem_kv, s>>>(qb, kb, vb, gb, lse, delta, static_cast<bf16*>(dk),
+                                                       static_cast<bf16*>(dv), dq_accum, itq, itk, scale, causal,
+                                                       order);
         check_launch("flash_backward_dkdv_tc");
       }
       if (atomics) return;
@@ -1617,14 +1650,16 @@ void flash_attention_backward(const void* q, const void* k, const void* v, const
         if (wgmma_path(e, d, n, tq)) {
           constexpr int smem = 2 * kWgTileQ * D * 2 + key_value_ring_bytes<D>() + sm90::kAtomBytes;
           allow_smem(flash_backward_dq_wgmma<D>, smem);
-          flash_backward_dq_wgmma<D><<<grid_of(n, tq, kWgTileQ), kWgThreads, smem, s>>>(
-              qb, kb, vb, gb, lse, delta, static_cast<bf16*>(dq), itq, itk, scale, causal);
+          const TileOrder order = tile_order(n, tq, kWgTileQ, kv_bytes);
+          flash_backward_dq_wgmma<D><<<grid_of(order), kWgThreads, smem, s>>>(
+              qb, kb, vb, gb, lse, delta, static_cast<bf16*>(dq), itq, itk, scale, causal, order);
           return check_launch("flash_backward_dq_wgmma");
         }
       const int smem_q = (2 * kTileQ + 4 * kTileK) * kStride<D> * 2;
       allow_smem(flash_backward_dq_tc<D>, smem_q);
-      flash_backward_dq_tc<D><<<grid_of(n, tq, kTileQ), kThreads, smem_q, s>>>(
-          qb, kb, vb, gb, lse, delta, static_cast<bf16*>(dq), itq, itk, scale, causal);
+      const TileOrder order = tile_order(n, tq, kTileQ, kv_bytes);
+      flash_backward_dq_tc<D><<<grid_of(order), kThreads, smem_q, s>>>(
+          qb, kb, vb, gb, lse, delta, static_cast<bf16*>(dq), itq, itk, scale, causal, order);
       check_launch("flash_backward_dq_tc");
     });
     if (atomics && !hopper) cast(dq_accum, Elem::f32, dq, Elem::bf16, n * tq * d, s);
@@ -1636,13 +1671,16 @@ void flash_attention_backward(const void* q, const void* k, const void* v, const
          gt = static_cast<const T*>(dout);
     const int smem_kv = (4 * kSimtRows * (d + 1) + 2 * kSimtRows * (kSimtRows + 1) + 2 * kSimtRows) * 4;
     allow_smem(flash_backward_dkdv_simt<T>, smem_kv);
-    flash_backward_dkdv_simt<T><<<grid_of(n, tk, kSimtRows), kSimtThreads, smem_kv, s>>>(
-        qt, kt, vt, gt, lse, delta, static_cast<T*>(dk), static_cast<T*>(dv), itq, itk, d, scale, causal);
+    const long long row_bytes = d * static_cast<long long>(sizeof(T));
+    const TileOrder key_order = tile_order(n, tk, kSimtRows, 2 * tq * row_bytes);
+    flash_backward_dkdv_simt<T><<<grid_of(key_order), kSimtThreads, smem_kv, s>>>(
+        qt, kt, vt, gt, lse, delta, static_cast<T*>(dk), static_cast<T*>(dv), itq, itk, d, scale, causal, key_order);
     check_launch("flash_backward_dkdv_simt");
     const int smem_q = (4 * kSimtRows * (d + 1) + kSimtRows * (kSimtRows + 1)) * 4;
     allow_smem(flash_backward_dq_simt<T>, smem_q);
-    flash_backward_dq_simt<T><<<grid_of(n, tq, kSimtRows), kSimtThreads, smem_q, s>>>(
-        qt, kt, vt, gt, lse, delta, static_cast<T*>(dq), itq, itk, d, scale, causal);
+    const TileOrder query_order = tile_order(n, tq, kSimtRows, 2 * tk * row_bytes);
+    flash_backward_dq_simt<T><<<grid_of(query_order), kSimtThreads, smem_q, s>>>(
+        qt, kt, vt, gt, lse, delta, static_cast<T*>(dq), itq, itk, d, scale, causal, query_order);
     check_launch("flash_backward_dq_simt");
   });
 }

@@ -991,14 +991,14 @@ __global__ void __launch_bounds__(kWgThreads)
                                         sm90::advance(kn_desc, kc * 16 * 128), kc > 0);
     sm90::commit();
   };
-  // dQ of tile r, once waited for, into its dq_accum tile in shared memory (buffer r % 2).
+  // dQ of tile r, once waited for, into its dq_accum tile in shared memory (buffer r % 2). The copy
+  // engine reads it after a fence for the async proxy, which the caller places.
   auto stage_dq = [&](int r) {
     float* dst = sdQ + (r & 1) * (kDqBytes / 4);
 #pragma unroll
     for (int nb = 0; nb < kDqCols / 8; ++nb)
-      *reinterpret_cast<float4*>(dst + dq_tile_index<D>(warp * 16 + g, n0 + nb * 8 + 2 * t)) =
-          make_float4(dq[nb][0], dq[nb][1], dq[nb][2], dq[nb][3]);
-    sm90::fence_shared_for_async_reads();  // for the copy engine's reads
+      sm90::store_shared_v4(dst + dq_tile_index<D>(warp * 16 + g, n0 + nb * 8 + 2 * t), dq[nb][0], dq[nb][1], dq[nb][2],
+                            dq[nb][3]);
   };
   const int key[2] = {wk0 + warp * 16 + g, wk0 + warp * 16 + g + 8};
   // This warpgroup's keys, in each panel.
@@ -1072,7 +1072,7 @@ __global__ void __launch_bounds__(kWgThreads)
             *reinterpret_cast<unsigned*>(
                 sds + sm90::swizzled_offset(wg * 64 + warp * 16 + g + 8 * h, 2 * kc + hi, kWbKeys) + 4 * t) =
                 da[kc][2 * hi + h];
-      sm90::fence_shared_for_async_reads();  // for the next tile's dQ, after its barrier
+      sm90::fence_shared_for_async_reads();  // for the next tile's dQ and the reduction of the dQ staged above
       // The reduction issued this tile read the dQ buffer that the next tile refills.
       if (tid == 0) sm90::bulk_wait_read<0>();
     }
@@ -1090,6 +1090,7 @@ __global__ void __launch_bounds__(kWgThreads)
     sm90::wait<0>();
     sm90::hold(dq);
     if (steps > 0) stage_dq(steps - 1);
+    sm90::fence_shared_for_async_reads();
     __syncthreads();
     if (tid == 0) {
       for (int r = max(steps - 2, 0); r < steps; ++r)

@@ -78,6 +78,14 @@ __device__ __forceinline__ void mbarrier_wait(std::uint64_t* bar, int parity) {
       "r"(parity)
       : "memory");
 }
+// One 16-byte shared store. Written out because the compiler splits a float4 store of wgmma
+// accumulators into four 4-byte stores, which at 16 bytes per lane also conflict 4 ways (step 24
+// in docs/flash-attention.md: the backward's dQ staging cost 0.4 ms at d 64 that way).
+__device__ __forceinline__ void store_shared_v4(float* p, float a, float b, float c, float d) {
+  asm volatile("st.shared.v4.f32 [%0], {%1, %2, %3, %4};\n" ::"r"(static_cast<unsigned>(__cvta_generic_to_shared(p))),
+               "f"(a), "f"(b), "f"(c), "f"(d)
+               : "memory");
+}
 // Bulk reduction (PTX ISA §9.7.9.25.4.2, cp.reduce.async.bulk): the copy engine adds `bytes` (a
 // multiple of 16, both addresses 16-byte aligned) of fp32 from shared memory into global memory,
 // in L2, while the issuing thread goes on. Shared memory written by ordinary stores must be fenced

@@ -4,7 +4,7 @@
 // CTAs start roughly in block order, one wave per set of free SMs. Under a causal mask a tile's work
 // grows with the number of tiles it sees (the last query tile sees every key tile, the first key tile
 // every query tile), so if the heaviest tiles of the last sequences start last, the final wave waits
-// on a few long CTAs while most SMs idle (at batch 8 and seq 4096 the attention took 1.4-1.5x as long
+// on a few long CTAs while most SMs idle (at batch 8 and seq 4096 the attention took 1.2-1.5x as long
 // that way: step 23 in docs/flash-attention.md). So tiles are ranked by work, 0 the heaviest, and
 // sequences go in groups that start rank by rank: rank 0 of every sequence of the group, then rank 1,
 // and so on (longest first, the classic list-scheduling rule). A group holds as many sequences as

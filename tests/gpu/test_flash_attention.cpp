@@ -145,6 +145,20 @@ TEST_F(FlashOnGpu, UnsupportedHeadDimIsSaidSo) {
   EXPECT_THROW(gpu->flash_attention_forward(q, q, q, q, lse, 1.0, true), Unsupported);
 }
 
+// One CTA per sequence and tile in a one-dimensional grid: more than 2^31 tiles is refused before any
+// launch (the tensors' shapes alone say so; their memory is never touched).
+TEST_F(FlashOnGpu, MoreTilesThanOneGridTakesAreSaidSo) {
+  Allocation small = tensor({1, 1, 64}, DType::bf16, nullptr);
+  const std::int64_t n = std::int64_t{1} << 26, t = 2048;  // 2^26 sequences × 64 tiles of 32 rows
+  const Tensor q{small.tensor().data, DType::bf16, {n, t, 64}}, lse{small.tensor().data, DType::f32, {n, t}};
+  try {
+    gpu->flash_attention_forward(q, q, q, q, lse, 1.0, true);
+    FAIL() << "no error";
+  } catch (const Unsupported& e) {
+    EXPECT_NE(std::string(e.what()).find("2^31 tiles"), std::string::npos) << e.what();
+  }
+}
+
 // The criterion: the model with flash matches the model with naive attention, fp32 losses
 // within 1e-4 over 20 steps, here on the GPU (tests/unit has the same on the CPU).
 TEST_F(FlashOnGpu, ModelTrainsLikeNaive) {

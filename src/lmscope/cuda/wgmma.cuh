@@ -19,6 +19,13 @@
 #define LMSCOPE_WGMMA 1
 #endif
 
+namespace lmscope::cuda {
+// The shared-memory address of p, as PTX's .shared operands take it (sm_80 kernels use it too).
+__device__ __forceinline__ unsigned smem_addr(const void* p) {
+  return static_cast<unsigned>(__cvta_generic_to_shared(p));
+}
+}  // namespace lmscope::cuda
+
 namespace lmscope::cuda::sm90 {
 
 constexpr int kPanelCols = 64;    // bf16 columns per 128-byte swizzled row
@@ -36,7 +43,7 @@ __device__ __forceinline__ int k_major_step(int kc, int rows) { return (kc / 4) 
 // (the stride byte offset). The leading byte offset is not used by swizzled K-major operands, nor
 // by MN-major ones no wider than 64 columns, which is all these kernels issue.
 __device__ __forceinline__ std::uint64_t descriptor(const void* p) {
-  const auto addr = static_cast<std::uint64_t>(__cvta_generic_to_shared(p));
+  const std::uint64_t addr = smem_addr(p);
   return ((addr & 0x3FFFF) >> 4) | (std::uint64_t{kAtomBytes >> 4} << 16) | (std::uint64_t{kAtomBytes >> 4} << 32) |
          (std::uint64_t{1} << 62);
 }
@@ -61,20 +68,17 @@ __device__ __forceinline__ void fence_shared_for_async_reads() {
 // mbarriers (PTX ISA §9.7.13.15): a 64-bit shared word that completes a phase once `count` arrivals
 // have come; a waiter names the phase by its parity (phase k completes with parity k % 2).
 __device__ __forceinline__ void mbarrier_init(std::uint64_t* bar, int count) {
-  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(static_cast<unsigned>(__cvta_generic_to_shared(bar))),
-               "r"(count)
-               : "memory");
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(smem_addr(bar)), "r"(count) : "memory");
 }
 __device__ __forceinline__ void mbarrier_arrive(std::uint64_t* bar) {
-  asm volatile("{\n.reg .b64 state;\nmbarrier.arrive.shared::cta.b64 state, [%0];\n}\n" ::"r"(
-                   static_cast<unsigned>(__cvta_generic_to_shared(bar)))
+  asm volatile("{\n.reg .b64 state;\nmbarrier.arrive.shared::cta.b64 state, [%0];\n}\n" ::"r"(smem_addr(bar))
                : "memory");
 }
 __device__ __forceinline__ void mbarrier_wait(std::uint64_t* bar, int parity) {
   asm volatile(
       "{\n.reg .pred done;\nwait:\n"
       "mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n"
-      "@!done bra wait;\n}\n" ::"r"(static_cast<unsigned>(__cvta_generic_to_shared(bar))),
+      "@!done bra wait;\n}\n" ::"r"(smem_addr(bar)),
       "r"(parity)
       : "memory");
 }
@@ -82,8 +86,7 @@ __device__ __forceinline__ void mbarrier_wait(std::uint64_t* bar, int parity) {
 // accumulators into four 4-byte stores, which at 16 bytes per lane also conflict 4 ways (step 24
 // in docs/flash-attention.md: the backward's dQ staging cost 0.4 ms at d 64 that way).
 __device__ __forceinline__ void store_shared_v4(float* p, float a, float b, float c, float d) {
-  asm volatile("st.shared.v4.f32 [%0], {%1, %2, %3, %4};\n" ::"r"(static_cast<unsigned>(__cvta_generic_to_shared(p))),
-               "f"(a), "f"(b), "f"(c), "f"(d)
+  asm volatile("st.shared.v4.f32 [%0], {%1, %2, %3, %4};\n" ::"r"(smem_addr(p)), "f"(a), "f"(b), "f"(c), "f"(d)
                : "memory");
 }
 // Bulk reduction (PTX ISA §9.7.9.25.4.2, cp.reduce.async.bulk): the copy engine adds `bytes` (a
@@ -96,7 +99,7 @@ __device__ __forceinline__ void bulk_reduce_add(float* dst, const void* src, int
   asm volatile(
       "cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32 [%0], [%1], %2;\n"
       "cp.async.bulk.commit_group;\n" ::"l"(dst),
-      "r"(static_cast<unsigned>(__cvta_generic_to_shared(src))), "r"(bytes)
+      "r"(smem_addr(src)), "r"(bytes)
       : "memory");
 }
 template <int N>

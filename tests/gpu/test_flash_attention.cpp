@@ -103,8 +103,8 @@ TEST_F(FlashOnGpu, HopperKernelsMatchTheDefinition) {
   std::uint64_t seed = 300;
   for (const Case& c : cases) {
     const int d = static_cast<int>(c.d);
-    const bool forward = cuda::flash_attention_forward_uses_wgmma(cuda::Elem::bf16, d, c.n, c.tq);
-    const bool backward = cuda::flash_attention_backward_uses_wgmma(cuda::Elem::bf16, d, c.n, c.tk);
+    const cuda::FlashAttentionPlan plan = cuda::flash_attention_plan(cuda::Elem::bf16, d, c.n, c.tq, c.tk, true, true);
+    const bool forward = plan.forward_wgmma, backward = plan.dkdv_wgmma;
     if (gpus[0].compute_major == 9) {
       EXPECT_TRUE(forward && backward) << "a Hopper GPU takes the wgmma kernels for n " << c.n << " tq " << c.tq
                                        << " tk " << c.tk << " d " << c.d;
@@ -116,6 +116,48 @@ TEST_F(FlashOnGpu, HopperKernelsMatchTheDefinition) {
                        fmt::format("bf16 n {} tq {} tk {} d {} causal {} deterministic {} (wgmma {} {})", c.n, c.tq,
                                    c.tk, c.d, causal, deterministic, forward, backward));
       }
+  }
+}
+
+// With too few tiles to fill the GPU (one or two sequences), each CTA walks one part of its tile's
+// loop and a second kernel adds the parts' fp32 results (src/lmscope/cuda/tile_order.h): every
+// kernel in parts, on mma.sync and, on a Hopper GPU, on wgmma (from 4096 positions), partial tiles,
+// tq ≠ tk both ways, causal and not, both dq strategies.
+TEST_F(FlashOnGpu, TilesCutIntoPartsMatchTheDefinition) {
+  const bool hopper = list_gpus()[0].compute_major == 9;
+  struct Split {
+    Case c;
+    bool forward_wgmma, dkdv_wgmma;  // on a Hopper GPU, causal (measured there: the d 128 forward stays on mma.sync)
+  };
+  const Split cases[] = {{{1, 3000, 3000, 64}, false, false},
+                         {{1, 1100, 2500, 32}, false, false},
+                         {{2, 1800, 1300, 80}, false, false},
+                         {{1, 4100, 4100, 64}, true, true},
+                         {{1, 4200, 4000, 128}, false, true}};
+  std::uint64_t seed = 400;
+  for (const Split& split : cases) {
+    const Case& c = split.c;
+    for (bool causal : {true, false}) {
+      const AttentionProblem p(c.n, c.tq, c.tk, c.d, causal, seed++, true);
+      for (bool deterministic : {false, true}) {
+        const cuda::FlashAttentionPlan plan =
+            cuda::flash_attention_plan(cuda::Elem::bf16, static_cast<int>(c.d), c.n, c.tq, c.tk, causal, deterministic);
+        const std::string what =
+            fmt::format("n {} tq {} tk {} d {} causal {} deterministic {} (wgmma {} {} {}, parts {} {} {})", c.n, c.tq,
+                        c.tk, c.d, causal, deterministic, plan.forward_wgmma, plan.dkdv_wgmma, plan.dq_wgmma,
+                        plan.forward_parts, plan.dkdv_parts, plan.dq_parts);
+        if (causal) {  // (without the mask the heaviest tile is fewer shares: some kernels stay whole)
+          EXPECT_GT(plan.forward_parts, 1) << what;
+          EXPECT_GT(plan.dkdv_parts, 1) << what;
+          EXPECT_TRUE(!deterministic || plan.dq_parts > 1) << what;
+          if (hopper) {
+            EXPECT_EQ(plan.forward_wgmma, split.forward_wgmma) << what;
+            EXPECT_EQ(plan.dkdv_wgmma, split.dkdv_wgmma) << what;
+          }
+        }
+        expect_matches(run(p, DType::bf16, deterministic), p, 1e-2, what);
+      }
+    }
   }
 }
 
@@ -133,11 +175,14 @@ TEST_F(FlashOnGpu, TheAssignmentsCases) {
 }
 
 TEST_F(FlashOnGpu, DeterministicBackwardRepeatsBitForBit) {
-  const AttentionProblem p(4, 1000, 1000, 64, true, 7, true);
-  const Result a = run(p, DType::bf16, true), b = run(p, DType::bf16, true);
-  EXPECT_EQ(a.dq, b.dq);
-  EXPECT_EQ(a.dk, b.dk);
-  EXPECT_EQ(a.dv, b.dv);
+  // Four sequences, and one, whose tiles are cut into parts.
+  for (const std::int64_t n : {4, 1}) {
+    const AttentionProblem p(n, 3000, 3000, 64, true, 7, true);
+    const Result a = run(p, DType::bf16, true), b = run(p, DType::bf16, true);
+    EXPECT_EQ(a.dq, b.dq) << n;
+    EXPECT_EQ(a.dk, b.dk) << n;
+    EXPECT_EQ(a.dv, b.dv) << n;
+  }
 }
 
 TEST_F(FlashOnGpu, UnsupportedHeadDimIsSaidSo) {

@@ -1,41 +1,82 @@
 // The order in which the flash-attention kernels' CTAs take their tiles (src/lmscope/cuda/tile_order.h):
 // every tile of every sequence exactly once, heaviest first within each group of sequences, groups
-// contiguous with the short one first, and group sizes that follow L2 and the wave count.
+// contiguous with the short one first, and group sizes that follow L2 and the wave count; a tile's
+// parts together cover its inner loop once, and tiles are cut into parts only when too few.
 #include "lmscope/cuda/tile_order.h"
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <vector>
 
 namespace lmscope::cuda {
 namespace {
 
-TEST(TileOrder, EveryTileOnceHeaviestFirstWithinEachGroup) {
+TEST(TileOrder, EveryTileAndPartOnceHeaviestFirstWithinEachGroup) {
   for (int seqs : {1, 2, 5, 8, 13})
     for (int tiles : {1, 3, 64})
-      for (int group = 1; group <= seqs; ++group) {
-        const TileOrder order{seqs, tiles, group};
-        const int lead = seqs % group;
-        std::vector<int> seen(static_cast<std::size_t>(seqs) * tiles, 0);
-        CtaTile before{-1, -1};
-        int group_start = -1;
-        for (int b = 0; b < order.ctas(); ++b) {
-          const CtaTile c = order.at(b);
-          ASSERT_TRUE(c.seq >= 0 && c.seq < seqs && c.rank >= 0 && c.rank < tiles)
-              << seqs << " " << tiles << " " << group << " block " << b;
-          ++seen[static_cast<std::size_t>(c.seq) * tiles + c.rank];
-          // The group this sequence belongs to: the short one [0, lead), then whole groups.
-          const int start = c.seq < lead ? 0 : lead + (c.seq - lead) / group * group;
-          if (start == group_start) {
-            EXPECT_GE(c.rank, before.rank) << "ranks fall within a group at block " << b;
-          } else {
-            EXPECT_GT(start, group_start) << "groups out of order at block " << b;
-            EXPECT_EQ(c.rank, 0) << "a group starts with its heaviest tiles";
+      for (int parts : {1, 2, 3})
+        for (int group = 1; group <= seqs; ++group) {
+          const TileOrder order{seqs, tiles, group, parts};
+          const int lead = seqs % group;
+          std::vector<int> seen(static_cast<std::size_t>(seqs) * tiles * parts, 0);
+          CtaTile before{-1, -1};
+          int group_start = -1;
+          for (int b = 0; b < order.ctas(); ++b) {
+            const CtaTile c = order.at(b);
+            ASSERT_TRUE(c.seq >= 0 && c.seq < seqs && c.rank >= 0 && c.rank < tiles && c.part >= 0 && c.part < parts)
+                << seqs << " " << tiles << " " << parts << " " << group << " block " << b;
+            ++seen[(static_cast<std::size_t>(c.seq) * tiles + c.rank) * parts + c.part];
+            // The group this sequence belongs to: the short one [0, lead), then whole groups.
+            const int start = c.seq < lead ? 0 : lead + (c.seq - lead) / group * group;
+            if (start == group_start) {
+              EXPECT_GE(c.rank, before.rank) << "ranks fall within a group at block " << b;
+            } else {
+              EXPECT_GT(start, group_start) << "groups out of order at block " << b;
+              EXPECT_EQ(c.rank, 0) << "a group starts with its heaviest tiles";
+            }
+            before = c, group_start = start;
           }
-          before = c, group_start = start;
+          for (int n : seen)
+            ASSERT_EQ(n, 1) << seqs << " sequences, " << tiles << " tiles, " << parts << " parts, group " << group;
         }
-        for (int n : seen) ASSERT_EQ(n, 1) << seqs << " sequences, " << tiles << " tiles, group " << group;
+}
+
+TEST(TileOrder, PartsCoverTheInnerLoopOnceInOrder) {
+  for (int begin : {0, 5})
+    for (int count : {0, 1, 7, 8, 100})
+      for (int parts : {1, 2, 3, 16}) {
+        int next = begin, longest = 0, shortest = count;
+        for (int p = 0; p < parts; ++p) {
+          const TileRange r = part_of(begin, begin + count, p, parts);
+          EXPECT_EQ(r.begin, next) << begin << " " << count << " " << parts << " part " << p;
+          EXPECT_GE(r.end, r.begin);
+          next = r.end;
+          longest = std::max(longest, r.end - r.begin), shortest = std::min(shortest, r.end - r.begin);
+        }
+        EXPECT_EQ(next, begin + count) << begin << " " << count << " " << parts;
+        EXPECT_LE(longest - shortest, 1) << "near-equal parts";
       }
+  EXPECT_EQ(part_of(3, 1, 0, 2).end, 3) << "an empty loop gives empty parts";
+}
+
+TEST(TileOrder, TilesAreCutOnlyWhenTooFew) {
+  // Batch 1, seq 8192, causal, 128-row query tiles over 64-key tiles: 64 tiles walking 2..128 key
+  // tiles (4160 in all) on 264 slots: the heaviest tile is 8.1 slots' shares. The backward's rule
+  // (two shares a part) cuts it in eight parts of 16, the forward's (four) in four of 32.
+  EXPECT_EQ(split_parts(4160, 128, 264, kBackwardShares), 8);
+  EXPECT_EQ(split_parts(4160, 128, 264, kForwardShares), 4);
+  // Batch 8, seq 16384: 1024 tiles, 132096 key tiles in all: the heaviest is half a slot's share.
+  EXPECT_EQ(split_parts(132096, 256, 264, kBackwardShares), 1);
+  // Batch 8, seq 4096: two shares, left whole.
+  EXPECT_EQ(split_parts(8448, 64, 264, kBackwardShares), 1);
+  // Batch 1, seq 16384, 128-key tiles over 64-query tiles on 132 slots (16512 in all, at most 256):
+  // 2.05 shares, so two parts of 128.
+  EXPECT_EQ(split_parts(16512, 256, 132, kBackwardShares), 2);
+  // Short loops stay whole: parts keep kMinPartTiles.
+  EXPECT_EQ(split_parts(10, 10, 1000, kBackwardShares), 1);
+  EXPECT_EQ(split_parts(100, 32, 1000, kBackwardShares), 4);
+  EXPECT_LE(split_parts(1, 1ll << 30, 1ll << 20, kBackwardShares), kMaxParts);
 }
 
 TEST(TileOrder, GroupSizeFollowsL2AndWaves) {

@@ -160,8 +160,12 @@ class CudaBackend final : public Backend {
   void flash_attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out, const Tensor& lse,
                                double scale, bool causal) override {
     const AttentionShape s = flash_shape(q, k, v, out, lse);
-    cuda::flash_attention_forward(q.data, k.data, v.data, out.data, f32(lse), elem(q), s.n, s.tq, s.tk,
-                                  static_cast<int>(s.d), static_cast<float>(scale), causal, stream_);
+    const int d = static_cast<int>(s.d);
+    const cuda::FlashAttentionPlan plan = cuda::flash_attention_plan(elem(q), d, s.n, s.tq, s.tk, causal, true);
+    Allocation parts = workspace(plan.forward_workspace, "flash.parts");
+    cuda::flash_attention_forward(q.data, k.data, v.data, out.data, f32(lse), elem(q), s.n, s.tq, s.tk, d,
+                                  static_cast<float>(scale), causal, plan, parts.empty() ? nullptr : f32(parts),
+                                  stream_);
   }
   void flash_attention_backward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out, const Tensor& lse,
                                 const Tensor& dout, const Tensor& dq, const Tensor& dk, const Tensor& dv, double scale,
@@ -173,13 +177,15 @@ class CudaBackend final : public Backend {
     same_shape(dk, k, "flash attention dk");
     same_shape(dv, v, "flash attention dv");
     const int d = static_cast<int>(s.d);
+    const cuda::FlashAttentionPlan plan =
+        cuda::flash_attention_plan(elem(q), d, s.n, s.tq, s.tk, causal, deterministic);
     Allocation delta = alloc_.allocate({s.n, s.tq}, DType::f32, {MemKind::workspace, "flash.delta", -1});
-    Allocation dq_accum;
-    if (const std::int64_t rows = cuda::flash_attention_dq_accum_rows(elem(q), d, s.n, s.tq, s.tk, deterministic))
-      dq_accum = alloc_.allocate({s.n, rows, s.d}, DType::f32, {MemKind::workspace, "flash.dq_accum", -1});
+    Allocation dq_accum = workspace(s.n * plan.dq_accum_rows * s.d, "flash.dq_accum");
+    Allocation parts = workspace(plan.backward_workspace, "flash.parts");
     cuda::flash_attention_backward(q.data, k.data, v.data, out.data, f32(lse), dout.data, dq.data, dk.data, dv.data,
-                                   elem(q), s.n, s.tq, s.tk, d, static_cast<float>(scale), causal, deterministic,
-                                   f32(delta), dq_accum.empty() ? nullptr : f32(dq_accum), stream_);
+                                   elem(q), s.n, s.tq, s.tk, d, static_cast<float>(scale), causal, deterministic, plan,
+                                   f32(delta), dq_accum.empty() ? nullptr : f32(dq_accum),
+                                   parts.empty() ? nullptr : f32(parts), stream_);
   }
 
   void swiglu_forward(const Tensor& a, const Tensor& b, const Tensor& out) override {
@@ -226,6 +232,12 @@ class CudaBackend final : public Backend {
   }
 
  private:
+  // fp32 scratch of `floats` elements for one call (none for 0), counted as workspace.
+  Allocation workspace(std::int64_t floats, const char* what) {
+    if (floats == 0) return {};
+    return alloc_.allocate({floats}, DType::f32, {MemKind::workspace, what, -1});
+  }
+
   CudaAllocator alloc_;
   cudaStream_t stream_ = nullptr;
   std::unique_ptr<cuda::Gemm> gemm_;

@@ -16,12 +16,15 @@
 
 #include <cuda_bf16.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
 #include <limits>
+#include <mutex>
 #include <stdexcept>
 #include <type_traits>
+#include <unordered_map>
 #include <utility>
 
 namespace lmscope::cuda {
@@ -231,41 +234,70 @@ __device__ __forceinline__ bool needs_rescale(const float (&corr)[2]) {
   return __any_sync(0xffffffffu, corr[0] != 1.f || corr[1] != 1.f);
 }
 
-// This CTA's sequence and first row (tile_order.h), over tiles of `rows` queries (the last tile is
-// the heaviest) or keys (the first is).
-__device__ __forceinline__ int2 query_tile(const TileOrder& order, int rows) {
+// This CTA's sequence, first row and part (tile_order.h), over tiles of `rows` queries (the last
+// tile is the heaviest) or keys (the first is).
+struct CtaRows {
+  int seq, row0, part;
+};
+__device__ __forceinline__ CtaRows query_tile(const TileOrder& order, int rows) {
   const CtaTile c = order.at(static_cast<int>(blockIdx.x));
-  return make_int2(c.seq, (order.tiles - 1 - c.rank) * rows);
+  return {c.seq, (order.tiles - 1 - c.rank) * rows, c.part};
 }
-__device__ __forceinline__ int2 key_tile(const TileOrder& order, int rows) {
+__device__ __forceinline__ CtaRows key_tile(const TileOrder& order, int rows) {
   const CtaTile c = order.at(static_cast<int>(blockIdx.x));
-  return make_int2(c.seq, c.rank * rows);
+  return {c.seq, c.rank * rows, c.part};
 }
 
+// Where a kernel's results go: the output itself, or, when the CTA walks one part of its tile's inner
+// loop (order.parts > 1), that part's slice of an fp32 workspace [parts][slice], which add_parts or
+// combine_parts then turn into the output. A part writes what the whole loop would, over its tiles.
+template <typename T>
+struct PartOut {
+  T* out;
+  float* parts;     // null: one part, straight to out
+  long long slice;  // elements per part
+  // SPLIT false: the caller was compiled for one part, and stores go straight to out.
+  template <bool SPLIT = true>
+  __device__ __forceinline__ PartOut at(int part, long long offset) const {
+    return {out + offset, SPLIT && parts ? parts + part * slice + offset : nullptr, slice};
+  }
+  __device__ __forceinline__ void store2(long long i, float x, float y) const {  // bf16 outputs
+    if (parts)
+      *reinterpret_cast<float2*>(parts + i) = make_float2(x, y);
+    else
+      *reinterpret_cast<__nv_bfloat162*>(out + i) = __floats2bfloat162_rn(x, y);
+  }
+  __device__ __forceinline__ void store(long long i, float x) const {  // fp32 outputs (lse)
+    if (parts)
+      parts[i] = x;
+    else
+      out[i] = x;
+  }
+};
+
 // ---------------------------------------------------------------- tensor-core forward
-template <int D>
+template <int D, bool SPLIT>
 __global__ void __launch_bounds__(kThreads)
     flash_forward_tc(const bf16* __restrict__ q, const bf16* __restrict__ k, const bf16* __restrict__ v,
-                     bf16* __restrict__ o, float* __restrict__ lse, int tq, int tk, float scale_log2, bool causal,
+                     PartOut<bf16> o_out, PartOut<float> lse_out, int tq, int tk, float scale_log2, bool causal,
                      TileOrder order) {
   extern __shared__ __align__(16) unsigned char smem[];
   bf16* sQ = reinterpret_cast<bf16*>(smem);
   bf16* sK = sQ + kTileQ * kStride<D>;  // [2][kTileK][stride]
   bf16* sV = sK + 2 * kTileK * kStride<D>;
-  const int2 cta = query_tile(order, kTileQ);
-  const int seq = cta.x, q0 = cta.y;
+  const CtaRows cta = query_tile(order, kTileQ);
+  const int seq = cta.seq, q0 = cta.row0;
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, g = lane / 4, t = lane % 4;
   q += static_cast<long long>(seq) * tq * D;
-  o += static_cast<long long>(seq) * tq * D;
   k += static_cast<long long>(seq) * tk * D;
   v += static_cast<long long>(seq) * tk * D;
-  lse += static_cast<long long>(seq) * tq;
 
   const int kend = causal ? min(tk, q0 + kTileQ) : tk;
-  const int tiles = (kend + kTileK - 1) / kTileK;
+  const int all = (kend + kTileK - 1) / kTileK;
+  const TileRange keys = SPLIT ? part_of(0, all, cta.part, order.parts) : TileRange{0, all};
   load_tile<D, kTileQ, kThreads>(sQ, q, q0, tq, tid);
-  load_tile<D, kTileK, kThreads>(sK, k, 0, tk, tid);
-  load_tile<D, kTileK, kThreads>(sV, v, 0, tk, tid);
+  load_tile<D, kTileK, kThreads>(sK, k, keys.begin * kTileK, tk, tid);
+  load_tile<D, kTileK, kThreads>(sV, v, keys.begin * kTileK, tk, tid);
   cp_async_commit();
 
   float acc[D / 8][4];
@@ -274,20 +306,20 @@ __global__ void __launch_bounds__(kThreads)
   unsigned qa[D / 16][4];
   const int row[2] = {q0 + warp * 16 + g, q0 + warp * 16 + g + 8};
 
-  for (int j = 0; j < tiles; ++j) {
+  for (int j = keys.begin; j < keys.end; ++j) {
     cp_async_wait_all();
     __syncthreads();  // tile j is in; every warp is done with tile j − 1's buffer
-    if (j + 1 < tiles) {
-      const int nb = (j + 1) % 2;
-      load_tile<D, kTileK, kThreads>(sK + nb * kTileK * kStride<D>, k, (j + 1) * kTileK, tk, tid);
-      load_tile<D, kTileK, kThreads>(sV + nb * kTileK * kStride<D>, v, (j + 1) * kTileK, tk, tid);
+    const int buf = (j - keys.begin) % 2;
+    if (j + 1 < keys.end) {
+      load_tile<D, kTileK, kThreads>(sK + (1 - buf) * kTileK * kStride<D>, k, (j + 1) * kTileK, tk, tid);
+      load_tile<D, kTileK, kThreads>(sV + (1 - buf) * kTileK * kStride<D>, v, (j + 1) * kTileK, tk, tid);
     }
     cp_async_commit();
-    if (j == 0)
+    if (j == keys.begin)
 #pragma unroll
       for (int kc = 0; kc < D / 16; ++kc) load_a<kStride<D>>(qa[kc], sQ, warp * 16, kc * 16, lane);
-    const bf16* cK = sK + (j % 2) * kTileK * kStride<D>;
-    const bf16* cV = sV + (j % 2) * kTileK * kStride<D>;
+    const bf16* cK = sK + buf * kTileK * kStride<D>;
+    const bf16* cV = sV + buf * kTileK * kStride<D>;
     const int k0 = j * kTileK;
 
     float s[kTileK / 8][4];
@@ -309,7 +341,11 @@ __global__ void __launch_bounds__(kThreads)
     for (int kc = 0; kc < kTileK / 16; ++kc) accumulators_to_a(pa[kc], s[2 * kc], s[2 * kc + 1]);
     mma_ab<kTileK, D, kStride<D>>(acc, pa, cV, lane);
   }
+  cp_async_wait_all();  // an empty part loaded its first tiles and ran no step
 
+  // The outputs are made here, not at the top: held through the loop, they cost registers there.
+  const PartOut<bf16> o = o_out.at<SPLIT>(cta.part, static_cast<long long>(seq) * tq * D);
+  const PartOut<float> lse = lse_out.at<SPLIT>(cta.part, static_cast<long long>(seq) * tq);
 #pragma unroll
   for (int i = 0; i < 2; ++i) {
     l[i] = quad_sum(l[i]);
@@ -317,9 +353,8 @@ __global__ void __launch_bounds__(kThreads)
     const float inv = l[i] > 0.f ? 1.f / l[i] : 0.f;
 #pragma unroll
     for (int nd = 0; nd < D / 8; ++nd)
-      *reinterpret_cast<__nv_bfloat162*>(o + static_cast<long long>(row[i]) * D + nd * 8 + 2 * t) =
-          __floats2bfloat162_rn(acc[nd][2 * i] * inv, acc[nd][2 * i + 1] * inv);
-    if (t == 0) lse[row[i]] = m[i] * kLn2 + logf(l[i]);
+      o.store2(static_cast<long long>(row[i]) * D + nd * 8 + 2 * t, acc[nd][2 * i] * inv, acc[nd][2 * i + 1] * inv);
+    if (t == 0) lse.store(row[i], m[i] * kLn2 + logf(l[i]));  // −∞ for a row that saw no key
   }
 }
 
@@ -462,14 +497,14 @@ __device__ __forceinline__ void issue_scores(float (&acc)[8][4], const unsigned 
 }
 
 // The K and V tiles the Hopper forward and dQ kernels walk, in a RingSync'd ring (K's slots, then
-// V's, then the barriers).
+// V's, then the barriers): `tiles` key tiles from key tile `first`, counted from 0 in the ring.
 template <int D, bool CTA_SYNC>
 struct KeyValueRing {
   static constexpr int kTileBytes = kWgTileK * D * 2;
   unsigned char* slots;
   const bf16* k;
   const bf16* v;
-  int tk, tiles, tid;
+  int tk, first, tiles, tid;
   RingSync<CTA_SYNC> sync{reinterpret_cast<std::uint64_t*>(slots + 2 * kWgStages * kTileBytes), tid};
 
   __device__ __forceinline__ unsigned char* k_tile(int i) const { return slots + (i % kWgStages) * kTileBytes; }
@@ -498,8 +533,8 @@ struct KeyValueRing {
   __device__ __forceinline__ void load(int i) const {
     if (i < tiles) {
       sync.wait_empty(i);
-      load_swizzled<D, kWgTileK>(k_tile(i), k, i * kWgTileK, tk, tid);
-      load_swizzled<D, kWgTileK>(v_tile(i), v, i * kWgTileK, tk, tid);
+      load_swizzled<D, kWgTileK>(k_tile(i), k, (first + i) * kWgTileK, tk, tid);
+      load_swizzled<D, kWgTileK>(v_tile(i), v, (first + i) * kWgTileK, tk, tid);
     }
     cp_async_commit();
   }
@@ -515,29 +550,36 @@ struct KeyValueRing {
 // the CTA; under a causal mask the first one's last tile is then fully masked and adds nothing.
 // At d 64 two CTAs fit an SM when the kernel keeps to 128 registers (ptxas then spills 48 bytes):
 // one CTA's softmax runs beside the other's tensor work (s 16384, b 8: 1.14 → 0.96 ms).
-template <int D>
+// SPLIT: CTAs walk parts of their tiles (order.parts > 1). Without it, the kernel is compiled with
+// none of the parts' bookkeeping: with it, ptxas gave consecutive wgmmas' descriptors the same
+// uniform registers, and at d 128 the unsplit forward ran 13% slower (step 25).
+template <int D, bool SPLIT>
 __global__ void __launch_bounds__(kWgThreads, D == 64 ? 2 : 1)
     flash_forward_wgmma(const bf16* __restrict__ q, const bf16* __restrict__ k, const bf16* __restrict__ v,
-                        bf16* __restrict__ o, float* __restrict__ lse, int tq, int tk, float scale_log2, bool causal,
+                        PartOut<bf16> o_out, PartOut<float> lse_out, int tq, int tk, float scale_log2, bool causal,
                         TileOrder order) {
 #ifdef LMSCOPE_WGMMA
   constexpr int kPanels = D / sm90::kPanelCols;
   extern __shared__ unsigned char smem_raw[];
   unsigned char* sQ = atom_aligned_smem(smem_raw);
   unsigned char* sK = sQ + kWgTileQ * D * 2;  // the K/V ring
-  const int2 cta = query_tile(order, kWgTileQ);
-  const int seq = cta.x, q0 = cta.y;
+  const CtaRows cta = query_tile(order, kWgTileQ);
+  const int seq = cta.seq, q0 = cta.row0;
   const int tid = threadIdx.x, wg = tid / 128, warp = (tid / 32) % 4, lane = tid % 32, g = lane / 4, t = lane % 4;
   const int wq0 = q0 + wg * 64;  // this warpgroup's first query
   q += static_cast<long long>(seq) * tq * D;
-  o += static_cast<long long>(seq) * tq * D;
   k += static_cast<long long>(seq) * tk * D;
   v += static_cast<long long>(seq) * tk * D;
-  lse += static_cast<long long>(seq) * tq;
+  const int row[2] = {wq0 + warp * 16 + g, wq0 + warp * 16 + g + 8};
 
   const int kend = causal ? min(tk, q0 + kWgTileQ) : tk;
-  const int tiles = (kend + kWgTileK - 1) / kWgTileK;
-  const KeyValueRing<D, D == 64> ring{sK, k, v, tk, tiles, tid};
+  const int all = (kend + kWgTileK - 1) / kWgTileK;
+  const TileRange keys = SPLIT ? part_of(0, all, cta.part, order.parts) : TileRange{0, all};
+  // An empty part (of a split light tile) runs one tile with every key masked (as if tk were 0), so
+  // that the pipeline below needs no early exit.
+  const bool empty = SPLIT && keys.begin == keys.end;
+  const int tiles = empty ? 1 : keys.end - keys.begin, tk_seen = empty ? 0 : tk;  // tiles: from keys.begin
+  const KeyValueRing<D, D == 64> ring{sK, k, v, tk, keys.begin, tiles, tid};
   load_swizzled<D, kWgTileQ>(sQ, q, q0, tq, tid);
   ring.start();
 
@@ -545,7 +587,6 @@ __global__ void __launch_bounds__(kWgThreads, D == 64 ? 2 : 1)
   float s[8][4];
   float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f}, corr[2];
   unsigned qa[D / 16][4], pa[kWgTileK / 16][4];
-  const int row[2] = {wq0 + warp * 16 + g, wq0 + warp * 16 + g + 8};
 
   auto issue_s = [&](int j) { issue_scores<D>(s, qa, sm90::descriptor(ring.k_tile(j)), kWgTileK); };  // Q·K_jᵀ
   auto issue_pv = [&](int j) {                                                                        // acc += P_j·V_j
@@ -558,9 +599,9 @@ __global__ void __launch_bounds__(kWgThreads, D == 64 ? 2 : 1)
     sm90::commit();
   };
   auto softmax = [&](int j) {
-    const int k0 = j * kWgTileK;
-    if (k0 + kWgTileK > tk || wq0 + 64 > tq || (causal && k0 + kWgTileK - 1 > wq0))
-      online_softmax<true>(s, m, l, corr, scale_log2, row, k0, t, tq, tk, causal);
+    const int k0 = (keys.begin + j) * kWgTileK;
+    if (k0 + kWgTileK > tk_seen || wq0 + 64 > tq || (causal && k0 + kWgTileK - 1 > wq0))
+      online_softmax<true>(s, m, l, corr, scale_log2, row, k0, t, tq, tk_seen, causal);
     else
       online_softmax<false>(s, m, l, corr, scale_log2, row, k0, t, tq, tk, causal);
   };
@@ -610,6 +651,8 @@ __global__ void __launch_bounds__(kWgThreads, D == 64 ? 2 : 1)
   for (int p = 0; p < kPanels; ++p) sm90::hold(acc[p]);
   cp_async_wait_all();
 
+  const PartOut<bf16> o = o_out.at<SPLIT>(cta.part, static_cast<long long>(seq) * tq * D);
+  const PartOut<float> lse = lse_out.at<SPLIT>(cta.part, static_cast<long long>(seq) * tq);
 #pragma unroll
   for (int i = 0; i < 2; ++i) {
     l[i] = quad_sum(l[i]);
@@ -619,9 +662,9 @@ __global__ void __launch_bounds__(kWgThreads, D == 64 ? 2 : 1)
     for (int p = 0; p < kPanels; ++p)
 #pragma unroll
       for (int nd = 0; nd < 8; ++nd)
-        *reinterpret_cast<__nv_bfloat162*>(o + static_cast<long long>(row[i]) * D + p * 64 + nd * 8 + 2 * t) =
-            __floats2bfloat162_rn(acc[p][nd][2 * i] * inv, acc[p][nd][2 * i + 1] * inv);
-    if (t == 0) lse[row[i]] = m[i] * kLn2 + logf(l[i]);
+        o.store2(static_cast<long long>(row[i]) * D + p * 64 + nd * 8 + 2 * t, acc[p][nd][2 * i] * inv,
+                 acc[p][nd][2 * i + 1] * inv);
+    if (t == 0) lse.store(row[i], m[i] * kLn2 + logf(l[i]));
   }
 #endif
 }
@@ -629,11 +672,11 @@ __global__ void __launch_bounds__(kWgThreads, D == 64 ? 2 : 1)
 // ---------------------------------------------------------------- tensor-core backward
 // dK and dV of one key tile (16 keys per warp) against every query tile that sees it; with
 // ATOMIC_DQ also dQ += dS·K for each query tile, into fp32 dq_accum by atomics.
-template <int D, bool ATOMIC_DQ>
+template <int D, bool ATOMIC_DQ, bool SPLIT>
 __global__ void __launch_bounds__(kThreads)
     flash_backward_dkdv_tc(const bf16* __restrict__ q, const bf16* __restrict__ k, const bf16* __restrict__ v,
                            const bf16* __restrict__ dout, const float* __restrict__ lse,
-                           const float* __restrict__ delta, bf16* __restrict__ dk, bf16* __restrict__ dv,
+                           const float* __restrict__ delta, PartOut<bf16> dk_out, PartOut<bf16> dv_out,
                            float* __restrict__ dq_accum, int tq, int tk, float scale, bool causal, TileOrder order) {
   constexpr int kSStride = kTileQ + 8;  // dSᵀ tile [keys][queries]
   extern __shared__ __align__(16) unsigned char smem[];
@@ -644,16 +687,18 @@ __global__ void __launch_bounds__(kThreads)
   bf16* sdS = sdO + 2 * kTileQ * kStride<D>;                      // [kTileK][kSStride]
   float* sL = reinterpret_cast<float*>(sdS + kTileK * kSStride);  // [2][kTileQ], log2 units
   float* sDelta = sL + 2 * kTileQ;                                // [2][kTileQ]
-  const int2 cta = key_tile(order, kTileK);
-  const int seq = cta.x, k0 = cta.y;
+  const CtaRows cta = key_tile(order, kTileK);
+  const int seq = cta.seq, k0 = cta.row0;
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, g = lane / 4, t = lane % 4;
   const long long qoff = static_cast<long long>(seq) * tq, koff = static_cast<long long>(seq) * tk;
   q += qoff * D, dout += qoff * D, lse += qoff, delta += qoff, dq_accum += qoff * D;
-  k += koff * D, v += koff * D, dk += koff * D, dv += koff * D;
+  k += koff * D, v += koff * D;
   const float scale_log2 = scale * kLog2e;
 
-  const int first = causal ? k0 / kTileQ : 0;  // query tiles before the diagonal see none of these keys
-  const int tiles = (tq + kTileQ - 1) / kTileQ;
+  // Query tiles before the diagonal see none of these keys; this CTA walks its part of the rest.
+  const int from = causal ? k0 / kTileQ : 0, all = (tq + kTileQ - 1) / kTileQ;
+  const TileRange queries = SPLIT ? part_of(from, all, cta.part, order.parts) : TileRange{from, all};
+  const int first = queries.begin, end = queries.end;
   auto load_queries = [&](int i, int buf) {
     load_tile<D, kTileQ, kThreads>(sQ + buf * kTileQ * kStride<D>, q, i * kTileQ, tq, tid);
     load_tile<D, kTileQ, kThreads>(sdO + buf * kTileQ * kStride<D>, dout, i * kTileQ, tq, tid);
@@ -665,7 +710,7 @@ __global__ void __launch_bounds__(kThreads)
   };
   load_tile<D, kTileK, kThreads>(sK, k, k0, tk, tid);
   load_tile<D, kTileK, kThreads>(sV, v, k0, tk, tid);
-  if (first < tiles) load_queries(first, 0);
+  if (first < end) load_queries(first, 0);
   cp_async_commit();
 
   float dk_acc[D / 8][4], dv_acc[D / 8][4];
@@ -673,11 +718,11 @@ __global__ void __launch_bounds__(kThreads)
   zero(dv_acc);
   const int key[2] = {k0 + warp * 16 + g, k0 + warp * 16 + g + 8};
 
-  for (int i = first; i < tiles; ++i) {
+  for (int i = first; i < end; ++i) {
     cp_async_wait_all();
     __syncthreads();
     const int buf = (i - first) % 2;
-    if (i + 1 < tiles) load_queries(i + 1, 1 - buf);
+    if (i + 1 < end) load_queries(i + 1, 1 - buf);
     cp_async_commit();
     const bf16* cQ = sQ + buf * kTileQ * kStride<D>;
     const bf16* cdO = sdO + buf * kTileQ * kStride<D>;
@@ -761,44 +806,45 @@ __global__ void __launch_bounds__(kThreads)
   }
 
   cp_async_wait_all();  // a causal key tile past the last query loads K and V but runs no step
+  const PartOut<bf16> dk = dk_out.at<SPLIT>(cta.part, koff * D), dv = dv_out.at<SPLIT>(cta.part, koff * D);
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
     if (key[h] >= tk) continue;
 #pragma unroll
     for (int nd = 0; nd < D / 8; ++nd) {
       const long long at = static_cast<long long>(key[h]) * D + nd * 8 + 2 * t;
-      *reinterpret_cast<__nv_bfloat162*>(dk + at) =
-          __floats2bfloat162_rn(dk_acc[nd][2 * h] * scale, dk_acc[nd][2 * h + 1] * scale);
-      *reinterpret_cast<__nv_bfloat162*>(dv + at) = __floats2bfloat162_rn(dv_acc[nd][2 * h], dv_acc[nd][2 * h + 1]);
+      dk.store2(at, dk_acc[nd][2 * h] * scale, dk_acc[nd][2 * h + 1] * scale);
+      dv.store2(at, dv_acc[nd][2 * h], dv_acc[nd][2 * h + 1]);
     }
   }
 }
 
 // dQ of one query tile over every key tile it sees, in order: the deterministic path.
-template <int D>
+template <int D, bool SPLIT>
 __global__ void __launch_bounds__(kThreads)
     flash_backward_dq_tc(const bf16* __restrict__ q, const bf16* __restrict__ k, const bf16* __restrict__ v,
                          const bf16* __restrict__ dout, const float* __restrict__ lse, const float* __restrict__ delta,
-                         bf16* __restrict__ dq, int tq, int tk, float scale, bool causal, TileOrder order) {
+                         PartOut<bf16> dq_out, int tq, int tk, float scale, bool causal, TileOrder order) {
   extern __shared__ __align__(16) unsigned char smem[];
   bf16* sQ = reinterpret_cast<bf16*>(smem);
   bf16* sdO = sQ + kTileQ * kStride<D>;
   bf16* sK = sdO + kTileQ * kStride<D>;  // [2][kTileK][stride]
   bf16* sV = sK + 2 * kTileK * kStride<D>;
-  const int2 cta = query_tile(order, kTileQ);
-  const int seq = cta.x, q0 = cta.y;
+  const CtaRows cta = query_tile(order, kTileQ);
+  const int seq = cta.seq, q0 = cta.row0;
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, g = lane / 4, t = lane % 4;
   const long long qoff = static_cast<long long>(seq) * tq, koff = static_cast<long long>(seq) * tk;
-  q += qoff * D, dout += qoff * D, dq += qoff * D, lse += qoff, delta += qoff;
+  q += qoff * D, dout += qoff * D, lse += qoff, delta += qoff;
   k += koff * D, v += koff * D;
   const float scale_log2 = scale * kLog2e;
 
   const int kend = causal ? min(tk, q0 + kTileQ) : tk;
-  const int tiles = (kend + kTileK - 1) / kTileK;
+  const int all = (kend + kTileK - 1) / kTileK;
+  const TileRange keys = SPLIT ? part_of(0, all, cta.part, order.parts) : TileRange{0, all};
   load_tile<D, kTileQ, kThreads>(sQ, q, q0, tq, tid);
   load_tile<D, kTileQ, kThreads>(sdO, dout, q0, tq, tid);
-  load_tile<D, kTileK, kThreads>(sK, k, 0, tk, tid);
-  load_tile<D, kTileK, kThreads>(sV, v, 0, tk, tid);
+  load_tile<D, kTileK, kThreads>(sK, k, keys.begin * kTileK, tk, tid);
+  load_tile<D, kTileK, kThreads>(sV, v, keys.begin * kTileK, tk, tid);
   cp_async_commit();
 
   const int row[2] = {q0 + warp * 16 + g, q0 + warp * 16 + g + 8};
@@ -812,23 +858,23 @@ __global__ void __launch_bounds__(kThreads)
   zero(acc);
   unsigned qa[D / 16][4], da[D / 16][4];
 
-  for (int j = 0; j < tiles; ++j) {
+  for (int j = keys.begin; j < keys.end; ++j) {
     cp_async_wait_all();
     __syncthreads();
-    if (j + 1 < tiles) {
-      const int nb = (j + 1) % 2;
-      load_tile<D, kTileK, kThreads>(sK + nb * kTileK * kStride<D>, k, (j + 1) * kTileK, tk, tid);
-      load_tile<D, kTileK, kThreads>(sV + nb * kTileK * kStride<D>, v, (j + 1) * kTileK, tk, tid);
+    const int buf = (j - keys.begin) % 2;
+    if (j + 1 < keys.end) {
+      load_tile<D, kTileK, kThreads>(sK + (1 - buf) * kTileK * kStride<D>, k, (j + 1) * kTileK, tk, tid);
+      load_tile<D, kTileK, kThreads>(sV + (1 - buf) * kTileK * kStride<D>, v, (j + 1) * kTileK, tk, tid);
     }
     cp_async_commit();
-    if (j == 0)
+    if (j == keys.begin)
 #pragma unroll
       for (int kc = 0; kc < D / 16; ++kc) {
         load_a<kStride<D>>(qa[kc], sQ, warp * 16, kc * 16, lane);
         load_a<kStride<D>>(da[kc], sdO, warp * 16, kc * 16, lane);
       }
-    const bf16* cK = sK + (j % 2) * kTileK * kStride<D>;
-    const bf16* cV = sV + (j % 2) * kTileK * kStride<D>;
+    const bf16* cK = sK + buf * kTileK * kStride<D>;
+    const bf16* cV = sV + buf * kTileK * kStride<D>;
     const int k0 = j * kTileK;
 
     float p[kTileK / 8][4], dp[kTileK / 8][4];
@@ -850,13 +896,15 @@ __global__ void __launch_bounds__(kThreads)
     for (int kc = 0; kc < kTileK / 16; ++kc) accumulators_to_a(sa[kc], p[2 * kc], p[2 * kc + 1]);
     mma_ab<kTileK, D, kStride<D>>(acc, sa, cK, lane);
   }
+  cp_async_wait_all();  // an empty part loaded its first tiles and ran no step
+  const PartOut<bf16> dq = dq_out.at<SPLIT>(cta.part, qoff * D);
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
     if (row[h] >= tq) continue;
 #pragma unroll
     for (int nd = 0; nd < D / 8; ++nd)
-      *reinterpret_cast<__nv_bfloat162*>(dq + static_cast<long long>(row[h]) * D + nd * 8 + 2 * t) =
-          __floats2bfloat162_rn(acc[nd][2 * h] * scale, acc[nd][2 * h + 1] * scale);
+      dq.store2(static_cast<long long>(row[h]) * D + nd * 8 + 2 * t, acc[nd][2 * h] * scale,
+                acc[nd][2 * h + 1] * scale);
   }
 }
 
@@ -918,11 +966,11 @@ __device__ __forceinline__ void probabilities_t(float (&s)[8][4], const float (&
     }
 }
 
-template <int D, bool ATOMIC_DQ>
+template <int D, bool ATOMIC_DQ, bool SPLIT>
 __global__ void __launch_bounds__(kWgThreads)
     flash_backward_wgmma(const bf16* __restrict__ q, const bf16* __restrict__ k, const bf16* __restrict__ v,
                          const bf16* __restrict__ dout, const float* __restrict__ lse, const float* __restrict__ delta,
-                         bf16* __restrict__ dk, bf16* __restrict__ dv, float* __restrict__ dq_accum, int tq, int tk,
+                         PartOut<bf16> dk_out, PartOut<bf16> dv_out, float* __restrict__ dq_accum, int tq, int tk,
                          float scale, bool causal, TileOrder order) {
 #ifdef LMSCOPE_WGMMA
   constexpr int kPanels = D / sm90::kPanelCols;
@@ -939,22 +987,25 @@ __global__ void __launch_bounds__(kWgThreads)
   float* sdQ = reinterpret_cast<float*>(sdS + 2 * kDsBytes);  // ATOMIC_DQ: [2] dq_accum tiles
   float* sL = sdQ + 2 * kDqBytes / 4;                         // [kStages][kWbTileQ]
   float* sDelta = sL + kStages * kWbTileQ;                    // [kStages][kWbTileQ]
-  const int2 cta = key_tile(order, kWbKeys);
-  const int seq = cta.x, k0 = cta.y;
+  const CtaRows cta = key_tile(order, kWbKeys);
+  const int seq = cta.seq, k0 = cta.row0;
   const int tid = threadIdx.x, wg = tid / 128, warp = (tid / 32) % 4, lane = tid % 32, g = lane / 4, t = lane % 4;
   const int wk0 = k0 + wg * 64;  // this warpgroup's first key
   const long long qoff = static_cast<long long>(seq) * tq, koff = static_cast<long long>(seq) * tk;
   q += qoff * D, dout += qoff * D, lse += qoff, delta += qoff;
-  k += koff * D, v += koff * D, dk += koff * D, dv += koff * D;
+  k += koff * D, v += koff * D;
   const float scale_log2 = scale * kLog2e;
 
-  const int first = causal ? k0 / kWbTileQ : 0;  // query tiles before the diagonal see none of these keys
+  // Query tiles before the diagonal see none of these keys; this CTA walks its part of the rest.
   const int tiles = (tq + kWbTileQ - 1) / kWbTileQ;
+  const int from = causal ? k0 / kWbTileQ : 0;
+  const TileRange queries = SPLIT ? part_of(from, tiles, cta.part, order.parts) : TileRange{from, tiles};
+  const int first = queries.begin, end = queries.end;
   dq_accum += static_cast<long long>(seq) * tiles * kWbTileQ * D;
   const RingSync<ATOMIC_DQ, kAhead> ring{reinterpret_cast<std::uint64_t*>(sDelta + kStages * kWbTileQ), tid};
   auto load_queries = [&](int r) {  // tile first + r into its slot, one commit group per tile (empty past the end)
     const int i = first + r;
-    if (i < tiles) {
+    if (i < end) {
       ring.wait_empty(r);
       const int slot = r % kStages;
       load_swizzled<D, kWbTileQ>(sQ + slot * kQBytes, q, i * kWbTileQ, tq, tid);
@@ -972,7 +1023,7 @@ __global__ void __launch_bounds__(kWgThreads)
   load_swizzled<D, kWbKeys>(sV, v, k0, tk, tid);
 #pragma unroll
   for (int r = 0; r < kAhead; ++r) load_queries(r);
-  ring.land(0, first < tiles);
+  ring.land(0, first < end);
 
   float dk_acc[kPanels][8][4] = {}, dv_acc[kPanels][8][4] = {};
   float dq[kDqCols / 8][4];  // ATOMIC_DQ: dQ of the tile before
@@ -1001,7 +1052,7 @@ __global__ void __launch_bounds__(kWgThreads)
   // This warpgroup's keys, in each panel.
   const std::uint64_t k_desc = sm90::descriptor(sK + wg * 64 * 128), v_desc = sm90::descriptor(sV + wg * 64 * 128);
 
-  for (int i = first; i < tiles; ++i) {
+  for (int i = first; i < end; ++i) {
     const int r = i - first, slot = r % kStages, q0 = i * kWbTileQ;
     ring.wait(r);  // with atomics also: every thread's dSᵀ of the tile before is in, and its dQ before that
     if constexpr (ATOMIC_DQ) {
@@ -1025,7 +1076,7 @@ __global__ void __launch_bounds__(kWgThreads)
       if (r > 0) stage_dq(r - 1);
     } else {
       load_queries(r + kAhead);
-      ring.land(r + 1, i + 1 < tiles);
+      ring.land(r + 1, i + 1 < end);
     }
     float lse2[8][2];
 #pragma unroll
@@ -1080,7 +1131,7 @@ __global__ void __launch_bounds__(kWgThreads)
   }
   cp_async_wait_all();        // a causal key tile past the last query loads K and V but runs no step
   if constexpr (ATOMIC_DQ) {  // the last tile's dQ, and the last two reductions
-    const int steps = max(tiles - first, 0);
+    const int steps = max(end - first, 0);
     __syncthreads();
     sm90::fence();
     issue_dq(steps - 1);  // (with no steps: of nothing, never staged)
@@ -1100,6 +1151,7 @@ __global__ void __launch_bounds__(kWgThreads)
     sm90::hold(dk_acc[p]);
     sm90::hold(dv_acc[p]);
   }
+  const PartOut<bf16> dk = dk_out.at<SPLIT>(cta.part, koff * D), dv = dv_out.at<SPLIT>(cta.part, koff * D);
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
     if (key[h] >= tk) continue;
@@ -1108,10 +1160,8 @@ __global__ void __launch_bounds__(kWgThreads)
 #pragma unroll
       for (int nb = 0; nb < 8; ++nb) {
         const long long at = static_cast<long long>(key[h]) * D + p * 64 + nb * 8 + 2 * t;
-        *reinterpret_cast<__nv_bfloat162*>(dk + at) =
-            __floats2bfloat162_rn(dk_acc[p][nb][2 * h] * scale, dk_acc[p][nb][2 * h + 1] * scale);
-        *reinterpret_cast<__nv_bfloat162*>(dv + at) =
-            __floats2bfloat162_rn(dv_acc[p][nb][2 * h], dv_acc[p][nb][2 * h + 1]);
+        dk.store2(at, dk_acc[p][nb][2 * h] * scale, dk_acc[p][nb][2 * h + 1] * scale);
+        dv.store2(at, dv_acc[p][nb][2 * h], dv_acc[p][nb][2 * h + 1]);
       }
   }
 #endif
@@ -1158,11 +1208,11 @@ __device__ __forceinline__ void probabilities(float (&s)[8][4], const float (&ls
     }
 }
 
-template <int D>
+template <int D, bool SPLIT>
 __global__ void __launch_bounds__(kWgThreads)
     flash_backward_dq_wgmma(const bf16* __restrict__ q, const bf16* __restrict__ k, const bf16* __restrict__ v,
                             const bf16* __restrict__ dout, const float* __restrict__ lse,
-                            const float* __restrict__ delta, bf16* __restrict__ dq, int tq, int tk, float scale,
+                            const float* __restrict__ delta, PartOut<bf16> dq_out, int tq, int tk, float scale,
                             bool causal, TileOrder order) {
 #ifdef LMSCOPE_WGMMA
   constexpr int kPanels = D / sm90::kPanelCols;
@@ -1170,23 +1220,33 @@ __global__ void __launch_bounds__(kWgThreads)
   unsigned char* sQ = atom_aligned_smem(smem_raw);
   unsigned char* sdO = sQ + kWgTileQ * D * 2;
   unsigned char* sK = sdO + kWgTileQ * D * 2;  // the K/V ring
-  const int2 cta = query_tile(order, kWgTileQ);
-  const int seq = cta.x, q0 = cta.y;
+  const CtaRows cta = query_tile(order, kWgTileQ);
+  const int seq = cta.seq, q0 = cta.row0;
   const int tid = threadIdx.x, wg = tid / 128, warp = (tid / 32) % 4, lane = tid % 32, g = lane / 4, t = lane % 4;
   const int wq0 = q0 + wg * 64;  // this warpgroup's first query
   const long long qoff = static_cast<long long>(seq) * tq, koff = static_cast<long long>(seq) * tk;
-  q += qoff * D, dout += qoff * D, dq += qoff * D, lse += qoff, delta += qoff;
+  q += qoff * D, dout += qoff * D, lse += qoff, delta += qoff;
   k += koff * D, v += koff * D;
   const float scale_log2 = scale * kLog2e;
+  const int row[2] = {wq0 + warp * 16 + g, wq0 + warp * 16 + g + 8};
 
   const int kend = causal ? min(tk, q0 + kWgTileQ) : tk;
-  const int tiles = (kend + kWgTileK - 1) / kWgTileK;
-  const KeyValueRing<D, false> ring{sK, k, v, tk, tiles, tid};
+  const int all = (kend + kWgTileK - 1) / kWgTileK;
+  const TileRange keys = SPLIT ? part_of(0, all, cta.part, order.parts) : TileRange{0, all};
+  const int tiles = keys.end - keys.begin;  // counted from keys.begin below
+  if (SPLIT && tiles == 0) {  // an empty part (of a split light tile): the ring would wait for a tile forever
+    const PartOut<bf16> dq = dq_out.at(cta.part, qoff * D);
+#pragma unroll
+    for (int h = 0; h < 2; ++h)
+      if (row[h] < tq)
+        for (int c = 2 * t; c < D; c += 8) dq.store2(static_cast<long long>(row[h]) * D + c, 0.f, 0.f);
+    return;
+  }
+  const KeyValueRing<D, false> ring{sK, k, v, tk, keys.begin, tiles, tid};
   load_swizzled<D, kWgTileQ>(sQ, q, q0, tq, tid);
   load_swizzled<D, kWgTileQ>(sdO, dout, q0, tq, tid);
   ring.start();
 
-  const int row[2] = {wq0 + warp * 16 + g, wq0 + warp * 16 + g + 8};
   float lse2[2], drow[2];
 #pragma unroll
   for (int i = 0; i < 2; ++i) {
@@ -1225,7 +1285,7 @@ __global__ void __launch_bounds__(kWgThreads)
     sm90::hold(sa);
     sm90::hold(s);
     if (j > 0) ring.release(j - 1);  // its S, dP and dQ are done
-    const int k0 = j * kWgTileK;
+    const int k0 = (keys.begin + j) * kWgTileK;
     if (k0 + kWgTileK > tk || wq0 + 64 > tq || (causal && k0 + kWgTileK - 1 > wq0))
       probabilities<true>(s, lse2, scale_log2, row, k0, t, tq, tk, causal);
     else
@@ -1242,6 +1302,7 @@ __global__ void __launch_bounds__(kWgThreads)
 #pragma unroll
   for (int p = 0; p < kPanels; ++p) sm90::hold(acc[p]);
   cp_async_wait_all();
+  const PartOut<bf16> dq = dq_out.at<SPLIT>(cta.part, qoff * D);
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
     if (row[h] >= tq) continue;
@@ -1249,8 +1310,8 @@ __global__ void __launch_bounds__(kWgThreads)
     for (int p = 0; p < kPanels; ++p)
 #pragma unroll
       for (int nb = 0; nb < 8; ++nb)
-        *reinterpret_cast<__nv_bfloat162*>(dq + static_cast<long long>(row[h]) * D + p * 64 + nb * 8 + 2 * t) =
-            __floats2bfloat162_rn(acc[p][nb][2 * h] * scale, acc[p][nb][2 * h + 1] * scale);
+        dq.store2(static_cast<long long>(row[h]) * D + p * 64 + nb * 8 + 2 * t, acc[p][nb][2 * h] * scale,
+                  acc[p][nb][2 * h + 1] * scale);
   }
 #endif
 }
@@ -1281,8 +1342,8 @@ __global__ void __launch_bounds__(kSimtThreads)
   extern __shared__ float fsm[];
   const int rs = d + 1;
   float *sQ = fsm, *sK = sQ + kSimtRows * rs, *sV = sK + kSimtRows * rs, *sP = sV + kSimtRows * rs;
-  const int2 cta = query_tile(order, kSimtRows);
-  const int seq = cta.x, q0 = cta.y;
+  const CtaRows cta = query_tile(order, kSimtRows);  // one part: the CUDA-core path is not split
+  const int seq = cta.seq, q0 = cta.row0;
   const int tid = threadIdx.x, r = tid / 4, s = tid % 4, row = q0 + r;
   q += static_cast<long long>(seq) * tq * d, o += static_cast<long long>(seq) * tq * d;
   k += static_cast<long long>(seq) * tk * d, v += static_cast<long long>(seq) * tk * d;
@@ -1344,8 +1405,8 @@ __global__ void __launch_bounds__(kSimtThreads)
   const int rs = d + 1, pld = kSimtRows + 1;
   float *sK = fsm, *sV = sK + kSimtRows * rs, *sQ = sV + kSimtRows * rs, *sdO = sQ + kSimtRows * rs;
   float *sP = sdO + kSimtRows * rs, *sdS = sP + kSimtRows * pld, *sL = sdS + kSimtRows * pld, *sD = sL + kSimtRows;
-  const int2 cta = key_tile(order, kSimtRows);
-  const int seq = cta.x, k0 = cta.y;
+  const CtaRows cta = key_tile(order, kSimtRows);  // one part: the CUDA-core path is not split
+  const int seq = cta.seq, k0 = cta.row0;
   const int tid = threadIdx.x, r = tid / 4, s = tid % 4, key = k0 + r;
   const long long qoff = static_cast<long long>(seq) * tq, koff = static_cast<long long>(seq) * tk;
   q += qoff * d, dout += qoff * d, lse += qoff, delta += qoff;
@@ -1406,8 +1467,8 @@ __global__ void __launch_bounds__(kSimtThreads)
   const int rs = d + 1, pld = kSimtRows + 1;
   float *sQ = fsm, *sdO = sQ + kSimtRows * rs, *sK = sdO + kSimtRows * rs, *sV = sK + kSimtRows * rs;
   float* sdS = sV + kSimtRows * rs;
-  const int2 cta = query_tile(order, kSimtRows);
-  const int seq = cta.x, q0 = cta.y;
+  const CtaRows cta = query_tile(order, kSimtRows);  // one part: the CUDA-core path is not split
+  const int seq = cta.seq, q0 = cta.row0;
   const int tid = threadIdx.x, r = tid / 4, s = tid % 4, row = q0 + r;
   const long long qoff = static_cast<long long>(seq) * tq, koff = static_cast<long long>(seq) * tk;
   q += qoff * d, dout += qoff * d, dq += qoff * d, lse += qoff, delta += qoff;
@@ -1461,13 +1522,60 @@ __global__ void flash_delta(const T* __restrict__ out, const T* __restrict__ dou
   if (threadIdx.x % 32 == 0) delta[row] = s;
 }
 
+// ---------------------------------------------------------------- parts (tile_order.h)
+// out = Σ_p parts[p] over `count` slices of `slice` floats, in bf16: one thread per four elements,
+// added in part order, so the sum does not depend on which part's CTA ran first.
+__global__ void add_parts(const float* __restrict__ parts, int count, long long slice, bf16* __restrict__ out) {
+  const long long i = (static_cast<long long>(blockIdx.x) * blockDim.x + threadIdx.x) * 4;
+  if (i >= slice) return;
+  float4 a = *reinterpret_cast<const float4*>(parts + i);
+  for (int p = 1; p < count; ++p) {
+    const float4 b = *reinterpret_cast<const float4*>(parts + p * slice + i);
+    a.x += b.x, a.y += b.y, a.z += b.z, a.w += b.w;
+  }
+  *reinterpret_cast<__nv_bfloat162*>(out + i) = __floats2bfloat162_rn(a.x, a.y);
+  *reinterpret_cast<__nv_bfloat162*>(out + i + 2) = __floats2bfloat162_rn(a.z, a.w);
+}
+
+// The forward's O and L from its parts, each normalised over its own keys (O_p, L_p):
+// L = log Σ_p e^{L_p}, O = Σ_p e^{L_p − L}·O_p. One warp per row; lane p < count holds L_p.
+__global__ void combine_parts(const float* __restrict__ o_parts, const float* __restrict__ lse_parts, int count,
+                              long long rows, int d, bf16* __restrict__ o, float* __restrict__ lse) {
+  const long long row = static_cast<long long>(blockIdx.x) * (blockDim.x / 32) + threadIdx.x / 32;
+  if (row >= rows) return;
+  const int lane = threadIdx.x % 32;
+  const float own = lane < count ? lse_parts[lane * rows + row] : -INFINITY;
+  float mx = own;
+  for (int off = 16; off > 0; off /= 2) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, off));
+  const float w = mx == -INFINITY ? 0.f : expf(own - mx);  // −∞: a part that saw no key of this row
+  float sum = w;
+  for (int off = 16; off > 0; off /= 2) sum += __shfl_xor_sync(0xffffffffu, sum, off);
+  const float inv = sum > 0.f ? 1.f / sum : 0.f;
+  float weight[kMaxParts];
+#pragma unroll
+  for (int p = 0; p < kMaxParts; ++p) weight[p] = __shfl_sync(0xffffffffu, w, p) * inv;
+  if (lane == 0) lse[row] = mx + logf(sum);
+  for (int c = 2 * lane; c < d; c += 64) {
+    float x = 0.f, y = 0.f;
+#pragma unroll
+    for (int p = 0; p < kMaxParts; ++p)
+      if (p < count) {
+        const float2 part = *reinterpret_cast<const float2*>(o_parts + (p * rows + row) * d + c);
+        x += weight[p] * part.x, y += weight[p] * part.y;
+      }
+    *reinterpret_cast<__nv_bfloat162*>(o + row * d + c) = __floats2bfloat162_rn(x, y);
+  }
+}
+
 // ---------------------------------------------------------------- launch
-// The CTA order over n sequences of t rows in tiles of `rows`; `streamed` is the bytes that one
-// sequence's CTAs read tile by tile (K and V under query tiles, Q and dO under key tiles).
-TileOrder tile_order(long long n, long long t, int rows, long long streamed) {
+// The CTA order over n sequences of t rows in tiles of `rows`, each cut into `parts`; `streamed` is
+// the bytes that one sequence's CTAs read tile by tile (K and V under query tiles, Q and dO under
+// key tiles).
+TileOrder tile_order(long long n, long long t, int rows, long long streamed, int parts = 1) {
   const long long tiles = (t + rows - 1) / rows;
-  if (n * tiles > std::numeric_limits<int>::max()) throw std::runtime_error("flash attention: more than 2^31 tiles");
-  return TileOrder{static_cast<int>(n), static_cast<int>(tiles), tile_group(n, tiles, streamed)};
+  if (n * tiles * parts > std::numeric_limits<int>::max())
+    throw std::runtime_error("flash attention: more than 2^31 tiles");
+  return TileOrder{static_cast<int>(n), static_cast<int>(tiles), tile_group(n, tiles * parts, streamed), parts};
 }
 unsigned grid_of(const TileOrder& order) { return static_cast<unsigned>(order.ctas()); }
 
@@ -1493,85 +1601,214 @@ bool tensor_core_path(Elem e, int d) {
   return e == Elem::bf16 && with_tc_head_dim(d, [](auto) {});
 }
 
-// Whether the Hopper (wgmma) kernels run: bf16 at d 64 or 128 on a Hopper GPU, with their sm_90a
-// code in this binary (a build for other architectures, or compute_80 PTX compiled at load, leaves
-// it empty), and CTAs for at least 7/8 of the SMs. Both kernels take 128 rows per CTA: queries in
-// the forward (rows = tq), keys in the backward (rows = tk). Measured on the H100 (132 SMs,
-// docs/flash-attention.md): with 64 such CTAs the mma.sync kernels' 64-row tiles spread over more
-// SMs and win (forward, batch 8, seq 1024: 0.025 against 0.030 ms); with 128 the wgmma kernels win
-// (batch 1, seq 16384, d 128: backward 1.26 against 1.10 ms; batch 8, seq 2048, d 64: 0.133 against
-// 0.112 ms). LMSCOPE_NO_WGMMA=1 picks the mma.sync kernels, for comparison and tests.
-bool wgmma_path(Elem e, int d, std::int64_t n, std::int64_t rows) {
-  if (e != Elem::bf16 || (d != 64 && d != 128)) return false;
-  if (const char* off = std::getenv("LMSCOPE_NO_WGMMA"); off && *off && std::strcmp(off, "0") != 0) return false;
-  static const int sms = [] {  // 0 where the kernels cannot run
+// Dynamic shared memory of each tensor-core kernel.
+template <int D>
+constexpr int forward_tc_smem() {
+  return (kTileQ + 4 * kTileK) * kStride<D> * 2;
+}
+template <int D>
+constexpr int forward_wgmma_smem() {
+  return kWgTileQ * D * 2 + key_value_ring_bytes<D>() + sm90::kAtomBytes;
+}
+template <int D>
+constexpr int dkdv_tc_smem() {
+  return (2 * kTileK + 4 * kTileQ) * kStride<D> * 2 + kTileK * (kTileQ + 8) * 2 + 4 * kTileQ * 4;
+}
+template <int D>
+constexpr int dq_tc_smem() {
+  return (2 * kTileQ + 4 * kTileK) * kStride<D> * 2;
+}
+template <int D>
+constexpr int dq_wgmma_smem() {
+  return 2 * kWgTileQ * D * 2 + key_value_ring_bytes<D>() + sm90::kAtomBytes;
+}
+
+// The GPU's SMs where the Hopper kernels can run: bf16 at d 64 or 128 on a Hopper GPU with their
+// sm_90a code in this binary (a build for other architectures, or compute_80 PTX compiled at load,
+// leaves it empty); 0 elsewhere, or with LMSCOPE_NO_WGMMA=1, which picks the mma.sync kernels for
+// comparison and tests.
+int hopper_sms() {
+  if (const char* off = std::getenv("LMSCOPE_NO_WGMMA"); off && *off && std::strcmp(off, "0") != 0) return 0;
+  static const int sms = [] {
     int device = 0, major = 0, count = 0;
     cudaFuncAttributes attr{};
     const bool hopper = cudaGetDevice(&device) == cudaSuccess &&
                         cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device) == cudaSuccess &&
-                        major == 9 && cudaFuncGetAttributes(&attr, flash_forward_wgmma<64>) == cudaSuccess &&
+                        major == 9 && cudaFuncGetAttributes(&attr, flash_forward_wgmma<64, false>) == cudaSuccess &&
                         attr.ptxVersion >= 90 &&
                         cudaDeviceGetAttribute(&count, cudaDevAttrMultiProcessorCount, device) == cudaSuccess;
     return hopper ? count : 0;
   }();
-  return sms > 0 && 8 * n * ((rows + kWgTileQ - 1) / kWgTileQ) >= 7 * sms;
+  return sms;
 }
-static_assert(kWgTileQ == kWbKeys, "wgmma_path counts both kernels' CTAs with one tile size");
+int sm_count() {
+  static const int sms = [] {
+    int device = 0, count = 0;
+    if (cudaGetDevice(&device) != cudaSuccess ||
+        cudaDeviceGetAttribute(&count, cudaDevAttrMultiProcessorCount, device) != cudaSuccess)
+      throw std::runtime_error("flash attention: cannot read the GPU's SM count");
+    return count;
+  }();
+  return sms;
+}
+
+// CTAs of a kernel that one SM holds at once (asked of the driver once per kernel).
+template <typename Kernel>
+int resident_ctas(Kernel kernel, int threads, int smem) {
+  static std::mutex mutex;
+  static std::unordered_map<const void*, int> known;
+  const std::lock_guard<std::mutex> lock(mutex);
+  auto [it, fresh] = known.try_emplace(reinterpret_cast<const void*>(kernel), 0);
+  if (fresh) {
+    allow_smem(kernel, smem);
+    int blocks = 0;
+    if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, kernel, threads, smem) != cudaSuccess)
+      throw std::runtime_error("flash attention: cannot read a kernel's occupancy");
+    it->second = std::max(blocks, 1);
+  }
+  return it->second;
+}
+
+// Inner tiles of 64 that outer tile i of `rows` rows walks: key tiles under a query tile (the forward
+// and dQ kernels), query tiles under a key tile (the dK/dV kernels), as the kernels bound their loops.
+long long keys_seen(long long i, int rows, long long tk, bool causal) {
+  return ((causal ? std::min(tk, (i + 1) * rows) : tk) + 63) / 64;
+}
+long long queries_seen(long long j, int rows, long long tq, bool causal) {
+  const long long tiles = (tq + 63) / 64;
+  return tiles - (causal ? std::min(tiles, j * rows / 64) : 0);
+}
+
+// Parts per tile (tile_order.h) for n sequences of t outer rows in tiles of `rows`, `per_sm` CTAs
+// resident per SM.
+template <typename Inner>
+int parts_for(long long n, long long t, int rows, int per_sm, int shares, Inner inner) {
+  const long long tiles = (t + rows - 1) / rows, slots = static_cast<long long>(sm_count()) * std::min(per_sm, 2);
+  if (n * tiles >= 2 * slots) return 1;  // the heaviest tile is at most about one slot's share
+  long long work = 0, longest = 0;
+  for (long long i = 0; i < tiles; ++i) {
+    const long long w = inner(i);
+    work += w, longest = std::max(longest, w);
+  }
+  return split_parts(n * work, longest, slots, shares);
+}
+
+struct KernelChoice {
+  bool wgmma;
+  int parts;
+};
+// The Hopper kernel (128-row tiles) where there is one, with parts, and CTAs for at least 7/8 of the
+// SMs; else the mma.sync one (64-row tiles). Measured on the H100 (132 SMs, docs/flash-attention.md):
+// with 64 128-row CTAs the mma.sync kernels' 64-row tiles spread over more SMs and win (forward,
+// batch 8, seq 1024: 0.025 against 0.030 ms); with 128 the wgmma kernels win (batch 1, seq 16384,
+// d 128: backward 1.26 against 1.10 ms; batch 8, seq 2048, d 64: 0.133 against 0.112 ms).
+template <typename Inner>
+KernelChoice choose(bool hopper, long long n, long long t, int hopper_per_sm, int tc_per_sm, int shares, Inner inner) {
+  if (hopper) {
+    const int parts = parts_for(n, t, kWgTileQ, hopper_per_sm, shares, [&](long long i) { return inner(i, kWgTileQ); });
+    if (8 * n * ((t + kWgTileQ - 1) / kWgTileQ) * parts >= 7ll * hopper_sms()) return {true, parts};
+  }
+  return {false, parts_for(n, t, kTileQ, tc_per_sm, shares, [&](long long i) { return inner(i, kTileQ); })};
+}
+static_assert(kWgTileQ == kWbKeys && kTileQ == kTileK, "choose counts rows alike for query and key tiles");
 
 void check_head_dim(int d) {
   if (d < 1 || d > kSimtMaxD) throw std::invalid_argument("flash attention supports head dims 1 to 128");
+}
+
+// out (bf16) = the sum of `parts` fp32 slices of `slice` elements at `from`.
+void add_parts_into(void* out, const float* from, int parts, long long slice, cudaStream_t s) {
+  add_parts<<<static_cast<unsigned>((slice / 4 + 255) / 256), 256, 0, s>>>(from, parts, slice, static_cast<bf16*>(out));
+  check_launch("add_parts");
 }
 
 }  // namespace
 
 bool flash_attention_supports(int d) { return d >= 1 && d <= kSimtMaxD; }
 
-bool flash_attention_forward_uses_wgmma(Elem e, int d, std::int64_t n, std::int64_t tq) {
-  return wgmma_path(e, d, n, tq);
-}
-
-bool flash_attention_backward_uses_wgmma(Elem e, int d, std::int64_t n, std::int64_t tk) {
-  return wgmma_path(e, d, n, tk);
-}
-
-std::int64_t flash_attention_dq_accum_rows(Elem e, int d, std::int64_t n, std::int64_t tq, std::int64_t tk,
-                                           bool deterministic) {
-  if (deterministic || !tensor_core_path(e, d)) return 0;
-  return wgmma_path(e, d, n, tk) ? (tq + kWbTileQ - 1) / kWbTileQ * kWbTileQ : tq;
+FlashAttentionPlan flash_attention_plan(Elem e, int d, std::int64_t n, std::int64_t tq, std::int64_t tk, bool causal,
+                                        bool deterministic) {
+  check_head_dim(d);
+  FlashAttentionPlan plan;
+  with_tc_head_dim(d, [&](auto dc) {
+    constexpr int D = decltype(dc)::value;
+    if (e != Elem::bf16) return;
+    const bool hopper = (D == 64 || D == 128) && hopper_sms() > 0;
+    const bool atomics = !deterministic;
+    auto keys = [&](long long i, int rows) { return keys_seen(i, rows, tk, causal); };
+    auto queries = [&](long long j, int rows) { return queries_seen(j, rows, tq, causal); };
+    int forward_h = 1, dkdv_h = 1, dq_h = 1;  // the Hopper kernels' CTAs per SM, asked only where they run
+    if constexpr (D == 64 || D == 128)
+      if (hopper) {
+        forward_h = resident_ctas(flash_forward_wgmma<D, false>, kWgThreads, forward_wgmma_smem<D>());
+        dkdv_h =
+            atomics ? resident_ctas(flash_backward_wgmma<D, true, false>, kWgThreads, wgmma_backward_smem<D, true>())
+                    : resident_ctas(flash_backward_wgmma<D, false, false>, kWgThreads, wgmma_backward_smem<D, false>());
+        dq_h = resident_ctas(flash_backward_dq_wgmma<D, false>, kWgThreads, dq_wgmma_smem<D>());
+      }
+    const KernelChoice forward =
+        choose(hopper, n, tq, forward_h, resident_ctas(flash_forward_tc<D, false>, kThreads, forward_tc_smem<D>()),
+               kForwardShares, keys);
+    const KernelChoice dkdv =
+        choose(hopper, n, tk, dkdv_h,
+               atomics ? resident_ctas(flash_backward_dkdv_tc<D, true, false>, kThreads, dkdv_tc_smem<D>())
+                       : resident_ctas(flash_backward_dkdv_tc<D, false, false>, kThreads, dkdv_tc_smem<D>()),
+               kBackwardShares, queries);
+    plan.forward_wgmma = forward.wgmma, plan.forward_parts = forward.parts;
+    plan.dkdv_wgmma = dkdv.wgmma, plan.dkdv_parts = dkdv.parts;
+    if (deterministic) {
+      const KernelChoice dq =
+          choose(hopper, n, tq, dq_h, resident_ctas(flash_backward_dq_tc<D, false>, kThreads, dq_tc_smem<D>()),
+                 kBackwardShares, keys);
+      plan.dq_wgmma = dq.wgmma, plan.dq_parts = dq.parts;
+    } else {  // the Hopper kernel adds whole 64-query tiles in its own order; the mma.sync one adds rows
+      plan.dq_accum_rows = dkdv.wgmma ? (tq + kWbTileQ - 1) / kWbTileQ * kWbTileQ : tq;
+    }
+  });
+  const std::int64_t q_elems = n * tq * d, k_elems = n * tk * d;
+  if (plan.forward_parts > 1) plan.forward_workspace = plan.forward_parts * (q_elems + n * tq);
+  plan.backward_workspace = std::max(plan.dkdv_parts > 1 ? 2 * plan.dkdv_parts * k_elems : 0,
+                                     plan.dq_parts > 1 ? plan.dq_parts * q_elems : 0);
+  return plan;
 }
 
 void flash_attention_forward(const void* q, const void* k, const void* v, void* o, float* lse, Elem e, std::int64_t n,
-                             std::int64_t tq, std::int64_t tk, int d, float scale, bool causal, cudaStream_t s) {
+                             std::int64_t tq, std::int64_t tk, int d, float scale, bool causal,
+                             const FlashAttentionPlan& plan, float* workspace, cudaStream_t s) {
   check_head_dim(d);
   const float scale_log2 = scale * kLog2e;
   const long long kv_bytes = 2 * tk * d * 2;  // K and V in bf16, streamed under the tensor-core kernels' query tiles
-  if (wgmma_path(e, d, n, tq)) {
-    auto launch = [&](auto kernel, int dc) {
-      const int smem =
-          kWgTileQ * dc * 2 + (dc == 64 ? key_value_ring_bytes<64>() : key_value_ring_bytes<128>()) + sm90::kAtomBytes;
-      allow_smem(kernel, smem);
-      const TileOrder order = tile_order(n, tq, kWgTileQ, kv_bytes);
-      kernel<<<grid_of(order), kWgThreads, smem, s>>>(
-          static_cast<const bf16*>(q), static_cast<const bf16*>(k), static_cast<const bf16*>(v), static_cast<bf16*>(o),
-          lse, static_cast<int>(tq), static_cast<int>(tk), scale_log2, causal, order);
-    };
-    if (d == 64)
-      launch(flash_forward_wgmma<64>, 64);
-    else
-      launch(flash_forward_wgmma<128>, 128);
-    return check_launch("flash_forward_wgmma");
-  }
   if (tensor_core_path(e, d)) {
+    const int parts = plan.forward_parts;
+    const long long q_elems = n * tq * d;
+    const PartOut<bf16> o_out{static_cast<bf16*>(o), parts > 1 ? workspace : nullptr, q_elems};
+    const PartOut<float> lse_out{lse, parts > 1 ? workspace + parts * q_elems : nullptr, n * tq};
+    auto qb = static_cast<const bf16*>(q), kb = static_cast<const bf16*>(k), vb = static_cast<const bf16*>(v);
     with_tc_head_dim(d, [&](auto dc) {
       constexpr int D = decltype(dc)::value;
-      const int smem = (kTileQ + 4 * kTileK) * kStride<D> * 2;
-      allow_smem(flash_forward_tc<D>, smem);
-      const TileOrder order = tile_order(n, tq, kTileQ, kv_bytes);
-      flash_forward_tc<D><<<grid_of(order), kThreads, smem, s>>>(
-          static_cast<const bf16*>(q), static_cast<const bf16*>(k), static_cast<const bf16*>(v), static_cast<bf16*>(o),
-          lse, static_cast<int>(tq), static_cast<int>(tk), scale_log2, causal, order);
+      if constexpr (D == 64 || D == 128)
+        if (plan.forward_wgmma) {
+          auto kernel = parts > 1 ? flash_forward_wgmma<D, true> : flash_forward_wgmma<D, false>;
+          allow_smem(kernel, forward_wgmma_smem<D>());
+          const TileOrder order = tile_order(n, tq, kWgTileQ, kv_bytes, parts);
+          kernel<<<grid_of(order), kWgThreads, forward_wgmma_smem<D>(), s>>>(
+              qb, kb, vb, o_out, lse_out, static_cast<int>(tq), static_cast<int>(tk), scale_log2, causal, order);
+          return check_launch("flash_forward_wgmma");
+        }
+      auto kernel = parts > 1 ? flash_forward_tc<D, true> : flash_forward_tc<D, false>;
+      allow_smem(kernel, forward_tc_smem<D>());
+      const TileOrder order = tile_order(n, tq, kTileQ, kv_bytes, parts);
+      kernel<<<grid_of(order), kThreads, forward_tc_smem<D>(), s>>>(qb, kb, vb, o_out, lse_out, static_cast<int>(tq),
+                                                                    static_cast<int>(tk), scale_log2, causal, order);
+      check_launch("flash_forward_tc");
     });
-    return check_launch("flash_forward_tc");
+    if (parts > 1) {
+      const long long rows = n * tq;
+      combine_parts<<<static_cast<unsigned>((rows + 7) / 8), 256, 0, s>>>(workspace, workspace + parts * q_elems, parts,
+                                                                          rows, d, static_cast<bf16*>(o), lse);
+      check_launch("combine_parts");
+    }
+    return;
   }
   with_elem(e, [&](auto tag) {
     using T = typename decltype(tag)::type;
@@ -1587,8 +1824,9 @@ void flash_attention_forward(const void* q, const void* k, const void* v, void* 
 
 void flash_attention_backward(const void* q, const void* k, const void* v, const void* o, const float* lse,
                               const void* dout, void* dq, void* dk, void* dv, Elem e, std::int64_t n, std::int64_t tq,
-                              std::int64_t tk, int d, float scale, bool causal, bool deterministic, float* delta,
-                              float* dq_accum, cudaStream_t s) {
+                              std::int64_t tk, int d, float scale, bool causal, bool deterministic,
+                              const FlashAttentionPlan& plan, float* delta, float* dq_accum, float* workspace,
+                              cudaStream_t s) {
   check_head_dim(d);
   with_elem(e, [&](auto tag) {
     using T = typename decltype(tag)::type;
@@ -1601,32 +1839,37 @@ void flash_attention_backward(const void* q, const void* k, const void* v, const
   if (tensor_core_path(e, d)) {
     const long long kv_bytes = 2 * tk * d * 2, qdo_bytes = 2 * tq * d * 2;  // bf16 K and V, Q and dO
     const bool atomics = !deterministic;
-    const std::int64_t accum_rows = flash_attention_dq_accum_rows(e, d, n, tq, tk, deterministic);
-    if (atomics && cudaMemsetAsync(dq_accum, 0, sizeof(float) * n * accum_rows * d, s) != cudaSuccess)
+    if (atomics && cudaMemsetAsync(dq_accum, 0, sizeof(float) * n * plan.dq_accum_rows * d, s) != cudaSuccess)
       throw std::runtime_error("flash attention: clearing the dq accumulator failed");
-    const bool hopper = wgmma_path(e, d, n, tk);
+    const int kv_parts = plan.dkdv_parts, q_parts = plan.dq_parts;
+    const long long q_elems = n * tq * d, k_elems = n * tk * d;
+    const PartOut<bf16> dk_out{static_cast<bf16*>(dk), kv_parts > 1 ? workspace : nullptr, k_elems},
+        dv_out{static_cast<bf16*>(dv), kv_parts > 1 ? workspace + kv_parts * k_elems : nullptr, k_elems},
+        dq_out{static_cast<bf16*>(dq), q_parts > 1 ? workspace : nullptr, q_elems};
+    auto qb = static_cast<const bf16*>(q), kb = static_cast<const bf16*>(k), vb = static_cast<const bf16*>(v),
+         gb = static_cast<const bf16*>(dout);
     with_tc_head_dim(d, [&](auto dc) {
       constexpr int D = decltype(dc)::value;
-      auto qb = static_cast<const bf16*>(q), kb = static_cast<const bf16*>(k), vb = static_cast<const bf16*>(v),
-           gb = static_cast<const bf16*>(dout);
       bool dkdv_done = false;
       if constexpr (D == 64 || D == 128)
-        if (hopper) {
+        if (plan.dkdv_wgmma) {
           auto launch = [&](auto dkdv, int smem) {
             allow_smem(dkdv, smem);
-            const TileOrder order = tile_order(n, tk, kWbKeys, qdo_bytes);
-            dkdv<<<grid_of(order), kWgThreads, smem, s>>>(qb, kb, vb, gb, lse, delta, static_cast<bf16*>(dk),
-                                                          static_cast<bf16*>(dv), dq_accum, itq, itk, scale, causal,
-                                                          order);
+            const TileOrder order = tile_order(n, tk, kWbKeys, qdo_bytes, kv_parts);
+            dkdv<<<grid_of(order), kWgThreads, smem, s>>>(qb, kb, vb, gb, lse, delta, dk_out, dv_out, dq_accum, itq,
+                                                          itk, scale, causal, order);
           };
+          const bool split = kv_parts > 1;
           if (atomics)
-            launch(flash_backward_wgmma<D, true>, wgmma_backward_smem<D, true>());
+            launch(split ? flash_backward_wgmma<D, true, true> : flash_backward_wgmma<D, true, false>,
+                   wgmma_backward_smem<D, true>());
           else
-            launch(flash_backward_wgmma<D, false>, wgmma_backward_smem<D, false>());
+            launch(split ? flash_backward_wgmma<D, false, true> : flash_backward_wgmma<D, false, false>,
+                   wgmma_backward_smem<D, false>());
           check_launch("flash_backward_wgmma");
           if (atomics) {
-            const int tiles = static_cast<int>(accum_rows / kWbTileQ);
-            const long long quads = n * accum_rows * D / 4;
+            const int tiles = static_cast<int>(plan.dq_accum_rows / kWbTileQ);
+            const long long quads = n * plan.dq_accum_rows * D / 4;
             dq_from_tiles<D><<<static_cast<unsigned>((quads + 255) / 256), 256, 0, s>>>(
                 dq_accum, static_cast<bf16*>(dq), itq, tiles, quads, scale);
             check_launch("dq_from_tiles");
@@ -1634,33 +1877,40 @@ void flash_attention_backward(const void* q, const void* k, const void* v, const
           dkdv_done = true;
         }
       if (!dkdv_done) {
-        const int smem_kv = (2 * kTileK + 4 * kTileQ) * kStride<D> * 2 + kTileK * (kTileQ + 8) * 2 + 4 * kTileQ * 4;
-        auto dkdv = atomics ? flash_backward_dkdv_tc<D, true> : flash_backward_dkdv_tc<D, false>;
-        allow_smem(dkdv, smem_kv);
-        const TileOrder order = tile_order(n, tk, kTileK, qdo_bytes);
-        dkdv<<<grid_of(order), kThreads, smem_kv, s>>>(qb, kb, vb, gb, lse, delta, static_cast<bf16*>(dk),
-                                                       static_cast<bf16*>(dv), dq_accum, itq, itk, scale, causal,
-                                                       order);
+        auto dkdv =
+            atomics ? (kv_parts > 1 ? flash_backward_dkdv_tc<D, true, true> : flash_backward_dkdv_tc<D, true, false>)
+                    : (kv_parts > 1 ? flash_backward_dkdv_tc<D, false, true> : flash_backward_dkdv_tc<D, false, false>);
+        allow_smem(dkdv, dkdv_tc_smem<D>());
+        const TileOrder order = tile_order(n, tk, kTileK, qdo_bytes, kv_parts);
+        dkdv<<<grid_of(order), kThreads, dkdv_tc_smem<D>(), s>>>(qb, kb, vb, gb, lse, delta, dk_out, dv_out, dq_accum,
+                                                                 itq, itk, scale, causal, order);
         check_launch("flash_backward_dkdv_tc");
+      }
+      if (kv_parts > 1) {
+        add_parts_into(dk, dk_out.parts, kv_parts, k_elems, s);
+        add_parts_into(dv, dv_out.parts, kv_parts, k_elems, s);
       }
       if (atomics) return;
       if constexpr (D == 64 || D == 128)
-        if (wgmma_path(e, d, n, tq)) {
-          constexpr int smem = 2 * kWgTileQ * D * 2 + key_value_ring_bytes<D>() + sm90::kAtomBytes;
-          allow_smem(flash_backward_dq_wgmma<D>, smem);
-          const TileOrder order = tile_order(n, tq, kWgTileQ, kv_bytes);
-          flash_backward_dq_wgmma<D><<<grid_of(order), kWgThreads, smem, s>>>(
-              qb, kb, vb, gb, lse, delta, static_cast<bf16*>(dq), itq, itk, scale, causal, order);
-          return check_launch("flash_backward_dq_wgmma");
+        if (plan.dq_wgmma) {
+          auto kernel = q_parts > 1 ? flash_backward_dq_wgmma<D, true> : flash_backward_dq_wgmma<D, false>;
+          allow_smem(kernel, dq_wgmma_smem<D>());
+          const TileOrder order = tile_order(n, tq, kWgTileQ, kv_bytes, q_parts);
+          kernel<<<grid_of(order), kWgThreads, dq_wgmma_smem<D>(), s>>>(qb, kb, vb, gb, lse, delta, dq_out, itq, itk,
+                                                                        scale, causal, order);
+          check_launch("flash_backward_dq_wgmma");
+          if (q_parts > 1) add_parts_into(dq, workspace, q_parts, q_elems, s);
+          return;
         }
-      const int smem_q = (2 * kTileQ + 4 * kTileK) * kStride<D> * 2;
-      allow_smem(flash_backward_dq_tc<D>, smem_q);
-      const TileOrder order = tile_order(n, tq, kTileQ, kv_bytes);
-      flash_backward_dq_tc<D><<<grid_of(order), kThreads, smem_q, s>>>(
-          qb, kb, vb, gb, lse, delta, static_cast<bf16*>(dq), itq, itk, scale, causal, order);
+      auto kernel = q_parts > 1 ? flash_backward_dq_tc<D, true> : flash_backward_dq_tc<D, false>;
+      allow_smem(kernel, dq_tc_smem<D>());
+      const TileOrder order = tile_order(n, tq, kTileQ, kv_bytes, q_parts);
+      kernel<<<grid_of(order), kThreads, dq_tc_smem<D>(), s>>>(qb, kb, vb, gb, lse, delta, dq_out, itq, itk, scale,
+                                                               causal, order);
       check_launch("flash_backward_dq_tc");
+      if (q_parts > 1) add_parts_into(dq, workspace, q_parts, q_elems, s);
     });
-    if (atomics && !hopper) cast(dq_accum, Elem::f32, dq, Elem::bf16, n * tq * d, s);
+    if (atomics && !plan.dkdv_wgmma) cast(dq_accum, Elem::f32, dq, Elem::bf16, n * tq * d, s);
     return;
   }
   with_elem(e, [&](auto tag) {

@@ -58,23 +58,32 @@ void permute_heads(const void* in, void* out, Elem e, std::int64_t b, std::int64
 // storage named; lse [n, tq] fp32 (natural log of Σ exp(scale·s)); causal masks key j > query i.
 // Tensor cores for bf16 with d in {16, 32, 64, 80, 96, 128}; CUDA cores otherwise (d ≤ 128).
 bool flash_attention_supports(int d);
+// How one call runs (flash_attention_plan), per tensor-core kernel: whether it is the Hopper one
+// (wgmma: bf16, d 64 or 128, an sm_90a binary on a Hopper GPU, and 128-row CTAs for at least 7/8
+// of the SMs) or mma.sync, and into how many parts each CTA's inner loop is cut (more than one when
+// the call has too few tiles to fill the GPU: src/lmscope/cuda/tile_order.h). Parts write fp32
+// results to a workspace that a second kernel adds up. The CUDA-core path has one part.
+struct FlashAttentionPlan {
+  bool forward_wgmma = false, dkdv_wgmma = false, dq_wgmma = false;  // dq: the deterministic dQ pass
+  int forward_parts = 1, dkdv_parts = 1, dq_parts = 1;
+  // Rows of the fp32 dq accumulator [n, rows, d] with atomics on the tensor-core path (tq, or tq
+  // rounded up to whole 64-query tiles for the Hopper kernel, which adds tiles in its own order); 0
+  // where none is needed.
+  std::int64_t dq_accum_rows = 0;
+  std::int64_t forward_workspace = 0, backward_workspace = 0;  // fp32 elements of the parts, 0: none
+};
+FlashAttentionPlan flash_attention_plan(Elem e, int d, std::int64_t n, std::int64_t tq, std::int64_t tk, bool causal,
+                                        bool deterministic);
+// workspace: plan.forward_workspace floats (null where 0).
 void flash_attention_forward(const void* q, const void* k, const void* v, void* o, float* lse, Elem e, std::int64_t n,
-                             std::int64_t tq, std::int64_t tk, int d, float scale, bool causal, cudaStream_t s);
-// Whether the forward runs the Hopper wgmma kernel for this call (bf16, d 64 or 128, an sm_90a
-// binary on a Hopper GPU, and 128-row query tiles for at least 7/8 of the SMs); else mma.sync.
-bool flash_attention_forward_uses_wgmma(Elem e, int d, std::int64_t n, std::int64_t tq);
-// The same for the backward's dK/dV kernel (128-key tiles). When deterministic, its dq pass runs on
-// wgmma under the same rule with 128-row query tiles (flash_attention_forward_uses_wgmma's).
-bool flash_attention_backward_uses_wgmma(Elem e, int d, std::int64_t n, std::int64_t tk);
-// The rows of the fp32 workspace dq_accum [n, rows, d] that the backward accumulates dq in when not
-// deterministic on the tensor-core path (tq, or tq rounded up to whole 64-query tiles for the
-// Hopper kernel, which adds tiles in its own order); 0 where it needs none (dq_accum may be null).
-std::int64_t flash_attention_dq_accum_rows(Elem e, int d, std::int64_t n, std::int64_t tq, std::int64_t tk,
-                                           bool deterministic);
-// delta: [n, tq] fp32 scratch.
+                             std::int64_t tq, std::int64_t tk, int d, float scale, bool causal,
+                             const FlashAttentionPlan& plan, float* workspace, cudaStream_t s);
+// delta: [n, tq] fp32 scratch; dq_accum: [n, plan.dq_accum_rows, d]; workspace: plan.backward_workspace
+// floats (each null where its size is 0).
 void flash_attention_backward(const void* q, const void* k, const void* v, const void* o, const float* lse,
                               const void* dout, void* dq, void* dk, void* dv, Elem e, std::int64_t n, std::int64_t tq,
-                              std::int64_t tk, int d, float scale, bool causal, bool deterministic, float* delta,
-                              float* dq_accum, cudaStream_t s);
+                              std::int64_t tk, int d, float scale, bool causal, bool deterministic,
+                              const FlashAttentionPlan& plan, float* delta, float* dq_accum, float* workspace,
+                              cudaStream_t s);
 
 }  // namespace lmscope::cuda

@@ -11,6 +11,12 @@
 // keep what their CTAs stream (K and V, or Q and dO) in part of L2, and never fewer than give the GPU
 // a few waves of CTAs to balance. The one short group, if the sequences do not divide, goes first,
 // away from the tail.
+//
+// When a call has too few tiles for the GPU (batch 1 up to a few thousand positions), the heaviest
+// tiles alone set the time: at batch 1 and seq 8192 the last query tile walks 128 key tiles while
+// the average SM has 63 to do. Then each tile's inner loop is cut into `parts` equal parts, one CTA
+// each, heaviest tile's parts first; the parts' results go to an fp32 workspace that a second kernel
+// adds up in a fixed order, so the result does not depend on which part ran first.
 #pragma once
 
 #include <algorithm>
@@ -25,21 +31,38 @@ namespace lmscope::cuda {
 
 struct CtaTile {
   int seq, rank;  // rank 0: the tile with the most work
+  int part = 0;   // which part of the tile's inner loop (see part_of)
 };
 
 struct TileOrder {
   int seqs, tiles, group;
+  int parts = 1;  // CTAs per tile
 
-  LMSCOPE_HOST_DEVICE long long ctas() const { return static_cast<long long>(seqs) * tiles; }
+  LMSCOPE_HOST_DEVICE long long ctas() const { return static_cast<long long>(seqs) * tiles * parts; }
 
-  // The tile of the block-th CTA (block < ctas()).
+  // The tile and part of the block-th CTA (block < ctas()): a tile's parts follow one another.
   LMSCOPE_HOST_DEVICE CtaTile at(int block) const {
-    const int lead = seqs % group;  // sequences in the short group, first
-    if (block < lead * tiles) return {block % lead, block / lead};
-    const int rest = block - lead * tiles, per_group = group * tiles, gi = rest / per_group, at = rest - gi * per_group;
-    return {lead + gi * group + at % group, at / group};
+    const int lead = seqs % group, slots = tiles * parts;  // sequences in the short group, first
+    int seq, slot;
+    if (block < lead * slots) {
+      seq = block % lead, slot = block / lead;
+    } else {
+      const int rest = block - lead * slots, per_group = group * slots, gi = rest / per_group;
+      const int at = rest - gi * per_group;
+      seq = lead + gi * group + at % group, slot = at / group;
+    }
+    return {seq, slot / parts, slot % parts};
   }
 };
+
+// Part `part` of `parts` of the inner tiles [begin, end): near-equal, in order, possibly empty.
+struct TileRange {
+  int begin, end;
+};
+LMSCOPE_HOST_DEVICE inline TileRange part_of(int begin, int end, int part, int parts) {
+  const long long n = end > begin ? end - begin : 0;
+  return {begin + static_cast<int>(n * part / parts), begin + static_cast<int>(n * (part + 1) / parts)};
+}
 
 // Sequences per group (see above) for n sequences of `tiles` tiles whose CTAs stream `streamed` bytes
 // each: as many as fit in kL2GroupBytes (half the H100's 50 MB L2), at least kMinGroupCtas CTAs
@@ -48,6 +71,22 @@ constexpr long long kL2GroupBytes = 24ll << 20, kMinGroupCtas = 1024;
 inline int tile_group(long long n, long long tiles, long long streamed) {
   const long long fit = kL2GroupBytes / std::max(streamed, 1ll), waves = (kMinGroupCtas + tiles - 1) / tiles;
   return static_cast<int>(std::clamp(std::max(fit, waves), 1ll, std::max(n, 1ll)));
+}
+
+// Parts per tile for a kernel whose CTAs walk `work` inner tiles in all, the heaviest `longest`, on
+// `slots` CTAs running at once (at most two per SM: more resident CTAs do not make one SM that much
+// faster). Parts double while the heaviest part is more than `shares` slots' shares of the work,
+// and while a part keeps kMinPartTiles inner tiles. Splitting costs: each part loads its own outer
+// tile and writes fp32 results that a second kernel reads back, which weighs most in the forward
+// (the least work per tile). Measured on the H100 (docs/flash-attention.md, step 25): at batch 8
+// and seq 1024, four shares, two parts made the forward slower and the backward 1.3-1.7x faster; at
+// batch 1 and seq 8192, eight shares and more, parts made both two to three times faster.
+constexpr int kMaxParts = 16, kMinPartTiles = 8, kForwardShares = 4, kBackwardShares = 2;
+inline int split_parts(long long work, long long longest, long long slots, int shares) {
+  int parts = 1;
+  while (parts < kMaxParts && longest >= 2ll * parts * kMinPartTiles && longest * slots > shares * parts * work)
+    parts *= 2;
+  return parts;
 }
 
 }  // namespace lmscope::cuda

@@ -1623,24 +1623,6 @@ constexpr int dq_wgmma_smem() {
   return 2 * kWgTileQ * D * 2 + key_value_ring_bytes<D>() + sm90::kAtomBytes;
 }
 
-// The GPU's SMs where the Hopper kernels can run: bf16 at d 64 or 128 on a Hopper GPU with their
-// sm_90a code in this binary (a build for other architectures, or compute_80 PTX compiled at load,
-// leaves it empty); 0 elsewhere, or with LMSCOPE_NO_WGMMA=1, which picks the mma.sync kernels for
-// comparison and tests.
-int hopper_sms() {
-  if (const char* off = std::getenv("LMSCOPE_NO_WGMMA"); off && *off && std::strcmp(off, "0") != 0) return 0;
-  static const int sms = [] {
-    int device = 0, major = 0, count = 0;
-    cudaFuncAttributes attr{};
-    const bool hopper = cudaGetDevice(&device) == cudaSuccess &&
-                        cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device) == cudaSuccess &&
-                        major == 9 && cudaFuncGetAttributes(&attr, flash_forward_wgmma<64, false>) == cudaSuccess &&
-                        attr.ptxVersion >= 90 &&
-                        cudaDeviceGetAttribute(&count, cudaDevAttrMultiProcessorCount, device) == cudaSuccess;
-    return hopper ? count : 0;
-  }();
-  return sms;
-}
 int sm_count() {
   static const int sms = [] {
     int device = 0, count = 0;
@@ -1650,6 +1632,21 @@ int sm_count() {
     return count;
   }();
   return sms;
+}
+// The GPU's SMs where the Hopper kernels can run: bf16 at d 64 or 128 on a Hopper GPU with their
+// sm_90a code in this binary (a build for other architectures, or compute_80 PTX compiled at load,
+// leaves it empty); 0 elsewhere, or with LMSCOPE_NO_WGMMA=1, which picks the mma.sync kernels for
+// comparison and tests.
+int hopper_sms() {
+  if (const char* off = std::getenv("LMSCOPE_NO_WGMMA"); off && *off && std::strcmp(off, "0") != 0) return 0;
+  static const bool hopper = [] {
+    int device = 0, major = 0;
+    cudaFuncAttributes attr{};
+    return cudaGetDevice(&device) == cudaSuccess &&
+           cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device) == cudaSuccess && major == 9 &&
+           cudaFuncGetAttributes(&attr, flash_forward_wgmma<64, false>) == cudaSuccess && attr.ptxVersion >= 90;
+  }();
+  return hopper ? sm_count() : 0;
 }
 
 // CTAs of a kernel that one SM holds at once (asked of the driver once per kernel).

@@ -1,7 +1,8 @@
 // The order in which the flash-attention kernels' CTAs take their tiles (src/lmscope/cuda/tile_order.h):
 // every tile of every sequence exactly once, heaviest first within each group of sequences, groups
 // contiguous with the short one first, and group sizes that follow L2 and the wave count; a tile's
-// parts together cover its inner loop once, and tiles are cut into parts only when too few.
+// parts together cover its inner loop once, and tiles are cut into parts only when too few; a folded
+// wave spreads the work evenly over the SMs.
 #include "lmscope/cuda/tile_order.h"
 
 #include <gtest/gtest.h>
@@ -18,6 +19,15 @@ TEST(TileOrder, EveryTileAndPartOnceHeaviestFirstWithinEachGroup) {
       for (int parts : {1, 2, 3})
         for (int group = 1; group <= seqs; ++group) {
           const TileOrder order{seqs, tiles, group, parts};
+          for (int fold : {1, 5, 7, 132}) {  // folded rounds keep every tile and part once
+            std::vector<int> once(static_cast<std::size_t>(order.ctas()), 0);
+            const TileOrder folded{seqs, tiles, group, parts, fold};
+            for (int b = 0; b < order.ctas(); ++b) {
+              const CtaTile c = folded.at(b);
+              ++once[(static_cast<std::size_t>(c.seq) * tiles + c.rank) * parts + c.part];
+            }
+            for (int n : once) ASSERT_EQ(n, 1) << seqs << " " << tiles << " " << parts << " fold " << fold;
+          }
           const int lead = seqs % group;
           std::vector<int> seen(static_cast<std::size_t>(seqs) * tiles * parts, 0);
           CtaTile before{-1, -1};
@@ -40,6 +50,26 @@ TEST(TileOrder, EveryTileAndPartOnceHeaviestFirstWithinEachGroup) {
           for (int n : seen)
             ASSERT_EQ(n, 1) << seqs << " sequences, " << tiles << " tiles, " << parts << " parts, group " << group;
         }
+}
+
+// One wave of CTAs, block b on SM b % sms (the hardware's order when every CTA fits at once): a causal
+// sequence's tiles, rank r doing tiles − r units, leave the busiest SM 1.26x (512 tiles) and 1.5x
+// (256) the average work in rank order; folded, within 3%.
+TEST(TileOrder, FoldingOneWaveEvensTheSms) {
+  const int sms = 132;
+  for (int tiles : {256, 300, 512, 1024}) {
+    for (int fold : {0, sms}) {
+      const TileOrder order{1, tiles, 1, 1, fold};
+      std::vector<long long> load(sms, 0);
+      for (int b = 0; b < order.ctas(); ++b) load[b % sms] += tiles - order.at(b).rank;
+      const double mean = static_cast<double>(tiles) * (tiles + 1) / 2 / sms;
+      const double busiest = static_cast<double>(*std::max_element(load.begin(), load.end())) / mean;
+      if (fold)
+        EXPECT_LT(busiest, tiles == 300 ? 1.10 : 1.035) << tiles << " tiles";
+      else
+        EXPECT_GT(busiest, 1.12) << tiles << " tiles";
+    }
+  }
 }
 
 TEST(TileOrder, PartsCoverTheInnerLoopOnceInOrder) {
@@ -77,6 +107,14 @@ TEST(TileOrder, TilesAreCutOnlyWhenTooFew) {
   EXPECT_EQ(split_parts(10, 10, 1000, kBackwardShares), 1);
   EXPECT_EQ(split_parts(100, 32, 1000, kBackwardShares), 4);
   EXPECT_LE(split_parts(1, 1ll << 30, 1ll << 20, kBackwardShares), kMaxParts);
+  // Long parts over every resident CTA (kernels with more than two per SM). Batch 1, seq 32768,
+  // 64-row tiles (512, walking 1..512 tiles, 131328 in all) on 132 SMs × 5: the heaviest is 2.6
+  // shares, so two parts of 256; batch 8, seq 8192 (66048 in all, at most 128) stays whole.
+  EXPECT_EQ(split_parts(131328, 512, 660, kLongPartShares, kLongPartTiles), 2);
+  EXPECT_EQ(split_parts(66048, 128, 660, kLongPartShares, kLongPartTiles), 1);
+  // Parts shorter than kLongPartTiles are not made, however few the tiles.
+  EXPECT_EQ(split_parts(8256, 128, 660, kLongPartShares, kLongPartTiles), 2);
+  EXPECT_EQ(split_parts(2080, 64, 660, kLongPartShares, kLongPartTiles), 1);
 }
 
 TEST(TileOrder, GroupSizeFollowsL2AndWaves) {

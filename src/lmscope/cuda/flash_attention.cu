@@ -21,10 +21,10 @@
 #include <cstdlib>
 #include <cstring>
 #include <limits>
+#include <map>
 #include <mutex>
 #include <stdexcept>
 #include <type_traits>
-#include <unordered_map>
 #include <utility>
 
 namespace lmscope::cuda {
@@ -1568,17 +1568,6 @@ __global__ void combine_parts(const float* __restrict__ o_parts, const float* __
 }
 
 // ---------------------------------------------------------------- launch
-// The CTA order over n sequences of t rows in tiles of `rows`, each cut into `parts`; `streamed` is
-// the bytes that one sequence's CTAs read tile by tile (K and V under query tiles, Q and dO under
-// key tiles).
-TileOrder tile_order(long long n, long long t, int rows, long long streamed, int parts = 1) {
-  const long long tiles = (t + rows - 1) / rows;
-  if (n * tiles * parts > std::numeric_limits<int>::max())
-    throw std::runtime_error("flash attention: more than 2^31 tiles");
-  return TileOrder{static_cast<int>(n), static_cast<int>(tiles), tile_group(n, tiles * parts, streamed), parts};
-}
-unsigned grid_of(const TileOrder& order) { return static_cast<unsigned>(order.ctas()); }
-
 // Raises a kernel's dynamic shared memory limit where a tile needs more than the default 48 KiB.
 template <typename Kernel>
 void allow_smem(Kernel kernel, int bytes) {
@@ -1649,13 +1638,14 @@ int hopper_sms() {
   return hopper ? sm_count() : 0;
 }
 
-// CTAs of a kernel that one SM holds at once (asked of the driver once per kernel).
+// CTAs of a kernel that one SM holds at once (asked of the driver once per kernel and shared memory
+// size; the CUDA-core kernels' size follows the head dim).
 template <typename Kernel>
 int resident_ctas(Kernel kernel, int threads, int smem) {
   static std::mutex mutex;
-  static std::unordered_map<const void*, int> known;
+  static std::map<std::pair<const void*, int>, int> known;
   const std::lock_guard<std::mutex> lock(mutex);
-  auto [it, fresh] = known.try_emplace(reinterpret_cast<const void*>(kernel), 0);
+  auto [it, fresh] = known.try_emplace({reinterpret_cast<const void*>(kernel), smem}, 0);
   if (fresh) {
     allow_smem(kernel, smem);
     int blocks = 0;
@@ -1665,6 +1655,23 @@ int resident_ctas(Kernel kernel, int threads, int smem) {
   }
   return it->second;
 }
+
+// The CTA order (tile_order.h) of `kernel`, run with `threads` and `smem`, over n sequences of t rows
+// in tiles of `rows`, each cut into `parts`; `streamed` is the bytes that one sequence's CTAs read
+// tile by tile (K and V under query tiles, Q and dO under key tiles). Folded when one wave holds
+// every CTA.
+template <typename Kernel>
+TileOrder tile_order(Kernel kernel, int threads, int smem, long long n, long long t, int rows, long long streamed,
+                     int parts = 1) {
+  const long long tiles = (t + rows - 1) / rows;
+  if (n * tiles * parts > std::numeric_limits<int>::max())
+    throw std::runtime_error("flash attention: more than 2^31 tiles");
+  TileOrder order{static_cast<int>(n), static_cast<int>(tiles), tile_group(n, tiles * parts, streamed), parts};
+  if (order.ctas() <= static_cast<long long>(resident_ctas(kernel, threads, smem)) * sm_count())
+    order.fold = sm_count();
+  return order;
+}
+unsigned grid_of(const TileOrder& order) { return static_cast<unsigned>(order.ctas()); }
 
 // Inner tiles of 64 that outer tile i of `rows` rows walks: key tiles under a query tile (the forward
 // and dQ kernels), query tiles under a key tile (the dK/dV kernels), as the kernels bound their loops.
@@ -1677,17 +1684,19 @@ long long queries_seen(long long j, int rows, long long tq, bool causal) {
 }
 
 // Parts per tile (tile_order.h) for n sequences of t outer rows in tiles of `rows`, `per_sm` CTAs
-// resident per SM.
+// resident per SM: by two of them per SM, or, in long parts, by all of them where there are more.
 template <typename Inner>
 int parts_for(long long n, long long t, int rows, int per_sm, int shares, Inner inner) {
-  const long long tiles = (t + rows - 1) / rows, slots = static_cast<long long>(sm_count()) * std::min(per_sm, 2);
-  if (n * tiles >= 2 * slots) return 1;  // the heaviest tile is at most about one slot's share
+  const long long tiles = (t + rows - 1) / rows, sms = sm_count(), slots = sms * std::min(per_sm, 2);
+  if (n * tiles >= 2 * sms * per_sm) return 1;  // the heaviest tile is at most about one slot's share
   long long work = 0, longest = 0;
   for (long long i = 0; i < tiles; ++i) {
     const long long w = inner(i);
     work += w, longest = std::max(longest, w);
   }
-  return split_parts(n * work, longest, slots, shares);
+  const int parts = split_parts(n * work, longest, slots, shares);
+  return per_sm > 2 ? std::max(parts, split_parts(n * work, longest, sms * per_sm, kLongPartShares, kLongPartTiles))
+                    : parts;
 }
 
 struct KernelChoice {
@@ -1787,14 +1796,15 @@ void flash_attention_forward(const void* q, const void* k, const void* v, void* 
         if (plan.forward_wgmma) {
           auto kernel = parts > 1 ? flash_forward_wgmma<D, true> : flash_forward_wgmma<D, false>;
           allow_smem(kernel, forward_wgmma_smem<D>());
-          const TileOrder order = tile_order(n, tq, kWgTileQ, kv_bytes, parts);
+          const TileOrder order =
+              tile_order(kernel, kWgThreads, forward_wgmma_smem<D>(), n, tq, kWgTileQ, kv_bytes, parts);
           kernel<<<grid_of(order), kWgThreads, forward_wgmma_smem<D>(), s>>>(
               qb, kb, vb, o_out, lse_out, static_cast<int>(tq), static_cast<int>(tk), scale_log2, causal, order);
           return check_launch("flash_forward_wgmma");
         }
       auto kernel = parts > 1 ? flash_forward_tc<D, true> : flash_forward_tc<D, false>;
       allow_smem(kernel, forward_tc_smem<D>());
-      const TileOrder order = tile_order(n, tq, kTileQ, kv_bytes, parts);
+      const TileOrder order = tile_order(kernel, kThreads, forward_tc_smem<D>(), n, tq, kTileQ, kv_bytes, parts);
       kernel<<<grid_of(order), kThreads, forward_tc_smem<D>(), s>>>(qb, kb, vb, o_out, lse_out, static_cast<int>(tq),
                                                                     static_cast<int>(tk), scale_log2, causal, order);
       check_launch("flash_forward_tc");
@@ -1811,7 +1821,8 @@ void flash_attention_forward(const void* q, const void* k, const void* v, void* 
     using T = typename decltype(tag)::type;
     const int smem = (3 * kSimtRows * (d + 1) + kSimtRows * (kSimtRows + 1)) * 4;
     allow_smem(flash_forward_simt<T>, smem);
-    const TileOrder order = tile_order(n, tq, kSimtRows, 2 * tk * d * static_cast<long long>(sizeof(T)));
+    const TileOrder order = tile_order(flash_forward_simt<T>, kSimtThreads, smem, n, tq, kSimtRows,
+                                       2 * tk * d * static_cast<long long>(sizeof(T)));
     flash_forward_simt<T><<<grid_of(order), kSimtThreads, smem, s>>>(
         static_cast<const T*>(q), static_cast<const T*>(k), static_cast<const T*>(v), static_cast<T*>(o), lse,
         static_cast<int>(tq), static_cast<int>(tk), d, scale_log2, causal, order);
@@ -1852,7 +1863,7 @@ void flash_attention_backward(const void* q, const void* k, const void* v, const
         if (plan.dkdv_wgmma) {
           auto launch = [&](auto dkdv, int smem) {
             allow_smem(dkdv, smem);
-            const TileOrder order = tile_order(n, tk, kWbKeys, qdo_bytes, kv_parts);
+            const TileOrder order = tile_order(dkdv, kWgThreads, smem, n, tk, kWbKeys, qdo_bytes, kv_parts);
             dkdv<<<grid_of(order), kWgThreads, smem, s>>>(qb, kb, vb, gb, lse, delta, dk_out, dv_out, dq_accum, itq,
                                                           itk, scale, causal, order);
           };
@@ -1878,7 +1889,7 @@ void flash_attention_backward(const void* q, const void* k, const void* v, const
             atomics ? (kv_parts > 1 ? flash_backward_dkdv_tc<D, true, true> : flash_backward_dkdv_tc<D, true, false>)
                     : (kv_parts > 1 ? flash_backward_dkdv_tc<D, false, true> : flash_backward_dkdv_tc<D, false, false>);
         allow_smem(dkdv, dkdv_tc_smem<D>());
-        const TileOrder order = tile_order(n, tk, kTileK, qdo_bytes, kv_parts);
+        const TileOrder order = tile_order(dkdv, kThreads, dkdv_tc_smem<D>(), n, tk, kTileK, qdo_bytes, kv_parts);
         dkdv<<<grid_of(order), kThreads, dkdv_tc_smem<D>(), s>>>(qb, kb, vb, gb, lse, delta, dk_out, dv_out, dq_accum,
                                                                  itq, itk, scale, causal, order);
         check_launch("flash_backward_dkdv_tc");
@@ -1892,7 +1903,8 @@ void flash_attention_backward(const void* q, const void* k, const void* v, const
         if (plan.dq_wgmma) {
           auto kernel = q_parts > 1 ? flash_backward_dq_wgmma<D, true> : flash_backward_dq_wgmma<D, false>;
           allow_smem(kernel, dq_wgmma_smem<D>());
-          const TileOrder order = tile_order(n, tq, kWgTileQ, kv_bytes, q_parts);
+          const TileOrder order =
+              tile_order(kernel, kWgThreads, dq_wgmma_smem<D>(), n, tq, kWgTileQ, kv_bytes, q_parts);
           kernel<<<grid_of(order), kWgThreads, dq_wgmma_smem<D>(), s>>>(qb, kb, vb, gb, lse, delta, dq_out, itq, itk,
                                                                         scale, causal, order);
           check_launch("flash_backward_dq_wgmma");
@@ -1901,7 +1913,7 @@ void flash_attention_backward(const void* q, const void* k, const void* v, const
         }
       auto kernel = q_parts > 1 ? flash_backward_dq_tc<D, true> : flash_backward_dq_tc<D, false>;
       allow_smem(kernel, dq_tc_smem<D>());
-      const TileOrder order = tile_order(n, tq, kTileQ, kv_bytes, q_parts);
+      const TileOrder order = tile_order(kernel, kThreads, dq_tc_smem<D>(), n, tq, kTileQ, kv_bytes, q_parts);
       kernel<<<grid_of(order), kThreads, dq_tc_smem<D>(), s>>>(qb, kb, vb, gb, lse, delta, dq_out, itq, itk, scale,
                                                                causal, order);
       check_launch("flash_backward_dq_tc");
@@ -1917,13 +1929,15 @@ void flash_attention_backward(const void* q, const void* k, const void* v, const
     const int smem_kv = (4 * kSimtRows * (d + 1) + 2 * kSimtRows * (kSimtRows + 1) + 2 * kSimtRows) * 4;
     allow_smem(flash_backward_dkdv_simt<T>, smem_kv);
     const long long row_bytes = d * static_cast<long long>(sizeof(T));
-    const TileOrder key_order = tile_order(n, tk, kSimtRows, 2 * tq * row_bytes);
+    const TileOrder key_order =
+        tile_order(flash_backward_dkdv_simt<T>, kSimtThreads, smem_kv, n, tk, kSimtRows, 2 * tq * row_bytes);
     flash_backward_dkdv_simt<T><<<grid_of(key_order), kSimtThreads, smem_kv, s>>>(
         qt, kt, vt, gt, lse, delta, static_cast<T*>(dk), static_cast<T*>(dv), itq, itk, d, scale, causal, key_order);
     check_launch("flash_backward_dkdv_simt");
     const int smem_q = (4 * kSimtRows * (d + 1) + kSimtRows * (kSimtRows + 1)) * 4;
     allow_smem(flash_backward_dq_simt<T>, smem_q);
-    const TileOrder query_order = tile_order(n, tq, kSimtRows, 2 * tk * row_bytes);
+    const TileOrder query_order =
+        tile_order(flash_backward_dq_simt<T>, kSimtThreads, smem_q, n, tq, kSimtRows, 2 * tk * row_bytes);
     flash_backward_dq_simt<T><<<grid_of(query_order), kSimtThreads, smem_q, s>>>(
         qt, kt, vt, gt, lse, delta, static_cast<T*>(dq), itq, itk, d, scale, causal, query_order);
     check_launch("flash_backward_dq_simt");

@@ -17,6 +17,14 @@
 // the average SM has 63 to do. Then each tile's inner loop is cut into `parts` equal parts, one CTA
 // each, heaviest tile's parts first; the parts' results go to an fp32 workspace that a second kernel
 // adds up in a fixed order, so the result does not depend on which part ran first.
+//
+// When every CTA of a call is resident at once (batch 1 at seq 16384-32768), nothing is left to hand
+// to the SM that finishes first. If the hardware deals blocks to SMs round by round (one each, then
+// a second each), ranks 0, 132, 264, ... (the heaviest of each round) share an SM, which then has
+// 1.26x the average work with four rounds, 1.5x with two. So every other round is taken in reverse
+// (`fold`), pairing each SM's heavy tiles with light ones. Measured on the H100 (step 26 in
+// docs/flash-attention.md): the Hopper forward at d 64, batch 1, seq 32768 (two rounds) went from
+// 0.500 to 0.421 ms, less than this model's 1.5x, so the dealing is only roughly round by round.
 #pragma once
 
 #include <algorithm>
@@ -37,11 +45,17 @@ struct CtaTile {
 struct TileOrder {
   int seqs, tiles, group;
   int parts = 1;  // CTAs per tile
+  int fold = 0;   // 0, or the SM count: odd rounds of `fold` blocks in reverse (above)
 
   LMSCOPE_HOST_DEVICE long long ctas() const { return static_cast<long long>(seqs) * tiles * parts; }
 
   // The tile and part of the block-th CTA (block < ctas()): a tile's parts follow one another.
   LMSCOPE_HOST_DEVICE CtaTile at(int block) const {
+    if (fold > 0 && block / fold % 2 == 1) {  // reversed within the round, which may be the short last one
+      const int first = block / fold * fold;
+      const int last = static_cast<int>(ctas() < first + fold ? ctas() : first + fold);
+      block = first + last - 1 - block;
+    }
     const int lead = seqs % group, slots = tiles * parts;  // sequences in the short group, first
     int seq, slot;
     if (block < lead * slots) {
@@ -81,11 +95,16 @@ inline int tile_group(long long n, long long tiles, long long streamed) {
 // (the least work per tile). Measured on the H100 (docs/flash-attention.md, step 25): at batch 8
 // and seq 1024, four shares, two parts made the forward slower and the backward 1.3-1.7x faster; at
 // batch 1 and seq 8192, eight shares and more, parts made both two to three times faster.
+//
+// Kernels that hold more than two CTAs per SM (the mma.sync ones at d 16-32) run slower with fewer:
+// at batch 1 and seq 32768 their 512 tiles fill half an SM's places, and they ran at 58-65% of batch
+// 8's rate. Parts of at least kLongPartTiles inner tiles add little (one fp32 partial per 64 tiles
+// walked), so for those the rule may count every resident CTA, with two shares in both directions.
 constexpr int kMaxParts = 16, kMinPartTiles = 8, kForwardShares = 4, kBackwardShares = 2;
-inline int split_parts(long long work, long long longest, long long slots, int shares) {
+constexpr int kLongPartTiles = 64, kLongPartShares = 2;
+inline int split_parts(long long work, long long longest, long long slots, int shares, int min_tiles = kMinPartTiles) {
   int parts = 1;
-  while (parts < kMaxParts && longest >= 2ll * parts * kMinPartTiles && longest * slots > shares * parts * work)
-    parts *= 2;
+  while (parts < kMaxParts && longest >= 2ll * parts * min_tiles && longest * slots > shares * parts * work) parts *= 2;
   return parts;
 }
 

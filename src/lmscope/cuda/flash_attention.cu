@@ -821,7 +821,7 @@ __global__ void __launch_bounds__(kThreads)
 
 // dQ of one query tile over every key tile it sees, in order: the deterministic path.
 template <int D, bool SPLIT>
-__global__ void __launch_bounds__(kThreads)
+__global__ void __launch_bounds__(kThreads, D == 32 ? 4 : 1)  // d 32: 164 registers gave 3 CTAs per SM (step 27)
     flash_backward_dq_tc(const bf16* __restrict__ q, const bf16* __restrict__ k, const bf16* __restrict__ v,
                          const bf16* __restrict__ dout, const float* __restrict__ lse, const float* __restrict__ delta,
                          PartOut<bf16> dq_out, int tq, int tk, float scale, bool causal, TileOrder order) {

@@ -97,9 +97,10 @@ inline int tile_group(long long n, long long tiles, long long streamed) {
 // batch 1 and seq 8192, eight shares and more, parts made both two to three times faster.
 //
 // Kernels that hold more than two CTAs per SM (the mma.sync ones at d 16-32) run slower with fewer:
-// at batch 1 and seq 32768 their 512 tiles fill half an SM's places, and they ran at 58-65% of batch
-// 8's rate. Parts of at least kLongPartTiles inner tiles add little (one fp32 partial per 64 tiles
-// walked), so for those the rule may count every resident CTA, with two shares in both directions.
+// at batch 1 and seq 32768 their 512 tiles all start at once, the light ones finish, the heavy ones
+// run on with the SM's other places empty, and they ran at 58-65% of batch 8's rate. Parts of at
+// least kLongPartTiles inner tiles add little (one fp32 partial per 64 tiles walked), so for those
+// the rule may count every resident CTA, with two shares in both directions.
 constexpr int kMaxParts = 16, kMinPartTiles = 8, kForwardShares = 4, kBackwardShares = 2;
 constexpr int kLongPartTiles = 64, kLongPartShares = 2;
 inline int split_parts(long long work, long long longest, long long slots, int shares, int min_tiles = kMinPartTiles) {

@@ -1656,22 +1656,32 @@ int resident_ctas(Kernel kernel, int threads, int smem) {
   return it->second;
 }
 
-// The CTA order (tile_order.h) of `kernel`, run with `threads` and `smem`, over n sequences of t rows
-// in tiles of `rows`, each cut into `parts`; `streamed` is the bytes that one sequence's CTAs read
-// tile by tile (K and V under query tiles, Q and dO under key tiles). Folded when one wave holds
-// every CTA.
-template <typename Kernel>
-TileOrder tile_order(Kernel kernel, int threads, int smem, long long n, long long t, int rows, long long streamed,
-                     int parts = 1) {
-  const long long tiles = (t + rows - 1) / rows;
-  if (n * tiles * parts > std::numeric_limits<int>::max())
+// The tiles a kernel's CTAs take: n sequences of t rows in tiles of `rows`, each cut into `parts`;
+// `streamed` is the bytes that one sequence's CTAs read tile by tile (K and V under query tiles, Q
+// and dO under key tiles).
+struct Tiling {
+  long long n, t;
+  int rows;
+  long long streamed;
+  int parts = 1;
+};
+
+// Launches `kernel` (`name` in errors) with one CTA per tile and part, in tile_order.h's order,
+// folded when one wave holds every CTA; the order goes last among the kernel's arguments.
+template <typename Kernel, typename... Args>
+void launch_tiled(const char* name, Kernel kernel, int threads, int smem, const Tiling& tiling, cudaStream_t s,
+                  Args... args) {
+  const long long tiles = (tiling.t + tiling.rows - 1) / tiling.rows;
+  if (tiling.n * tiles * tiling.parts > std::numeric_limits<int>::max())
     throw std::runtime_error("flash attention: more than 2^31 tiles");
-  TileOrder order{static_cast<int>(n), static_cast<int>(tiles), tile_group(n, tiles * parts, streamed), parts};
+  TileOrder order{static_cast<int>(tiling.n), static_cast<int>(tiles),
+                  tile_group(tiling.n, tiles * tiling.parts, tiling.streamed), tiling.parts};
+  allow_smem(kernel, smem);
   if (order.ctas() <= static_cast<long long>(resident_ctas(kernel, threads, smem)) * sm_count())
     order.fold = sm_count();
-  return order;
+  kernel<<<static_cast<unsigned>(order.ctas()), threads, smem, s>>>(args..., order);
+  check_launch(name);
 }
-unsigned grid_of(const TileOrder& order) { return static_cast<unsigned>(order.ctas()); }
 
 // Inner tiles of 64 that outer tile i of `rows` rows walks: key tiles under a query tile (the forward
 // and dQ kernels), query tiles under a key tile (the dK/dV kernels), as the kernels bound their loops.
@@ -1794,20 +1804,14 @@ void flash_attention_forward(const void* q, const void* k, const void* v, void* 
       constexpr int D = decltype(dc)::value;
       if constexpr (D == 64 || D == 128)
         if (plan.forward_wgmma) {
-          auto kernel = parts > 1 ? flash_forward_wgmma<D, true> : flash_forward_wgmma<D, false>;
-          allow_smem(kernel, forward_wgmma_smem<D>());
-          const TileOrder order =
-              tile_order(kernel, kWgThreads, forward_wgmma_smem<D>(), n, tq, kWgTileQ, kv_bytes, parts);
-          kernel<<<grid_of(order), kWgThreads, forward_wgmma_smem<D>(), s>>>(
-              qb, kb, vb, o_out, lse_out, static_cast<int>(tq), static_cast<int>(tk), scale_log2, causal, order);
-          return check_launch("flash_forward_wgmma");
+          return launch_tiled("flash_forward_wgmma",
+                              parts > 1 ? flash_forward_wgmma<D, true> : flash_forward_wgmma<D, false>, kWgThreads,
+                              forward_wgmma_smem<D>(), Tiling{n, tq, kWgTileQ, kv_bytes, parts}, s, qb, kb, vb, o_out,
+                              lse_out, static_cast<int>(tq), static_cast<int>(tk), scale_log2, causal);
         }
-      auto kernel = parts > 1 ? flash_forward_tc<D, true> : flash_forward_tc<D, false>;
-      allow_smem(kernel, forward_tc_smem<D>());
-      const TileOrder order = tile_order(kernel, kThreads, forward_tc_smem<D>(), n, tq, kTileQ, kv_bytes, parts);
-      kernel<<<grid_of(order), kThreads, forward_tc_smem<D>(), s>>>(qb, kb, vb, o_out, lse_out, static_cast<int>(tq),
-                                                                    static_cast<int>(tk), scale_log2, causal, order);
-      check_launch("flash_forward_tc");
+      launch_tiled("flash_forward_tc", parts > 1 ? flash_forward_tc<D, true> : flash_forward_tc<D, false>, kThreads,
+                   forward_tc_smem<D>(), Tiling{n, tq, kTileQ, kv_bytes, parts}, s, qb, kb, vb, o_out, lse_out,
+                   static_cast<int>(tq), static_cast<int>(tk), scale_log2, causal);
     });
     if (parts > 1) {
       const long long rows = n * tq;
@@ -1820,14 +1824,11 @@ void flash_attention_forward(const void* q, const void* k, const void* v, void* 
   with_elem(e, [&](auto tag) {
     using T = typename decltype(tag)::type;
     const int smem = (3 * kSimtRows * (d + 1) + kSimtRows * (kSimtRows + 1)) * 4;
-    allow_smem(flash_forward_simt<T>, smem);
-    const TileOrder order = tile_order(flash_forward_simt<T>, kSimtThreads, smem, n, tq, kSimtRows,
-                                       2 * tk * d * static_cast<long long>(sizeof(T)));
-    flash_forward_simt<T><<<grid_of(order), kSimtThreads, smem, s>>>(
-        static_cast<const T*>(q), static_cast<const T*>(k), static_cast<const T*>(v), static_cast<T*>(o), lse,
-        static_cast<int>(tq), static_cast<int>(tk), d, scale_log2, causal, order);
+    launch_tiled("flash_forward_simt", flash_forward_simt<T>, kSimtThreads, smem,
+                 Tiling{n, tq, kSimtRows, 2 * tk * d * static_cast<long long>(sizeof(T))}, s, static_cast<const T*>(q),
+                 static_cast<const T*>(k), static_cast<const T*>(v), static_cast<T*>(o), lse, static_cast<int>(tq),
+                 static_cast<int>(tk), d, scale_log2, causal);
   });
-  check_launch("flash_forward_simt");
 }
 
 void flash_attention_backward(const void* q, const void* k, const void* v, const void* o, const float* lse,
@@ -1862,10 +1863,8 @@ void flash_attention_backward(const void* q, const void* k, const void* v, const
       if constexpr (D == 64 || D == 128)
         if (plan.dkdv_wgmma) {
           auto launch = [&](auto dkdv, int smem) {
-            allow_smem(dkdv, smem);
-            const TileOrder order = tile_order(dkdv, kWgThreads, smem, n, tk, kWbKeys, qdo_bytes, kv_parts);
-            dkdv<<<grid_of(order), kWgThreads, smem, s>>>(qb, kb, vb, gb, lse, delta, dk_out, dv_out, dq_accum, itq,
-                                                          itk, scale, causal, order);
+            launch_tiled("flash_backward_wgmma", dkdv, kWgThreads, smem, Tiling{n, tk, kWbKeys, qdo_bytes, kv_parts}, s,
+                         qb, kb, vb, gb, lse, delta, dk_out, dv_out, dq_accum, itq, itk, scale, causal);
           };
           const bool split = kv_parts > 1;
           if (atomics)
@@ -1874,7 +1873,6 @@ void flash_attention_backward(const void* q, const void* k, const void* v, const
           else
             launch(split ? flash_backward_wgmma<D, false, true> : flash_backward_wgmma<D, false, false>,
                    wgmma_backward_smem<D, false>());
-          check_launch("flash_backward_wgmma");
           if (atomics) {
             const int tiles = static_cast<int>(plan.dq_accum_rows / kWbTileQ);
             const long long quads = n * plan.dq_accum_rows * D / 4;
@@ -1888,11 +1886,9 @@ void flash_attention_backward(const void* q, const void* k, const void* v, const
         auto dkdv =
             atomics ? (kv_parts > 1 ? flash_backward_dkdv_tc<D, true, true> : flash_backward_dkdv_tc<D, true, false>)
                     : (kv_parts > 1 ? flash_backward_dkdv_tc<D, false, true> : flash_backward_dkdv_tc<D, false, false>);
-        allow_smem(dkdv, dkdv_tc_smem<D>());
-        const TileOrder order = tile_order(dkdv, kThreads, dkdv_tc_smem<D>(), n, tk, kTileK, qdo_bytes, kv_parts);
-        dkdv<<<grid_of(order), kThreads, dkdv_tc_smem<D>(), s>>>(qb, kb, vb, gb, lse, delta, dk_out, dv_out, dq_accum,
-                                                                 itq, itk, scale, causal, order);
-        check_launch("flash_backward_dkdv_tc");
+        launch_tiled("flash_backward_dkdv_tc", dkdv, kThreads, dkdv_tc_smem<D>(),
+                     Tiling{n, tk, kTileK, qdo_bytes, kv_parts}, s, qb, kb, vb, gb, lse, delta, dk_out, dv_out,
+                     dq_accum, itq, itk, scale, causal);
       }
       if (kv_parts > 1) {
         add_parts_into(dk, dk_out.parts, kv_parts, k_elems, s);
@@ -1901,22 +1897,16 @@ void flash_attention_backward(const void* q, const void* k, const void* v, const
       if (atomics) return;
       if constexpr (D == 64 || D == 128)
         if (plan.dq_wgmma) {
-          auto kernel = q_parts > 1 ? flash_backward_dq_wgmma<D, true> : flash_backward_dq_wgmma<D, false>;
-          allow_smem(kernel, dq_wgmma_smem<D>());
-          const TileOrder order =
-              tile_order(kernel, kWgThreads, dq_wgmma_smem<D>(), n, tq, kWgTileQ, kv_bytes, q_parts);
-          kernel<<<grid_of(order), kWgThreads, dq_wgmma_smem<D>(), s>>>(qb, kb, vb, gb, lse, delta, dq_out, itq, itk,
-                                                                        scale, causal, order);
-          check_launch("flash_backward_dq_wgmma");
+          launch_tiled("flash_backward_dq_wgmma",
+                       q_parts > 1 ? flash_backward_dq_wgmma<D, true> : flash_backward_dq_wgmma<D, false>, kWgThreads,
+                       dq_wgmma_smem<D>(), Tiling{n, tq, kWgTileQ, kv_bytes, q_parts}, s, qb, kb, vb, gb, lse, delta,
+                       dq_out, itq, itk, scale, causal);
           if (q_parts > 1) add_parts_into(dq, workspace, q_parts, q_elems, s);
           return;
         }
-      auto kernel = q_parts > 1 ? flash_backward_dq_tc<D, true> : flash_backward_dq_tc<D, false>;
-      allow_smem(kernel, dq_tc_smem<D>());
-      const TileOrder order = tile_order(kernel, kThreads, dq_tc_smem<D>(), n, tq, kTileQ, kv_bytes, q_parts);
-      kernel<<<grid_of(order), kThreads, dq_tc_smem<D>(), s>>>(qb, kb, vb, gb, lse, delta, dq_out, itq, itk, scale,
-                                                               causal, order);
-      check_launch("flash_backward_dq_tc");
+      launch_tiled("flash_backward_dq_tc", q_parts > 1 ? flash_backward_dq_tc<D, true> : flash_backward_dq_tc<D, false>,
+                   kThreads, dq_tc_smem<D>(), Tiling{n, tq, kTileQ, kv_bytes, q_parts}, s, qb, kb, vb, gb, lse, delta,
+                   dq_out, itq, itk, scale, causal);
       if (q_parts > 1) add_parts_into(dq, workspace, q_parts, q_elems, s);
     });
     if (atomics && !plan.dkdv_wgmma) cast(dq_accum, Elem::f32, dq, Elem::bf16, n * tq * d, s);
@@ -1927,20 +1917,14 @@ void flash_attention_backward(const void* q, const void* k, const void* v, const
     auto qt = static_cast<const T*>(q), kt = static_cast<const T*>(k), vt = static_cast<const T*>(v),
          gt = static_cast<const T*>(dout);
     const int smem_kv = (4 * kSimtRows * (d + 1) + 2 * kSimtRows * (kSimtRows + 1) + 2 * kSimtRows) * 4;
-    allow_smem(flash_backward_dkdv_simt<T>, smem_kv);
     const long long row_bytes = d * static_cast<long long>(sizeof(T));
-    const TileOrder key_order =
-        tile_order(flash_backward_dkdv_simt<T>, kSimtThreads, smem_kv, n, tk, kSimtRows, 2 * tq * row_bytes);
-    flash_backward_dkdv_simt<T><<<grid_of(key_order), kSimtThreads, smem_kv, s>>>(
-        qt, kt, vt, gt, lse, delta, static_cast<T*>(dk), static_cast<T*>(dv), itq, itk, d, scale, causal, key_order);
-    check_launch("flash_backward_dkdv_simt");
+    launch_tiled("flash_backward_dkdv_simt", flash_backward_dkdv_simt<T>, kSimtThreads, smem_kv,
+                 Tiling{n, tk, kSimtRows, 2 * tq * row_bytes}, s, qt, kt, vt, gt, lse, delta, static_cast<T*>(dk),
+                 static_cast<T*>(dv), itq, itk, d, scale, causal);
     const int smem_q = (4 * kSimtRows * (d + 1) + kSimtRows * (kSimtRows + 1)) * 4;
-    allow_smem(flash_backward_dq_simt<T>, smem_q);
-    const TileOrder query_order =
-        tile_order(flash_backward_dq_simt<T>, kSimtThreads, smem_q, n, tq, kSimtRows, 2 * tk * row_bytes);
-    flash_backward_dq_simt<T><<<grid_of(query_order), kSimtThreads, smem_q, s>>>(
-        qt, kt, vt, gt, lse, delta, static_cast<T*>(dq), itq, itk, d, scale, causal, query_order);
-    check_launch("flash_backward_dq_simt");
+    launch_tiled("flash_backward_dq_simt", flash_backward_dq_simt<T>, kSimtThreads, smem_q,
+                 Tiling{n, tq, kSimtRows, 2 * tk * row_bytes}, s, qt, kt, vt, gt, lse, delta, static_cast<T*>(dq), itq,
+                 itk, d, scale, causal);
   });
 }
 

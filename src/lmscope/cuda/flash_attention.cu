@@ -2,8 +2,8 @@
 // - tensor cores (bf16 storage, head dims 16, 32, 64, 80, 96, 128): mma.sync m16n8k16 with fp32
 //   accumulation, operands staged in shared memory by cp.async (double-buffered) and read with
 //   ldmatrix; each warp owns 16 rows, the softmax statistics live in registers;
-// - on Hopper, for the bf16 forward at d 64 and 128 with enough query tiles to fill the GPU:
-//   wgmma (warpgroup MMA reading K and V from swizzled shared memory), the same algorithm;
+// - on Hopper, bf16 at d 64 and 128 with enough tiles to fill the GPU: wgmma (warpgroup MMA reading
+//   swizzled shared memory that the copy engine, TMA, fills), the same algorithm in both directions;
 // - CUDA cores (fp32 storage, or any head dim up to 128): the same tiling in plain fp32 arithmetic,
 //   four threads per row. This is what --precision fp32 means: no tensor cores.
 // Backward: delta = rowsum(dO∘O) first; then dK and dV per key tile; dQ either accumulated by the
@@ -359,42 +359,20 @@ __global__ void __launch_bounds__(kThreads)
 }
 
 // ---------------------------------------------------------------- Hopper forward (wgmma, sm_90a)
-// Two warpgroups of 64 query rows each; keys in tiles of 64. K and V go by cp.async into
+// Two warpgroups of 64 query rows each; keys in tiles of 64. The copy engine (TMA) puts K and V into
 // 128-byte-swizzled tiles (wgmma.cuh) that wgmma reads straight from shared memory; Q is read once
 // into registers as A fragments, and P goes from the S accumulators to the A fragments of P·V
 // without leaving registers, as in the mma.sync kernel.
 constexpr int kWgThreads = 256, kWgTileQ = 128, kWgTileK = 64, kWgStages = 4;
-// Shared bytes of the rings' mbarriers (RingSync below) and of the K/V ring: K and V tiles of
-// kWgTileK keys per slot, then the barriers.
+// Shared bytes of the rings' mbarriers (full and empty per slot) and of the K/V ring: K and V tiles
+// of kWgTileK keys per slot, then the barriers.
 constexpr int kRingBarrierBytes = 2 * kWgStages * 8;
 template <int D>
 constexpr int key_value_ring_bytes() {
   return 2 * kWgStages * kWgTileK * D * 2 + kRingBarrierBytes;
 }
 
-// ROWS rows of a [total, D] bf16 matrix from row r0 into a swizzled [ROWS][D] tile; zeros past the end.
-// Every thread copies the same number of 16-byte chunks, all of one column chunk, so the loop
-// unrolls fully and the swizzle is worked out once (a loop bounded by tid compiled to a generic
-// loop with remainder branches in every tile's load).
-template <int D, int ROWS>
-__device__ __forceinline__ void load_swizzled(unsigned char* tile, const bf16* src, int r0, int total, int tid) {
-  constexpr int kChunks = D / 8, kRowsPerPass = kWgThreads / kChunks;
-  static_assert(kWgThreads % kChunks == 0 && ROWS % kRowsPerPass == 0, "whole passes of the CTA's threads");
-  const int chunk = tid % kChunks;
-#pragma unroll
-  for (int pass = 0; pass < ROWS / kRowsPerPass; ++pass) {
-    const int r = pass * kRowsPerPass + tid / kChunks;
-    const bool valid = r0 + r < total;
-    cp_async16(tile + sm90::swizzled_offset(r, chunk, ROWS),
-               src + static_cast<long long>(valid ? r0 + r : 0) * D + chunk * 8, valid);
-  }
-}
-
 #ifdef LMSCOPE_WGMMA
-// 4 bytes global -> shared; zero-filled when !valid.
-__device__ __forceinline__ void cp_async4(void* dst, const void* src, bool valid) {
-  asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(smem_addr(dst)), "l"(src), "r"(valid ? 4 : 0));
-}
 // Dynamic shared memory, rounded up to the 1024-byte alignment of the swizzle atoms.
 __device__ __forceinline__ unsigned char* atom_aligned_smem(unsigned char* smem) {
   const unsigned pad = (sm90::kAtomBytes - smem_addr(smem) % sm90::kAtomBytes) % sm90::kAtomBytes;
@@ -418,63 +396,6 @@ __device__ __forceinline__ void issue_product(float (&acc)[PANELS][8][4], unsign
   sm90::commit();
 }
 
-// How a ring of kWgStages slots in shared memory is handed between its loaders and its readers:
-// every thread loads part of each tile by cp.async, kWgStages − 2 tiles ahead, one commit group per
-// tile. Step r of a kernel (r counts the tiles it walks): wait(r), issue the products, advance (load
-// tile r + 2, after wait_empty(r + 2), and land(r + 1)), and release(r') once the products that read
-// tile r' are waited for.
-// With mbarriers (CTA_SYNC false, two per slot at `bars`) a slot's `full` barrier completes when
-// every thread has seen its own copies into it land (and fenced them for wgmma's reads), and `empty`
-// when every thread has released it: the warpgroups never meet at a CTA barrier, and one may run
-// ahead of the other. Landing tile r + 1 early in step r, not at its end, is what lets them: at
-// d 128 the forward took 10% less time than with a __syncthreads per step, and 0% with the late
-// land. At d 64, where two CTAs share an SM and each is issue-bound, the barrier traffic costs more
-// than it frees; there CTA_SYNC keeps a __syncthreads per step (wait lands tile r, meets, then
-// loads tile r + 2; advance does nothing), 4% faster (docs/flash-attention.md, step 21).
-template <bool CTA_SYNC, int AHEAD = kWgStages - 2>
-struct RingSync {
-  static_assert(CTA_SYNC || AHEAD == kWgStages - 2, "the mbarrier ring loads kWgStages - 2 tiles ahead");
-  std::uint64_t* bars;  // [kWgStages] full, then [kWgStages] empty
-  int tid;
-
-  __device__ __forceinline__ void init() const {
-    if (!CTA_SYNC && tid < kWgStages) {
-      sm90::mbarrier_init(bars + tid, kWgThreads);
-      sm90::mbarrier_init(bars + kWgStages + tid, kWgThreads);
-    }
-    __syncthreads();  // the barriers are set up before anyone arrives
-  }
-  // Tile r is in shared memory for every thread's reads. With CTA_SYNC every thread is also done
-  // with tile r − 1, so the step may refill any slot but r's (loads run AHEAD tiles ahead).
-  __device__ __forceinline__ void wait(int r) const {
-    if constexpr (CTA_SYNC) {
-      cp_async_wait<AHEAD - 1>();
-      sm90::fence_shared_for_async_reads();
-      __syncthreads();
-    } else {
-      sm90::mbarrier_wait(bars + r % kWgStages, (r / kWgStages) & 1);
-    }
-  }
-  // Before loading tile r: every thread is done with tile r − kWgStages, the slot's last one.
-  __device__ __forceinline__ void wait_empty(int r) const {
-    if (!CTA_SYNC && r >= kWgStages) sm90::mbarrier_wait(bars + kWgStages + r % kWgStages, (r / kWgStages - 1) & 1);
-  }
-  // This thread is done with tile r (the wgmmas that read it are waited for).
-  __device__ __forceinline__ void release(int r) const {
-    if constexpr (!CTA_SYNC) sm90::mbarrier_arrive(bars + kWgStages + r % kWgStages);
-  }
-  // mbarriers only: every commit group but the newest has landed, this thread's copies into tile r
-  // (if it exists) among them.
-  __device__ __forceinline__ void land(int r, bool exists) const {
-    if constexpr (!CTA_SYNC) {
-      cp_async_wait<kWgStages - 3>();
-      sm90::fence_shared_for_async_reads();
-      if (exists) sm90::mbarrier_arrive(bars + r % kWgStages);
-    }
-  }
-};
-static_assert(kWgStages == 4, "RingSync waits for all but one commit group: tiles are loaded two ahead");
-
 // acc = A·Bᵀ over D channels on a warpgroup (scores: 64 rows of A against 64 rows of B), B a K-major
 // swizzled tile of b_rows rows in shared memory; A either a K-major tile of a_rows rows there too
 // or, in the overload below, this warpgroup's A fragments in registers. One commit group.
@@ -496,47 +417,78 @@ __device__ __forceinline__ void issue_scores(float (&acc)[8][4], const unsigned 
   sm90::commit();
 }
 
-// The K and V tiles the Hopper forward and dQ kernels walk, in a RingSync'd ring (K's slots, then
-// V's, then the barriers): `tiles` key tiles from key tile `first`, counted from 0 in the ring.
-template <int D, bool CTA_SYNC>
+// ROWS rows of sequence `seq` from row r0 of the [n, rows, D] tensor of `map` into a swizzled
+// [ROWS][D] tile, one box per 64-column panel, by the copy engine (zeros past the sequence's end).
+template <int D, int ROWS>
+__device__ __forceinline__ void tma_tile(unsigned char* tile, const CUtensorMap& map, int r0, int seq,
+                                         std::uint64_t* bar) {
+#pragma unroll
+  for (int p = 0; p < D / sm90::kPanelCols; ++p)
+    sm90::tma_load_3d(tile + p * ROWS * 128, map, p * sm90::kPanelCols, r0, seq, bar);
+}
+
+// The K and V tiles the Hopper forward and dQ kernels walk, in a ring of kWgStages slots (K's
+// slots, then V's, then the barriers): `tiles` key tiles of sequence `seq` from key tile `first`,
+// counted from 0 in the ring. Thread 0 has the copy engine load each tile kWgStages − 2 tiles ahead
+// (TMA); a slot's `full` barrier completes when its bytes have landed, `empty` when every thread
+// has released it. No other thread spends an instruction on loading, and the warpgroups never meet
+// at a CTA barrier, so one may run ahead of the other. (Until session 11 every thread copied its
+// share of each tile by cp.async, then waited, fenced and arrived on `full`: step 28 in
+// docs/flash-attention.md.)
+template <int D>
 struct KeyValueRing {
   static constexpr int kTileBytes = kWgTileK * D * 2;
   unsigned char* slots;
-  const bf16* k;
-  const bf16* v;
-  int tk, first, tiles, tid;
-  RingSync<CTA_SYNC> sync{reinterpret_cast<std::uint64_t*>(slots + 2 * kWgStages * kTileBytes), tid};
+  const CUtensorMap* k_map;
+  const CUtensorMap* v_map;
+  int seq, first, tiles, tid;
 
   __device__ __forceinline__ unsigned char* k_tile(int i) const { return slots + (i % kWgStages) * kTileBytes; }
   __device__ __forceinline__ unsigned char* v_tile(int i) const { return k_tile(i) + kWgStages * kTileBytes; }
 
-  // Sets up the barriers and loads the first tiles (copies the caller issued before join tile 0).
-  __device__ __forceinline__ void start() const {
-    sync.init();
+  // Sets up the barriers and loads the first tiles; thread 0 runs with_first(bar), the caller's own
+  // loads of extra_bytes, on tile 0's barrier.
+  template <typename F>
+  __device__ __forceinline__ void start(unsigned extra_bytes, F&& with_first) const {
+    if (tid == 0) {
 #pragma unroll
-    for (int i = 0; i < kWgStages - 2; ++i) load(i);
-    sync.land(0, 0 < tiles);
-  }
-  __device__ __forceinline__ void wait(int j) const {
-    sync.wait(j);
-    if constexpr (CTA_SYNC) load(j + kWgStages - 2);
-  }
-  __device__ __forceinline__ void advance(int j) const {
-    if constexpr (!CTA_SYNC) {
-      load(j + kWgStages - 2);
-      sync.land(j + 1, j + 1 < tiles);
+      for (int i = 0; i < kWgStages; ++i) {
+        sm90::mbarrier_init(full(i), 1);
+        sm90::mbarrier_init(empty(i), kWgThreads);
+      }
+      sm90::mbarrier_init_fence();
+    }
+    __syncthreads();  // the barriers are set up before anyone waits on them
+    if (tid == 0) {
+      sm90::mbarrier_arrive_expect_tx(full(0), (tiles > 0 ? 2 * kTileBytes : 0) + extra_bytes);
+      with_first(full(0));
+      if (tiles > 0) copy(0);
+#pragma unroll
+      for (int i = 1; i < kWgStages - 2; ++i) load(i);
     }
   }
-  __device__ __forceinline__ void release(int j) const { sync.release(j); }
+  __device__ __forceinline__ void wait(int j) const { sm90::mbarrier_wait(full(j), (j / kWgStages) & 1); }
+  // After step j's products are issued: tile j + kWgStages − 2 into the slot of tile j − 2.
+  __device__ __forceinline__ void advance(int j) const {
+    if (tid == 0) load(j + kWgStages - 2);
+  }
+  // This thread is done with tile j (the wgmmas that read it are waited for).
+  __device__ __forceinline__ void release(int j) const { sm90::mbarrier_arrive(empty(j)); }
 
  private:
+  __device__ __forceinline__ std::uint64_t* full(int i) const {
+    return reinterpret_cast<std::uint64_t*>(slots + 2 * kWgStages * kTileBytes) + i % kWgStages;
+  }
+  __device__ __forceinline__ std::uint64_t* empty(int i) const { return full(i) + kWgStages; }
   __device__ __forceinline__ void load(int i) const {
-    if (i < tiles) {
-      sync.wait_empty(i);
-      load_swizzled<D, kWgTileK>(k_tile(i), k, (first + i) * kWgTileK, tk, tid);
-      load_swizzled<D, kWgTileK>(v_tile(i), v, (first + i) * kWgTileK, tk, tid);
-    }
-    cp_async_commit();
+    if (i >= tiles) return;
+    if (i >= kWgStages) sm90::mbarrier_wait(empty(i), (i / kWgStages - 1) & 1);
+    sm90::mbarrier_arrive_expect_tx(full(i), 2 * kTileBytes);
+    copy(i);
+  }
+  __device__ __forceinline__ void copy(int i) const {
+    tma_tile<D, kWgTileK>(k_tile(i), *k_map, (first + i) * kWgTileK, seq, full(i));
+    tma_tile<D, kWgTileK>(v_tile(i), *v_map, (first + i) * kWgTileK, seq, full(i));
   }
 };
 #endif
@@ -555,9 +507,9 @@ struct KeyValueRing {
 // uniform registers, and at d 128 the unsplit forward ran 13% slower (step 25).
 template <int D, bool SPLIT>
 __global__ void __launch_bounds__(kWgThreads, D == 64 ? 2 : 1)
-    flash_forward_wgmma(const bf16* __restrict__ q, const bf16* __restrict__ k, const bf16* __restrict__ v,
-                        PartOut<bf16> o_out, PartOut<float> lse_out, int tq, int tk, float scale_log2, bool causal,
-                        TileOrder order) {
+    flash_forward_wgmma(const __grid_constant__ CUtensorMap q_map, const __grid_constant__ CUtensorMap k_map,
+                        const __grid_constant__ CUtensorMap v_map, PartOut<bf16> o_out, PartOut<float> lse_out, int tq,
+                        int tk, float scale_log2, bool causal, TileOrder order) {
 #ifdef LMSCOPE_WGMMA
   constexpr int kPanels = D / sm90::kPanelCols;
   extern __shared__ unsigned char smem_raw[];
@@ -567,9 +519,6 @@ __global__ void __launch_bounds__(kWgThreads, D == 64 ? 2 : 1)
   const int seq = cta.seq, q0 = cta.row0;
   const int tid = threadIdx.x, wg = tid / 128, warp = (tid / 32) % 4, lane = tid % 32, g = lane / 4, t = lane % 4;
   const int wq0 = q0 + wg * 64;  // this warpgroup's first query
-  q += static_cast<long long>(seq) * tq * D;
-  k += static_cast<long long>(seq) * tk * D;
-  v += static_cast<long long>(seq) * tk * D;
   const int row[2] = {wq0 + warp * 16 + g, wq0 + warp * 16 + g + 8};
 
   const int kend = causal ? min(tk, q0 + kWgTileQ) : tk;
@@ -579,9 +528,8 @@ __global__ void __launch_bounds__(kWgThreads, D == 64 ? 2 : 1)
   // that the pipeline below needs no early exit.
   const bool empty = SPLIT && keys.begin == keys.end;
   const int tiles = empty ? 1 : keys.end - keys.begin, tk_seen = empty ? 0 : tk;  // tiles: from keys.begin
-  const KeyValueRing<D, D == 64> ring{sK, k, v, tk, keys.begin, tiles, tid};
-  load_swizzled<D, kWgTileQ>(sQ, q, q0, tq, tid);
-  ring.start();
+  const KeyValueRing<D> ring{sK, &k_map, &v_map, seq, keys.begin, tiles, tid};
+  ring.start(kWgTileQ * D * 2, [&](std::uint64_t* bar) { tma_tile<D, kWgTileQ>(sQ, q_map, q0, seq, bar); });
 
   float acc[kPanels][8][4] = {};
   float s[8][4];
@@ -649,7 +597,6 @@ __global__ void __launch_bounds__(kWgThreads, D == 64 ? 2 : 1)
   sm90::wait<0>();
 #pragma unroll
   for (int p = 0; p < kPanels; ++p) sm90::hold(acc[p]);
-  cp_async_wait_all();
 
   const PartOut<bf16> o = o_out.at<SPLIT>(cta.part, static_cast<long long>(seq) * tq * D);
   const PartOut<float> lse = lse_out.at<SPLIT>(cta.part, static_cast<long long>(seq) * tq);
@@ -910,8 +857,8 @@ __global__ void __launch_bounds__(kThreads, D == 32 ? 4 : 1)  // d 32: 164 regis
 
 // ---------------------------------------------------------------- Hopper backward (wgmma, sm_90a)
 // One CTA per 128 keys: two warpgroups of 64 keys each, over query tiles of 64 rows (Q, dO, L and
-// delta in a ring of kWgStages slots, handed over by RingSync: mbarriers without atomics, a CTA
-// barrier per tile with them, as the dSᵀ exchange needs one anyway). Per query tile each warpgroup issues
+// delta in a QueryRing: handed over by mbarriers without atomics, after a CTA barrier per tile with
+// them, as the dSᵀ exchange needs one anyway). Per query tile each warpgroup issues
 // Sᵀ = K·Qᵀ and dPᵀ = V·dOᵀ (both operands in shared memory), turns Sᵀ into Pᵀ while dPᵀ runs,
 // issues dV += Pᵀ·dO, turns dPᵀ into dSᵀ while that runs, and issues dK += dSᵀ·Q (A operands from
 // registers, as P in the forward). With ATOMIC_DQ both warpgroups then put dSᵀ in shared memory
@@ -932,6 +879,84 @@ template <int D, bool ATOMIC_DQ>
 constexpr int kWbStages = ATOMIC_DQ ? (D == 64 ? 3 : 2) : kWgStages;
 template <int D, bool ATOMIC_DQ>
 constexpr int kWbAhead = ATOMIC_DQ ? kWbStages<D, ATOMIC_DQ> - 1 : kWgStages - 2;
+
+// The query tiles the Hopper backward walks (Q and dO tiles, L and delta rows of 64 queries from
+// query tile `first` to `end` of sequence `seq`, counted from 0 in the ring), in STAGES slots that
+// thread 0 has the copy engine fill AHEAD tiles ahead; a slot's `full` barrier completes when its
+// bytes have landed. Without CTA_SYNC a slot's `empty` barrier completes when every thread has
+// released it, and the warpgroups never meet. With CTA_SYNC (the ATOMIC_DQ kernel, whose threads
+// meet once per tile for the dSᵀ exchange anyway) wait() ends at that meeting, after which every
+// thread is done with the tile before, whose slot advance() then refills.
+#ifdef LMSCOPE_WGMMA
+template <int D, bool CTA_SYNC, int STAGES, int AHEAD>
+struct QueryRing {
+  static_assert(CTA_SYNC ? AHEAD == STAGES - 1 : AHEAD == STAGES - 2, "a slot is refilled once its tile is done");
+  static constexpr int kTileBytes = kWbTileQ * D * 2, kRowBytes = kWbTileQ * 4;
+  unsigned char* q_tiles;  // [STAGES] Q tiles, then [STAGES] dO tiles
+  float* rows;             // [STAGES] L rows, then [STAGES] delta rows
+  std::uint64_t* bars;     // [STAGES] full, then [STAGES] empty
+  const CUtensorMap* q_map;
+  const CUtensorMap* dout_map;
+  const CUtensorMap* lse_map;
+  const CUtensorMap* delta_map;
+  int seq, seq_rows, first, end, tid;  // seq_rows: each sequence's rows in the maps of L and delta
+
+  __device__ __forceinline__ unsigned char* q_tile(int r) const { return q_tiles + (r % STAGES) * kTileBytes; }
+  __device__ __forceinline__ unsigned char* do_tile(int r) const { return q_tile(r) + STAGES * kTileBytes; }
+  __device__ __forceinline__ float* lse_row(int r) const { return rows + (r % STAGES) * kWbTileQ; }
+  __device__ __forceinline__ float* delta_row(int r) const { return lse_row(r) + STAGES * kWbTileQ; }
+
+  // Sets up the barriers and loads the first tiles (there is at least one); thread 0 runs
+  // with_first(bar), the caller's own loads of extra_bytes, on tile 0's barrier.
+  template <typename F>
+  __device__ __forceinline__ void start(unsigned extra_bytes, F&& with_first) const {
+    if (tid == 0) {
+#pragma unroll
+      for (int i = 0; i < STAGES; ++i) {
+        sm90::mbarrier_init(full(i), 1);
+        sm90::mbarrier_init(empty(i), kWgThreads);
+      }
+      sm90::mbarrier_init_fence();
+    }
+    __syncthreads();  // the barriers are set up before anyone waits on them
+    if (tid == 0) {
+      sm90::mbarrier_arrive_expect_tx(full(0), 2 * kTileBytes + 2 * kRowBytes + extra_bytes);
+      with_first(full(0));
+      copy(0);
+#pragma unroll
+      for (int r = 1; r < AHEAD; ++r) load(r);
+    }
+  }
+  __device__ __forceinline__ void wait(int r) const {
+    sm90::mbarrier_wait(full(r), (r / STAGES) & 1);
+    if constexpr (CTA_SYNC) __syncthreads();
+  }
+  __device__ __forceinline__ void advance(int r) const {
+    if (tid == 0) load(r + AHEAD);
+  }
+  // This thread is done with tile r (the wgmmas that read it are waited for).
+  __device__ __forceinline__ void release(int r) const {
+    if constexpr (!CTA_SYNC) sm90::mbarrier_arrive(empty(r));
+  }
+
+ private:
+  __device__ __forceinline__ std::uint64_t* full(int r) const { return bars + r % STAGES; }
+  __device__ __forceinline__ std::uint64_t* empty(int r) const { return bars + STAGES + r % STAGES; }
+  __device__ __forceinline__ void load(int r) const {
+    if (first + r >= end) return;
+    if (!CTA_SYNC && r >= STAGES) sm90::mbarrier_wait(empty(r), (r / STAGES - 1) & 1);
+    sm90::mbarrier_arrive_expect_tx(full(r), 2 * kTileBytes + 2 * kRowBytes);
+    copy(r);
+  }
+  __device__ __forceinline__ void copy(int r) const {
+    const int q0 = (first + r) * kWbTileQ;
+    tma_tile<D, kWbTileQ>(q_tile(r), *q_map, q0, seq, full(r));
+    tma_tile<D, kWbTileQ>(do_tile(r), *dout_map, q0, seq, full(r));
+    sm90::tma_load_1d(lse_row(r), *lse_map, seq * seq_rows + q0, full(r));
+    sm90::tma_load_1d(delta_row(r), *delta_map, seq * seq_rows + q0, full(r));
+  }
+};
+#endif
 
 template <int D, bool ATOMIC_DQ>
 constexpr int wgmma_backward_smem() {
@@ -968,8 +993,9 @@ __device__ __forceinline__ void probabilities_t(float (&s)[8][4], const float (&
 
 template <int D, bool ATOMIC_DQ, bool SPLIT>
 __global__ void __launch_bounds__(kWgThreads)
-    flash_backward_wgmma(const bf16* __restrict__ q, const bf16* __restrict__ k, const bf16* __restrict__ v,
-                         const bf16* __restrict__ dout, const float* __restrict__ lse, const float* __restrict__ delta,
+    flash_backward_wgmma(const __grid_constant__ CUtensorMap q_map, const __grid_constant__ CUtensorMap k_map,
+                         const __grid_constant__ CUtensorMap v_map, const __grid_constant__ CUtensorMap dout_map,
+                         const __grid_constant__ CUtensorMap lse_map, const __grid_constant__ CUtensorMap delta_map,
                          PartOut<bf16> dk_out, PartOut<bf16> dv_out, float* __restrict__ dq_accum, int tq, int tk,
                          float scale, bool causal, TileOrder order) {
 #ifdef LMSCOPE_WGMMA
@@ -981,19 +1007,15 @@ __global__ void __launch_bounds__(kWgThreads)
   extern __shared__ unsigned char smem_raw[];
   unsigned char* sK = atom_aligned_smem(smem_raw);
   unsigned char* sV = sK + kKeyBytes;
-  unsigned char* sQ = sV + kKeyBytes;                         // [kStages] tiles
-  unsigned char* sdO = sQ + kStages * kQBytes;                // [kStages] tiles
-  unsigned char* sdS = sdO + kStages * kQBytes;               // ATOMIC_DQ: [2] dSᵀ [kWbKeys][kWbTileQ]
+  unsigned char* sQ = sV + kKeyBytes;                         // [kStages] Q tiles, then [kStages] dO tiles
+  unsigned char* sdS = sQ + 2 * kStages * kQBytes;            // ATOMIC_DQ: [2] dSᵀ [kWbKeys][kWbTileQ]
   float* sdQ = reinterpret_cast<float*>(sdS + 2 * kDsBytes);  // ATOMIC_DQ: [2] dq_accum tiles
-  float* sL = sdQ + 2 * kDqBytes / 4;                         // [kStages][kWbTileQ]
-  float* sDelta = sL + kStages * kWbTileQ;                    // [kStages][kWbTileQ]
+  float* sRows = sdQ + 2 * kDqBytes / 4;                      // [kStages] L rows, then [kStages] delta rows
   const CtaRows cta = key_tile(order, kWbKeys);
   const int seq = cta.seq, k0 = cta.row0;
   const int tid = threadIdx.x, wg = tid / 128, warp = (tid / 32) % 4, lane = tid % 32, g = lane / 4, t = lane % 4;
   const int wk0 = k0 + wg * 64;  // this warpgroup's first key
-  const long long qoff = static_cast<long long>(seq) * tq, koff = static_cast<long long>(seq) * tk;
-  q += qoff * D, dout += qoff * D, lse += qoff, delta += qoff;
-  k += koff * D, v += koff * D;
+  const long long koff = static_cast<long long>(seq) * tk;
   const float scale_log2 = scale * kLog2e;
 
   // Query tiles before the diagonal see none of these keys; this CTA walks its part of the rest.
@@ -1002,30 +1024,35 @@ __global__ void __launch_bounds__(kWgThreads)
   const TileRange queries = SPLIT ? part_of(from, tiles, cta.part, order.parts) : TileRange{from, tiles};
   const int first = queries.begin, end = queries.end;
   dq_accum += static_cast<long long>(seq) * tiles * kWbTileQ * D;
-  const RingSync<ATOMIC_DQ, kAhead> ring{reinterpret_cast<std::uint64_t*>(sDelta + kStages * kWbTileQ), tid};
-  auto load_queries = [&](int r) {  // tile first + r into its slot, one commit group per tile (empty past the end)
-    const int i = first + r;
-    if (i < end) {
-      ring.wait_empty(r);
-      const int slot = r % kStages;
-      load_swizzled<D, kWbTileQ>(sQ + slot * kQBytes, q, i * kWbTileQ, tq, tid);
-      load_swizzled<D, kWbTileQ>(sdO + slot * kQBytes, dout, i * kWbTileQ, tq, tid);
-      if (tid < 2 * kWbTileQ) {  // zeros past the end: those queries are masked
-        const int r = tid % kWbTileQ, row = i * kWbTileQ + r;
-        cp_async4((tid < kWbTileQ ? sL : sDelta) + slot * kWbTileQ + r,
-                  (tid < kWbTileQ ? lse : delta) + min(row, tq - 1), row < tq);
-      }
-    }
-    cp_async_commit();
-  };
-  ring.init();
-  load_swizzled<D, kWbKeys>(sK, k, k0, tk, tid);
-  load_swizzled<D, kWbKeys>(sV, v, k0, tk, tid);
-#pragma unroll
-  for (int r = 0; r < kAhead; ++r) load_queries(r);
-  ring.land(0, first < end);
-
+  const int key[2] = {wk0 + warp * 16 + g, wk0 + warp * 16 + g + 8};
   float dk_acc[kPanels][8][4] = {}, dv_acc[kPanels][8][4] = {};
+  auto write_dk_dv = [&] {
+    const PartOut<bf16> dk = dk_out.at<SPLIT>(cta.part, koff * D), dv = dv_out.at<SPLIT>(cta.part, koff * D);
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      if (key[h] >= tk) continue;
+#pragma unroll
+      for (int p = 0; p < kPanels; ++p)
+#pragma unroll
+        for (int nb = 0; nb < 8; ++nb) {
+          const long long at = static_cast<long long>(key[h]) * D + p * 64 + nb * 8 + 2 * t;
+          dk.store2(at, dk_acc[p][nb][2 * h] * scale, dk_acc[p][nb][2 * h + 1] * scale);
+          dv.store2(at, dv_acc[p][nb][2 * h], dv_acc[p][nb][2 * h + 1]);
+        }
+    }
+  };
+  if (first >= end) {  // causal keys past the last query (tk > tq): dK = dV = 0, and dQ gets nothing
+    write_dk_dv();
+    return;
+  }
+  auto* bars = reinterpret_cast<std::uint64_t*>(sRows + 2 * kStages * kWbTileQ);
+  const QueryRing<D, ATOMIC_DQ, kStages, kAhead> ring{
+      sQ, sRows, bars, &q_map, &dout_map, &lse_map, &delta_map, seq, tiles * kWbTileQ, first, end, tid};
+  ring.start(2 * kKeyBytes, [&](std::uint64_t* bar) {  // this CTA's keys, with the first query tile
+    tma_tile<D, kWbKeys>(sK, k_map, k0, seq, bar);
+    tma_tile<D, kWbKeys>(sV, v_map, k0, seq, bar);
+  });
+
   float dq[kDqCols / 8][4];  // ATOMIC_DQ: dQ of the tile before
   const int n0 = wg * kDqCols;
   // dQ[:, n0 .. n0 + kDqCols) of tile r = dS·K over the CTA's keys: dSᵀ (buffer r % 2) as an M-major
@@ -1048,20 +1075,19 @@ __global__ void __launch_bounds__(kWgThreads)
       sm90::store_shared_v4(dst + dq_tile_index<D>(warp * 16 + g, n0 + nb * 8 + 2 * t), dq[nb][0], dq[nb][1], dq[nb][2],
                             dq[nb][3]);
   };
-  const int key[2] = {wk0 + warp * 16 + g, wk0 + warp * 16 + g + 8};
   // This warpgroup's keys, in each panel.
   const std::uint64_t k_desc = sm90::descriptor(sK + wg * 64 * 128), v_desc = sm90::descriptor(sV + wg * 64 * 128);
 
   for (int i = first; i < end; ++i) {
-    const int r = i - first, slot = r % kStages, q0 = i * kWbTileQ;
+    const int r = i - first, q0 = i * kWbTileQ;
     ring.wait(r);  // with atomics also: every thread's dSᵀ of the tile before is in, and its dQ before that
     if constexpr (ATOMIC_DQ) {
       if (tid == 0 && r > 1)
         sm90::bulk_reduce_add(dq_accum + (i - 2) * kWbTileQ * D, sdQ + (r & 1) * (kDqBytes / 4), kDqBytes);
-      load_queries(r + kAhead);
+      ring.advance(r);
     }
-    const unsigned char* cQ = sQ + slot * kQBytes;
-    const unsigned char* cdO = sdO + slot * kQBytes;
+    const unsigned char* cQ = ring.q_tile(r);
+    const unsigned char* cdO = ring.do_tile(r);
 
     // Sᵀ = K·Qᵀ and dPᵀ = V·dOᵀ: K-major A and B, 16 channels (32 bytes) per step within a panel.
     const std::uint64_t q_desc = sm90::descriptor(cQ), do_desc = sm90::descriptor(cdO);
@@ -1075,14 +1101,13 @@ __global__ void __launch_bounds__(kWgThreads)
       sm90::hold(dq);
       if (r > 0) stage_dq(r - 1);
     } else {
-      load_queries(r + kAhead);
-      ring.land(r + 1, i + 1 < end);
+      ring.advance(r);
     }
     float lse2[8][2];
 #pragma unroll
     for (int nb = 0; nb < 8; ++nb) {
-      const float2 l2 = *reinterpret_cast<const float2*>(sL + slot * kWbTileQ + nb * 8 + 2 * t);
-      lse2[nb][0] = l2.x * kLog2e, lse2[nb][1] = l2.y * kLog2e;
+      const float2 l2 = *reinterpret_cast<const float2*>(ring.lse_row(r) + nb * 8 + 2 * t);
+      lse2[nb][0] = l2.x, lse2[nb][1] = l2.y;
     }
 
     sm90::wait<1>();  // Sᵀ is in; dPᵀ may still run
@@ -1097,7 +1122,7 @@ __global__ void __launch_bounds__(kWgThreads)
     float dlt[8][2];
 #pragma unroll
     for (int nb = 0; nb < 8; ++nb) {
-      const float2 d2 = *reinterpret_cast<const float2*>(sDelta + slot * kWbTileQ + nb * 8 + 2 * t);
+      const float2 d2 = *reinterpret_cast<const float2*>(ring.delta_row(r) + nb * 8 + 2 * t);
       dlt[nb][0] = d2.x, dlt[nb][1] = d2.y;
     }
     sm90::wait<1>();  // dPᵀ is in; dV may still run
@@ -1129,15 +1154,14 @@ __global__ void __launch_bounds__(kWgThreads)
     sm90::hold(da);
     ring.release(r);
   }
-  cp_async_wait_all();        // a causal key tile past the last query loads K and V but runs no step
-  if constexpr (ATOMIC_DQ) {  // the last tile's dQ, and the last two reductions
-    const int steps = max(end - first, 0);
+  if constexpr (ATOMIC_DQ) {        // the last tile's dQ, and the last two reductions
+    const int steps = end - first;  // at least one
     __syncthreads();
     sm90::fence();
-    issue_dq(steps - 1);  // (with no steps: of nothing, never staged)
+    issue_dq(steps - 1);
     sm90::wait<0>();
     sm90::hold(dq);
-    if (steps > 0) stage_dq(steps - 1);
+    stage_dq(steps - 1);
     sm90::fence_shared_for_async_reads();
     __syncthreads();
     if (tid == 0) {
@@ -1151,19 +1175,7 @@ __global__ void __launch_bounds__(kWgThreads)
     sm90::hold(dk_acc[p]);
     sm90::hold(dv_acc[p]);
   }
-  const PartOut<bf16> dk = dk_out.at<SPLIT>(cta.part, koff * D), dv = dv_out.at<SPLIT>(cta.part, koff * D);
-#pragma unroll
-  for (int h = 0; h < 2; ++h) {
-    if (key[h] >= tk) continue;
-#pragma unroll
-    for (int p = 0; p < kPanels; ++p)
-#pragma unroll
-      for (int nb = 0; nb < 8; ++nb) {
-        const long long at = static_cast<long long>(key[h]) * D + p * 64 + nb * 8 + 2 * t;
-        dk.store2(at, dk_acc[p][nb][2 * h] * scale, dk_acc[p][nb][2 * h + 1] * scale);
-        dv.store2(at, dv_acc[p][nb][2 * h], dv_acc[p][nb][2 * h + 1]);
-      }
-  }
+  write_dk_dv();
 #endif
 }
 
@@ -1210,10 +1222,10 @@ __device__ __forceinline__ void probabilities(float (&s)[8][4], const float (&ls
 
 template <int D, bool SPLIT>
 __global__ void __launch_bounds__(kWgThreads)
-    flash_backward_dq_wgmma(const bf16* __restrict__ q, const bf16* __restrict__ k, const bf16* __restrict__ v,
-                            const bf16* __restrict__ dout, const float* __restrict__ lse,
-                            const float* __restrict__ delta, PartOut<bf16> dq_out, int tq, int tk, float scale,
-                            bool causal, TileOrder order) {
+    flash_backward_dq_wgmma(const __grid_constant__ CUtensorMap q_map, const __grid_constant__ CUtensorMap k_map,
+                            const __grid_constant__ CUtensorMap v_map, const __grid_constant__ CUtensorMap dout_map,
+                            const float* __restrict__ lse, const float* __restrict__ delta, PartOut<bf16> dq_out,
+                            int tq, int tk, float scale, bool causal, TileOrder order) {
 #ifdef LMSCOPE_WGMMA
   constexpr int kPanels = D / sm90::kPanelCols;
   extern __shared__ unsigned char smem_raw[];
@@ -1224,9 +1236,8 @@ __global__ void __launch_bounds__(kWgThreads)
   const int seq = cta.seq, q0 = cta.row0;
   const int tid = threadIdx.x, wg = tid / 128, warp = (tid / 32) % 4, lane = tid % 32, g = lane / 4, t = lane % 4;
   const int wq0 = q0 + wg * 64;  // this warpgroup's first query
-  const long long qoff = static_cast<long long>(seq) * tq, koff = static_cast<long long>(seq) * tk;
-  q += qoff * D, dout += qoff * D, lse += qoff, delta += qoff;
-  k += koff * D, v += koff * D;
+  const long long qoff = static_cast<long long>(seq) * tq;
+  lse += qoff, delta += qoff;
   const float scale_log2 = scale * kLog2e;
   const int row[2] = {wq0 + warp * 16 + g, wq0 + warp * 16 + g + 8};
 
@@ -1242,10 +1253,11 @@ __global__ void __launch_bounds__(kWgThreads)
         for (int c = 2 * t; c < D; c += 8) dq.store2(static_cast<long long>(row[h]) * D + c, 0.f, 0.f);
     return;
   }
-  const KeyValueRing<D, false> ring{sK, k, v, tk, keys.begin, tiles, tid};
-  load_swizzled<D, kWgTileQ>(sQ, q, q0, tq, tid);
-  load_swizzled<D, kWgTileQ>(sdO, dout, q0, tq, tid);
-  ring.start();
+  const KeyValueRing<D> ring{sK, &k_map, &v_map, seq, keys.begin, tiles, tid};
+  ring.start(2 * kWgTileQ * D * 2, [&](std::uint64_t* bar) {
+    tma_tile<D, kWgTileQ>(sQ, q_map, q0, seq, bar);
+    tma_tile<D, kWgTileQ>(sdO, dout_map, q0, seq, bar);
+  });
 
   float lse2[2], drow[2];
 #pragma unroll
@@ -1301,7 +1313,6 @@ __global__ void __launch_bounds__(kWgThreads)
   sm90::wait<0>();
 #pragma unroll
   for (int p = 0; p < kPanels; ++p) sm90::hold(acc[p]);
-  cp_async_wait_all();
   const PartOut<bf16> dq = dq_out.at<SPLIT>(cta.part, qoff * D);
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
@@ -1522,6 +1533,19 @@ __global__ void flash_delta(const T* __restrict__ out, const T* __restrict__ dou
   if (threadIdx.x % 32 == 0) delta[row] = s;
 }
 
+// The Hopper dK/dV kernel's row statistics: stats[0][seq][r] = delta, stats[1][seq][r] = L·log2 e
+// for r < tq, and 0 for the rows that pad tq to `rows` (masked queries; finite, so that P = 0 stays 0
+// in dS = P·(dP − delta)).
+__global__ void hopper_row_stats(const float* __restrict__ delta, const float* __restrict__ lse,
+                                 float* __restrict__ stats, long long n, long long tq, long long rows) {
+  const long long i = static_cast<long long>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i >= n * rows) return;
+  const long long seq = i / rows, r = i % rows;
+  const bool real = r < tq;
+  stats[i] = real ? delta[seq * tq + r] : 0.f;
+  stats[n * rows + i] = real ? lse[seq * tq + r] * kLog2e : 0.f;
+}
+
 // ---------------------------------------------------------------- parts (tile_order.h)
 // out = Σ_p parts[p] over `count` slices of `slice` floats, in bf16: one thread per four elements,
 // added in part order, so the sum does not depend on which part's CTA ran first.
@@ -1636,6 +1660,46 @@ int hopper_sms() {
            cudaFuncGetAttributes(&attr, flash_forward_wgmma<64, false>) == cudaSuccess && attr.ptxVersion >= 90;
   }();
   return hopper ? sm_count() : 0;
+}
+
+// TMA maps (wgmma.cuh), encoded by the driver's encoder, reached through the runtime so that nothing
+// links libcuda. `dims` and `box` innermost first; `strides` in bytes, one fewer than dims.
+CUtensorMap encode_map(CUtensorMapDataType type, cuuint32_t rank, const void* base, const cuuint64_t* dims,
+                       const cuuint64_t* strides, const cuuint32_t* box, CUtensorMapSwizzle swizzle) {
+  using Encode = CUresult (*)(CUtensorMap*, CUtensorMapDataType, cuuint32_t, void*, const cuuint64_t*,
+                              const cuuint64_t*, const cuuint32_t*, const cuuint32_t*, CUtensorMapInterleave,
+                              CUtensorMapSwizzle, CUtensorMapL2promotion, CUtensorMapFloatOOBfill);
+  static const Encode encode = [] {
+    void* fn = nullptr;
+    cudaDriverEntryPointQueryResult found{};
+    if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &fn, 12000, cudaEnableDefault, &found) !=
+            cudaSuccess ||
+        found != cudaDriverEntryPointSuccess || fn == nullptr)
+      throw std::runtime_error("flash attention: the CUDA driver offers no cuTensorMapEncodeTiled (TMA)");
+    return reinterpret_cast<Encode>(fn);
+  }();
+  const cuuint32_t unit[3] = {1, 1, 1};
+  CUtensorMap map;
+  if (encode(&map, type, rank, const_cast<void*>(base), dims, strides, box, unit, CU_TENSOR_MAP_INTERLEAVE_NONE,
+             swizzle, CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) != CUDA_SUCCESS)
+    throw std::runtime_error("flash attention: encoding a TMA map failed");
+  return map;
+}
+// A [n, rows, d] bf16 tensor in boxes of box_rows rows × 64 columns, stored in shared memory with the
+// 128-byte swizzle; rows past a sequence's end read as zeros.
+CUtensorMap tile_map(const void* base, long long n, long long rows, int d, int box_rows) {
+  const cuuint64_t dims[3] = {static_cast<cuuint64_t>(d), static_cast<cuuint64_t>(rows), static_cast<cuuint64_t>(n)};
+  const cuuint64_t strides[2] = {static_cast<cuuint64_t>(d) * 2, static_cast<cuuint64_t>(rows * d) * 2};
+  const cuuint32_t box[3] = {sm90::kPanelCols, static_cast<cuuint32_t>(box_rows), 1};
+  return encode_map(CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 3, base, dims, strides, box, CU_TENSOR_MAP_SWIZZLE_128B);
+}
+// `count` floats from base (16-byte aligned), read in runs of `box`.
+CUtensorMap row_map(const float* base, long long count, int box) {
+  if (reinterpret_cast<std::uintptr_t>(base) % 16 != 0 || count > std::numeric_limits<int>::max())
+    throw std::runtime_error("flash attention: row statistics not 16-byte aligned, or over 2^31 of them");
+  const cuuint64_t dims[1] = {static_cast<cuuint64_t>(count)}, no_strides[1] = {0};
+  const cuuint32_t boxes[1] = {static_cast<cuuint32_t>(box)};
+  return encode_map(CU_TENSOR_MAP_DATA_TYPE_FLOAT32, 1, base, dims, no_strides, boxes, CU_TENSOR_MAP_SWIZZLE_NONE);
 }
 
 // CTAs of a kernel that one SM holds at once (asked of the driver once per kernel and shared memory
@@ -1772,6 +1836,7 @@ FlashAttentionPlan flash_attention_plan(Elem e, int d, std::int64_t n, std::int6
                kBackwardShares, queries);
     plan.forward_wgmma = forward.wgmma, plan.forward_parts = forward.parts;
     plan.dkdv_wgmma = dkdv.wgmma, plan.dkdv_parts = dkdv.parts;
+    if (dkdv.wgmma) plan.row_stats_rows = (tq + kWbTileQ - 1) / kWbTileQ * kWbTileQ;
     if (deterministic) {
       const KernelChoice dq =
           choose(hopper, n, tq, dq_h, resident_ctas(flash_backward_dq_tc<D, false>, kThreads, dq_tc_smem<D>()),
@@ -1804,10 +1869,11 @@ void flash_attention_forward(const void* q, const void* k, const void* v, void* 
       constexpr int D = decltype(dc)::value;
       if constexpr (D == 64 || D == 128)
         if (plan.forward_wgmma) {
-          return launch_tiled("flash_forward_wgmma",
-                              parts > 1 ? flash_forward_wgmma<D, true> : flash_forward_wgmma<D, false>, kWgThreads,
-                              forward_wgmma_smem<D>(), Tiling{n, tq, kWgTileQ, kv_bytes, parts}, s, qb, kb, vb, o_out,
-                              lse_out, static_cast<int>(tq), static_cast<int>(tk), scale_log2, causal);
+          return launch_tiled(
+              "flash_forward_wgmma", parts > 1 ? flash_forward_wgmma<D, true> : flash_forward_wgmma<D, false>,
+              kWgThreads, forward_wgmma_smem<D>(), Tiling{n, tq, kWgTileQ, kv_bytes, parts}, s,
+              tile_map(q, n, tq, D, kWgTileQ), tile_map(k, n, tk, D, kWgTileK), tile_map(v, n, tk, D, kWgTileK), o_out,
+              lse_out, static_cast<int>(tq), static_cast<int>(tk), scale_log2, causal);
         }
       launch_tiled("flash_forward_tc", parts > 1 ? flash_forward_tc<D, true> : flash_forward_tc<D, false>, kThreads,
                    forward_tc_smem<D>(), Tiling{n, tq, kTileQ, kv_bytes, parts}, s, qb, kb, vb, o_out, lse_out,
@@ -1834,8 +1900,8 @@ void flash_attention_forward(const void* q, const void* k, const void* v, void* 
 void flash_attention_backward(const void* q, const void* k, const void* v, const void* o, const float* lse,
                               const void* dout, void* dq, void* dk, void* dv, Elem e, std::int64_t n, std::int64_t tq,
                               std::int64_t tk, int d, float scale, bool causal, bool deterministic,
-                              const FlashAttentionPlan& plan, float* delta, float* dq_accum, float* workspace,
-                              cudaStream_t s) {
+                              const FlashAttentionPlan& plan, float* delta, float* row_stats, float* dq_accum,
+                              float* workspace, cudaStream_t s) {
   check_head_dim(d);
   with_elem(e, [&](auto tag) {
     using T = typename decltype(tag)::type;
@@ -1862,9 +1928,17 @@ void flash_attention_backward(const void* q, const void* k, const void* v, const
       bool dkdv_done = false;
       if constexpr (D == 64 || D == 128)
         if (plan.dkdv_wgmma) {
+          const long long stats = n * plan.row_stats_rows;
+          hopper_row_stats<<<static_cast<unsigned>((stats + 255) / 256), 256, 0, s>>>(delta, lse, row_stats, n, tq,
+                                                                                      plan.row_stats_rows);
+          check_launch("hopper_row_stats");
+          const CUtensorMap delta_rows = row_map(row_stats, stats, kWbTileQ),
+                            lse_rows = row_map(row_stats + stats, stats, kWbTileQ);
           auto launch = [&](auto dkdv, int smem) {
             launch_tiled("flash_backward_wgmma", dkdv, kWgThreads, smem, Tiling{n, tk, kWbKeys, qdo_bytes, kv_parts}, s,
-                         qb, kb, vb, gb, lse, delta, dk_out, dv_out, dq_accum, itq, itk, scale, causal);
+                         tile_map(q, n, tq, D, kWbTileQ), tile_map(k, n, tk, D, kWbKeys),
+                         tile_map(v, n, tk, D, kWbKeys), tile_map(dout, n, tq, D, kWbTileQ), lse_rows, delta_rows,
+                         dk_out, dv_out, dq_accum, itq, itk, scale, causal);
           };
           const bool split = kv_parts > 1;
           if (atomics)
@@ -1899,8 +1973,10 @@ void flash_attention_backward(const void* q, const void* k, const void* v, const
         if (plan.dq_wgmma) {
           launch_tiled("flash_backward_dq_wgmma",
                        q_parts > 1 ? flash_backward_dq_wgmma<D, true> : flash_backward_dq_wgmma<D, false>, kWgThreads,
-                       dq_wgmma_smem<D>(), Tiling{n, tq, kWgTileQ, kv_bytes, q_parts}, s, qb, kb, vb, gb, lse, delta,
-                       dq_out, itq, itk, scale, causal);
+                       dq_wgmma_smem<D>(), Tiling{n, tq, kWgTileQ, kv_bytes, q_parts}, s,
+                       tile_map(q, n, tq, D, kWgTileQ), tile_map(k, n, tk, D, kWgTileK),
+                       tile_map(v, n, tk, D, kWgTileK), tile_map(dout, n, tq, D, kWgTileQ), lse, delta, dq_out, itq,
+                       itk, scale, causal);
           if (q_parts > 1) add_parts_into(dq, workspace, q_parts, q_elems, s);
           return;
         }

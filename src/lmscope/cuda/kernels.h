@@ -70,6 +70,10 @@ struct FlashAttentionPlan {
   // rounded up to whole 64-query tiles for the Hopper kernel, which adds tiles in its own order); 0
   // where none is needed.
   std::int64_t dq_accum_rows = 0;
+  // Rows per sequence of the Hopper dK/dV kernel's copy of delta and L (in log2 units) [2, n, rows]
+  // fp32: tq rounded up to whole 64-query tiles, so that the copy engine reads whole aligned runs;
+  // 0 where that kernel does not run.
+  std::int64_t row_stats_rows = 0;
   std::int64_t forward_workspace = 0, backward_workspace = 0;  // fp32 elements of the parts, 0: none
 };
 FlashAttentionPlan flash_attention_plan(Elem e, int d, std::int64_t n, std::int64_t tq, std::int64_t tk, bool causal,
@@ -78,12 +82,12 @@ FlashAttentionPlan flash_attention_plan(Elem e, int d, std::int64_t n, std::int6
 void flash_attention_forward(const void* q, const void* k, const void* v, void* o, float* lse, Elem e, std::int64_t n,
                              std::int64_t tq, std::int64_t tk, int d, float scale, bool causal,
                              const FlashAttentionPlan& plan, float* workspace, cudaStream_t s);
-// delta: [n, tq] fp32 scratch; dq_accum: [n, plan.dq_accum_rows, d]; workspace: plan.backward_workspace
-// floats (each null where its size is 0).
+// delta: [n, tq] fp32 scratch; row_stats: [2, n, plan.row_stats_rows]; dq_accum: [n, plan.dq_accum_rows, d];
+// workspace: plan.backward_workspace floats (each null where its size is 0).
 void flash_attention_backward(const void* q, const void* k, const void* v, const void* o, const float* lse,
                               const void* dout, void* dq, void* dk, void* dv, Elem e, std::int64_t n, std::int64_t tq,
                               std::int64_t tk, int d, float scale, bool causal, bool deterministic,
-                              const FlashAttentionPlan& plan, float* delta, float* dq_accum, float* workspace,
-                              cudaStream_t s);
+                              const FlashAttentionPlan& plan, float* delta, float* row_stats, float* dq_accum,
+                              float* workspace, cudaStream_t s);
 
 }  // namespace lmscope::cuda

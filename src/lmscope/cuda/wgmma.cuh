@@ -10,6 +10,7 @@
 // Only compiled into sm_90a code (LMSCOPE_WGMMA); the host checks the device before launching.
 #pragma once
 
+#include <cuda.h>  // CUtensorMap only: the maps are encoded through the runtime's driver entry point
 #include <cuda_bf16.h>
 
 #include <cstdint>
@@ -80,6 +81,37 @@ __device__ __forceinline__ void mbarrier_wait(std::uint64_t* bar, int parity) {
       "mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n"
       "@!done bra wait;\n}\n" ::"r"(smem_addr(bar)),
       "r"(parity)
+      : "memory");
+}
+// The tensor memory accelerator (TMA, PTX ISA §9.7.9.25.5, cp.async.bulk.tensor): one thread asks
+// the copy engine for a whole box of a tensor described by a CUtensorMap (a __grid_constant__
+// kernel parameter, passed here by address); the engine writes it to shared memory in the map's
+// swizzle, fills rows past the tensor's end with zeros, and counts the bytes on an mbarrier, whose
+// phase completes once the arrivals and the announced bytes (expect_tx) are all in. Its writes are
+// made by the async proxy, so wgmma reads them after the barrier without a proxy fence.
+__device__ __forceinline__ void mbarrier_init_fence() {
+  asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+}
+// One arrival on bar that also announces `bytes` still to land in this phase.
+__device__ __forceinline__ void mbarrier_arrive_expect_tx(std::uint64_t* bar, unsigned bytes) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(smem_addr(bar)), "r"(bytes) : "memory");
+}
+// The box at coordinates (c0, c1, c2), innermost first, of the map's 3-d tensor into dst (1024-byte
+// aligned for the 128-byte swizzle), its bytes counted on bar.
+__device__ __forceinline__ void tma_load_3d(void* dst, const CUtensorMap& map, int c0, int c1, int c2,
+                                            std::uint64_t* bar) {
+  asm volatile(
+      "cp.async.bulk.tensor.3d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3, %4}], "
+      "[%5];\n" ::"r"(smem_addr(dst)),
+      "l"(reinterpret_cast<std::uint64_t>(&map)), "r"(c0), "r"(c1), "r"(c2), "r"(smem_addr(bar))
+      : "memory");
+}
+// The box at coordinate c0 of the map's 1-d tensor into dst (128-byte aligned), counted on bar.
+__device__ __forceinline__ void tma_load_1d(void* dst, const CUtensorMap& map, int c0, std::uint64_t* bar) {
+  asm volatile(
+      "cp.async.bulk.tensor.1d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, {%2}], [%3];\n" ::
+          "r"(smem_addr(dst)),
+      "l"(reinterpret_cast<std::uint64_t>(&map)), "r"(c0), "r"(smem_addr(bar))
       : "memory");
 }
 // One 16-byte shared store. Written out because the compiler splits a float4 store of wgmma

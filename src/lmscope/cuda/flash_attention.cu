@@ -433,7 +433,7 @@ __device__ __forceinline__ void tma_tile(unsigned char* tile, const CUtensorMap&
 // (TMA); a slot's `full` barrier completes when its bytes have landed, `empty` when every thread
 // has released it. No other thread spends an instruction on loading, and the warpgroups never meet
 // at a CTA barrier, so one may run ahead of the other. (Until session 11 every thread copied its
-// share of each tile by cp.async, then waited, fenced and arrived on `full`: step 28 in
+// share of each tile by cp.async, then waited, fenced and arrived on `full`: step 30 in
 // docs/flash-attention.md.)
 template <int D>
 struct KeyValueRing {

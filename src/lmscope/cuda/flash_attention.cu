@@ -427,6 +427,22 @@ __device__ __forceinline__ void tma_tile(unsigned char* tile, const CUtensorMap&
     sm90::tma_load_3d(tile + p * ROWS * 128, map, p * sm90::kPanelCols, r0, seq, bar);
 }
 
+// The barriers of a ring of STAGES slots loaded by TMA (at `bars`: STAGES `full`, then STAGES
+// `empty`): `full` takes one arrival, the loading thread's with the bytes it announces, `empty` one
+// from every thread. Thread 0 sets them up; the CTA meets before anyone waits on them.
+template <int STAGES>
+__device__ __forceinline__ void init_ring_barriers(std::uint64_t* bars, int tid) {
+  if (tid == 0) {
+#pragma unroll
+    for (int i = 0; i < STAGES; ++i) {
+      sm90::mbarrier_init(bars + i, 1);
+      sm90::mbarrier_init(bars + STAGES + i, kWgThreads);
+    }
+    sm90::mbarrier_init_fence();
+  }
+  __syncthreads();
+}
+
 // The K and V tiles the Hopper forward and dQ kernels walk, in a ring of kWgStages slots (K's
 // slots, then V's, then the barriers): `tiles` key tiles of sequence `seq` from key tile `first`,
 // counted from 0 in the ring. Thread 0 has the copy engine load each tile kWgStages − 2 tiles ahead
@@ -450,15 +466,7 @@ struct KeyValueRing {
   // loads of extra_bytes, on tile 0's barrier.
   template <typename F>
   __device__ __forceinline__ void start(unsigned extra_bytes, F&& with_first) const {
-    if (tid == 0) {
-#pragma unroll
-      for (int i = 0; i < kWgStages; ++i) {
-        sm90::mbarrier_init(full(i), 1);
-        sm90::mbarrier_init(empty(i), kWgThreads);
-      }
-      sm90::mbarrier_init_fence();
-    }
-    __syncthreads();  // the barriers are set up before anyone waits on them
+    init_ring_barriers<kWgStages>(full(0), tid);
     if (tid == 0) {
       sm90::mbarrier_arrive_expect_tx(full(0), (tiles > 0 ? 2 * kTileBytes : 0) + extra_bytes);
       with_first(full(0));
@@ -910,15 +918,7 @@ struct QueryRing {
   // with_first(bar), the caller's own loads of extra_bytes, on tile 0's barrier.
   template <typename F>
   __device__ __forceinline__ void start(unsigned extra_bytes, F&& with_first) const {
-    if (tid == 0) {
-#pragma unroll
-      for (int i = 0; i < STAGES; ++i) {
-        sm90::mbarrier_init(full(i), 1);
-        sm90::mbarrier_init(empty(i), kWgThreads);
-      }
-      sm90::mbarrier_init_fence();
-    }
-    __syncthreads();  // the barriers are set up before anyone waits on them
+    init_ring_barriers<STAGES>(bars, tid);
     if (tid == 0) {
       sm90::mbarrier_arrive_expect_tx(full(0), 2 * kTileBytes + 2 * kRowBytes + extra_bytes);
       with_first(full(0));

@@ -462,15 +462,15 @@ struct KeyValueRing {
   __device__ __forceinline__ unsigned char* k_tile(int i) const { return slots + (i % kWgStages) * kTileBytes; }
   __device__ __forceinline__ unsigned char* v_tile(int i) const { return k_tile(i) + kWgStages * kTileBytes; }
 
-  // Sets up the barriers and loads the first tiles; thread 0 runs with_first(bar), the caller's own
-  // loads of extra_bytes, on tile 0's barrier.
+  // Sets up the barriers and loads the first tiles (there is at least one); thread 0 runs
+  // with_first(bar), the caller's own loads of extra_bytes, on tile 0's barrier.
   template <typename F>
   __device__ __forceinline__ void start(unsigned extra_bytes, F&& with_first) const {
     init_ring_barriers<kWgStages>(full(0), tid);
     if (tid == 0) {
-      sm90::mbarrier_arrive_expect_tx(full(0), (tiles > 0 ? 2 * kTileBytes : 0) + extra_bytes);
+      sm90::mbarrier_arrive_expect_tx(full(0), 2 * kTileBytes + extra_bytes);
       with_first(full(0));
-      if (tiles > 0) copy(0);
+      copy(0);
 #pragma unroll
       for (int i = 1; i < kWgStages - 2; ++i) load(i);
     }
@@ -907,7 +907,7 @@ struct QueryRing {
   const CUtensorMap* dout_map;
   const CUtensorMap* lse_map;
   const CUtensorMap* delta_map;
-  int seq, seq_rows, first, end, tid;  // seq_rows: each sequence's rows in the maps of L and delta
+  int seq, first, end, tid;
 
   __device__ __forceinline__ unsigned char* q_tile(int r) const { return q_tiles + (r % STAGES) * kTileBytes; }
   __device__ __forceinline__ unsigned char* do_tile(int r) const { return q_tile(r) + STAGES * kTileBytes; }
@@ -952,8 +952,8 @@ struct QueryRing {
     const int q0 = (first + r) * kWbTileQ;
     tma_tile<D, kWbTileQ>(q_tile(r), *q_map, q0, seq, full(r));
     tma_tile<D, kWbTileQ>(do_tile(r), *dout_map, q0, seq, full(r));
-    sm90::tma_load_1d(lse_row(r), *lse_map, seq * seq_rows + q0, full(r));
-    sm90::tma_load_1d(delta_row(r), *delta_map, seq * seq_rows + q0, full(r));
+    sm90::tma_load_2d(lse_row(r), *lse_map, q0, seq, full(r));
+    sm90::tma_load_2d(delta_row(r), *delta_map, q0, seq, full(r));
   }
 };
 #endif
@@ -1046,8 +1046,8 @@ __global__ void __launch_bounds__(kWgThreads)
     return;
   }
   auto* bars = reinterpret_cast<std::uint64_t*>(sRows + 2 * kStages * kWbTileQ);
-  const QueryRing<D, ATOMIC_DQ, kStages, kAhead> ring{
-      sQ, sRows, bars, &q_map, &dout_map, &lse_map, &delta_map, seq, tiles * kWbTileQ, first, end, tid};
+  const QueryRing<D, ATOMIC_DQ, kStages, kAhead> ring{sQ,         sRows, bars,  &q_map, &dout_map, &lse_map,
+                                                      &delta_map, seq,   first, end,    tid};
   ring.start(2 * kKeyBytes, [&](std::uint64_t* bar) {  // this CTA's keys, with the first query tile
     tma_tile<D, kWbKeys>(sK, k_map, k0, seq, bar);
     tma_tile<D, kWbKeys>(sV, v_map, k0, seq, bar);
@@ -1521,29 +1521,28 @@ __global__ void __launch_bounds__(kSimtThreads)
     if (s + 4 * w < d) dq[static_cast<long long>(row) * d + s + 4 * w] = st<T>(acc[w] * scale);
 }
 
-// delta[row] = Σ dO∘O over the row: one warp per row.
+// delta[row] = Σ dO∘O over the row: one warp per row of each sequence's `padded` rows (tq rounded up
+// where stats is given, else tq). With stats (the Hopper dK/dV kernel's [2, n, padded] copy) the warp
+// also writes stats[0][seq][r] = delta and stats[1][seq][r] = L·log2 e, and 0 for the rows that pad
+// tq (masked queries; finite, so that P = 0 stays 0 in dS = P·(dP − delta)).
 template <typename T>
-__global__ void flash_delta(const T* __restrict__ out, const T* __restrict__ dout, float* __restrict__ delta,
-                            long long rows, int d) {
-  const long long row = static_cast<long long>(blockIdx.x) * (blockDim.x / 32) + threadIdx.x / 32;
-  if (row >= rows) return;
+__global__ void flash_delta(const T* __restrict__ out, const T* __restrict__ dout, const float* __restrict__ lse,
+                            float* __restrict__ delta, float* __restrict__ stats, long long n, long long tq,
+                            long long padded, int d) {
+  const long long i = static_cast<long long>(blockIdx.x) * (blockDim.x / 32) + threadIdx.x / 32;
+  if (i >= n * padded) return;
+  const long long seq = i / padded, r = i % padded, row = seq * tq + r;
+  const bool real = r < tq, lead = threadIdx.x % 32 == 0;
   float s = 0.f;
-  for (int c = threadIdx.x % 32; c < d; c += 32) s += ld(out[row * d + c]) * ld(dout[row * d + c]);
+  if (real)
+    for (int c = threadIdx.x % 32; c < d; c += 32) s += ld(out[row * d + c]) * ld(dout[row * d + c]);
   for (int off = 16; off > 0; off /= 2) s += __shfl_xor_sync(0xffffffffu, s, off);
-  if (threadIdx.x % 32 == 0) delta[row] = s;
-}
-
-// The Hopper dK/dV kernel's row statistics: stats[0][seq][r] = delta, stats[1][seq][r] = L·log2 e
-// for r < tq, and 0 for the rows that pad tq to `rows` (masked queries; finite, so that P = 0 stays 0
-// in dS = P·(dP − delta)).
-__global__ void hopper_row_stats(const float* __restrict__ delta, const float* __restrict__ lse,
-                                 float* __restrict__ stats, long long n, long long tq, long long rows) {
-  const long long i = static_cast<long long>(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (i >= n * rows) return;
-  const long long seq = i / rows, r = i % rows;
-  const bool real = r < tq;
-  stats[i] = real ? delta[seq * tq + r] : 0.f;
-  stats[n * rows + i] = real ? lse[seq * tq + r] * kLog2e : 0.f;
+  if (!lead) return;
+  if (real) delta[row] = s;
+  if (stats) {
+    stats[i] = s;
+    stats[n * padded + i] = real ? lse[row] * kLog2e : 0.f;
+  }
 }
 
 // ---------------------------------------------------------------- parts (tile_order.h)
@@ -1693,13 +1692,13 @@ CUtensorMap tile_map(const void* base, long long n, long long rows, int d, int b
   const cuuint32_t box[3] = {sm90::kPanelCols, static_cast<cuuint32_t>(box_rows), 1};
   return encode_map(CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 3, base, dims, strides, box, CU_TENSOR_MAP_SWIZZLE_128B);
 }
-// `count` floats from base (16-byte aligned), read in runs of `box`.
-CUtensorMap row_map(const float* base, long long count, int box) {
-  if (reinterpret_cast<std::uintptr_t>(base) % 16 != 0 || count > std::numeric_limits<int>::max())
-    throw std::runtime_error("flash attention: row statistics not 16-byte aligned, or over 2^31 of them");
-  const cuuint64_t dims[1] = {static_cast<cuuint64_t>(count)}, no_strides[1] = {0};
-  const cuuint32_t boxes[1] = {static_cast<cuuint32_t>(box)};
-  return encode_map(CU_TENSOR_MAP_DATA_TYPE_FLOAT32, 1, base, dims, no_strides, boxes, CU_TENSOR_MAP_SWIZZLE_NONE);
+// An [n, rows] fp32 array (rows a multiple of 4, so each sequence's rows start 16-byte aligned, as
+// the copy engine needs) read in runs of `box` rows of one sequence.
+CUtensorMap row_map(const float* base, long long n, long long rows, int box) {
+  const cuuint64_t dims[2] = {static_cast<cuuint64_t>(rows), static_cast<cuuint64_t>(n)};
+  const cuuint64_t strides[1] = {static_cast<cuuint64_t>(rows) * 4};
+  const cuuint32_t boxes[2] = {static_cast<cuuint32_t>(box), 1};
+  return encode_map(CU_TENSOR_MAP_DATA_TYPE_FLOAT32, 2, base, dims, strides, boxes, CU_TENSOR_MAP_SWIZZLE_NONE);
 }
 
 // CTAs of a kernel that one SM holds at once (asked of the driver once per kernel and shared memory
@@ -1903,11 +1902,12 @@ void flash_attention_backward(const void* q, const void* k, const void* v, const
                               const FlashAttentionPlan& plan, float* delta, float* row_stats, float* dq_accum,
                               float* workspace, cudaStream_t s) {
   check_head_dim(d);
+  const long long padded = plan.row_stats_rows > 0 ? plan.row_stats_rows : tq;
   with_elem(e, [&](auto tag) {
     using T = typename decltype(tag)::type;
-    const long long rows = n * tq;
-    flash_delta<T><<<static_cast<unsigned>((rows + 7) / 8), 256, 0, s>>>(static_cast<const T*>(o),
-                                                                         static_cast<const T*>(dout), delta, rows, d);
+    flash_delta<T><<<static_cast<unsigned>((n * padded + 7) / 8), 256, 0, s>>>(
+        static_cast<const T*>(o), static_cast<const T*>(dout), lse, delta,
+        plan.row_stats_rows > 0 ? row_stats : nullptr, n, tq, padded, d);
   });
   check_launch("flash_delta");
   const int itq = static_cast<int>(tq), itk = static_cast<int>(tk);
@@ -1928,12 +1928,8 @@ void flash_attention_backward(const void* q, const void* k, const void* v, const
       bool dkdv_done = false;
       if constexpr (D == 64 || D == 128)
         if (plan.dkdv_wgmma) {
-          const long long stats = n * plan.row_stats_rows;
-          hopper_row_stats<<<static_cast<unsigned>((stats + 255) / 256), 256, 0, s>>>(delta, lse, row_stats, n, tq,
-                                                                                      plan.row_stats_rows);
-          check_launch("hopper_row_stats");
-          const CUtensorMap delta_rows = row_map(row_stats, stats, kWbTileQ),
-                            lse_rows = row_map(row_stats + stats, stats, kWbTileQ);
+          const CUtensorMap delta_rows = row_map(row_stats, n, plan.row_stats_rows, kWbTileQ),
+                            lse_rows = row_map(row_stats + n * plan.row_stats_rows, n, plan.row_stats_rows, kWbTileQ);
           auto launch = [&](auto dkdv, int smem) {
             launch_tiled("flash_backward_wgmma", dkdv, kWgThreads, smem, Tiling{n, tk, kWbKeys, qdo_bytes, kv_parts}, s,
                          tile_map(q, n, tq, D, kWbTileQ), tile_map(k, n, tk, D, kWbKeys),

@@ -106,12 +106,12 @@ __device__ __forceinline__ void tma_load_3d(void* dst, const CUtensorMap& map, i
       "l"(reinterpret_cast<std::uint64_t>(&map)), "r"(c0), "r"(c1), "r"(c2), "r"(smem_addr(bar))
       : "memory");
 }
-// The box at coordinate c0 of the map's 1-d tensor into dst (128-byte aligned), counted on bar.
-__device__ __forceinline__ void tma_load_1d(void* dst, const CUtensorMap& map, int c0, std::uint64_t* bar) {
+// The box at coordinates (c0, c1) of the map's 2-d tensor into dst (128-byte aligned), counted on bar.
+__device__ __forceinline__ void tma_load_2d(void* dst, const CUtensorMap& map, int c0, int c1, std::uint64_t* bar) {
   asm volatile(
-      "cp.async.bulk.tensor.1d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, {%2}], [%3];\n" ::
-          "r"(smem_addr(dst)),
-      "l"(reinterpret_cast<std::uint64_t>(&map)), "r"(c0), "r"(smem_addr(bar))
+      "cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3}], "
+      "[%4];\n" ::"r"(smem_addr(dst)),
+      "l"(reinterpret_cast<std::uint64_t>(&map)), "r"(c0), "r"(c1), "r"(smem_addr(bar))
       : "memory");
 }
 // One 16-byte shared store. Written out because the compiler splits a float4 store of wgmma

@@ -427,78 +427,91 @@ __device__ __forceinline__ void tma_tile(unsigned char* tile, const CUtensorMap&
     sm90::tma_load_3d(tile + p * ROWS * 128, map, p * sm90::kPanelCols, r0, seq, bar);
 }
 
-// The barriers of a ring of STAGES slots loaded by TMA (at `bars`: STAGES `full`, then STAGES
-// `empty`): `full` takes one arrival, the loading thread's with the bytes it announces, `empty` one
-// from every thread. Thread 0 sets them up; the CTA meets before anyone waits on them.
-template <int STAGES>
-__device__ __forceinline__ void init_ring_barriers(std::uint64_t* bars, int tid) {
-  if (tid == 0) {
-#pragma unroll
-    for (int i = 0; i < STAGES; ++i) {
-      sm90::mbarrier_init(bars + i, 1);
-      sm90::mbarrier_init(bars + STAGES + i, kWgThreads);
-    }
-    sm90::mbarrier_init_fence();
-  }
-  __syncthreads();
-}
-
-// The K and V tiles the Hopper forward and dQ kernels walk, in a ring of kWgStages slots (K's
-// slots, then V's, then the barriers): `tiles` key tiles of sequence `seq` from key tile `first`,
-// counted from 0 in the ring. Thread 0 has the copy engine load each tile kWgStages − 2 tiles ahead
-// (TMA); a slot's `full` barrier completes when its bytes have landed, `empty` when every thread
-// has released it. No other thread spends an instruction on loading, and the warpgroups never meet
-// at a CTA barrier, so one may run ahead of the other. (Until session 11 every thread copied its
-// share of each tile by cp.async, then waited, fenced and arrived on `full`: step 30 in
+// A ring of STAGES slots in shared memory that the copy engine fills (TMA), AHEAD tiles ahead of
+// the step that reads them: `count` tiles, counted from 0, placed and loaded by Tiles (kBytes per
+// tile, copy(i, bar) issues tile i's loads into slot i % STAGES). Only thread 0 loads. A slot's
+// `full` barrier completes when the bytes it was promised have landed (one arrival, the loader's);
+// without CTA_SYNC its `empty` barrier completes when every thread has released its tile, and the
+// warpgroups never meet at a CTA barrier, so one may run ahead of the other. With CTA_SYNC (the
+// --atomic-dq backward, whose threads meet once per tile for the dSᵀ exchange anyway) wait() ends at
+// that meeting, after which every thread is done with the tile before, whose slot advance() then
+// refills. Step j of a kernel: wait(j), issue the products, advance(j), and release(j') once the
+// products that read tile j' are waited for. (Until session 11 every thread copied its share of
+// each tile by cp.async, then waited, fenced and arrived on `full`: step 30 in
 // docs/flash-attention.md.)
-template <int D>
-struct KeyValueRing {
-  static constexpr int kTileBytes = kWgTileK * D * 2;
-  unsigned char* slots;
-  const CUtensorMap* k_map;
-  const CUtensorMap* v_map;
-  int seq, first, tiles, tid;
-
-  __device__ __forceinline__ unsigned char* k_tile(int i) const { return slots + (i % kWgStages) * kTileBytes; }
-  __device__ __forceinline__ unsigned char* v_tile(int i) const { return k_tile(i) + kWgStages * kTileBytes; }
+template <int STAGES, int AHEAD, bool CTA_SYNC, typename Tiles>
+struct TmaRing {
+  static_assert(CTA_SYNC ? AHEAD == STAGES - 1 : AHEAD == STAGES - 2, "a slot is refilled once its tile is done");
+  Tiles tiles;
+  std::uint64_t* bars;  // [STAGES] full, then [STAGES] empty
+  int count, tid;
 
   // Sets up the barriers and loads the first tiles (there is at least one); thread 0 runs
   // with_first(bar), the caller's own loads of extra_bytes, on tile 0's barrier.
   template <typename F>
   __device__ __forceinline__ void start(unsigned extra_bytes, F&& with_first) const {
-    init_ring_barriers<kWgStages>(full(0), tid);
     if (tid == 0) {
-      sm90::mbarrier_arrive_expect_tx(full(0), 2 * kTileBytes + extra_bytes);
-      with_first(full(0));
-      copy(0);
 #pragma unroll
-      for (int i = 1; i < kWgStages - 2; ++i) load(i);
+      for (int i = 0; i < STAGES; ++i) {
+        sm90::mbarrier_init(full(i), 1);
+        sm90::mbarrier_init(empty(i), kWgThreads);
+      }
+      sm90::mbarrier_init_fence();
+    }
+    __syncthreads();  // the barriers are set up before anyone waits on them
+    if (tid == 0) {
+      sm90::mbarrier_arrive_expect_tx(full(0), Tiles::kBytes + extra_bytes);
+      with_first(full(0));
+      tiles.copy(0, full(0));
+#pragma unroll
+      for (int i = 1; i < AHEAD; ++i) load(i);
     }
   }
-  __device__ __forceinline__ void wait(int j) const { sm90::mbarrier_wait(full(j), (j / kWgStages) & 1); }
-  // After step j's products are issued: tile j + kWgStages − 2 into the slot of tile j − 2.
+  __device__ __forceinline__ void wait(int j) const {
+    sm90::mbarrier_wait(full(j), (j / STAGES) & 1);
+    if constexpr (CTA_SYNC) __syncthreads();
+  }
   __device__ __forceinline__ void advance(int j) const {
-    if (tid == 0) load(j + kWgStages - 2);
+    if (tid == 0) load(j + AHEAD);
   }
   // This thread is done with tile j (the wgmmas that read it are waited for).
-  __device__ __forceinline__ void release(int j) const { sm90::mbarrier_arrive(empty(j)); }
+  __device__ __forceinline__ void release(int j) const {
+    if constexpr (!CTA_SYNC) sm90::mbarrier_arrive(empty(j));
+  }
 
  private:
-  __device__ __forceinline__ std::uint64_t* full(int i) const {
-    return reinterpret_cast<std::uint64_t*>(slots + 2 * kWgStages * kTileBytes) + i % kWgStages;
-  }
-  __device__ __forceinline__ std::uint64_t* empty(int i) const { return full(i) + kWgStages; }
+  __device__ __forceinline__ std::uint64_t* full(int i) const { return bars + i % STAGES; }
+  __device__ __forceinline__ std::uint64_t* empty(int i) const { return bars + STAGES + i % STAGES; }
   __device__ __forceinline__ void load(int i) const {
-    if (i >= tiles) return;
-    if (i >= kWgStages) sm90::mbarrier_wait(empty(i), (i / kWgStages - 1) & 1);
-    sm90::mbarrier_arrive_expect_tx(full(i), 2 * kTileBytes);
-    copy(i);
-  }
-  __device__ __forceinline__ void copy(int i) const {
-    tma_tile<D, kWgTileK>(k_tile(i), *k_map, (first + i) * kWgTileK, seq, full(i));
-    tma_tile<D, kWgTileK>(v_tile(i), *v_map, (first + i) * kWgTileK, seq, full(i));
+    if (i >= count) return;
+    if (!CTA_SYNC && i >= STAGES) sm90::mbarrier_wait(empty(i), (i / STAGES - 1) & 1);
+    sm90::mbarrier_arrive_expect_tx(full(i), Tiles::kBytes);
+    tiles.copy(i, full(i));
   }
 };
+
+// The K and V tiles the Hopper forward and dQ kernels walk (kWgStages slots of K, then of V): key
+// tile `first` + i of sequence `seq` is tile i. The ring's barriers follow the slots.
+template <int D>
+struct KeyValueTiles {
+  static constexpr int kTileBytes = kWgTileK * D * 2, kBytes = 2 * kTileBytes;
+  unsigned char* slots;
+  const CUtensorMap* k_map;
+  const CUtensorMap* v_map;
+  int seq, first;
+
+  __device__ __forceinline__ unsigned char* k_tile(int i) const { return slots + (i % kWgStages) * kTileBytes; }
+  __device__ __forceinline__ unsigned char* v_tile(int i) const { return k_tile(i) + kWgStages * kTileBytes; }
+  __device__ __forceinline__ std::uint64_t* bars() const {
+    return reinterpret_cast<std::uint64_t*>(slots + 2 * kWgStages * kTileBytes);
+  }
+  __device__ __forceinline__ void copy(int i, std::uint64_t* bar) const {
+    tma_tile<D, kWgTileK>(k_tile(i), *k_map, (first + i) * kWgTileK, seq, bar);
+    tma_tile<D, kWgTileK>(v_tile(i), *v_map, (first + i) * kWgTileK, seq, bar);
+  }
+};
+template <int D>
+using KeyValueRing = TmaRing<kWgStages, kWgStages - 2, false, KeyValueTiles<D>>;
 #endif
 
 // Software pipeline per warpgroup: step j issues S_j = Q·K_jᵀ and O += P_{j−1}·V_{j−1} together,
@@ -536,7 +549,8 @@ __global__ void __launch_bounds__(kWgThreads, D == 64 ? 2 : 1)
   // that the pipeline below needs no early exit.
   const bool empty = SPLIT && keys.begin == keys.end;
   const int tiles = empty ? 1 : keys.end - keys.begin, tk_seen = empty ? 0 : tk;  // tiles: from keys.begin
-  const KeyValueRing<D> ring{sK, &k_map, &v_map, seq, keys.begin, tiles, tid};
+  const KeyValueTiles<D> kv{sK, &k_map, &v_map, seq, keys.begin};
+  const KeyValueRing<D> ring{kv, kv.bars(), tiles, tid};
   ring.start(kWgTileQ * D * 2, [&](std::uint64_t* bar) { tma_tile<D, kWgTileQ>(sQ, q_map, q0, seq, bar); });
 
   float acc[kPanels][8][4] = {};
@@ -544,9 +558,9 @@ __global__ void __launch_bounds__(kWgThreads, D == 64 ? 2 : 1)
   float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f}, corr[2];
   unsigned qa[D / 16][4], pa[kWgTileK / 16][4];
 
-  auto issue_s = [&](int j) { issue_scores<D>(s, qa, sm90::descriptor(ring.k_tile(j)), kWgTileK); };  // Q·K_jᵀ
-  auto issue_pv = [&](int j) {                                                                        // acc += P_j·V_j
-    const unsigned char* cV = ring.v_tile(j);
+  auto issue_s = [&](int j) { issue_scores<D>(s, qa, sm90::descriptor(kv.k_tile(j)), kWgTileK); };  // Q·K_jᵀ
+  auto issue_pv = [&](int j) {                                                                      // acc += P_j·V_j
+    const unsigned char* cV = kv.v_tile(j);
 #pragma unroll
     for (int kc = 0; kc < kWgTileK / 16; ++kc)
 #pragma unroll
@@ -865,8 +879,8 @@ __global__ void __launch_bounds__(kThreads, D == 32 ? 4 : 1)  // d 32: 164 regis
 
 // ---------------------------------------------------------------- Hopper backward (wgmma, sm_90a)
 // One CTA per 128 keys: two warpgroups of 64 keys each, over query tiles of 64 rows (Q, dO, L and
-// delta in a QueryRing: handed over by mbarriers without atomics, after a CTA barrier per tile with
-// them, as the dSᵀ exchange needs one anyway). Per query tile each warpgroup issues
+// delta in a TmaRing of QueryTiles: handed over by mbarriers without atomics, after a CTA barrier
+// per tile with them, as the dSᵀ exchange needs one anyway). Per query tile each warpgroup issues
 // Sᵀ = K·Qᵀ and dPᵀ = V·dOᵀ (both operands in shared memory), turns Sᵀ into Pᵀ while dPᵀ runs,
 // issues dV += Pᵀ·dO, turns dPᵀ into dSᵀ while that runs, and issues dK += dSᵀ·Q (A operands from
 // registers, as P in the forward). With ATOMIC_DQ both warpgroups then put dSᵀ in shared memory
@@ -888,72 +902,30 @@ constexpr int kWbStages = ATOMIC_DQ ? (D == 64 ? 3 : 2) : kWgStages;
 template <int D, bool ATOMIC_DQ>
 constexpr int kWbAhead = ATOMIC_DQ ? kWbStages<D, ATOMIC_DQ> - 1 : kWgStages - 2;
 
-// The query tiles the Hopper backward walks (Q and dO tiles, L and delta rows of 64 queries from
-// query tile `first` to `end` of sequence `seq`, counted from 0 in the ring), in STAGES slots that
-// thread 0 has the copy engine fill AHEAD tiles ahead; a slot's `full` barrier completes when its
-// bytes have landed. Without CTA_SYNC a slot's `empty` barrier completes when every thread has
-// released it, and the warpgroups never meet. With CTA_SYNC (the ATOMIC_DQ kernel, whose threads
-// meet once per tile for the dSᵀ exchange anyway) wait() ends at that meeting, after which every
-// thread is done with the tile before, whose slot advance() then refills.
+// The query tiles the Hopper backward walks (STAGES slots of Q, then of dO, each 64 queries, and of
+// their L and delta rows): query tile `first` + r of sequence `seq` is tile r.
 #ifdef LMSCOPE_WGMMA
-template <int D, bool CTA_SYNC, int STAGES, int AHEAD>
-struct QueryRing {
-  static_assert(CTA_SYNC ? AHEAD == STAGES - 1 : AHEAD == STAGES - 2, "a slot is refilled once its tile is done");
-  static constexpr int kTileBytes = kWbTileQ * D * 2, kRowBytes = kWbTileQ * 4;
+template <int D, int STAGES>
+struct QueryTiles {
+  static constexpr int kTileBytes = kWbTileQ * D * 2, kBytes = 2 * kTileBytes + 2 * kWbTileQ * 4;
   unsigned char* q_tiles;  // [STAGES] Q tiles, then [STAGES] dO tiles
   float* rows;             // [STAGES] L rows, then [STAGES] delta rows
-  std::uint64_t* bars;     // [STAGES] full, then [STAGES] empty
   const CUtensorMap* q_map;
   const CUtensorMap* dout_map;
   const CUtensorMap* lse_map;
   const CUtensorMap* delta_map;
-  int seq, first, end, tid;
+  int seq, first;
 
   __device__ __forceinline__ unsigned char* q_tile(int r) const { return q_tiles + (r % STAGES) * kTileBytes; }
   __device__ __forceinline__ unsigned char* do_tile(int r) const { return q_tile(r) + STAGES * kTileBytes; }
   __device__ __forceinline__ float* lse_row(int r) const { return rows + (r % STAGES) * kWbTileQ; }
   __device__ __forceinline__ float* delta_row(int r) const { return lse_row(r) + STAGES * kWbTileQ; }
-
-  // Sets up the barriers and loads the first tiles (there is at least one); thread 0 runs
-  // with_first(bar), the caller's own loads of extra_bytes, on tile 0's barrier.
-  template <typename F>
-  __device__ __forceinline__ void start(unsigned extra_bytes, F&& with_first) const {
-    init_ring_barriers<STAGES>(bars, tid);
-    if (tid == 0) {
-      sm90::mbarrier_arrive_expect_tx(full(0), 2 * kTileBytes + 2 * kRowBytes + extra_bytes);
-      with_first(full(0));
-      copy(0);
-#pragma unroll
-      for (int r = 1; r < AHEAD; ++r) load(r);
-    }
-  }
-  __device__ __forceinline__ void wait(int r) const {
-    sm90::mbarrier_wait(full(r), (r / STAGES) & 1);
-    if constexpr (CTA_SYNC) __syncthreads();
-  }
-  __device__ __forceinline__ void advance(int r) const {
-    if (tid == 0) load(r + AHEAD);
-  }
-  // This thread is done with tile r (the wgmmas that read it are waited for).
-  __device__ __forceinline__ void release(int r) const {
-    if constexpr (!CTA_SYNC) sm90::mbarrier_arrive(empty(r));
-  }
-
- private:
-  __device__ __forceinline__ std::uint64_t* full(int r) const { return bars + r % STAGES; }
-  __device__ __forceinline__ std::uint64_t* empty(int r) const { return bars + STAGES + r % STAGES; }
-  __device__ __forceinline__ void load(int r) const {
-    if (first + r >= end) return;
-    if (!CTA_SYNC && r >= STAGES) sm90::mbarrier_wait(empty(r), (r / STAGES - 1) & 1);
-    sm90::mbarrier_arrive_expect_tx(full(r), 2 * kTileBytes + 2 * kRowBytes);
-    copy(r);
-  }
-  __device__ __forceinline__ void copy(int r) const {
+  __device__ __forceinline__ void copy(int r, std::uint64_t* bar) const {
     const int q0 = (first + r) * kWbTileQ;
-    tma_tile<D, kWbTileQ>(q_tile(r), *q_map, q0, seq, full(r));
-    tma_tile<D, kWbTileQ>(do_tile(r), *dout_map, q0, seq, full(r));
-    sm90::tma_load_2d(lse_row(r), *lse_map, q0, seq, full(r));
-    sm90::tma_load_2d(delta_row(r), *delta_map, q0, seq, full(r));
+    tma_tile<D, kWbTileQ>(q_tile(r), *q_map, q0, seq, bar);
+    tma_tile<D, kWbTileQ>(do_tile(r), *dout_map, q0, seq, bar);
+    sm90::tma_load_2d(lse_row(r), *lse_map, q0, seq, bar);
+    sm90::tma_load_2d(delta_row(r), *delta_map, q0, seq, bar);
   }
 };
 #endif
@@ -1046,8 +1018,8 @@ __global__ void __launch_bounds__(kWgThreads)
     return;
   }
   auto* bars = reinterpret_cast<std::uint64_t*>(sRows + 2 * kStages * kWbTileQ);
-  const QueryRing<D, ATOMIC_DQ, kStages, kAhead> ring{sQ,         sRows, bars,  &q_map, &dout_map, &lse_map,
-                                                      &delta_map, seq,   first, end,    tid};
+  const QueryTiles<D, kStages> qt{sQ, sRows, &q_map, &dout_map, &lse_map, &delta_map, seq, first};
+  const TmaRing<kStages, kAhead, ATOMIC_DQ, QueryTiles<D, kStages>> ring{qt, bars, end - first, tid};
   ring.start(2 * kKeyBytes, [&](std::uint64_t* bar) {  // this CTA's keys, with the first query tile
     tma_tile<D, kWbKeys>(sK, k_map, k0, seq, bar);
     tma_tile<D, kWbKeys>(sV, v_map, k0, seq, bar);
@@ -1086,8 +1058,8 @@ __global__ void __launch_bounds__(kWgThreads)
         sm90::bulk_reduce_add(dq_accum + (i - 2) * kWbTileQ * D, sdQ + (r & 1) * (kDqBytes / 4), kDqBytes);
       ring.advance(r);
     }
-    const unsigned char* cQ = ring.q_tile(r);
-    const unsigned char* cdO = ring.do_tile(r);
+    const unsigned char* cQ = qt.q_tile(r);
+    const unsigned char* cdO = qt.do_tile(r);
 
     // Sᵀ = K·Qᵀ and dPᵀ = V·dOᵀ: K-major A and B, 16 channels (32 bytes) per step within a panel.
     const std::uint64_t q_desc = sm90::descriptor(cQ), do_desc = sm90::descriptor(cdO);
@@ -1106,7 +1078,7 @@ __global__ void __launch_bounds__(kWgThreads)
     float lse2[8][2];
 #pragma unroll
     for (int nb = 0; nb < 8; ++nb) {
-      const float2 l2 = *reinterpret_cast<const float2*>(ring.lse_row(r) + nb * 8 + 2 * t);
+      const float2 l2 = *reinterpret_cast<const float2*>(qt.lse_row(r) + nb * 8 + 2 * t);
       lse2[nb][0] = l2.x, lse2[nb][1] = l2.y;
     }
 
@@ -1122,7 +1094,7 @@ __global__ void __launch_bounds__(kWgThreads)
     float dlt[8][2];
 #pragma unroll
     for (int nb = 0; nb < 8; ++nb) {
-      const float2 d2 = *reinterpret_cast<const float2*>(ring.delta_row(r) + nb * 8 + 2 * t);
+      const float2 d2 = *reinterpret_cast<const float2*>(qt.delta_row(r) + nb * 8 + 2 * t);
       dlt[nb][0] = d2.x, dlt[nb][1] = d2.y;
     }
     sm90::wait<1>();  // dPᵀ is in; dV may still run
@@ -1253,7 +1225,8 @@ __global__ void __launch_bounds__(kWgThreads)
         for (int c = 2 * t; c < D; c += 8) dq.store2(static_cast<long long>(row[h]) * D + c, 0.f, 0.f);
     return;
   }
-  const KeyValueRing<D> ring{sK, &k_map, &v_map, seq, keys.begin, tiles, tid};
+  const KeyValueTiles<D> kv{sK, &k_map, &v_map, seq, keys.begin};
+  const KeyValueRing<D> ring{kv, kv.bars(), tiles, tid};
   ring.start(2 * kWgTileQ * D * 2, [&](std::uint64_t* bar) {
     tma_tile<D, kWgTileQ>(sQ, q_map, q0, seq, bar);
     tma_tile<D, kWgTileQ>(sdO, dout_map, q0, seq, bar);
@@ -1283,7 +1256,7 @@ __global__ void __launch_bounds__(kWgThreads)
   const std::uint64_t q_desc = sm90::descriptor(sQ + wg * 64 * 128), do_desc = sm90::descriptor(sdO + wg * 64 * 128);
   for (int j = 0; j < tiles; ++j) {
     ring.wait(j);
-    const std::uint64_t k_desc = sm90::descriptor(ring.k_tile(j)), v_desc = sm90::descriptor(ring.v_tile(j));
+    const std::uint64_t k_desc = sm90::descriptor(kv.k_tile(j)), v_desc = sm90::descriptor(kv.v_tile(j));
     sm90::fence();
     if constexpr (kFromShared) {
       issue_scores<D>(s, q_desc, kWgTileQ, k_desc, kWgTileK);

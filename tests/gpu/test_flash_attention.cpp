@@ -95,11 +95,12 @@ TEST_F(FlashOnGpu, Bf16MatchesTheDefinitionWithEitherDqStrategy) {
 }
 
 // The Hopper kernels (wgmma) run only with 128-row tiles for 7/8 of the SMs or more (queries forward, keys
-// backward), so they need many sequences: partial tiles, tq ≠ tk both ways, both head dims, both dq
-// strategies.
+// backward), so they need many sequences: partial tiles, tq ≠ tk both ways, every head dim they take,
+// both dq strategies.
 TEST_F(FlashOnGpu, HopperKernelsMatchTheDefinition) {
   const std::vector<GpuInfo> gpus = list_gpus();
-  const Case cases[] = {{64, 300, 300, 64}, {140, 200, 77, 64}, {48, 257, 257, 128}, {140, 77, 200, 128}};
+  const Case cases[] = {{64, 300, 300, 64},  {140, 200, 77, 64}, {48, 257, 257, 128},
+                        {140, 77, 200, 128}, {64, 300, 300, 32}, {140, 77, 200, 32}};
   std::uint64_t seed = 300;
   for (const Case& c : cases) {
     const int d = static_cast<int>(c.d);
@@ -129,11 +130,9 @@ TEST_F(FlashOnGpu, TilesCutIntoPartsMatchTheDefinition) {
     Case c;
     bool forward_wgmma, dkdv_wgmma;  // on a Hopper GPU, causal (measured there: the d 128 forward stays on mma.sync)
   };
-  const Split cases[] = {{{1, 3000, 3000, 64}, false, false},
-                         {{1, 1100, 2500, 32}, false, false},
-                         {{2, 1800, 1300, 80}, false, false},
-                         {{1, 4100, 4100, 64}, true, true},
-                         {{1, 4200, 4000, 128}, false, true}};
+  const Split cases[] = {{{1, 3000, 3000, 64}, false, false}, {{1, 1100, 2500, 32}, false, false},
+                         {{2, 1800, 1300, 80}, false, false}, {{1, 4100, 4100, 64}, true, true},
+                         {{1, 4200, 4000, 128}, false, true}, {{1, 4100, 4100, 32}, true, true}};
   std::uint64_t seed = 400;
   for (const Split& split : cases) {
     const Case& c = split.c;

@@ -2,8 +2,9 @@
 // - tensor cores (bf16 storage, head dims 16, 32, 64, 80, 96, 128): mma.sync m16n8k16 with fp32
 //   accumulation, operands staged in shared memory by cp.async (double-buffered) and read with
 //   ldmatrix; each warp owns 16 rows, the softmax statistics live in registers;
-// - on Hopper, bf16 at d 64 and 128 with enough tiles to fill the GPU: wgmma (warpgroup MMA reading
-//   swizzled shared memory that the copy engine, TMA, fills), the same algorithm in both directions;
+// - on Hopper, bf16 at d 32, 64 and 128 with enough tiles to fill the GPU: wgmma (warpgroup MMA
+//   reading swizzled shared memory that the copy engine, TMA, fills), the same algorithm in both
+//   directions;
 // - CUDA cores (fp32 storage, or any head dim up to 128): the same tiling in plain fp32 arithmetic,
 //   four threads per row. This is what --precision fp32 means: no tensor cores.
 // Backward: delta = rowsum(dO∘O) first; then dK and dV per key tile; dQ either accumulated by the
@@ -364,6 +365,9 @@ __global__ void __launch_bounds__(kThreads)
 // into registers as A fragments, and P goes from the S accumulators to the A fragments of P·V
 // without leaving registers, as in the mma.sync kernel.
 constexpr int kWgThreads = 256, kWgTileQ = 128, kWgTileK = 64, kWgStages = 4;
+// Head dims with Hopper kernels (tiles laid out as sm90::TileOf says).
+template <int D>
+constexpr bool kHopperHeadDim = D == 32 || D == 64 || D == 128;
 // Shared bytes of the rings' mbarriers (full and empty per slot) and of the K/V ring: K and V tiles
 // of kWgTileK keys per slot, then the barriers.
 constexpr int kRingBarrierBytes = 2 * kWgStages * 8;
@@ -381,10 +385,11 @@ __device__ __forceinline__ unsigned char* atom_aligned_smem(unsigned char* smem)
 
 // acc (+)= X·Y on a warpgroup: X its 64 rows × 64 (accumulator blocks x, packed here into the A
 // fragments a, which must stay untouched until a wait covers this product), Y a 64-row swizzled
-// tile read as an N-major B, one 64-column panel per accumulator.
-template <int PANELS>
-__device__ __forceinline__ void issue_product(float (&acc)[PANELS][8][4], unsigned (&a)[4][4], const float (&x)[8][4],
-                                              std::uint64_t y_desc) {
+// tile of N-column panels (TileOf) read as an N-major B, one panel per accumulator.
+template <int PANELS, int BLOCKS>
+__device__ __forceinline__ void issue_product(float (&acc)[PANELS][BLOCKS][4], unsigned (&a)[4][4],
+                                              const float (&x)[8][4], std::uint64_t y_desc) {
+  constexpr int N = 8 * BLOCKS, kRowBytes = N * 2;
 #pragma unroll
   for (int kc = 0; kc < 4; ++kc) accumulators_to_a(a[kc], x[2 * kc], x[2 * kc + 1]);
   sm90::fence();
@@ -392,7 +397,7 @@ __device__ __forceinline__ void issue_product(float (&acc)[PANELS][8][4], unsign
   for (int kc = 0; kc < 4; ++kc)
 #pragma unroll
     for (int p = 0; p < PANELS; ++p)
-      sm90::mma_rs<true>(acc[p], a[kc], sm90::advance(y_desc, p * 64 * 128 + kc * 16 * 128), true);
+      sm90::mma_rs<true, N>(acc[p], a[kc], sm90::advance(y_desc, (p * 64 + kc * 16) * kRowBytes), true);
   sm90::commit();
 }
 
@@ -404,8 +409,8 @@ __device__ __forceinline__ void issue_scores(float (&acc)[8][4], std::uint64_t a
                                              int b_rows) {
 #pragma unroll
   for (int kc = 0; kc < D / 16; ++kc)
-    sm90::mma_ss<64, false, false>(acc, sm90::advance(a, sm90::k_major_step(kc, a_rows)),
-                                   sm90::advance(b, sm90::k_major_step(kc, b_rows)), kc > 0);
+    sm90::mma_ss<64, false, false>(acc, sm90::advance(a, sm90::TileOf<D>::k_step(kc, a_rows)),
+                                   sm90::advance(b, sm90::TileOf<D>::k_step(kc, b_rows)), kc > 0);
   sm90::commit();
 }
 template <int D>
@@ -413,18 +418,19 @@ __device__ __forceinline__ void issue_scores(float (&acc)[8][4], const unsigned 
                                              int b_rows) {
 #pragma unroll
   for (int kc = 0; kc < D / 16; ++kc)
-    sm90::mma_rs<false>(acc, a[kc], sm90::advance(b, sm90::k_major_step(kc, b_rows)), kc > 0);
+    sm90::mma_rs<false>(acc, a[kc], sm90::advance(b, sm90::TileOf<D>::k_step(kc, b_rows)), kc > 0);
   sm90::commit();
 }
 
 // ROWS rows of sequence `seq` from row r0 of the [n, rows, D] tensor of `map` into a swizzled
-// [ROWS][D] tile, one box per 64-column panel, by the copy engine (zeros past the sequence's end).
+// [ROWS][D] tile, one box per panel (TileOf), by the copy engine (zeros past the sequence's end).
 template <int D, int ROWS>
 __device__ __forceinline__ void tma_tile(unsigned char* tile, const CUtensorMap& map, int r0, int seq,
                                          std::uint64_t* bar) {
+  using Tile = sm90::TileOf<D>;
 #pragma unroll
-  for (int p = 0; p < D / sm90::kPanelCols; ++p)
-    sm90::tma_load_3d(tile + p * ROWS * 128, map, p * sm90::kPanelCols, r0, seq, bar);
+  for (int p = 0; p < sm90::kPanels<D>; ++p)
+    sm90::tma_load_3d(tile + p * ROWS * Tile::kRowBytes, map, p * Tile::kCols, r0, seq, bar);
 }
 
 // A ring of STAGES slots in shared memory that the copy engine fills (TMA), AHEAD tiles ahead of
@@ -521,18 +527,19 @@ using KeyValueRing = TmaRing<kWgStages, kWgStages - 2, false, KeyValueTiles<D>>;
 // every wgmma of a kernel where one sits in code it cannot prove warp-uniform, or where an
 // accumulator is read before the wait that covers it. So both warpgroups run every key tile of
 // the CTA; under a causal mask the first one's last tile is then fully masked and adds nothing.
-// At d 64 two CTAs fit an SM when the kernel keeps to 128 registers (ptxas then spills 48 bytes):
-// one CTA's softmax runs beside the other's tensor work (s 16384, b 8: 1.14 → 0.96 ms).
+// At d 32 and 64 two CTAs fit an SM when the kernel keeps to 128 registers (at d 64 ptxas then spills
+// 48 bytes): one CTA's softmax runs beside the other's tensor work (d 64, s 16384, b 8: 1.14 → 0.96 ms).
 // SPLIT: CTAs walk parts of their tiles (order.parts > 1). Without it, the kernel is compiled with
 // none of the parts' bookkeeping: with it, ptxas gave consecutive wgmmas' descriptors the same
 // uniform registers, and at d 128 the unsplit forward ran 13% slower (step 25).
 template <int D, bool SPLIT>
-__global__ void __launch_bounds__(kWgThreads, D == 64 ? 2 : 1)
+__global__ void __launch_bounds__(kWgThreads, D <= 64 ? 2 : 1)
     flash_forward_wgmma(const __grid_constant__ CUtensorMap q_map, const __grid_constant__ CUtensorMap k_map,
                         const __grid_constant__ CUtensorMap v_map, PartOut<bf16> o_out, PartOut<float> lse_out, int tq,
                         int tk, float scale_log2, bool causal, TileOrder order) {
 #ifdef LMSCOPE_WGMMA
-  constexpr int kPanels = D / sm90::kPanelCols;
+  using Tile = sm90::TileOf<D>;
+  constexpr int kPanels = sm90::kPanels<D>, kBlocks = Tile::kCols / 8;  // accumulator blocks per panel
   extern __shared__ unsigned char smem_raw[];
   unsigned char* sQ = atom_aligned_smem(smem_raw);
   unsigned char* sK = sQ + kWgTileQ * D * 2;  // the K/V ring
@@ -553,19 +560,20 @@ __global__ void __launch_bounds__(kWgThreads, D == 64 ? 2 : 1)
   const KeyValueRing<D> ring{kv, kv.bars(), tiles, tid};
   ring.start(kWgTileQ * D * 2, [&](std::uint64_t* bar) { tma_tile<D, kWgTileQ>(sQ, q_map, q0, seq, bar); });
 
-  float acc[kPanels][8][4] = {};
+  float acc[kPanels][kBlocks][4] = {};
   float s[8][4];
   float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f}, corr[2];
   unsigned qa[D / 16][4], pa[kWgTileK / 16][4];
 
-  auto issue_s = [&](int j) { issue_scores<D>(s, qa, sm90::descriptor(kv.k_tile(j)), kWgTileK); };  // Q·K_jᵀ
+  auto issue_s = [&](int j) { issue_scores<D>(s, qa, Tile::descriptor(kv.k_tile(j)), kWgTileK); };  // Q·K_jᵀ
   auto issue_pv = [&](int j) {                                                                      // acc += P_j·V_j
     const unsigned char* cV = kv.v_tile(j);
 #pragma unroll
     for (int kc = 0; kc < kWgTileK / 16; ++kc)
 #pragma unroll
       for (int p = 0; p < kPanels; ++p)
-        sm90::mma_rs<true>(acc[p], pa[kc], sm90::descriptor(cV + p * kWgTileK * 128 + kc * 16 * 128), true);
+        sm90::mma_rs<true, Tile::kCols>(acc[p], pa[kc],
+                                        Tile::descriptor(cV + (p * kWgTileK + kc * 16) * Tile::kRowBytes), true);
     sm90::commit();
   };
   auto softmax = [&](int j) {
@@ -580,7 +588,7 @@ __global__ void __launch_bounds__(kWgThreads, D == 64 ? 2 : 1)
 #pragma unroll
       for (int p = 0; p < kPanels; ++p)
 #pragma unroll
-        for (int nd = 0; nd < 8; ++nd)
+        for (int nd = 0; nd < kBlocks; ++nd)
 #pragma unroll
           for (int e = 0; e < 4; ++e) acc[p][nd][e] *= corr[e / 2];
 #pragma unroll
@@ -590,7 +598,7 @@ __global__ void __launch_bounds__(kWgThreads, D == 64 ? 2 : 1)
   ring.wait(0);
 #pragma unroll
   for (int kc = 0; kc < D / 16; ++kc)
-    ldmatrix_x4(qa[kc], sQ + sm90::swizzled_offset(wg * 64 + warp * 16 + lane % 16, 2 * kc + lane / 16, kWgTileQ));
+    ldmatrix_x4(qa[kc], sQ + Tile::offset(wg * 64 + warp * 16 + lane % 16, 2 * kc + lane / 16, kWgTileQ));
   sm90::fence();
   issue_s(0);
   ring.advance(0);
@@ -630,8 +638,8 @@ __global__ void __launch_bounds__(kWgThreads, D == 64 ? 2 : 1)
 #pragma unroll
     for (int p = 0; p < kPanels; ++p)
 #pragma unroll
-      for (int nd = 0; nd < 8; ++nd)
-        o.store2(static_cast<long long>(row[i]) * D + p * 64 + nd * 8 + 2 * t, acc[p][nd][2 * i] * inv,
+      for (int nd = 0; nd < kBlocks; ++nd)
+        o.store2(static_cast<long long>(row[i]) * D + p * Tile::kCols + nd * 8 + 2 * t, acc[p][nd][2 * i] * inv,
                  acc[p][nd][2 * i + 1] * inv);
     if (t == 0) lse.store(row[i], m[i] * kLn2 + logf(l[i]));
   }
@@ -896,9 +904,9 @@ constexpr int kWbKeys = 128, kWbTileQ = 64;
 static_assert(kWbTileQ == 64 && kWgTileK == 64, "issue_product multiplies by 64-row tiles");
 // Ring slots. The mbarrier ring needs kWgStages, loading two tiles ahead. With ATOMIC_DQ every
 // thread meets at a CTA barrier per tile before the slot of the tile before is refilled, so
-// kStages − 1 ahead is safe: 3 slots at d 64; 2 at d 128, which leaves room for the dQ tiles.
+// kStages − 1 ahead is safe: 3 slots at d 32 and 64; 2 at d 128, which leaves room for the dQ tiles.
 template <int D, bool ATOMIC_DQ>
-constexpr int kWbStages = ATOMIC_DQ ? (D == 64 ? 3 : 2) : kWgStages;
+constexpr int kWbStages = ATOMIC_DQ ? (D <= 64 ? 3 : 2) : kWgStages;
 template <int D, bool ATOMIC_DQ>
 constexpr int kWbAhead = ATOMIC_DQ ? kWbStages<D, ATOMIC_DQ> - 1 : kWgStages - 2;
 
@@ -971,7 +979,9 @@ __global__ void __launch_bounds__(kWgThreads)
                          PartOut<bf16> dk_out, PartOut<bf16> dv_out, float* __restrict__ dq_accum, int tq, int tk,
                          float scale, bool causal, TileOrder order) {
 #ifdef LMSCOPE_WGMMA
-  constexpr int kPanels = D / sm90::kPanelCols;
+  using Tile = sm90::TileOf<D>;
+  using DsTile = sm90::Swizzled<kWbTileQ * 2>;  // dSᵀ: [kWbKeys][kWbTileQ]
+  constexpr int kPanels = sm90::kPanels<D>, kCols = Tile::kCols;
   constexpr int kKeyBytes = kWbKeys * D * 2, kQBytes = kWbTileQ * D * 2;
   constexpr int kDqCols = D / 2;  // dQ columns per warpgroup
   constexpr int kStages = kWbStages<D, ATOMIC_DQ>, kAhead = kWbAhead<D, ATOMIC_DQ>;
@@ -997,7 +1007,7 @@ __global__ void __launch_bounds__(kWgThreads)
   const int first = queries.begin, end = queries.end;
   dq_accum += static_cast<long long>(seq) * tiles * kWbTileQ * D;
   const int key[2] = {wk0 + warp * 16 + g, wk0 + warp * 16 + g + 8};
-  float dk_acc[kPanels][8][4] = {}, dv_acc[kPanels][8][4] = {};
+  float dk_acc[kPanels][kCols / 8][4] = {}, dv_acc[kPanels][kCols / 8][4] = {};
   auto write_dk_dv = [&] {
     const PartOut<bf16> dk = dk_out.at<SPLIT>(cta.part, koff * D), dv = dv_out.at<SPLIT>(cta.part, koff * D);
 #pragma unroll
@@ -1006,8 +1016,8 @@ __global__ void __launch_bounds__(kWgThreads)
 #pragma unroll
       for (int p = 0; p < kPanels; ++p)
 #pragma unroll
-        for (int nb = 0; nb < 8; ++nb) {
-          const long long at = static_cast<long long>(key[h]) * D + p * 64 + nb * 8 + 2 * t;
+        for (int nb = 0; nb < kCols / 8; ++nb) {
+          const long long at = static_cast<long long>(key[h]) * D + p * kCols + nb * 8 + 2 * t;
           dk.store2(at, dk_acc[p][nb][2 * h] * scale, dk_acc[p][nb][2 * h + 1] * scale);
           dv.store2(at, dv_acc[p][nb][2 * h], dv_acc[p][nb][2 * h + 1]);
         }
@@ -1030,12 +1040,12 @@ __global__ void __launch_bounds__(kWgThreads)
   // dQ[:, n0 .. n0 + kDqCols) of tile r = dS·K over the CTA's keys: dSᵀ (buffer r % 2) as an M-major
   // A, K as an N-major B.
   auto issue_dq = [&](int r) {
-    const std::uint64_t ds_desc = sm90::descriptor(sdS + (r & 1) * kDsBytes),
-                        kn_desc = sm90::descriptor(sK + (n0 / 64) * kWbKeys * 128 + (n0 % 64) * 2);
+    const std::uint64_t ds_desc = DsTile::descriptor(sdS + (r & 1) * kDsBytes),
+                        kn_desc = Tile::descriptor(sK + (n0 / kCols) * kWbKeys * Tile::kRowBytes + (n0 % kCols) * 2);
 #pragma unroll
     for (int kc = 0; kc < kWbKeys / 16; ++kc)
-      sm90::mma_ss<kDqCols, true, true>(dq, sm90::advance(ds_desc, kc * 16 * 128),
-                                        sm90::advance(kn_desc, kc * 16 * 128), kc > 0);
+      sm90::mma_ss<kDqCols, true, true>(dq, sm90::advance(ds_desc, kc * 16 * DsTile::kRowBytes),
+                                        sm90::advance(kn_desc, kc * 16 * Tile::kRowBytes), kc > 0);
     sm90::commit();
   };
   // dQ of tile r, once waited for, into its dq_accum tile in shared memory (buffer r % 2). The copy
@@ -1048,7 +1058,8 @@ __global__ void __launch_bounds__(kWgThreads)
                             dq[nb][3]);
   };
   // This warpgroup's keys, in each panel.
-  const std::uint64_t k_desc = sm90::descriptor(sK + wg * 64 * 128), v_desc = sm90::descriptor(sV + wg * 64 * 128);
+  const std::uint64_t k_desc = Tile::descriptor(sK + wg * 64 * Tile::kRowBytes),
+                      v_desc = Tile::descriptor(sV + wg * 64 * Tile::kRowBytes);
 
   for (int i = first; i < end; ++i) {
     const int r = i - first, q0 = i * kWbTileQ;
@@ -1062,7 +1073,7 @@ __global__ void __launch_bounds__(kWgThreads)
     const unsigned char* cdO = qt.do_tile(r);
 
     // Sᵀ = K·Qᵀ and dPᵀ = V·dOᵀ: K-major A and B, 16 channels (32 bytes) per step within a panel.
-    const std::uint64_t q_desc = sm90::descriptor(cQ), do_desc = sm90::descriptor(cdO);
+    const std::uint64_t q_desc = Tile::descriptor(cQ), do_desc = Tile::descriptor(cdO);
     float s[8][4], dp[8][4];
     sm90::fence();
     if constexpr (ATOMIC_DQ) issue_dq(r - 1);  // dQ of the tile before (r = 0: of nothing, never staged)
@@ -1114,9 +1125,8 @@ __global__ void __launch_bounds__(kWgThreads)
         for (int hi = 0; hi < 2; ++hi)
 #pragma unroll
           for (int h = 0; h < 2; ++h)
-            *reinterpret_cast<unsigned*>(
-                sds + sm90::swizzled_offset(wg * 64 + warp * 16 + g + 8 * h, 2 * kc + hi, kWbKeys) + 4 * t) =
-                da[kc][2 * hi + h];
+            *reinterpret_cast<unsigned*>(sds + DsTile::offset(wg * 64 + warp * 16 + g + 8 * h, 2 * kc + hi, kWbKeys) +
+                                         4 * t) = da[kc][2 * hi + h];
       sm90::fence_shared_for_async_reads();  // for the next tile's dQ and the reduction of the dQ staged above
       // The reduction issued this tile read the dQ buffer that the next tile refills.
       if (tid == 0) sm90::bulk_wait_read<0>();
@@ -1177,9 +1187,9 @@ __global__ void dq_from_tiles(const float* __restrict__ accum, bf16* __restrict_
 // dQ of 128 queries (two warpgroups × 64) over every key tile they see, in order: the deterministic
 // dQ on Hopper. Built as the forward is: K and V in the same 4-slot ring; per key tile S = Q·Kᵀ and
 // dP = dO·Vᵀ (K-major B), then dQ += dS·K (N-major B), which runs on while the next tile's S and dP
-// are issued. At d 128 Q and dO sit in registers as A fragments. At d 64 wgmma reads them from
-// shared memory (2% slower): with register fragments there, dq comes out wrong although the PTX is
-// right, and the cause is not found (docs/flash-attention.md, steps 16 and 20).
+// are issued. At d 128 Q and dO sit in registers as A fragments. At d 32 and 64 wgmma reads them from
+// shared memory (at d 64 2% slower): with register fragments there, dq comes out wrong although the
+// PTX is right, and the cause is not found (docs/flash-attention.md, steps 16 and 20).
 template <bool MASK>
 __device__ __forceinline__ void probabilities(float (&s)[8][4], const float (&lse2)[2], float scale_log2,
                                               const int (&row)[2], int k0, int t, int tq, int tk, bool causal) {
@@ -1199,7 +1209,8 @@ __global__ void __launch_bounds__(kWgThreads)
                             const float* __restrict__ lse, const float* __restrict__ delta, PartOut<bf16> dq_out,
                             int tq, int tk, float scale, bool causal, TileOrder order) {
 #ifdef LMSCOPE_WGMMA
-  constexpr int kPanels = D / sm90::kPanelCols;
+  using Tile = sm90::TileOf<D>;
+  constexpr int kPanels = sm90::kPanels<D>, kBlocks = Tile::kCols / 8;  // accumulator blocks per panel
   extern __shared__ unsigned char smem_raw[];
   unsigned char* sQ = atom_aligned_smem(smem_raw);
   unsigned char* sdO = sQ + kWgTileQ * D * 2;
@@ -1238,25 +1249,26 @@ __global__ void __launch_bounds__(kWgThreads)
     lse2[i] = row[i] < tq ? lse[row[i]] * kLog2e : INFINITY;
     drow[i] = row[i] < tq ? delta[row[i]] : 0.f;
   }
-  float acc[kPanels][8][4] = {};
+  float acc[kPanels][kBlocks][4] = {};
 #pragma unroll
   for (int p = 0; p < kPanels; ++p) sm90::hold(acc[p]);  // zeroed here, not inside a wgmma stage
   float s[8][4], dp[8][4];
   unsigned qa[D / 16][4], da[D / 16][4], sa[kWgTileK / 16][4];
-  constexpr bool kFromShared = D == 64;  // Q and dO as shared-memory operands, qa and da unused
+  constexpr bool kFromShared = D <= 64;  // Q and dO as shared-memory operands, qa and da unused
 
   ring.wait(0);
   if constexpr (!kFromShared)
 #pragma unroll
     for (int kc = 0; kc < D / 16; ++kc) {
-      const int at = sm90::swizzled_offset(wg * 64 + warp * 16 + lane % 16, 2 * kc + lane / 16, kWgTileQ);
+      const int at = Tile::offset(wg * 64 + warp * 16 + lane % 16, 2 * kc + lane / 16, kWgTileQ);
       ldmatrix_x4(qa[kc], sQ + at);
       ldmatrix_x4(da[kc], sdO + at);
     }
-  const std::uint64_t q_desc = sm90::descriptor(sQ + wg * 64 * 128), do_desc = sm90::descriptor(sdO + wg * 64 * 128);
+  const std::uint64_t q_desc = Tile::descriptor(sQ + wg * 64 * Tile::kRowBytes),
+                      do_desc = Tile::descriptor(sdO + wg * 64 * Tile::kRowBytes);
   for (int j = 0; j < tiles; ++j) {
     ring.wait(j);
-    const std::uint64_t k_desc = sm90::descriptor(kv.k_tile(j)), v_desc = sm90::descriptor(kv.v_tile(j));
+    const std::uint64_t k_desc = Tile::descriptor(kv.k_tile(j)), v_desc = Tile::descriptor(kv.v_tile(j));
     sm90::fence();
     if constexpr (kFromShared) {
       issue_scores<D>(s, q_desc, kWgTileQ, k_desc, kWgTileK);
@@ -1293,8 +1305,8 @@ __global__ void __launch_bounds__(kWgThreads)
 #pragma unroll
     for (int p = 0; p < kPanels; ++p)
 #pragma unroll
-      for (int nb = 0; nb < 8; ++nb)
-        dq.store2(static_cast<long long>(row[h]) * D + p * 64 + nb * 8 + 2 * t, acc[p][nb][2 * h] * scale,
+      for (int nb = 0; nb < kBlocks; ++nb)
+        dq.store2(static_cast<long long>(row[h]) * D + p * Tile::kCols + nb * 8 + 2 * t, acc[p][nb][2 * h] * scale,
                   acc[p][nb][2 * h + 1] * scale);
   }
 #endif
@@ -1618,7 +1630,7 @@ int sm_count() {
   }();
   return sms;
 }
-// The GPU's SMs where the Hopper kernels can run: bf16 at d 64 or 128 on a Hopper GPU with their
+// The GPU's SMs where the Hopper kernels (kHopperHeadDim) can run: a Hopper GPU with their
 // sm_90a code in this binary (a build for other architectures, or compute_80 PTX compiled at load,
 // leaves it empty); 0 elsewhere, or with LMSCOPE_NO_WGMMA=1, which picks the mma.sync kernels for
 // comparison and tests.
@@ -1657,13 +1669,17 @@ CUtensorMap encode_map(CUtensorMapDataType type, cuuint32_t rank, const void* ba
     throw std::runtime_error("flash attention: encoding a TMA map failed");
   return map;
 }
-// A [n, rows, d] bf16 tensor in boxes of box_rows rows × 64 columns, stored in shared memory with the
-// 128-byte swizzle; rows past a sequence's end read as zeros.
-CUtensorMap tile_map(const void* base, long long n, long long rows, int d, int box_rows) {
-  const cuuint64_t dims[3] = {static_cast<cuuint64_t>(d), static_cast<cuuint64_t>(rows), static_cast<cuuint64_t>(n)};
-  const cuuint64_t strides[2] = {static_cast<cuuint64_t>(d) * 2, static_cast<cuuint64_t>(rows * d) * 2};
-  const cuuint32_t box[3] = {sm90::kPanelCols, static_cast<cuuint32_t>(box_rows), 1};
-  return encode_map(CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 3, base, dims, strides, box, CU_TENSOR_MAP_SWIZZLE_128B);
+// A [n, rows, D] bf16 tensor in boxes of box_rows rows × one panel, stored in shared memory as
+// sm90::TileOf<D> lays it out (64 columns with the 128-byte swizzle, or 32 with the 64-byte one);
+// rows past a sequence's end read as zeros.
+template <int D>
+CUtensorMap tile_map(const void* base, long long n, long long rows, int box_rows) {
+  using Tile = sm90::TileOf<D>;
+  const cuuint64_t dims[3] = {static_cast<cuuint64_t>(D), static_cast<cuuint64_t>(rows), static_cast<cuuint64_t>(n)};
+  const cuuint64_t strides[2] = {static_cast<cuuint64_t>(D) * 2, static_cast<cuuint64_t>(rows * D) * 2};
+  const cuuint32_t box[3] = {Tile::kCols, static_cast<cuuint32_t>(box_rows), 1};
+  return encode_map(CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 3, base, dims, strides, box,
+                    Tile::kRowBytes == 128 ? CU_TENSOR_MAP_SWIZZLE_128B : CU_TENSOR_MAP_SWIZZLE_64B);
 }
 // An [n, rows] fp32 array (rows a multiple of 4, so each sequence's rows start 16-byte aligned, as
 // the copy engine needs) read in runs of `box` rows of one sequence.
@@ -1785,12 +1801,12 @@ FlashAttentionPlan flash_attention_plan(Elem e, int d, std::int64_t n, std::int6
   with_tc_head_dim(d, [&](auto dc) {
     constexpr int D = decltype(dc)::value;
     if (e != Elem::bf16) return;
-    const bool hopper = (D == 64 || D == 128) && hopper_sms() > 0;
+    const bool hopper = kHopperHeadDim<D> && hopper_sms() > 0;
     const bool atomics = !deterministic;
     auto keys = [&](long long i, int rows) { return keys_seen(i, rows, tk, causal); };
     auto queries = [&](long long j, int rows) { return queries_seen(j, rows, tq, causal); };
     int forward_h = 1, dkdv_h = 1, dq_h = 1;  // the Hopper kernels' CTAs per SM, asked only where they run
-    if constexpr (D == 64 || D == 128)
+    if constexpr (kHopperHeadDim<D>)
       if (hopper) {
         forward_h = resident_ctas(flash_forward_wgmma<D, false>, kWgThreads, forward_wgmma_smem<D>());
         dkdv_h =
@@ -1839,12 +1855,12 @@ void flash_attention_forward(const void* q, const void* k, const void* v, void* 
     auto qb = static_cast<const bf16*>(q), kb = static_cast<const bf16*>(k), vb = static_cast<const bf16*>(v);
     with_tc_head_dim(d, [&](auto dc) {
       constexpr int D = decltype(dc)::value;
-      if constexpr (D == 64 || D == 128)
+      if constexpr (kHopperHeadDim<D>)
         if (plan.forward_wgmma) {
           return launch_tiled(
               "flash_forward_wgmma", parts > 1 ? flash_forward_wgmma<D, true> : flash_forward_wgmma<D, false>,
               kWgThreads, forward_wgmma_smem<D>(), Tiling{n, tq, kWgTileQ, kv_bytes, parts}, s,
-              tile_map(q, n, tq, D, kWgTileQ), tile_map(k, n, tk, D, kWgTileK), tile_map(v, n, tk, D, kWgTileK), o_out,
+              tile_map<D>(q, n, tq, kWgTileQ), tile_map<D>(k, n, tk, kWgTileK), tile_map<D>(v, n, tk, kWgTileK), o_out,
               lse_out, static_cast<int>(tq), static_cast<int>(tk), scale_log2, causal);
         }
       launch_tiled("flash_forward_tc", parts > 1 ? flash_forward_tc<D, true> : flash_forward_tc<D, false>, kThreads,
@@ -1899,14 +1915,14 @@ void flash_attention_backward(const void* q, const void* k, const void* v, const
     with_tc_head_dim(d, [&](auto dc) {
       constexpr int D = decltype(dc)::value;
       bool dkdv_done = false;
-      if constexpr (D == 64 || D == 128)
+      if constexpr (kHopperHeadDim<D>)
         if (plan.dkdv_wgmma) {
           const CUtensorMap delta_rows = row_map(row_stats, n, plan.row_stats_rows, kWbTileQ),
                             lse_rows = row_map(row_stats + n * plan.row_stats_rows, n, plan.row_stats_rows, kWbTileQ);
           auto launch = [&](auto dkdv, int smem) {
             launch_tiled("flash_backward_wgmma", dkdv, kWgThreads, smem, Tiling{n, tk, kWbKeys, qdo_bytes, kv_parts}, s,
-                         tile_map(q, n, tq, D, kWbTileQ), tile_map(k, n, tk, D, kWbKeys),
-                         tile_map(v, n, tk, D, kWbKeys), tile_map(dout, n, tq, D, kWbTileQ), lse_rows, delta_rows,
+                         tile_map<D>(q, n, tq, kWbTileQ), tile_map<D>(k, n, tk, kWbKeys),
+                         tile_map<D>(v, n, tk, kWbKeys), tile_map<D>(dout, n, tq, kWbTileQ), lse_rows, delta_rows,
                          dk_out, dv_out, dq_accum, itq, itk, scale, causal);
           };
           const bool split = kv_parts > 1;
@@ -1938,13 +1954,13 @@ void flash_attention_backward(const void* q, const void* k, const void* v, const
         add_parts_into(dv, dv_out.parts, kv_parts, k_elems, s);
       }
       if (atomics) return;
-      if constexpr (D == 64 || D == 128)
+      if constexpr (kHopperHeadDim<D>)
         if (plan.dq_wgmma) {
           launch_tiled("flash_backward_dq_wgmma",
                        q_parts > 1 ? flash_backward_dq_wgmma<D, true> : flash_backward_dq_wgmma<D, false>, kWgThreads,
                        dq_wgmma_smem<D>(), Tiling{n, tq, kWgTileQ, kv_bytes, q_parts}, s,
-                       tile_map(q, n, tq, D, kWgTileQ), tile_map(k, n, tk, D, kWgTileK),
-                       tile_map(v, n, tk, D, kWgTileK), tile_map(dout, n, tq, D, kWgTileQ), lse, delta, dq_out, itq,
+                       tile_map<D>(q, n, tq, kWgTileQ), tile_map<D>(k, n, tk, kWgTileK),
+                       tile_map<D>(v, n, tk, kWgTileK), tile_map<D>(dout, n, tq, kWgTileQ), lse, delta, dq_out, itq,
                        itk, scale, causal);
           if (q_parts > 1) add_parts_into(dq, workspace, q_parts, q_elems, s);
           return;

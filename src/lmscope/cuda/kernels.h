@@ -59,7 +59,7 @@ void permute_heads(const void* in, void* out, Elem e, std::int64_t b, std::int64
 // Tensor cores for bf16 with d in {16, 32, 64, 80, 96, 128}; CUDA cores otherwise (d ≤ 128).
 bool flash_attention_supports(int d);
 // How one call runs (flash_attention_plan), per tensor-core kernel: whether it is the Hopper one
-// (wgmma: bf16, d 64 or 128, an sm_90a binary on a Hopper GPU, and 128-row CTAs for at least 7/8
+// (wgmma: bf16, d 32, 64 or 128, an sm_90a binary on a Hopper GPU, and 128-row CTAs for at least 7/8
 // of the SMs) or mma.sync, and into how many parts each CTA's inner loop is cut (more than one when
 // the call has too few tiles to fill the GPU: src/lmscope/cuda/tile_order.h). Parts write fp32
 // results to a workspace that a second kernel adds up. The CUDA-core path has one part.

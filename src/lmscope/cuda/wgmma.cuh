@@ -1,11 +1,12 @@
 // Hopper (sm_90a) warpgroup MMA: the pieces the flash-attention kernels build on, written here from
 // the PTX ISA (§9.7.15, "Asynchronous Warpgroup Level Matrix Multiply-Accumulate").
 //
-// Shared tiles use the 128-byte swizzle: a tile of R rows × C bf16 columns (C a multiple of 64) is
-// stored as C/64 panels of R rows × 128 bytes, and the 16-byte chunk c of row r sits at chunk
-// c ^ (r % 8) of that row. The same bytes serve both majors: read as a K-major operand, rows are
-// M or N and the 64 columns are K; read as an MN-major operand (transposed), rows are K and the
-// columns N. Eight rows (1024 bytes) are one swizzle atom, so panels must start 1024-byte aligned.
+// Shared tiles are swizzled (Swizzled below): a tile of R rows × C bf16 columns is stored as panels
+// of R rows × ROW_BYTES bytes (128: 64 columns, d 64 and 128; 64: 32 columns, d 32), and the 16-byte
+// chunk c of row r sits at chunk c ^ (r · ROW_BYTES / 128 mod ROW_BYTES / 16) of that row. The same
+// bytes serve both majors: read as a K-major operand, rows are M or N and the panel's columns are K;
+// read as an MN-major operand (transposed), rows are K and the columns N. Eight rows are one swizzle
+// atom, so panels must start atom-aligned (1024 bytes at most).
 //
 // Only compiled into sm_90a code (LMSCOPE_WGMMA); the host checks the device before launching.
 #pragma once
@@ -29,25 +30,40 @@ __device__ __forceinline__ unsigned smem_addr(const void* p) {
 
 namespace lmscope::cuda::sm90 {
 
-constexpr int kPanelCols = 64;    // bf16 columns per 128-byte swizzled row
-constexpr int kAtomBytes = 1024;  // 8 rows of 128 bytes
+constexpr int kAtomBytes = 1024;  // the largest swizzle atom: 8 rows of 128 bytes
 
-// Byte offset of the 16-byte chunk `chunk` (8 columns) of row r in a swizzled tile of `rows` rows.
-__device__ __forceinline__ int swizzled_offset(int r, int chunk, int rows) {
-  return (chunk / 8) * rows * 128 + r * 128 + (((chunk % 8) ^ (r % 8)) << 4);
-}
-// Byte offset of the kc-th 16-column step of K in a swizzled tile of `rows` rows read as a K-major
-// operand: 32 bytes per step within a panel (the hardware applies the swizzle), panels `rows` apart.
-__device__ __forceinline__ int k_major_step(int kc, int rows) { return (kc / 4) * rows * 128 + (kc % 4) * 32; }
+// The layout of a swizzled tile with ROW_BYTES-byte rows (128 or 64).
+template <int ROW_BYTES>
+struct Swizzled {
+  static_assert(ROW_BYTES == 128 || ROW_BYTES == 64, "the swizzles these kernels use");
+  static constexpr int kRowBytes = ROW_BYTES, kCols = ROW_BYTES / 2, kChunks = ROW_BYTES / 16;
 
-// Matrix descriptor of the operand starting at p: 128-byte swizzle, 8-row groups 1024 bytes apart
-// (the stride byte offset). The leading byte offset is not used by swizzled K-major operands, nor
-// by MN-major ones no wider than 64 columns, which is all these kernels issue.
-__device__ __forceinline__ std::uint64_t descriptor(const void* p) {
-  const std::uint64_t addr = smem_addr(p);
-  return ((addr & 0x3FFFF) >> 4) | (std::uint64_t{kAtomBytes >> 4} << 16) | (std::uint64_t{kAtomBytes >> 4} << 32) |
-         (std::uint64_t{1} << 62);
-}
+  // Byte offset of the 16-byte chunk `chunk` (8 columns) of row r in a tile of `rows` rows.
+  __device__ __forceinline__ static int offset(int r, int chunk, int rows) {
+    return (chunk / kChunks) * rows * ROW_BYTES + r * ROW_BYTES +
+           (((chunk % kChunks) ^ ((r * ROW_BYTES / 128) % kChunks)) << 4);
+  }
+  // Byte offset of the kc-th 16-column step of K in a tile of `rows` rows read as a K-major operand:
+  // 32 bytes per step within a panel (the hardware applies the swizzle), panels `rows` rows apart.
+  __device__ __forceinline__ static int k_step(int kc, int rows) {
+    constexpr int kSteps = ROW_BYTES / 32;
+    return (kc / kSteps) * rows * ROW_BYTES + (kc % kSteps) * 32;
+  }
+  // Matrix descriptor of the operand starting at p: this swizzle (mode 1: 128 bytes, 2: 64), 8-row
+  // groups 8 rows apart (the stride byte offset). The leading byte offset is not used by swizzled
+  // K-major operands, nor by MN-major ones no wider than a panel, which is all these kernels issue.
+  __device__ __forceinline__ static std::uint64_t descriptor(const void* p) {
+    const std::uint64_t addr = smem_addr(p);
+    constexpr std::uint64_t kGroup = 8 * ROW_BYTES, kMode = ROW_BYTES == 128 ? 1 : 2;
+    return ((addr & 0x3FFFF) >> 4) | ((kGroup >> 4) << 16) | ((kGroup >> 4) << 32) | (kMode << 62);
+  }
+};
+// The layout of a bf16 tile of D columns: 64-column panels with the 128-byte swizzle, or for D 32 one
+// 32-column panel with the 64-byte swizzle (the copy engine's box and wgmma's operand both take it).
+template <int D>
+using TileOf = Swizzled<(D >= 64 ? 64 : D) * 2>;
+template <int D>
+constexpr int kPanels = D / TileOf<D>::kCols;
 
 // The descriptor of the operand `bytes` (a multiple of 16) further on: the start address field is
 // in 16-byte units, and shared addresses stay below its 2^18-byte range.
@@ -159,37 +175,48 @@ __device__ __forceinline__ void hold(T (&x)[NB][4]) {
     }
 }
 
-#define LMSCOPE_WGMMA_D16                                                                                      \
-  "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), "+f"(d[1][0]), "+f"(d[1][1]), "+f"(d[1][2]),     \
-      "+f"(d[1][3]), "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]), "+f"(d[3][0]), "+f"(d[3][1]), \
+#define LMSCOPE_WGMMA_D8 \
+  "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), "+f"(d[1][0]), "+f"(d[1][1]), "+f"(d[1][2]), "+f"(d[1][3])
+#define LMSCOPE_WGMMA_D16                                                                                     \
+  LMSCOPE_WGMMA_D8, "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]), "+f"(d[3][0]), "+f"(d[3][1]), \
       "+f"(d[3][2]), "+f"(d[3][3])
 #define LMSCOPE_WGMMA_D32                                                                                      \
   LMSCOPE_WGMMA_D16, "+f"(d[4][0]), "+f"(d[4][1]), "+f"(d[4][2]), "+f"(d[4][3]), "+f"(d[5][0]), "+f"(d[5][1]), \
       "+f"(d[5][2]), "+f"(d[5][3]), "+f"(d[6][0]), "+f"(d[6][1]), "+f"(d[6][2]), "+f"(d[6][3]), "+f"(d[7][0]), \
       "+f"(d[7][1]), "+f"(d[7][2]), "+f"(d[7][3])
+#define LMSCOPE_WGMMA_REGS8 "{%0, %1, %2, %3, %4, %5, %6, %7}"
 #define LMSCOPE_WGMMA_REGS16 "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15}"
 #define LMSCOPE_WGMMA_REGS32                                                                                   \
   "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, " \
   "%23, %24, %25, %26, %27, %28, %29, %30, %31}"
 
-// d[64 × 64] (+)= a[64 × 16] · b[16 × 64]: a from registers (the m16n8k16 A fragment of each warp's
-// 16 rows), b from shared memory, K-major (TRANS_B false: stored [n][k]) or N-major (stored [k][n]).
-// The accumulator layout is m16n8k16's, eight 8-column blocks side by side per warp.
-template <bool TRANS_B>
-__device__ __forceinline__ void mma_rs(float (&d)[8][4], const unsigned (&a)[4], std::uint64_t b, bool accumulate) {
-  asm volatile(
-      "{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"
-      "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 " LMSCOPE_WGMMA_REGS32
-      ", {%32, %33, %34, %35}, %36, p, 1, 1, %38;\n}\n"
-      : LMSCOPE_WGMMA_D32
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(static_cast<int>(accumulate)), "n"(TRANS_B ? 1 : 0));
+// d[64 × N] (+)= a[64 × 16] · b[16 × N], N 32 or 64: a from registers (the m16n8k16 A fragment of
+// each warp's 16 rows), b from shared memory, K-major (TRANS_B false: stored [n][k]) or N-major
+// (stored [k][n]). The accumulator layout is m16n8k16's, N/8 8-column blocks side by side per warp.
+template <bool TRANS_B, int N = 64>
+__device__ __forceinline__ void mma_rs(float (&d)[N / 8][4], const unsigned (&a)[4], std::uint64_t b, bool accumulate) {
+  static_assert(N == 32 || N == 64, "wgmma shapes these kernels issue from registers: n32, n64");
+  if constexpr (N == 64)
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 " LMSCOPE_WGMMA_REGS32
+        ", {%32, %33, %34, %35}, %36, p, 1, 1, %38;\n}\n"
+        : LMSCOPE_WGMMA_D32
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(static_cast<int>(accumulate)), "n"(TRANS_B ? 1 : 0));
+  else
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %21, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n32k16.f32.bf16.bf16 " LMSCOPE_WGMMA_REGS16
+        ", {%16, %17, %18, %19}, %20, p, 1, 1, %22;\n}\n"
+        : LMSCOPE_WGMMA_D16
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(static_cast<int>(accumulate)), "n"(TRANS_B ? 1 : 0));
 }
 
-// d[64 × N] (+)= a[64 × 16] · b[16 × N], N 32 or 64, both operands in shared memory: a K-major
+// d[64 × N] (+)= a[64 × 16] · b[16 × N], N 16, 32 or 64, both operands in shared memory: a K-major
 // (TRANS_A false: stored [m][k]) or M-major (stored [k][m]), b as above.
 template <int N, bool TRANS_A, bool TRANS_B>
 __device__ __forceinline__ void mma_ss(float (&d)[N / 8][4], std::uint64_t a, std::uint64_t b, bool accumulate) {
-  static_assert(N == 32 || N == 64, "wgmma shapes these kernels issue: n32, n64");
+  static_assert(N == 16 || N == 32 || N == 64, "wgmma shapes these kernels issue: n16, n32, n64");
   if constexpr (N == 64)
     asm volatile(
         "{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
@@ -197,14 +224,22 @@ __device__ __forceinline__ void mma_ss(float (&d)[N / 8][4], std::uint64_t a, st
         ", %32, %33, p, 1, 1, %35, %36;\n}\n"
         : LMSCOPE_WGMMA_D32
         : "l"(a), "l"(b), "r"(static_cast<int>(accumulate)), "n"(TRANS_A ? 1 : 0), "n"(TRANS_B ? 1 : 0));
-  else
+  else if constexpr (N == 32)
     asm volatile(
         "{\n.reg .pred p;\nsetp.ne.b32 p, %18, 0;\n"
         "wgmma.mma_async.sync.aligned.m64n32k16.f32.bf16.bf16 " LMSCOPE_WGMMA_REGS16
         ", %16, %17, p, 1, 1, %19, %20;\n}\n"
         : LMSCOPE_WGMMA_D16
         : "l"(a), "l"(b), "r"(static_cast<int>(accumulate)), "n"(TRANS_A ? 1 : 0), "n"(TRANS_B ? 1 : 0));
+  else
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %10, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n16k16.f32.bf16.bf16 " LMSCOPE_WGMMA_REGS8 ", %8, %9, p, 1, 1, %11, %12;\n}\n"
+        : LMSCOPE_WGMMA_D8
+        : "l"(a), "l"(b), "r"(static_cast<int>(accumulate)), "n"(TRANS_A ? 1 : 0), "n"(TRANS_B ? 1 : 0));
 }
+#undef LMSCOPE_WGMMA_D8
+#undef LMSCOPE_WGMMA_REGS8
 #undef LMSCOPE_WGMMA_D16
 #undef LMSCOPE_WGMMA_REGS16
 #undef LMSCOPE_WGMMA_D32

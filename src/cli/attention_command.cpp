@@ -37,9 +37,14 @@ class AttentionCommand : public Command {
     app->add_option("--seq", seq_, "Sequence length(s) (default: the suite's)");
     app->add_option("--d", d_, "Head dimension(s) (default: the suite's)");
     app->add_option("--causal", causal_, "Causal mask: true or false")->capture_default_str();
+    auto* deterministic =
+        app->add_flag("--deterministic", deterministic_,
+                      "Flash backward sums dq in a fixed order, by its own pass, so runs repeat bit for bit "
+                      "(default: whichever of this and --atomic-dq is faster for the cell; the csv says which ran)");
     app->add_flag("--atomic-dq", atomic_dq_,
-                  "Flash backward accumulates dq in fp32 in the dK/dV pass, by atomics or bulk reductions "
-                  "(not deterministic; default: a separate dq pass)");
+                  "Flash backward accumulates dq in fp32 in the dK/dV pass, by atomics or bulk reductions, in an "
+                  "order that varies from run to run")
+        ->excludes(deterministic);
     app->add_option("--warmup", warmup_, "Untimed passes before each timed phase")->capture_default_str();
     app->add_option("--iters", iters_, "Timed passes per phase")->capture_default_str();
     app->add_option("--max-seconds", max_seconds_, "Stop a phase early after this much timed work (at least 3 passes)")
@@ -83,7 +88,9 @@ class AttentionCommand : public Command {
                                .seq = t,
                                .d = d,
                                .causal = causal_,
-                               .deterministic = !atomic_dq_,
+                               .dq = deterministic_ ? FlashDq::deterministic
+                                     : atomic_dq_   ? FlashDq::atomic
+                                                    : FlashDq::fastest,
                                .warmup = warmup_,
                                .iters = iters_,
                                .max_seconds = max_seconds_,
@@ -106,7 +113,7 @@ class AttentionCommand : public Command {
   std::string suite_ = "seeds", kinds_ = "naive,flash", precisions_ = "fp32,bf16", device_, format_ = "md", out_;
   std::optional<std::string> batch_, seq_, d_;
   std::int64_t heads_ = 1;
-  bool causal_ = true, atomic_dq_ = false;
+  bool causal_ = true, deterministic_ = false, atomic_dq_ = false;
   int warmup_ = 10, iters_ = 100;
   double max_seconds_ = 10;
   std::uint64_t seed_ = 0;

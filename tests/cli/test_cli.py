@@ -231,6 +231,7 @@ class Cli(unittest.TestCase):
             # measured (rounded to 256-byte blocks) against the formula: O plus P (naive) or L (flash)
             self.assertLess(abs(b["saved_for_backward"] - b["saved_for_backward_formula"]), 3 * 256)
             self.assertGreater(x["tflops"]["forward_backward"], 0)
+            self.assertTrue(x["deterministic"])  # the CPU sums dq in one order, whatever was asked
         naive, flash = rows[2]["bytes"]["saved_for_backward"], rows[3]["bytes"]["saved_for_backward"]
         self.assertGreater(naive, 8 * flash)  # T² against T at T = 200
         bf16 = run("attention", "--device", "cpu", "--precision", "bf16", "--seq", "64", "--d", "16", "--iters", "1")
@@ -250,6 +251,7 @@ class Cli(unittest.TestCase):
         self.assertUserError(run("attention", "--suite", "huge"), "unknown --suite 'huge'")
         self.assertUserError(run("attention", "--precision", "tf32"), "unknown --precision 'tf32'")
         self.assertUserError(run("attention", "--seq", "0"), "--seq must be positive")
+        self.assertUserError(run("attention", "--deterministic", "--atomic-dq"), "--deterministic excludes --atomic-dq")
 
 
 if __name__ == "__main__":

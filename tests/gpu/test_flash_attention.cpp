@@ -41,16 +41,20 @@ class FlashOnGpu : public ::testing::Test {
 
   struct Result {
     std::vector<double> o, lse, dq, dk, dv;
+    FlashDq dq_sum;  // how the backward summed dq
   };
-  Result run(const AttentionProblem& p, DType dtype, bool deterministic) {
+  Result run(const AttentionProblem& p, DType dtype, FlashDq dq_sum) {
     Allocation q = tensor({p.n, p.tq, p.d}, dtype, &p.q), k = tensor({p.n, p.tk, p.d}, dtype, &p.k),
                v = tensor({p.n, p.tk, p.d}, dtype, &p.v), g = tensor({p.n, p.tq, p.d}, dtype, &p.dout);
     Allocation o = tensor({p.n, p.tq, p.d}, dtype, nullptr), lse = tensor({p.n, p.tq}, DType::f32, nullptr);
     Allocation dq = tensor({p.n, p.tq, p.d}, dtype, nullptr), dk = tensor({p.n, p.tk, p.d}, dtype, nullptr),
                dv = tensor({p.n, p.tk, p.d}, dtype, nullptr);
     gpu->flash_attention_forward(q, k, v, o, lse, p.scale(), p.causal);
-    gpu->flash_attention_backward(q, k, v, o, lse, g, dq, dk, dv, p.scale(), p.causal, deterministic);
-    return {fetch(o), fetch(lse), fetch(dq), fetch(dk), fetch(dv)};
+    const FlashDq used = gpu->flash_attention_backward(q, k, v, o, lse, g, dq, dk, dv, p.scale(), p.causal, dq_sum);
+    if (dq_sum == FlashDq::deterministic) {
+      EXPECT_EQ(used, dq_sum) << "a deterministic dq was asked for";
+    }
+    return {fetch(o), fetch(lse), fetch(dq), fetch(dk), fetch(dv), used};
   }
   void expect_matches(const Result& r, const AttentionProblem& p, double tol, const std::string& what) {
     for (const auto* x : {&r.o, &r.lse, &r.dq, &r.dk, &r.dv})
@@ -67,6 +71,8 @@ class FlashOnGpu : public ::testing::Test {
 struct Case {
   std::int64_t n, tq, tk, d;
 };
+constexpr FlashDq kBothDqSums[] = {FlashDq::atomic, FlashDq::deterministic};
+const char* name(FlashDq dq) { return dq == FlashDq::atomic ? "atomic" : "deterministic"; }
 // Every tensor-core head dim, dims only the CUDA-core path takes, lengths of 1, tile ± 1 and
 // several partial tiles, tq ≠ tk both ways.
 const Case kCases[] = {{1, 1, 1, 16},     {2, 63, 63, 32}, {1, 65, 65, 64},   {3, 130, 130, 80}, {1, 200, 77, 96},
@@ -77,7 +83,7 @@ TEST_F(FlashOnGpu, Fp32MatchesTheDefinition) {
   for (const Case& c : kCases)
     for (bool causal : {true, false}) {
       const AttentionProblem p(c.n, c.tq, c.tk, c.d, causal, seed++);
-      expect_matches(run(p, DType::f32, false), p, 1e-5,
+      expect_matches(run(p, DType::f32, FlashDq::deterministic), p, 1e-5,
                      fmt::format("fp32 n {} tq {} tk {} d {} causal {}", c.n, c.tq, c.tk, c.d, causal));
     }
 }
@@ -86,11 +92,11 @@ TEST_F(FlashOnGpu, Bf16MatchesTheDefinitionWithEitherDqStrategy) {
   std::uint64_t seed = 200;
   for (const Case& c : kCases)
     for (bool causal : {true, false})
-      for (bool deterministic : {false, true}) {
+      for (FlashDq dq : kBothDqSums) {
         const AttentionProblem p(c.n, c.tq, c.tk, c.d, causal, seed++, true);
-        expect_matches(run(p, DType::bf16, deterministic), p, 1e-2,
-                       fmt::format("bf16 n {} tq {} tk {} d {} causal {} deterministic {}", c.n, c.tq, c.tk, c.d,
-                                   causal, deterministic));
+        expect_matches(
+            run(p, DType::bf16, dq), p, 1e-2,
+            fmt::format("bf16 n {} tq {} tk {} d {} causal {} dq {}", c.n, c.tq, c.tk, c.d, causal, name(dq)));
       }
 }
 
@@ -111,12 +117,19 @@ TEST_F(FlashOnGpu, HopperKernelsMatchTheDefinition) {
                                        << " tk " << c.tk << " d " << c.d;
     }
     for (bool causal : {true, false})
-      for (bool deterministic : {false, true}) {
+      for (FlashDq dq : kBothDqSums) {
         const AttentionProblem p(c.n, c.tq, c.tk, c.d, causal, seed++, true);
-        expect_matches(run(p, DType::bf16, deterministic), p, 1e-2,
-                       fmt::format("bf16 n {} tq {} tk {} d {} causal {} deterministic {} (wgmma {} {})", c.n, c.tq,
-                                   c.tk, c.d, causal, deterministic, forward, backward));
+        const Result r = run(p, DType::bf16, dq);
+        const std::string what = fmt::format("bf16 n {} tq {} tk {} d {} causal {} dq {} (wgmma {} {})", c.n, c.tq,
+                                             c.tk, c.d, causal, name(dq), forward, backward);
+        expect_matches(r, p, 1e-2, what);
+        EXPECT_EQ(r.dq_sum, dq) << what;
       }
+    // The fastest sum: atomics where the Hopper dK/dV kernel runs at d ≤ 64, its own pass elsewhere.
+    const AttentionProblem p(c.n, c.tq, c.tk, c.d, true, seed++, true);
+    const Result fastest = run(p, DType::bf16, FlashDq::fastest);
+    expect_matches(fastest, p, 1e-2, fmt::format("bf16 n {} tq {} tk {} d {} dq fastest", c.n, c.tq, c.tk, c.d));
+    EXPECT_EQ(fastest.dq_sum, backward && d <= 64 ? FlashDq::atomic : FlashDq::deterministic) << "d " << d;
   }
 }
 
@@ -138,13 +151,14 @@ TEST_F(FlashOnGpu, TilesCutIntoPartsMatchTheDefinition) {
     const Case& c = split.c;
     for (bool causal : {true, false}) {
       const AttentionProblem p(c.n, c.tq, c.tk, c.d, causal, seed++, true);
-      for (bool deterministic : {false, true}) {
+      for (FlashDq dq : kBothDqSums) {
+        const bool deterministic = dq == FlashDq::deterministic;
         const cuda::FlashAttentionPlan plan =
             cuda::flash_attention_plan(cuda::Elem::bf16, static_cast<int>(c.d), c.n, c.tq, c.tk, causal, deterministic);
         const std::string what =
-            fmt::format("n {} tq {} tk {} d {} causal {} deterministic {} (wgmma {} {} {}, parts {} {} {})", c.n, c.tq,
-                        c.tk, c.d, causal, deterministic, plan.forward_wgmma, plan.dkdv_wgmma, plan.dq_wgmma,
-                        plan.forward_parts, plan.dkdv_parts, plan.dq_parts);
+            fmt::format("n {} tq {} tk {} d {} causal {} dq {} (wgmma {} {} {}, parts {} {} {})", c.n, c.tq, c.tk, c.d,
+                        causal, name(dq), plan.forward_wgmma, plan.dkdv_wgmma, plan.dq_wgmma, plan.forward_parts,
+                        plan.dkdv_parts, plan.dq_parts);
         if (causal) {  // (without the mask the heaviest tile is fewer shares: some kernels stay whole)
           EXPECT_GT(plan.forward_parts, 1) << what;
           EXPECT_GT(plan.dkdv_parts, 1) << what;
@@ -154,7 +168,7 @@ TEST_F(FlashOnGpu, TilesCutIntoPartsMatchTheDefinition) {
             EXPECT_EQ(plan.dkdv_wgmma, split.dkdv_wgmma) << what;
           }
         }
-        expect_matches(run(p, DType::bf16, deterministic), p, 1e-2, what);
+        expect_matches(run(p, DType::bf16, dq), p, 1e-2, what);
       }
     }
   }
@@ -164,7 +178,7 @@ TEST_F(FlashOnGpu, TilesCutIntoPartsMatchTheDefinition) {
 TEST_F(FlashOnGpu, TheAssignmentsCases) {
   for (bool causal : {false, true}) {
     const AttentionProblem p(4, 128, 128, 64, causal, 2026);
-    const Result r = run(p, DType::f32, false);
+    const Result r = run(p, DType::f32, FlashDq::deterministic);
     EXPECT_LT(max_abs_error(r.o, p.o), 1e-2);
     EXPECT_LT(max_abs_error(r.lse, p.lse), 1e-2);
     EXPECT_LT(max_abs_error(r.dq, p.dq), 1e-2);
@@ -177,7 +191,7 @@ TEST_F(FlashOnGpu, DeterministicBackwardRepeatsBitForBit) {
   // Four sequences, and one, whose tiles are cut into parts.
   for (const std::int64_t n : {4, 1}) {
     const AttentionProblem p(n, 3000, 3000, 64, true, 7, true);
-    const Result a = run(p, DType::bf16, true), b = run(p, DType::bf16, true);
+    const Result a = run(p, DType::bf16, FlashDq::deterministic), b = run(p, DType::bf16, FlashDq::deterministic);
     EXPECT_EQ(a.dq, b.dq) << n;
     EXPECT_EQ(a.dk, b.dk) << n;
     EXPECT_EQ(a.dv, b.dv) << n;

@@ -23,7 +23,7 @@ struct FlashRun {
     Allocation gq = tensor({p.n, p.tq, p.d}, nullptr), gk = tensor({p.n, p.tk, p.d}, nullptr),
                gv = tensor({p.n, p.tk, p.d}, nullptr);
     be.flash_attention_forward(q, k, v, out, l, p.scale(), p.causal);
-    be.flash_attention_backward(q, k, v, out, l, g, gq, gk, gv, p.scale(), p.causal, false);
+    be.flash_attention_backward(q, k, v, out, l, g, gq, gk, gv, p.scale(), p.causal, FlashDq::fastest);
     o = download(be, out), lse = download(be, l), dq = download(be, gq), dk = download(be, gk), dv = download(be, gv);
   }
 };
@@ -70,7 +70,7 @@ TEST_F(Flash, BackwardMatchesFiniteDifferences) {
       return dot(o, R);
     };
     loss();
-    be->flash_attention_backward(q, k, v, o, lse, R, dq, dk, dv, 0.4, causal, true);
+    be->flash_attention_backward(q, k, v, o, lse, R, dq, dk, dv, 0.4, causal, FlashDq::deterministic);
     expect_gradient("flash dq", q, dq, loss);
     expect_gradient("flash dk", k, dk, loss);
     expect_gradient("flash dv", v, dv, loss);
@@ -103,7 +103,8 @@ TEST_F(Flash, NaiveAndFlashAgreeThroughTheAttentionModule) {
     };
     Allocation q = t(&p.q), k = t(&p.k), v = t(&p.v), g = t(&p.dout), o = t(nullptr), dq = t(nullptr), dk = t(nullptr),
                dv = t(nullptr);
-    const AttentionCall call{.kind = kind, .causal = true, .deterministic = true, .stats = DType::f64, .layer = 0};
+    const AttentionCall call{
+        .kind = kind, .causal = true, .dq = FlashDq::deterministic, .stats = DType::f64, .layer = 0};
     AttentionSaved saved;
     attention_forward(*be, call, q, k, v, o, saved);
     attention_backward(*be, call, q, k, v, o, g, dq, dk, dv, saved);

@@ -24,6 +24,14 @@ namespace lmscope {
 // C[b] = alpha * op(A[b]) * op(B[b]) + beta * C[b] for b < batch, op(X) = X or Xᵀ.
 // op(A) is [M, K], op(B) is [K, N], C is [M, N]; lda/ldb/ldc are row strides of the stored
 // matrices; stride_* step from one batch item to the next (elements).
+// How the flash backward sums dq over key tiles (Backend::flash_attention_backward).
+enum class FlashDq {
+  fastest,        // whichever of the two below the backend runs faster for the call
+  deterministic,  // in a fixed order, by its own pass: runs repeat bit for bit
+  atomic,         // in the order the dK/dV pass reaches them (fp32 atomics; on Hopper, bulk reductions in
+                  // L2), where the backend has such a kernel (CUDA, bf16 on tensor cores)
+};
+
 struct GemmArgs {
   bool trans_a = false, trans_b = false;
   std::int64_t m = 0, n = 0, k = 0;
@@ -92,11 +100,11 @@ class Backend {
   virtual void flash_attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out,
                                        const Tensor& lse, double scale, bool causal) = 0;
   // dq, dk, dv from dout, recomputing the probabilities from lse: D = rowsum(dout ∘ out),
-  // P = exp(scale·q·kᵀ − lse), dS = P ∘ (dout·vᵀ − D). deterministic: dq summed over key tiles in a
-  // fixed order (its own pass) where a backend would otherwise accumulate it with atomics.
-  virtual void flash_attention_backward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out,
-                                        const Tensor& lse, const Tensor& dout, const Tensor& dq, const Tensor& dk,
-                                        const Tensor& dv, double scale, bool causal, bool deterministic) = 0;
+  // P = exp(scale·q·kᵀ − lse), dS = P ∘ (dout·vᵀ − D), dq summed as `dq` asks. Returns how it was
+  // summed (deterministic or atomic; the CPU backend's is always deterministic).
+  virtual FlashDq flash_attention_backward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out,
+                                           const Tensor& lse, const Tensor& dout, const Tensor& dq, const Tensor& dk,
+                                           const Tensor& dv, double scale, bool causal, FlashDq dq_sum) = 0;
 
   // out = silu(a) ∘ b; all [N, f].
   virtual void swiglu_forward(const Tensor& a, const Tensor& b, const Tensor& out) = 0;

@@ -51,15 +51,16 @@ void run(const AttentionBenchSpec& s, AttentionBenchResult& r, const BenchProgre
   Allocation dq = buffer("dq"), dk = buffer("dk"), dv = buffer("dv");
   r.input_bytes = mem.current_bytes();
 
-  const AttentionCall call{
-      .kind = s.kind, .causal = s.causal, .deterministic = s.deterministic, .stats = DType::f32, .layer = -1};
+  const AttentionCall call{.kind = s.kind, .causal = s.causal, .dq = s.dq, .stats = DType::f32, .layer = -1};
   Allocation o;
   AttentionSaved saved;
   auto forward = [&] {
     o = mem.allocate(shape, dtype, {MemKind::activation, "attn.o", -1});
     attention_forward(*be, call, q, k, v, o, saved);
   };
-  auto backward = [&] { attention_backward(*be, call, q, k, v, o, dout, dq, dk, dv, saved); };
+  auto backward = [&] {
+    r.deterministic = attention_backward(*be, call, q, k, v, o, dout, dq, dk, dv, saved) == FlashDq::deterministic;
+  };
   auto release = [&] {
     saved = AttentionSaved{};
     o.reset();

@@ -16,7 +16,7 @@ struct AttentionBenchSpec {
   std::string precision = "fp32";  // fp32 (no tensor cores) or bf16 storage with fp32 accumulation
   std::int64_t batch = 8, heads = 1, seq = 1024, d = 64;
   bool causal = true;
-  bool deterministic = true;  // flash: dq by its own pass (false: atomics)
+  FlashDq dq = FlashDq::fastest;  // flash: how the backward sums dq (AttentionCall)
   int warmup = 10, iters = 100;
   double max_seconds = 10;  // per phase: stop timing early once this much was measured (at least 3 passes)
   std::uint64_t seed = 0;
@@ -33,6 +33,7 @@ struct AttentionBenchResult {
   std::size_t saved_bytes_formula = 0;  // the same from the accounting: O, plus P (naive) or L (flash)
   std::size_t peak_bytes = 0;           // over one forward and backward
   double peak_tflops = 0;               // the device's datasheet peak for the precision; 0 when unknown
+  bool deterministic = true;            // the backward's dq summed in a fixed order (what spec.dq resolved to)
   bool ok() const { return status == "ok"; }
   double tflops(const PhaseStats& p, double flops) const { return p.n ? flops / (p.mean * 1e-3) / 1e12 : 0.0; }
 };

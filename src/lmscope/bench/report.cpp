@@ -224,13 +224,14 @@ std::string mib(std::size_t bytes) { return fmt::format("{:.1f}", static_cast<do
 
 std::string attention_markdown(const std::vector<AttentionBenchResult>& rows) {
   std::string out =
-      "| attention | precision | batch·heads | seq | d | causal | forward ms | backward ms | fwd+bwd ms | "
+      "| attention | precision | batch·heads | seq | d | causal | dq sum | forward ms | backward ms | fwd+bwd ms | "
       "fwd TFLOP/s | fwd+bwd TFLOP/s | of peak | saved for backward MiB (formula) | peak MiB | status |\n"
-      "|---|---|---:|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---|\n";
+      "|---|---|---:|---:|---:|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---|\n";
   for (const AttentionBenchResult& r : rows) {
     const AttentionBenchSpec& s = r.spec;
-    out += fmt::format("| {} | {} | {} | {} | {} | {} | ", attention_name(s.kind), s.precision, s.batch * s.heads,
-                       s.seq, s.d, s.causal ? "yes" : "no");
+    const char* dq_sum = s.kind != AttentionKind::flash || !r.ok() ? "-" : r.deterministic ? "fixed order" : "atomic";
+    out += fmt::format("| {} | {} | {} | {} | {} | {} | {} | ", attention_name(s.kind), s.precision, s.batch * s.heads,
+                       s.seq, s.d, s.causal ? "yes" : "no", dq_sum);
     if (!r.ok()) {
       out += fmt::format("- | - | - | - | - | - | - | - | {} |\n", r.status);
       continue;
@@ -253,7 +254,7 @@ std::string attention_csv(const std::vector<AttentionBenchResult>& rows) {
   for (const AttentionBenchResult& r : rows) {
     const AttentionBenchSpec& s = r.spec;
     out += fmt::format("{},{},{},{},{},{},{},{},{},{},{}", attention_name(s.kind), s.device, s.precision, s.batch,
-                       s.heads, s.seq, s.d, s.causal, s.deterministic, s.warmup, s.iters);
+                       s.heads, s.seq, s.d, s.causal, r.deterministic, s.warmup, s.iters);
     for (int i = 0; i < 3; ++i) {
       const PhaseStats& p = attention_phase(r, i);
       if (p.n)
@@ -285,7 +286,7 @@ std::string attention_json(const std::vector<AttentionBenchResult>& rows) {
     j["seq"] = s.seq;
     j["d"] = s.d;
     j["causal"] = s.causal;
-    j["deterministic"] = s.deterministic;
+    j["deterministic"] = r.deterministic;
     j["status"] = r.status;
     if (r.ok()) {
       for (int i = 0; i < 3; ++i) {

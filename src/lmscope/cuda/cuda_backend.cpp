@@ -167,9 +167,9 @@ class CudaBackend final : public Backend {
                                   static_cast<float>(scale), causal, plan, parts.empty() ? nullptr : f32(parts),
                                   stream_);
   }
-  void flash_attention_backward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out, const Tensor& lse,
-                                const Tensor& dout, const Tensor& dq, const Tensor& dk, const Tensor& dv, double scale,
-                                bool causal, bool deterministic) override {
+  FlashDq flash_attention_backward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out,
+                                   const Tensor& lse, const Tensor& dout, const Tensor& dq, const Tensor& dk,
+                                   const Tensor& dv, double scale, bool causal, FlashDq dq_sum) override {
     const AttentionShape s = flash_shape(q, k, v, out, lse);
     for (const Tensor* t : {&dout, &dq, &dk, &dv}) same_dtype(q, *t, "flash attention backward");
     same_shape(dout, out, "flash attention dout");
@@ -177,6 +177,9 @@ class CudaBackend final : public Backend {
     same_shape(dk, k, "flash attention dk");
     same_shape(dv, v, "flash attention dv");
     const int d = static_cast<int>(s.d);
+    const bool deterministic =
+        dq_sum == FlashDq::deterministic ||
+        (dq_sum == FlashDq::fastest && !cuda::flash_atomic_dq_is_faster(elem(q), d, s.n, s.tq, s.tk, causal));
     const cuda::FlashAttentionPlan plan =
         cuda::flash_attention_plan(elem(q), d, s.n, s.tq, s.tk, causal, deterministic);
     Allocation delta = alloc_.allocate({s.n, s.tq}, DType::f32, {MemKind::workspace, "flash.delta", -1});
@@ -188,6 +191,7 @@ class CudaBackend final : public Backend {
                                    f32(delta), row_stats.empty() ? nullptr : f32(row_stats),
                                    dq_accum.empty() ? nullptr : f32(dq_accum), parts.empty() ? nullptr : f32(parts),
                                    stream_);
+    return plan.dq_accum_rows > 0 ? FlashDq::atomic : FlashDq::deterministic;  // fp32 (CUDA cores): no atomics
   }
 
   void swiglu_forward(const Tensor& a, const Tensor& b, const Tensor& out) override {

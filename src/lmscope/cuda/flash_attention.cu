@@ -1841,6 +1841,10 @@ FlashAttentionPlan flash_attention_plan(Elem e, int d, std::int64_t n, std::int6
   return plan;
 }
 
+bool flash_atomic_dq_is_faster(Elem e, int d, std::int64_t n, std::int64_t tq, std::int64_t tk, bool causal) {
+  return d <= 64 && flash_attention_plan(e, d, n, tq, tk, causal, false).dkdv_wgmma;
+}
+
 void flash_attention_forward(const void* q, const void* k, const void* v, void* o, float* lse, Elem e, std::int64_t n,
                              std::int64_t tq, std::int64_t tk, int d, float scale, bool causal,
                              const FlashAttentionPlan& plan, float* workspace, cudaStream_t s) {

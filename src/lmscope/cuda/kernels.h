@@ -78,6 +78,11 @@ struct FlashAttentionPlan {
 };
 FlashAttentionPlan flash_attention_plan(Elem e, int d, std::int64_t n, std::int64_t tq, std::int64_t tk, bool causal,
                                         bool deterministic);
+// Whether the backward runs faster with dq accumulated by atomics than by its own pass (FlashDq::
+// fastest): where the Hopper dK/dV kernel runs at d ≤ 64, whose bulk reductions cost less than a
+// second pass over S and dP; not at d 128 (shared memory holds fewer tiles in flight there) nor on
+// mma.sync, whose fp32 atomics cost more (measured: docs/flash-attention.md, steps 22-24 and 32).
+bool flash_atomic_dq_is_faster(Elem e, int d, std::int64_t n, std::int64_t tq, std::int64_t tk, bool causal);
 // workspace: plan.forward_workspace floats (null where 0).
 void flash_attention_forward(const void* q, const void* k, const void* v, void* o, float* lse, Elem e, std::int64_t n,
                              std::int64_t tq, std::int64_t tk, int d, float scale, bool causal,

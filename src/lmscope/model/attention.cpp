@@ -60,16 +60,16 @@ void attention_forward(Backend& backend, const AttentionCall& call, const Tensor
   batched_gemm(backend, false, false, T, dk, T, saved.probs, v, o);
 }
 
-void attention_backward(Backend& backend, const AttentionCall& call, const Tensor& q, const Tensor& k, const Tensor& v,
-                        const Tensor& o, const Tensor& dout, const Tensor& dq, const Tensor& dk, const Tensor& dv,
-                        AttentionSaved& saved) {
+FlashDq attention_backward(Backend& backend, const AttentionCall& call, const Tensor& q, const Tensor& k,
+                           const Tensor& v, const Tensor& o, const Tensor& dout, const Tensor& dq, const Tensor& dk,
+                           const Tensor& dv, AttentionSaved& saved) {
   const std::int64_t n = q.dim(0), T = q.dim(1), d = q.dim(2);
   if (call.kind == AttentionKind::flash) {
     LMSCOPE_CHECK(!saved.lse.empty(), "flash attention backward without its forward");
-    backend.flash_attention_backward(q, k, v, o, saved.lse, dout, dq, dk, dv, scale_of(q), call.causal,
-                                     call.deterministic);
+    const FlashDq used =
+        backend.flash_attention_backward(q, k, v, o, saved.lse, dout, dq, dk, dv, scale_of(q), call.causal, call.dq);
     saved.lse.reset();
-    return;
+    return used;
   }
   LMSCOPE_CHECK(!saved.probs.empty(), "naive attention backward without its forward");
   Allocation dscores = allocate(backend, "grad.attn.scores", call.layer, {n, T, T}, q.dtype);
@@ -79,6 +79,7 @@ void attention_backward(Backend& backend, const AttentionCall& call, const Tenso
   saved.probs.reset();
   batched_gemm(backend, false, false, T, d, T, dscores, k, dq);  // dQ = dS·K
   batched_gemm(backend, true, false, T, d, T, dscores, q, dk);   // dK = dSᵀ·Q
+  return FlashDq::deterministic;
 }
 
 }  // namespace lmscope

@@ -23,11 +23,10 @@ struct AttentionSaved {
 struct AttentionCall {
   AttentionKind kind = AttentionKind::flash;
   bool causal = true;
-  // flash backward: dq by its own pass over key tiles, in a fixed order, so runs repeat bit for bit;
-  // false accumulates dq in fp32 across key tiles instead (atomics; bulk reductions on Hopper), in
-  // no fixed order: on the H100 8-9% faster at d 64 from seq 8192, slower at d 128
-  // (docs/flash-attention.md).
-  bool deterministic = true;
+  // flash backward: how dq is summed over key tiles. The model's default keeps training runs
+  // repeatable bit for bit; `lmscope attention` asks for the fastest, as SDPA's backward sums dq by
+  // atomics too (docs/flash-attention.md).
+  FlashDq dq = FlashDq::deterministic;
   DType stats = DType::f32;  // dtype of the log-sum-exp
   int layer = -1;            // for the allocation tags
 };
@@ -36,9 +35,9 @@ struct AttentionCall {
 void attention_forward(Backend& backend, const AttentionCall& call, const Tensor& q, const Tensor& k, const Tensor& v,
                        const Tensor& o, AttentionSaved& saved);
 // dq, dk, dv (overwritten) from dout; o is the forward's output (flash reads it, naive does not).
-// Frees what the forward saved.
-void attention_backward(Backend& backend, const AttentionCall& call, const Tensor& q, const Tensor& k, const Tensor& v,
-                        const Tensor& o, const Tensor& dout, const Tensor& dq, const Tensor& dk, const Tensor& dv,
-                        AttentionSaved& saved);
+// Frees what the forward saved. Returns how dq was summed (naive: deterministic).
+FlashDq attention_backward(Backend& backend, const AttentionCall& call, const Tensor& q, const Tensor& k,
+                           const Tensor& v, const Tensor& o, const Tensor& dout, const Tensor& dq, const Tensor& dk,
+                           const Tensor& dv, AttentionSaved& saved);
 
 }  // namespace lmscope

@@ -173,7 +173,7 @@ void Transformer::linear_backward_weight(const Tensor& dy, const Tensor& x, cons
 }
 
 AttentionCall Transformer::attention_call(int layer) const {
-  return {.kind = attention_, .causal = true, .deterministic = true, .stats = dtype_, .layer = layer};
+  return {.kind = attention_, .causal = true, .dq = FlashDq::deterministic, .stats = dtype_, .layer = layer};
 }
 
 void Transformer::forward() {

@@ -279,9 +279,10 @@ class CpuBackend final : public Backend {
     });
   }
 
-  void flash_attention_backward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out, const Tensor& lse,
-                                const Tensor& dout, const Tensor& dq, const Tensor& dk, const Tensor& dv, double scale,
-                                bool causal, bool /*deterministic: always*/) override {
+  FlashDq flash_attention_backward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out,
+                                   const Tensor& lse, const Tensor& dout, const Tensor& dq, const Tensor& dk,
+                                   const Tensor& dv, double scale, bool causal,
+                                   FlashDq /*always deterministic*/) override {
     const AttentionShape s = attention_shape(q, k, v, out, lse);
     expect_shape(dout, out.shape, "flash attention dout");
     expect_shape(dq, q.shape, "flash attention dq");
@@ -295,6 +296,7 @@ class CpuBackend final : public Backend {
                                        dq.as<T>(), dk.as<T>(), dv.as<T>(), delta.tensor().as<T>(), s.n, s.tq, s.tk, s.d,
                                        static_cast<T>(scale), causal);
     });
+    return FlashDq::deterministic;
   }
 
   void swiglu_forward(const Tensor& a, const Tensor& b, const Tensor& out) override {

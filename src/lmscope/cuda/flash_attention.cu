@@ -197,13 +197,13 @@ constexpr float kMaxGrowth = 8.f;
 // 1 unless this tile moved the max (by more than kMaxGrowth). The max is taken on raw scores (the
 // scale is positive) so that one FFMA per element scales and shifts; MASK=false, the common tile,
 // has no per-element mask test at all.
-template <bool MASK>
-__device__ __forceinline__ void online_softmax(float (&s)[8][4], float (&m)[2], float (&l)[2], float (&corr)[2],
+template <bool MASK, int NB = 8>
+__device__ __forceinline__ void online_softmax(float (&s)[NB][4], float (&m)[2], float (&l)[2], float (&corr)[2],
                                                float scale_log2, const int (&row)[2], int k0, int t, int tq, int tk,
                                                bool causal) {
   float mx[2] = {-INFINITY, -INFINITY};
 #pragma unroll
-  for (int nb = 0; nb < 8; ++nb)
+  for (int nb = 0; nb < NB; ++nb)
 #pragma unroll
     for (int e = 0; e < 4; ++e) {
       if (MASK && masked(row[e / 2], k0 + nb * 8 + 2 * t + (e % 2), tq, tk, causal)) s[nb][e] = -INFINITY;
@@ -221,7 +221,7 @@ __device__ __forceinline__ void online_softmax(float (&s)[8][4], float (&m)[2], 
     shift[i] = -base;
   }
 #pragma unroll
-  for (int nb = 0; nb < 8; ++nb)
+  for (int nb = 0; nb < NB; ++nb)
 #pragma unroll
     for (int e = 0; e < 4; ++e) {
       s[nb][e] = fast_exp2(fmaf(s[nb][e], scale_log2, shift[e / 2]));
@@ -360,21 +360,29 @@ __global__ void __launch_bounds__(kThreads)
 }
 
 // ---------------------------------------------------------------- Hopper forward (wgmma, sm_90a)
-// Two warpgroups of 64 query rows each; keys in tiles of 64. The copy engine (TMA) puts K and V into
-// 128-byte-swizzled tiles (wgmma.cuh) that wgmma reads straight from shared memory; Q is read once
-// into registers as A fragments, and P goes from the S accumulators to the A fragments of P·V
-// without leaving registers, as in the mma.sync kernel.
+// Two warpgroups of 64 query rows each; keys in tiles of 64 (128 at d 128). The copy engine (TMA)
+// puts K and V into swizzled tiles (wgmma.cuh) that wgmma reads straight from shared memory; Q is
+// read once into registers as A fragments, and P goes from the S accumulators to the A fragments
+// of P·V without leaving registers, as in the mma.sync kernel.
 constexpr int kWgThreads = 256, kWgTileQ = 128, kWgTileK = 64, kWgStages = 4;
 // Head dims with Hopper kernels (tiles laid out as sm90::TileOf says).
 template <int D>
 constexpr bool kHopperHeadDim = D == 32 || D == 64 || D == 128;
-// Shared bytes of the rings' mbarriers (full and empty per slot) and of the K/V ring: K and V tiles
-// of kWgTileK keys per slot, then the barriers.
-constexpr int kRingBarrierBytes = 2 * kWgStages * 8;
-template <int D>
+// Shared bytes of a ring's mbarriers (full and empty per slot), and of a K/V ring of STAGES slots
+// of ROWS keys: K and V tiles, then the barriers.
+constexpr int ring_barrier_bytes(int stages) { return 2 * stages * 8; }
+template <int D, int ROWS, int STAGES>
 constexpr int key_value_ring_bytes() {
-  return 2 * kWgStages * kWgTileK * D * 2 + kRingBarrierBytes;
+  return 2 * STAGES * ROWS * D * 2 + ring_barrier_bytes(STAGES);
 }
+// Keys per tile of the Hopper forward, and its K/V ring's slots: at d 128 tiles of 128 keys (S = Q·Kᵀ
+// as two n64 products per step of 16 channels), which spreads each tile's fixed work (waits, row
+// maxima, the ring) over twice the products: 7-10% faster from seq 8192, 1-3% slower at 2048-4096
+// (step 35 in docs/flash-attention.md); 3 slots fit beside Q, 254 registers without spills.
+template <int D>
+constexpr int kForwardTileK = D == 128 ? 128 : kWgTileK;
+template <int D>
+constexpr int kForwardStages = D == 128 ? 3 : kWgStages;
 
 #ifdef LMSCOPE_WGMMA
 // Dynamic shared memory, rounded up to the 1024-byte alignment of the swizzle atoms.
@@ -496,37 +504,38 @@ struct TmaRing {
   }
 };
 
-// The K and V tiles the Hopper forward and dQ kernels walk (kWgStages slots of K, then of V): key
-// tile `first` + i of sequence `seq` is tile i. The ring's barriers follow the slots.
-template <int D>
+// The K and V tiles of ROWS keys the Hopper forward and dQ kernels walk (STAGES slots of K, then of
+// V): key tile `first` + i of sequence `seq` is tile i. The ring's barriers follow the slots.
+template <int D, int ROWS = kWgTileK, int STAGES = kWgStages>
 struct KeyValueTiles {
-  static constexpr int kTileBytes = kWgTileK * D * 2, kBytes = 2 * kTileBytes;
+  static constexpr int kTileBytes = ROWS * D * 2, kBytes = 2 * kTileBytes;
   unsigned char* slots;
   const CUtensorMap* k_map;
   const CUtensorMap* v_map;
   int seq, first;
 
-  __device__ __forceinline__ unsigned char* k_tile(int i) const { return slots + (i % kWgStages) * kTileBytes; }
-  __device__ __forceinline__ unsigned char* v_tile(int i) const { return k_tile(i) + kWgStages * kTileBytes; }
+  __device__ __forceinline__ unsigned char* k_tile(int i) const { return slots + (i % STAGES) * kTileBytes; }
+  __device__ __forceinline__ unsigned char* v_tile(int i) const { return k_tile(i) + STAGES * kTileBytes; }
   __device__ __forceinline__ std::uint64_t* bars() const {
-    return reinterpret_cast<std::uint64_t*>(slots + 2 * kWgStages * kTileBytes);
+    return reinterpret_cast<std::uint64_t*>(slots + 2 * STAGES * kTileBytes);
   }
   __device__ __forceinline__ void copy(int i, std::uint64_t* bar) const {
-    tma_tile<D, kWgTileK>(k_tile(i), *k_map, (first + i) * kWgTileK, seq, bar);
-    tma_tile<D, kWgTileK>(v_tile(i), *v_map, (first + i) * kWgTileK, seq, bar);
+    tma_tile<D, ROWS>(k_tile(i), *k_map, (first + i) * ROWS, seq, bar);
+    tma_tile<D, ROWS>(v_tile(i), *v_map, (first + i) * ROWS, seq, bar);
   }
 };
-template <int D>
-using KeyValueRing = TmaRing<kWgStages, kWgStages - 2, false, KeyValueTiles<D>>;
+template <int D, int ROWS = kWgTileK, int STAGES = kWgStages>
+using KeyValueRing = TmaRing<STAGES, STAGES - 2, false, KeyValueTiles<D, ROWS, STAGES>>;
 #endif
 
 // Software pipeline per warpgroup: step j issues S_j = Q·K_jᵀ and O += P_{j−1}·V_{j−1} together,
 // waits for S_j only, and computes the softmax of tile j while the tensor cores run P_{j−1}·V_{j−1};
 // O is rescaled once that product is done. K and V tiles sit in a KeyValueRing, loaded
-// kWgStages − 2 tiles ahead. The steady-state loop has no branch around a wgmma: ptxas serialises
+// kForwardStages − 2 tiles ahead. The steady-state loop has no branch around a wgmma: ptxas serialises
 // every wgmma of a kernel where one sits in code it cannot prove warp-uniform, or where an
 // accumulator is read before the wait that covers it. So both warpgroups run every key tile of
-// the CTA; under a causal mask the first one's last tile is then fully masked and adds nothing.
+// the CTA; under a causal mask the first one's last tile (at d 128 its second half) is then fully
+// masked and adds nothing.
 // At d 32 and 64 two CTAs fit an SM when the kernel keeps to 128 registers (at d 64 ptxas then spills
 // 48 bytes): one CTA's softmax runs beside the other's tensor work (d 64, s 16384, b 8: 1.14 → 0.96 ms).
 // SPLIT: CTAs walk parts of their tiles (order.parts > 1). Without it, the kernel is compiled with
@@ -549,36 +558,46 @@ __global__ void __launch_bounds__(kWgThreads, D <= 64 ? 2 : 1)
   const int wq0 = q0 + wg * 64;  // this warpgroup's first query
   const int row[2] = {wq0 + warp * 16 + g, wq0 + warp * 16 + g + 8};
 
+  constexpr int kTileK = kForwardTileK<D>, kScoreBlocks = kTileK / 8;
   const int kend = causal ? min(tk, q0 + kWgTileQ) : tk;
-  const int all = (kend + kWgTileK - 1) / kWgTileK;
+  const int all = (kend + kTileK - 1) / kTileK;
   const TileRange keys = SPLIT ? part_of(0, all, cta.part, order.parts) : TileRange{0, all};
   // An empty part (of a split light tile) runs one tile with every key masked (as if tk were 0), so
   // that the pipeline below needs no early exit.
   const bool empty = SPLIT && keys.begin == keys.end;
   const int tiles = empty ? 1 : keys.end - keys.begin, tk_seen = empty ? 0 : tk;  // tiles: from keys.begin
-  const KeyValueTiles<D> kv{sK, &k_map, &v_map, seq, keys.begin};
-  const KeyValueRing<D> ring{kv, kv.bars(), tiles, tid};
+  const KeyValueTiles<D, kTileK, kForwardStages<D>> kv{sK, &k_map, &v_map, seq, keys.begin};
+  const KeyValueRing<D, kTileK, kForwardStages<D>> ring{kv, kv.bars(), tiles, tid};
   ring.start(kWgTileQ * D * 2, [&](std::uint64_t* bar) { tma_tile<D, kWgTileQ>(sQ, q_map, q0, seq, bar); });
 
   float acc[kPanels][kBlocks][4] = {};
-  float s[8][4];
+  float s[kScoreBlocks][4];
   float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f}, corr[2];
-  unsigned qa[D / 16][4], pa[kWgTileK / 16][4];
+  unsigned qa[D / 16][4], pa[kTileK / 16][4];
 
-  auto issue_s = [&](int j) { issue_scores<D>(s, qa, Tile::descriptor(kv.k_tile(j)), kWgTileK); };  // Q·K_jᵀ
-  auto issue_pv = [&](int j) {                                                                      // acc += P_j·V_j
+  auto issue_s = [&](int j) {  // S = Q·K_jᵀ, 64 keys per product
+    const std::uint64_t k_desc = Tile::descriptor(kv.k_tile(j));
+#pragma unroll
+    for (int kc = 0; kc < D / 16; ++kc)
+#pragma unroll
+      for (int h = 0; h < kTileK / 64; ++h)
+        sm90::mma_rs<false>(*reinterpret_cast<float(*)[8][4]>(&s[8 * h]), qa[kc],
+                            sm90::advance(k_desc, Tile::k_step(kc, kTileK) + h * 64 * Tile::kRowBytes), kc > 0);
+    sm90::commit();
+  };
+  auto issue_pv = [&](int j) {  // acc += P_j·V_j
     const unsigned char* cV = kv.v_tile(j);
 #pragma unroll
-    for (int kc = 0; kc < kWgTileK / 16; ++kc)
+    for (int kc = 0; kc < kTileK / 16; ++kc)
 #pragma unroll
       for (int p = 0; p < kPanels; ++p)
-        sm90::mma_rs<true, Tile::kCols>(acc[p], pa[kc],
-                                        Tile::descriptor(cV + (p * kWgTileK + kc * 16) * Tile::kRowBytes), true);
+        sm90::mma_rs<true, Tile::kCols>(acc[p], pa[kc], Tile::descriptor(cV + (p * kTileK + kc * 16) * Tile::kRowBytes),
+                                        true);
     sm90::commit();
   };
   auto softmax = [&](int j) {
-    const int k0 = (keys.begin + j) * kWgTileK;
-    if (k0 + kWgTileK > tk_seen || wq0 + 64 > tq || (causal && k0 + kWgTileK - 1 > wq0))
+    const int k0 = (keys.begin + j) * kTileK;
+    if (k0 + kTileK > tk_seen || wq0 + 64 > tq || (causal && k0 + kTileK - 1 > wq0))
       online_softmax<true>(s, m, l, corr, scale_log2, row, k0, t, tq, tk_seen, causal);
     else
       online_softmax<false>(s, m, l, corr, scale_log2, row, k0, t, tq, tk, causal);
@@ -592,7 +611,7 @@ __global__ void __launch_bounds__(kWgThreads, D <= 64 ? 2 : 1)
 #pragma unroll
           for (int e = 0; e < 4; ++e) acc[p][nd][e] *= corr[e / 2];
 #pragma unroll
-    for (int kc = 0; kc < kWgTileK / 16; ++kc) accumulators_to_a(pa[kc], s[2 * kc], s[2 * kc + 1]);
+    for (int kc = 0; kc < kTileK / 16; ++kc) accumulators_to_a(pa[kc], s[2 * kc], s[2 * kc + 1]);
   };
 
   ring.wait(0);
@@ -942,7 +961,8 @@ template <int D, bool ATOMIC_DQ>
 constexpr int wgmma_backward_smem() {
   constexpr int stages = kWbStages<D, ATOMIC_DQ>;
   return (2 * kWbKeys + 2 * stages * kWbTileQ) * D * 2 + (ATOMIC_DQ ? 2 * kWbKeys * kWbTileQ * 2 : 0) +
-         (ATOMIC_DQ ? 2 * kWbTileQ * D * 4 : 0) + 2 * stages * kWbTileQ * 4 + kRingBarrierBytes + sm90::kAtomBytes;
+         (ATOMIC_DQ ? 2 * kWbTileQ * D * 4 : 0) + 2 * stages * kWbTileQ * 4 + ring_barrier_bytes(stages) +
+         sm90::kAtomBytes;
 }
 
 // Where the Hopper backward leaves dQ's element (row, col) of a 64-query tile in dq_accum, counted
@@ -1605,7 +1625,7 @@ constexpr int forward_tc_smem() {
 }
 template <int D>
 constexpr int forward_wgmma_smem() {
-  return kWgTileQ * D * 2 + key_value_ring_bytes<D>() + sm90::kAtomBytes;
+  return kWgTileQ * D * 2 + key_value_ring_bytes<D, kForwardTileK<D>, kForwardStages<D>>() + sm90::kAtomBytes;
 }
 template <int D>
 constexpr int dkdv_tc_smem() {
@@ -1617,7 +1637,7 @@ constexpr int dq_tc_smem() {
 }
 template <int D>
 constexpr int dq_wgmma_smem() {
-  return 2 * kWgTileQ * D * 2 + key_value_ring_bytes<D>() + sm90::kAtomBytes;
+  return 2 * kWgTileQ * D * 2 + key_value_ring_bytes<D, kWgTileK, kWgStages>() + sm90::kAtomBytes;
 }
 
 int sm_count() {
@@ -1861,11 +1881,12 @@ void flash_attention_forward(const void* q, const void* k, const void* v, void* 
       constexpr int D = decltype(dc)::value;
       if constexpr (kHopperHeadDim<D>)
         if (plan.forward_wgmma) {
-          return launch_tiled(
-              "flash_forward_wgmma", parts > 1 ? flash_forward_wgmma<D, true> : flash_forward_wgmma<D, false>,
-              kWgThreads, forward_wgmma_smem<D>(), Tiling{n, tq, kWgTileQ, kv_bytes, parts}, s,
-              tile_map<D>(q, n, tq, kWgTileQ), tile_map<D>(k, n, tk, kWgTileK), tile_map<D>(v, n, tk, kWgTileK), o_out,
-              lse_out, static_cast<int>(tq), static_cast<int>(tk), scale_log2, causal);
+          return launch_tiled("flash_forward_wgmma",
+                              parts > 1 ? flash_forward_wgmma<D, true> : flash_forward_wgmma<D, false>, kWgThreads,
+                              forward_wgmma_smem<D>(), Tiling{n, tq, kWgTileQ, kv_bytes, parts}, s,
+                              tile_map<D>(q, n, tq, kWgTileQ), tile_map<D>(k, n, tk, kForwardTileK<D>),
+                              tile_map<D>(v, n, tk, kForwardTileK<D>), o_out, lse_out, static_cast<int>(tq),
+                              static_cast<int>(tk), scale_log2, causal);
         }
       launch_tiled("flash_forward_tc", parts > 1 ? flash_forward_tc<D, true> : flash_forward_tc<D, false>, kThreads,
                    forward_tc_smem<D>(), Tiling{n, tq, kTileQ, kv_bytes, parts}, s, qb, kb, vb, o_out, lse_out,

@@ -177,21 +177,19 @@ class CudaBackend final : public Backend {
     same_shape(dk, k, "flash attention dk");
     same_shape(dv, v, "flash attention dv");
     const int d = static_cast<int>(s.d);
-    const bool deterministic =
-        dq_sum == FlashDq::deterministic ||
-        (dq_sum == FlashDq::fastest && !cuda::flash_atomic_dq_is_faster(elem(q), d, s.n, s.tq, s.tk, causal));
     const cuda::FlashAttentionPlan plan =
-        cuda::flash_attention_plan(elem(q), d, s.n, s.tq, s.tk, causal, deterministic);
+        dq_sum == FlashDq::fastest
+            ? cuda::flash_attention_fastest_plan(elem(q), d, s.n, s.tq, s.tk, causal)
+            : cuda::flash_attention_plan(elem(q), d, s.n, s.tq, s.tk, causal, dq_sum == FlashDq::deterministic);
     Allocation delta = alloc_.allocate({s.n, s.tq}, DType::f32, {MemKind::workspace, "flash.delta", -1});
     Allocation row_stats = workspace(2 * s.n * plan.row_stats_rows, "flash.row_stats");
     Allocation dq_accum = workspace(s.n * plan.dq_accum_rows * s.d, "flash.dq_accum");
     Allocation parts = workspace(plan.backward_workspace, "flash.parts");
-    cuda::flash_attention_backward(q.data, k.data, v.data, out.data, f32(lse), dout.data, dq.data, dk.data, dv.data,
-                                   elem(q), s.n, s.tq, s.tk, d, static_cast<float>(scale), causal, deterministic, plan,
-                                   f32(delta), row_stats.empty() ? nullptr : f32(row_stats),
-                                   dq_accum.empty() ? nullptr : f32(dq_accum), parts.empty() ? nullptr : f32(parts),
-                                   stream_);
-    return plan.dq_accum_rows > 0 ? FlashDq::atomic : FlashDq::deterministic;  // fp32 (CUDA cores): no atomics
+    cuda::flash_attention_backward(
+        q.data, k.data, v.data, out.data, f32(lse), dout.data, dq.data, dk.data, dv.data, elem(q), s.n, s.tq, s.tk, d,
+        static_cast<float>(scale), causal, plan, f32(delta), row_stats.empty() ? nullptr : f32(row_stats),
+        dq_accum.empty() ? nullptr : f32(dq_accum), parts.empty() ? nullptr : f32(parts), stream_);
+    return plan.atomic_dq() ? FlashDq::atomic : FlashDq::deterministic;  // fp32 (CUDA cores): never atomic
   }
 
   void swiglu_forward(const Tensor& a, const Tensor& b, const Tensor& out) override {

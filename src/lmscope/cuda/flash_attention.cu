@@ -1861,8 +1861,13 @@ FlashAttentionPlan flash_attention_plan(Elem e, int d, std::int64_t n, std::int6
   return plan;
 }
 
-bool flash_atomic_dq_is_faster(Elem e, int d, std::int64_t n, std::int64_t tq, std::int64_t tk, bool causal) {
-  return d <= 64 && flash_attention_plan(e, d, n, tq, tk, causal, false).dkdv_wgmma;
+FlashAttentionPlan flash_attention_fastest_plan(Elem e, int d, std::int64_t n, std::int64_t tq, std::int64_t tk,
+                                                bool causal) {
+  if (d <= 64) {
+    const FlashAttentionPlan atomic = flash_attention_plan(e, d, n, tq, tk, causal, false);
+    if (atomic.dkdv_wgmma) return atomic;
+  }
+  return flash_attention_plan(e, d, n, tq, tk, causal, true);
 }
 
 void flash_attention_forward(const void* q, const void* k, const void* v, void* o, float* lse, Elem e, std::int64_t n,
@@ -1912,9 +1917,8 @@ void flash_attention_forward(const void* q, const void* k, const void* v, void* 
 
 void flash_attention_backward(const void* q, const void* k, const void* v, const void* o, const float* lse,
                               const void* dout, void* dq, void* dk, void* dv, Elem e, std::int64_t n, std::int64_t tq,
-                              std::int64_t tk, int d, float scale, bool causal, bool deterministic,
-                              const FlashAttentionPlan& plan, float* delta, float* row_stats, float* dq_accum,
-                              float* workspace, cudaStream_t s) {
+                              std::int64_t tk, int d, float scale, bool causal, const FlashAttentionPlan& plan,
+                              float* delta, float* row_stats, float* dq_accum, float* workspace, cudaStream_t s) {
   check_head_dim(d);
   const long long padded = plan.row_stats_rows > 0 ? plan.row_stats_rows : tq;
   with_elem(e, [&](auto tag) {
@@ -1927,7 +1931,7 @@ void flash_attention_backward(const void* q, const void* k, const void* v, const
   const int itq = static_cast<int>(tq), itk = static_cast<int>(tk);
   if (tensor_core_path(e, d)) {
     const long long kv_bytes = 2 * tk * d * 2, qdo_bytes = 2 * tq * d * 2;  // bf16 K and V, Q and dO
-    const bool atomics = !deterministic;
+    const bool atomics = plan.atomic_dq();
     if (atomics && cudaMemsetAsync(dq_accum, 0, sizeof(float) * n * plan.dq_accum_rows * d, s) != cudaSuccess)
       throw std::runtime_error("flash attention: clearing the dq accumulator failed");
     const int kv_parts = plan.dkdv_parts, q_parts = plan.dq_parts;

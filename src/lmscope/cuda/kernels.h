@@ -68,21 +68,24 @@ struct FlashAttentionPlan {
   int forward_parts = 1, dkdv_parts = 1, dq_parts = 1;
   // Rows of the fp32 dq accumulator [n, rows, d] with atomics on the tensor-core path (tq, or tq
   // rounded up to whole 64-query tiles for the Hopper kernel, which adds tiles in its own order); 0
-  // where none is needed.
+  // where none is needed: dq is then summed by its own pass, in a fixed order.
   std::int64_t dq_accum_rows = 0;
+  bool atomic_dq() const { return dq_accum_rows > 0; }
   // Rows per sequence of the Hopper dK/dV kernel's copy of delta and L (in log2 units) [2, n, rows]
   // fp32: tq rounded up to whole 64-query tiles, so that the copy engine reads whole aligned runs;
   // 0 where that kernel does not run.
   std::int64_t row_stats_rows = 0;
   std::int64_t forward_workspace = 0, backward_workspace = 0;  // fp32 elements of the parts, 0: none
 };
+// deterministic: dq by its own pass; false: accumulated by atomics where the tensor-core path runs.
 FlashAttentionPlan flash_attention_plan(Elem e, int d, std::int64_t n, std::int64_t tq, std::int64_t tk, bool causal,
                                         bool deterministic);
-// Whether the backward runs faster with dq accumulated by atomics than by its own pass (FlashDq::
-// fastest): where the Hopper dK/dV kernel runs at d ≤ 64, whose bulk reductions cost less than a
-// second pass over S and dP; not at d 128 (shared memory holds fewer tiles in flight there) nor on
-// mma.sync, whose fp32 atomics cost more (measured: docs/flash-attention.md, steps 22-24 and 32).
-bool flash_atomic_dq_is_faster(Elem e, int d, std::int64_t n, std::int64_t tq, std::int64_t tk, bool causal);
+// The faster of the two (FlashDq::fastest): atomics where the Hopper dK/dV kernel runs at d ≤ 64,
+// whose bulk reductions cost less than a second pass over S and dP; its own pass at d 128 (shared
+// memory holds fewer tiles in flight there) and on mma.sync, whose fp32 atomics cost more
+// (measured: docs/flash-attention.md, steps 22-24 and 32-33).
+FlashAttentionPlan flash_attention_fastest_plan(Elem e, int d, std::int64_t n, std::int64_t tq, std::int64_t tk,
+                                                bool causal);
 // workspace: plan.forward_workspace floats (null where 0).
 void flash_attention_forward(const void* q, const void* k, const void* v, void* o, float* lse, Elem e, std::int64_t n,
                              std::int64_t tq, std::int64_t tk, int d, float scale, bool causal,
@@ -91,8 +94,7 @@ void flash_attention_forward(const void* q, const void* k, const void* v, void* 
 // workspace: plan.backward_workspace floats (each null where its size is 0).
 void flash_attention_backward(const void* q, const void* k, const void* v, const void* o, const float* lse,
                               const void* dout, void* dq, void* dk, void* dv, Elem e, std::int64_t n, std::int64_t tq,
-                              std::int64_t tk, int d, float scale, bool causal, bool deterministic,
-                              const FlashAttentionPlan& plan, float* delta, float* row_stats, float* dq_accum,
-                              float* workspace, cudaStream_t s);
+                              std::int64_t tk, int d, float scale, bool causal, const FlashAttentionPlan& plan,
+                              float* delta, float* row_stats, float* dq_accum, float* workspace, cudaStream_t s);
 
 }  // namespace lmscope::cuda

@@ -912,13 +912,15 @@ __global__ void __launch_bounds__(kThreads, D == 32 ? 4 : 1)  // d 32: 164 regis
 // issues dV += Pᵀ·dO, turns dPᵀ into dSᵀ while that runs, and issues dK += dSᵀ·Q (A operands from
 // registers, as P in the forward). With ATOMIC_DQ both warpgroups then put dSᵀ in shared memory
 // (two buffers), and at the next tile's barrier each issues half of dQ's columns over the CTA's 128
-// keys (wgmma reads dS transposed there) ahead of that tile's Sᵀ and dPᵀ, writes them to a shared
-// fp32 tile (two buffers) while those run, and one thread hands the tile to the copy engine at the
-// barrier after: a bulk reduction adds it to dq_accum in L2 while the warpgroups go on. One CTA
-// barrier per tile, and no thread waits on global memory (step 22 in docs/flash-attention.md: 8-byte
-// atomics from every thread at the end of each tile made the backward 8% slower at d 64). dq_accum
-// holds, per sequence and 64-query tile, the tile's 64 × D values in the order the threads'
-// accumulators hold them (dq_tile_index), so every thread writes whole 16-byte runs.
+// keys (wgmma reads dS transposed there) ahead of that tile's Sᵀ, writes them to a shared fp32 tile
+// (two buffers) while Sᵀ runs, and only then issues dPᵀ, so that dQ's and dPᵀ's accumulators are
+// never held together (step 37: the d 128 backward 15% faster, with fewer spills). One thread hands
+// the dQ tile to the copy engine at the barrier after: a bulk reduction adds it to dq_accum in L2
+// while the warpgroups go on. One CTA barrier per tile, and no thread waits on global memory (step
+// 22 in docs/flash-attention.md: 8-byte atomics from every thread at the end of each tile made the
+// backward 8% slower at d 64). dq_accum holds, per sequence and 64-query tile, the tile's 64 × D
+// values in the order the threads' accumulators hold them (dq_tile_index), so every thread writes
+// whole 16-byte runs.
 constexpr int kWbKeys = 128, kWbTileQ = 64;
 static_assert(kWbTileQ == 64 && kWgTileK == 64, "issue_product multiplies by 64-row tiles");
 // Ring slots. The mbarrier ring needs kWgStages, loading two tiles ahead. With ATOMIC_DQ every
@@ -1098,14 +1100,14 @@ __global__ void __launch_bounds__(kWgThreads)
     sm90::fence();
     if constexpr (ATOMIC_DQ) issue_dq(r - 1);  // dQ of the tile before (r = 0: of nothing, never staged)
     issue_scores<D>(s, k_desc, kWbKeys, q_desc, kWbTileQ);
-    issue_scores<D>(dp, v_desc, kWbKeys, do_desc, kWbTileQ);
     if constexpr (ATOMIC_DQ) {
-      sm90::wait<2>();  // dQ of the tile before is in; Sᵀ and dPᵀ may still run
+      sm90::wait<1>();  // dQ of the tile before is in; Sᵀ may still run
       sm90::hold(dq);
       if (r > 0) stage_dq(r - 1);
-    } else {
-      ring.advance(r);
+      sm90::fence();  // dPᵀ may take the registers dq held
     }
+    issue_scores<D>(dp, v_desc, kWbKeys, do_desc, kWbTileQ);
+    if constexpr (!ATOMIC_DQ) ring.advance(r);
     float lse2[8][2];
 #pragma unroll
     for (int nb = 0; nb < 8; ++nb) {
@@ -1863,11 +1865,8 @@ FlashAttentionPlan flash_attention_plan(Elem e, int d, std::int64_t n, std::int6
 
 FlashAttentionPlan flash_attention_fastest_plan(Elem e, int d, std::int64_t n, std::int64_t tq, std::int64_t tk,
                                                 bool causal) {
-  if (d <= 64) {
-    const FlashAttentionPlan atomic = flash_attention_plan(e, d, n, tq, tk, causal, false);
-    if (atomic.dkdv_wgmma) return atomic;
-  }
-  return flash_attention_plan(e, d, n, tq, tk, causal, true);
+  const FlashAttentionPlan atomic = flash_attention_plan(e, d, n, tq, tk, causal, false);
+  return atomic.dkdv_wgmma ? atomic : flash_attention_plan(e, d, n, tq, tk, causal, true);
 }
 
 void flash_attention_forward(const void* q, const void* k, const void* v, void* o, float* lse, Elem e, std::int64_t n,

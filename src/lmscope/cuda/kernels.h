@@ -80,10 +80,9 @@ struct FlashAttentionPlan {
 // deterministic: dq by its own pass; false: accumulated by atomics where the tensor-core path runs.
 FlashAttentionPlan flash_attention_plan(Elem e, int d, std::int64_t n, std::int64_t tq, std::int64_t tk, bool causal,
                                         bool deterministic);
-// The faster of the two (FlashDq::fastest): atomics where the Hopper dK/dV kernel runs at d ≤ 64,
-// whose bulk reductions cost less than a second pass over S and dP; its own pass at d 128 (shared
-// memory holds fewer tiles in flight there) and on mma.sync, whose fp32 atomics cost more
-// (measured: docs/flash-attention.md, steps 22-24 and 32-33).
+// The faster of the two (FlashDq::fastest): atomics where the Hopper dK/dV kernel runs, whose bulk
+// reductions cost less than a second pass over S and dP; its own pass on mma.sync, whose fp32
+// atomics cost more (measured: docs/flash-attention.md, steps 22-24, 32-33 and 37).
 FlashAttentionPlan flash_attention_fastest_plan(Elem e, int d, std::int64_t n, std::int64_t tq, std::int64_t tk,
                                                 bool causal);
 // workspace: plan.forward_workspace floats (null where 0).

@@ -1086,11 +1086,6 @@ __global__ void __launch_bounds__(kWgThreads)
   for (int i = first; i < end; ++i) {
     const int r = i - first, q0 = i * kWbTileQ;
     ring.wait(r);  // with atomics also: every thread's dSᵀ of the tile before is in, and its dQ before that
-    if constexpr (ATOMIC_DQ) {
-      if (tid == 0 && r > 1)
-        sm90::bulk_reduce_add(dq_accum + (i - 2) * kWbTileQ * D, sdQ + (r & 1) * (kDqBytes / 4), kDqBytes);
-      ring.advance(r);
-    }
     const unsigned char* cQ = qt.q_tile(r);
     const unsigned char* cdO = qt.do_tile(r);
 
@@ -1101,6 +1096,11 @@ __global__ void __launch_bounds__(kWgThreads)
     if constexpr (ATOMIC_DQ) issue_dq(r - 1);  // dQ of the tile before (r = 0: of nothing, never staged)
     issue_scores<D>(s, k_desc, kWbKeys, q_desc, kWbTileQ);
     if constexpr (ATOMIC_DQ) {
+      // Thread 0's copies (the dQ tile staged in the tile before, the next query tile) only now: its
+      // warpgroup's first products wait for all four warps, so its warp must not come late (step 41).
+      if (tid == 0 && r > 1)
+        sm90::bulk_reduce_add(dq_accum + (i - 2) * kWbTileQ * D, sdQ + (r & 1) * (kDqBytes / 4), kDqBytes);
+      ring.advance(r);
       sm90::wait<1>();  // dQ of the tile before is in; Sᵀ may still run
       sm90::hold(dq);
       if (r > 0) stage_dq(r - 1);

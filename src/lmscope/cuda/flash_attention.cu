@@ -915,12 +915,12 @@ __global__ void __launch_bounds__(kThreads, D == 32 ? 4 : 1)  // d 32: 164 regis
 // keys (wgmma reads dS transposed there) ahead of that tile's Sᵀ, writes them to a shared fp32 tile
 // (two buffers) while Sᵀ runs, and only then issues dPᵀ, so that dQ's and dPᵀ's accumulators are
 // never held together (step 37: the d 128 backward 15% faster, with fewer spills). One thread hands
-// the dQ tile to the copy engine at the barrier after: a bulk reduction adds it to dq_accum in L2
-// while the warpgroups go on. One CTA barrier per tile, and no thread waits on global memory (step
-// 22 in docs/flash-attention.md: 8-byte atomics from every thread at the end of each tile made the
-// backward 8% slower at d 64). dq_accum holds, per sequence and 64-query tile, the tile's 64 × D
-// values in the order the threads' accumulators hold them (dq_tile_index), so every thread writes
-// whole 16-byte runs.
+// the dQ tile to the copy engine in the tile after (past its barrier and first products): a bulk
+// reduction adds it to dq_accum in L2 while the warpgroups go on. One CTA barrier per tile, and no
+// thread waits on global memory (step 22 in docs/flash-attention.md: 8-byte atomics from every
+// thread at the end of each tile made the backward 8% slower at d 64). dq_accum holds, per sequence
+// and 64-query tile, the tile's 64 × D values in the order the threads' accumulators hold them
+// (dq_tile_index), so every thread writes whole 16-byte runs.
 constexpr int kWbKeys = 128, kWbTileQ = 64;
 static_assert(kWbTileQ == 64 && kWgTileK == 64, "issue_product multiplies by 64-row tiles");
 // Ring slots. The mbarrier ring needs kWgStages, loading two tiles ahead. With ATOMIC_DQ every

@@ -393,7 +393,8 @@ __device__ __forceinline__ unsigned char* atom_aligned_smem(unsigned char* smem)
 
 // acc (+)= X·Y on a warpgroup: X its 64 rows × 64 (accumulator blocks x, packed here into the A
 // fragments a, which must stay untouched until a wait covers this product), Y a 64-row swizzled
-// tile of N-column panels (TileOf) read as an N-major B, one panel per accumulator.
+// tile of N-column panels (TileOf) read as an N-major B, one panel per accumulator; two 64-column
+// panels (d 128) in one n128 product, for which y_desc must hold the panels' distance.
 template <int PANELS, int BLOCKS>
 __device__ __forceinline__ void issue_product(float (&acc)[PANELS][BLOCKS][4], unsigned (&a)[4][4],
                                               const float (&x)[8][4], std::uint64_t y_desc) {
@@ -403,9 +404,13 @@ __device__ __forceinline__ void issue_product(float (&acc)[PANELS][BLOCKS][4], u
   sm90::fence();
 #pragma unroll
   for (int kc = 0; kc < 4; ++kc)
+    if constexpr (PANELS == 2 && N == 64)  // one n128 product over both panels (y_desc holds their distance)
+      sm90::mma_rs<true, 128>(*reinterpret_cast<float(*)[16][4]>(&acc[0][0][0]), a[kc],
+                              sm90::advance(y_desc, kc * 16 * kRowBytes), true);
+    else
 #pragma unroll
-    for (int p = 0; p < PANELS; ++p)
-      sm90::mma_rs<true, N>(acc[p], a[kc], sm90::advance(y_desc, (p * 64 + kc * 16) * kRowBytes), true);
+      for (int p = 0; p < PANELS; ++p)
+        sm90::mma_rs<true, N>(acc[p], a[kc], sm90::advance(y_desc, (p * 64 + kc * 16) * kRowBytes), true);
   sm90::commit();
 }
 
@@ -575,24 +580,25 @@ __global__ void __launch_bounds__(kWgThreads, D <= 64 ? 2 : 1)
   float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f}, corr[2];
   unsigned qa[D / 16][4], pa[kTileK / 16][4];
 
-  auto issue_s = [&](int j) {  // S = Q·K_jᵀ, 64 keys per product
+  auto issue_s = [&](int j) {  // S = Q·K_jᵀ, one product over the tile's keys per 16 channels
     const std::uint64_t k_desc = Tile::descriptor(kv.k_tile(j));
 #pragma unroll
     for (int kc = 0; kc < D / 16; ++kc)
-#pragma unroll
-      for (int h = 0; h < kTileK / 64; ++h)
-        sm90::mma_rs<false>(*reinterpret_cast<float(*)[8][4]>(&s[8 * h]), qa[kc],
-                            sm90::advance(k_desc, Tile::k_step(kc, kTileK) + h * 64 * Tile::kRowBytes), kc > 0);
+      sm90::mma_rs<false, kTileK>(s, qa[kc], sm90::advance(k_desc, Tile::k_step(kc, kTileK)), kc > 0);
     sm90::commit();
   };
   auto issue_pv = [&](int j) {  // acc += P_j·V_j
     const unsigned char* cV = kv.v_tile(j);
 #pragma unroll
     for (int kc = 0; kc < kTileK / 16; ++kc)
+      if constexpr (D == 128)  // one n128 product over both panels
+        sm90::mma_rs<true, 128>(*reinterpret_cast<float(*)[16][4]>(&acc[0][0][0]), pa[kc],
+                                Tile::descriptor(cV + kc * 16 * Tile::kRowBytes, kTileK * Tile::kRowBytes), true);
+      else
 #pragma unroll
-      for (int p = 0; p < kPanels; ++p)
-        sm90::mma_rs<true, Tile::kCols>(acc[p], pa[kc], Tile::descriptor(cV + (p * kTileK + kc * 16) * Tile::kRowBytes),
-                                        true);
+        for (int p = 0; p < kPanels; ++p)
+          sm90::mma_rs<true, Tile::kCols>(acc[p], pa[kc],
+                                          Tile::descriptor(cV + (p * kTileK + kc * 16) * Tile::kRowBytes), true);
     sm90::commit();
   };
   auto softmax = [&](int j) {
@@ -1090,7 +1096,8 @@ __global__ void __launch_bounds__(kWgThreads)
     const unsigned char* cdO = qt.do_tile(r);
 
     // Sᵀ = K·Qᵀ and dPᵀ = V·dOᵀ: K-major A and B, 16 channels (32 bytes) per step within a panel.
-    const std::uint64_t q_desc = Tile::descriptor(cQ), do_desc = Tile::descriptor(cdO);
+    const std::uint64_t q_desc = Tile::descriptor(cQ, kWbTileQ * Tile::kRowBytes),
+                        do_desc = Tile::descriptor(cdO, kWbTileQ * Tile::kRowBytes);
     float s[8][4], dp[8][4];
     sm90::fence();
     if constexpr (ATOMIC_DQ) issue_dq(r - 1);  // dQ of the tile before (r = 0: of nothing, never staged)
@@ -1290,7 +1297,8 @@ __global__ void __launch_bounds__(kWgThreads)
                       do_desc = Tile::descriptor(sdO + wg * 64 * Tile::kRowBytes);
   for (int j = 0; j < tiles; ++j) {
     ring.wait(j);
-    const std::uint64_t k_desc = Tile::descriptor(kv.k_tile(j)), v_desc = Tile::descriptor(kv.v_tile(j));
+    const std::uint64_t k_desc = Tile::descriptor(kv.k_tile(j), kWgTileK * Tile::kRowBytes),
+                        v_desc = Tile::descriptor(kv.v_tile(j));
     sm90::fence();
     if constexpr (kFromShared) {
       issue_scores<D>(s, q_desc, kWgTileQ, k_desc, kWgTileK);

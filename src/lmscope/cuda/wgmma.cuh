@@ -50,12 +50,13 @@ struct Swizzled {
     return (kc / kSteps) * rows * ROW_BYTES + (kc % kSteps) * 32;
   }
   // Matrix descriptor of the operand starting at p: this swizzle (mode 1: 128 bytes, 2: 64), 8-row
-  // groups 8 rows apart (the stride byte offset). The leading byte offset is not used by swizzled
-  // K-major operands, nor by MN-major ones no wider than a panel, which is all these kernels issue.
-  __device__ __forceinline__ static std::uint64_t descriptor(const void* p) {
+  // groups 8 rows apart (the stride byte offset). The leading byte offset, unused by swizzled K-major
+  // operands, is for an MN-major one the distance between its panels (panel_bytes: `rows` rows).
+  __device__ __forceinline__ static std::uint64_t descriptor(const void* p, int panel_bytes = 8 * ROW_BYTES) {
     const std::uint64_t addr = smem_addr(p);
     constexpr std::uint64_t kGroup = 8 * ROW_BYTES, kMode = ROW_BYTES == 128 ? 1 : 2;
-    return ((addr & 0x3FFFF) >> 4) | ((kGroup >> 4) << 16) | ((kGroup >> 4) << 32) | (kMode << 62);
+    return ((addr & 0x3FFFF) >> 4) | ((static_cast<std::uint64_t>(panel_bytes) >> 4) << 16) | ((kGroup >> 4) << 32) |
+           (kMode << 62);
   }
 };
 // The layout of a bf16 tile of D columns: 64-column panels with the 128-byte swizzle, or for D 32 one
@@ -184,19 +185,36 @@ __device__ __forceinline__ void hold(T (&x)[NB][4]) {
   LMSCOPE_WGMMA_D16, "+f"(d[4][0]), "+f"(d[4][1]), "+f"(d[4][2]), "+f"(d[4][3]), "+f"(d[5][0]), "+f"(d[5][1]), \
       "+f"(d[5][2]), "+f"(d[5][3]), "+f"(d[6][0]), "+f"(d[6][1]), "+f"(d[6][2]), "+f"(d[6][3]), "+f"(d[7][0]), \
       "+f"(d[7][1]), "+f"(d[7][2]), "+f"(d[7][3])
+#define LMSCOPE_WGMMA_D64                                                                                             \
+  LMSCOPE_WGMMA_D32, "+f"(d[8][0]), "+f"(d[8][1]), "+f"(d[8][2]), "+f"(d[8][3]), "+f"(d[9][0]), "+f"(d[9][1]),        \
+      "+f"(d[9][2]), "+f"(d[9][3]), "+f"(d[10][0]), "+f"(d[10][1]), "+f"(d[10][2]), "+f"(d[10][3]), "+f"(d[11][0]),   \
+      "+f"(d[11][1]), "+f"(d[11][2]), "+f"(d[11][3]), "+f"(d[12][0]), "+f"(d[12][1]), "+f"(d[12][2]), "+f"(d[12][3]), \
+      "+f"(d[13][0]), "+f"(d[13][1]), "+f"(d[13][2]), "+f"(d[13][3]), "+f"(d[14][0]), "+f"(d[14][1]), "+f"(d[14][2]), \
+      "+f"(d[14][3]), "+f"(d[15][0]), "+f"(d[15][1]), "+f"(d[15][2]), "+f"(d[15][3])
 #define LMSCOPE_WGMMA_REGS8 "{%0, %1, %2, %3, %4, %5, %6, %7}"
 #define LMSCOPE_WGMMA_REGS16 "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15}"
 #define LMSCOPE_WGMMA_REGS32                                                                                   \
   "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, " \
   "%23, %24, %25, %26, %27, %28, %29, %30, %31}"
+#define LMSCOPE_WGMMA_REGS64                                                                                   \
+  "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, " \
+  "%23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, "  \
+  "%44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}"
 
-// d[64 × N] (+)= a[64 × 16] · b[16 × N], N 32 or 64: a from registers (the m16n8k16 A fragment of
+// d[64 × N] (+)= a[64 × 16] · b[16 × N], N 32, 64 or 128: a from registers (the m16n8k16 A fragment of
 // each warp's 16 rows), b from shared memory, K-major (TRANS_B false: stored [n][k]) or N-major
 // (stored [k][n]). The accumulator layout is m16n8k16's, N/8 8-column blocks side by side per warp.
 template <bool TRANS_B, int N = 64>
 __device__ __forceinline__ void mma_rs(float (&d)[N / 8][4], const unsigned (&a)[4], std::uint64_t b, bool accumulate) {
-  static_assert(N == 32 || N == 64, "wgmma shapes these kernels issue from registers: n32, n64");
-  if constexpr (N == 64)
+  static_assert(N == 32 || N == 64 || N == 128, "wgmma shapes these kernels issue from registers: n32, n64, n128");
+  if constexpr (N == 128)
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %69, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 " LMSCOPE_WGMMA_REGS64
+        ", {%64, %65, %66, %67}, %68, p, 1, 1, %70;\n}\n"
+        : LMSCOPE_WGMMA_D64
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(static_cast<int>(accumulate)), "n"(TRANS_B ? 1 : 0));
+  else if constexpr (N == 64)
     asm volatile(
         "{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"
         "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 " LMSCOPE_WGMMA_REGS32
@@ -244,6 +262,8 @@ __device__ __forceinline__ void mma_ss(float (&d)[N / 8][4], std::uint64_t a, st
 #undef LMSCOPE_WGMMA_REGS16
 #undef LMSCOPE_WGMMA_D32
 #undef LMSCOPE_WGMMA_REGS32
+#undef LMSCOPE_WGMMA_D64
+#undef LMSCOPE_WGMMA_REGS64
 #endif
 
 }  // namespace lmscope::cuda::sm90

@@ -21,9 +21,6 @@
 
 namespace lmscope {
 
-// C[b] = alpha * op(A[b]) * op(B[b]) + beta * C[b] for b < batch, op(X) = X or Xᵀ.
-// op(A) is [M, K], op(B) is [K, N], C is [M, N]; lda/ldb/ldc are row strides of the stored
-// matrices; stride_* step from one batch item to the next (elements).
 // How the flash backward sums dq over key tiles (Backend::flash_attention_backward).
 enum class FlashDq {
   fastest,        // whichever of the two below the backend runs faster for the call
@@ -32,6 +29,9 @@ enum class FlashDq {
                   // L2), where the backend has such a kernel (CUDA, bf16 on tensor cores)
 };
 
+// C[b] = alpha * op(A[b]) * op(B[b]) + beta * C[b] for b < batch, op(X) = X or Xᵀ.
+// op(A) is [M, K], op(B) is [K, N], C is [M, N]; lda/ldb/ldc are row strides of the stored
+// matrices; stride_* step from one batch item to the next (elements).
 struct GemmArgs {
   bool trans_a = false, trans_b = false;
   std::int64_t m = 0, n = 0, k = 0;

@@ -376,9 +376,9 @@ constexpr int key_value_ring_bytes() {
   return 2 * STAGES * ROWS * D * 2 + ring_barrier_bytes(STAGES);
 }
 // Keys per tile of the Hopper forward, and its K/V ring's slots: at d 128 tiles of 128 keys (S = Q·Kᵀ
-// as two n64 products per step of 16 channels), which spreads each tile's fixed work (waits, row
-// maxima, the ring) over twice the products: 7-10% faster from seq 8192, 1-3% slower at 2048-4096
-// (step 35 in docs/flash-attention.md); 3 slots fit beside Q, 254 registers without spills.
+// as one n128 product per step of 16 channels since step 42), which spreads each tile's fixed work
+// (waits, row maxima, the ring) over twice the products: 7-10% faster from seq 8192, 1-3% slower at
+// 2048-4096 (step 35 in docs/flash-attention.md); 3 slots fit beside Q, 240 registers without spills.
 template <int D>
 constexpr int kForwardTileK = D == 128 ? 128 : kWgTileK;
 template <int D>
@@ -393,8 +393,7 @@ __device__ __forceinline__ unsigned char* atom_aligned_smem(unsigned char* smem)
 
 // acc (+)= X·Y on a warpgroup: X its 64 rows × 64 (accumulator blocks x, packed here into the A
 // fragments a, which must stay untouched until a wait covers this product), Y a 64-row swizzled
-// tile of N-column panels (TileOf) read as an N-major B, one panel per accumulator; two 64-column
-// panels (d 128) in one n128 product, for which y_desc must hold the panels' distance.
+// tile of N-column panels (TileOf) read as an N-major B, one panel per accumulator.
 template <int PANELS, int BLOCKS>
 __device__ __forceinline__ void issue_product(float (&acc)[PANELS][BLOCKS][4], unsigned (&a)[4][4],
                                               const float (&x)[8][4], std::uint64_t y_desc) {
@@ -404,13 +403,7 @@ __device__ __forceinline__ void issue_product(float (&acc)[PANELS][BLOCKS][4], u
   sm90::fence();
 #pragma unroll
   for (int kc = 0; kc < 4; ++kc)
-    if constexpr (PANELS == 2 && N == 64)  // one n128 product over both panels (y_desc holds their distance)
-      sm90::mma_rs<true, 128>(*reinterpret_cast<float(*)[16][4]>(&acc[0][0][0]), a[kc],
-                              sm90::advance(y_desc, kc * 16 * kRowBytes), true);
-    else
-#pragma unroll
-      for (int p = 0; p < PANELS; ++p)
-        sm90::mma_rs<true, N>(acc[p], a[kc], sm90::advance(y_desc, (p * 64 + kc * 16) * kRowBytes), true);
+    sm90::mma_rs_panels<PANELS, N>(acc, a[kc], sm90::advance(y_desc, kc * 16 * kRowBytes), 64 * kRowBytes);
   sm90::commit();
 }
 
@@ -591,14 +584,8 @@ __global__ void __launch_bounds__(kWgThreads, D <= 64 ? 2 : 1)
     const unsigned char* cV = kv.v_tile(j);
 #pragma unroll
     for (int kc = 0; kc < kTileK / 16; ++kc)
-      if constexpr (D == 128)  // one n128 product over both panels
-        sm90::mma_rs<true, 128>(*reinterpret_cast<float(*)[16][4]>(&acc[0][0][0]), pa[kc],
-                                Tile::descriptor(cV + kc * 16 * Tile::kRowBytes, kTileK * Tile::kRowBytes), true);
-      else
-#pragma unroll
-        for (int p = 0; p < kPanels; ++p)
-          sm90::mma_rs<true, Tile::kCols>(acc[p], pa[kc],
-                                          Tile::descriptor(cV + (p * kTileK + kc * 16) * Tile::kRowBytes), true);
+      sm90::mma_rs_panels<kPanels, Tile::kCols>(acc, pa[kc], Tile::descriptor(cV + kc * 16 * Tile::kRowBytes),
+                                                kTileK * Tile::kRowBytes);
     sm90::commit();
   };
   auto softmax = [&](int j) {
@@ -1096,8 +1083,7 @@ __global__ void __launch_bounds__(kWgThreads)
     const unsigned char* cdO = qt.do_tile(r);
 
     // Sᵀ = K·Qᵀ and dPᵀ = V·dOᵀ: K-major A and B, 16 channels (32 bytes) per step within a panel.
-    const std::uint64_t q_desc = Tile::descriptor(cQ, kWbTileQ * Tile::kRowBytes),
-                        do_desc = Tile::descriptor(cdO, kWbTileQ * Tile::kRowBytes);
+    const std::uint64_t q_desc = Tile::descriptor(cQ), do_desc = Tile::descriptor(cdO);
     float s[8][4], dp[8][4];
     sm90::fence();
     if constexpr (ATOMIC_DQ) issue_dq(r - 1);  // dQ of the tile before (r = 0: of nothing, never staged)
@@ -1297,8 +1283,7 @@ __global__ void __launch_bounds__(kWgThreads)
                       do_desc = Tile::descriptor(sdO + wg * 64 * Tile::kRowBytes);
   for (int j = 0; j < tiles; ++j) {
     ring.wait(j);
-    const std::uint64_t k_desc = Tile::descriptor(kv.k_tile(j), kWgTileK * Tile::kRowBytes),
-                        v_desc = Tile::descriptor(kv.v_tile(j));
+    const std::uint64_t k_desc = Tile::descriptor(kv.k_tile(j)), v_desc = Tile::descriptor(kv.v_tile(j));
     sm90::fence();
     if constexpr (kFromShared) {
       issue_scores<D>(s, q_desc, kWgTileQ, k_desc, kWgTileK);

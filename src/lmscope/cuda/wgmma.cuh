@@ -50,13 +50,13 @@ struct Swizzled {
     return (kc / kSteps) * rows * ROW_BYTES + (kc % kSteps) * 32;
   }
   // Matrix descriptor of the operand starting at p: this swizzle (mode 1: 128 bytes, 2: 64), 8-row
-  // groups 8 rows apart (the stride byte offset). The leading byte offset, unused by swizzled K-major
-  // operands, is for an MN-major one the distance between its panels (panel_bytes: `rows` rows).
-  __device__ __forceinline__ static std::uint64_t descriptor(const void* p, int panel_bytes = 8 * ROW_BYTES) {
+  // groups 8 rows apart (the stride byte offset). The leading byte offset is not used by swizzled
+  // K-major operands, nor by MN-major ones no wider than a panel; mma_rs_panels sets it for one
+  // that spans two.
+  __device__ __forceinline__ static std::uint64_t descriptor(const void* p) {
     const std::uint64_t addr = smem_addr(p);
     constexpr std::uint64_t kGroup = 8 * ROW_BYTES, kMode = ROW_BYTES == 128 ? 1 : 2;
-    return ((addr & 0x3FFFF) >> 4) | ((static_cast<std::uint64_t>(panel_bytes) >> 4) << 16) | ((kGroup >> 4) << 32) |
-           (kMode << 62);
+    return ((addr & 0x3FFFF) >> 4) | ((kGroup >> 4) << 16) | ((kGroup >> 4) << 32) | (kMode << 62);
   }
 };
 // The layout of a bf16 tile of D columns: 64-column panels with the 128-byte swizzle, or for D 32 one
@@ -228,6 +228,23 @@ __device__ __forceinline__ void mma_rs(float (&d)[N / 8][4], const unsigned (&a)
         ", {%16, %17, %18, %19}, %20, p, 1, 1, %22;\n}\n"
         : LMSCOPE_WGMMA_D16
         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(static_cast<int>(accumulate)), "n"(TRANS_B ? 1 : 0));
+}
+
+// acc[p] += a[64 × 16] · panel p of an N-major b (TileOf's N-column panels, panel 0 at b, each next
+// one panel_bytes further): one product per panel, or for two 64-column panels one n128 product,
+// whose descriptor carries the panels' distance as its leading byte offset (half the instructions,
+// each A fragment read once: step 42 in docs/flash-attention.md).
+template <int PANELS, int N>
+__device__ __forceinline__ void mma_rs_panels(float (&acc)[PANELS][N / 8][4], const unsigned (&a)[4], std::uint64_t b,
+                                              int panel_bytes) {
+  if constexpr (PANELS == 2 && N == 64) {
+    constexpr std::uint64_t kLeading = 0x3FFFull << 16;
+    mma_rs<true, 128>(*reinterpret_cast<float(*)[16][4]>(&acc[0][0][0]), a,
+                      (b & ~kLeading) | (static_cast<std::uint64_t>(panel_bytes >> 4) << 16), true);
+  } else {
+#pragma unroll
+    for (int p = 0; p < PANELS; ++p) mma_rs<true, N>(acc[p], a, advance(b, p * panel_bytes), true);
+  }
 }
 
 // d[64 × N] (+)= a[64 × 16] · b[16 × N], N 16, 32 or 64, both operands in shared memory: a K-major

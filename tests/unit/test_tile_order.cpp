@@ -121,9 +121,10 @@ TEST(TileOrder, TilesAreCutOnlyWhenTooFew) {
 TEST(TileOrder, GroupSizeFollowsL2AndWaves) {
   // Short sequences: all of them fit in L2 together.
   EXPECT_EQ(tile_group(8, 32, 2 * 4096 * 64 * 2), 8);
-  // Long ones (8 MiB of K and V each): three fit in 24 MiB, but a group needs kMinGroupCtas CTAs.
-  EXPECT_EQ(tile_group(64, 128, 2 * 16384 * 128 * 2), 8);
-  EXPECT_EQ(tile_group(64, 1024, 2 * 16384 * 128 * 2), 3);
+  // Long ones (8 MiB of K and V each): three fit in 24 MiB, enough CTAs at 128 tiles each; at 32
+  // tiles each a group needs kMinGroupCtas CTAs.
+  EXPECT_EQ(tile_group(64, 128, 2 * 16384 * 128 * 2), 3);
+  EXPECT_EQ(tile_group(64, 32, 2 * 16384 * 128 * 2), 8);
   // Never more than there are, never fewer than one.
   EXPECT_EQ(tile_group(3, 1, 1), 3);
   EXPECT_EQ(tile_group(1, 1 << 20, 1ll << 40), 1);

@@ -80,8 +80,11 @@ LMSCOPE_HOST_DEVICE inline TileRange part_of(int begin, int end, int part, int p
 
 // Sequences per group (see above) for n sequences of `tiles` tiles whose CTAs stream `streamed` bytes
 // each: as many as fit in kL2GroupBytes (half the H100's 50 MB L2), at least kMinGroupCtas CTAs
-// (about four waves of two CTAs per SM on 132 SMs).
-constexpr long long kL2GroupBytes = 24ll << 20, kMinGroupCtas = 1024;
+// (about two waves of one CTA per SM on 132 SMs). With 1,024 (before step 44 in
+// docs/flash-attention.md) batch 8 at seq 16384 ran all eight sequences at once, and ncu counted
+// 2.5-3x the DRAM traffic of groups of three (backward 1.0 against 0.43 GB): no slower at ncu's
+// locked clock, but 1.5% slower in fwd+bwd held at the 700 W power cap.
+constexpr long long kL2GroupBytes = 24ll << 20, kMinGroupCtas = 256;
 inline int tile_group(long long n, long long tiles, long long streamed) {
   const long long fit = kL2GroupBytes / std::max(streamed, 1ll), waves = (kMinGroupCtas + tiles - 1) / tiles;
   return static_cast<int>(std::clamp(std::max(fit, waves), 1ll, std::max(n, 1ll)));

@@ -409,7 +409,8 @@ __device__ __forceinline__ void issue_product(float (&acc)[PANELS][BLOCKS][4], u
 
 // acc = A·Bᵀ over D channels on a warpgroup (scores: 64 rows of A against 64 rows of B), B a K-major
 // swizzled tile of b_rows rows in shared memory; A either a K-major tile of a_rows rows there too
-// or, in the overload below, this warpgroup's A fragments in registers. One commit group.
+// or, in the overload below, this warpgroup's A fragments in registers (against 8·NB rows of B: 128
+// in the d 128 forward). One commit group.
 template <int D>
 __device__ __forceinline__ void issue_scores(float (&acc)[8][4], std::uint64_t a, int a_rows, std::uint64_t b,
                                              int b_rows) {
@@ -419,12 +420,12 @@ __device__ __forceinline__ void issue_scores(float (&acc)[8][4], std::uint64_t a
                                    sm90::advance(b, sm90::TileOf<D>::k_step(kc, b_rows)), kc > 0);
   sm90::commit();
 }
-template <int D>
-__device__ __forceinline__ void issue_scores(float (&acc)[8][4], const unsigned (&a)[D / 16][4], std::uint64_t b,
+template <int D, int NB>
+__device__ __forceinline__ void issue_scores(float (&acc)[NB][4], const unsigned (&a)[D / 16][4], std::uint64_t b,
                                              int b_rows) {
 #pragma unroll
   for (int kc = 0; kc < D / 16; ++kc)
-    sm90::mma_rs<false>(acc, a[kc], sm90::advance(b, sm90::TileOf<D>::k_step(kc, b_rows)), kc > 0);
+    sm90::mma_rs<false, NB * 8>(acc, a[kc], sm90::advance(b, sm90::TileOf<D>::k_step(kc, b_rows)), kc > 0);
   sm90::commit();
 }
 
@@ -574,11 +575,7 @@ __global__ void __launch_bounds__(kWgThreads, D <= 64 ? 2 : 1)
   unsigned qa[D / 16][4], pa[kTileK / 16][4];
 
   auto issue_s = [&](int j) {  // S = Q·K_jᵀ, one product over the tile's keys per 16 channels
-    const std::uint64_t k_desc = Tile::descriptor(kv.k_tile(j));
-#pragma unroll
-    for (int kc = 0; kc < D / 16; ++kc)
-      sm90::mma_rs<false, kTileK>(s, qa[kc], sm90::advance(k_desc, Tile::k_step(kc, kTileK)), kc > 0);
-    sm90::commit();
+    issue_scores<D>(s, qa, Tile::descriptor(kv.k_tile(j)), kTileK);
   };
   auto issue_pv = [&](int j) {  // acc += P_j·V_j
     const unsigned char* cV = kv.v_tile(j);

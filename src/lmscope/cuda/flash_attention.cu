@@ -442,19 +442,23 @@ __device__ __forceinline__ void tma_tile(unsigned char* tile, const CUtensorMap&
 
 // A ring of STAGES slots in shared memory that the copy engine fills (TMA), AHEAD tiles ahead of
 // the step that reads them: `count` tiles, counted from 0, placed and loaded by Tiles (kBytes per
-// tile, copy(i, bar) issues tile i's loads into slot i % STAGES). Only thread 0 loads. A slot's
-// `full` barrier completes when the bytes it was promised have landed (one arrival, the loader's);
-// without CTA_SYNC its `empty` barrier completes when every thread has released its tile, and the
-// warpgroups never meet at a CTA barrier, so one may run ahead of the other. With CTA_SYNC (the
-// --atomic-dq backward, whose threads meet once per tile for the dSᵀ exchange anyway) wait() ends at
-// that meeting, after which every thread is done with the tile before, whose slot advance() then
-// refills. Step j of a kernel: wait(j), issue the products, advance(j), and release(j') once the
-// products that read tile j' are waited for. (Until session 11 every thread copied its share of
-// each tile by cp.async, then waited, fenced and arrived on `full`: step 30 in
-// docs/flash-attention.md.)
+// tile, copy(i, bar) issues tile i's loads into slot i % STAGES). One thread loads: thread 0 in
+// start() and advance(). A slot's `full` barrier completes when the bytes it was promised have
+// landed (one arrival, the loader's). Without CTA_SYNC its `empty` barrier completes when every
+// thread has released its tile, and the loader waits for it before refilling the slot: with AHEAD
+// = STAGES − 2 (the forward, the dQ pass, the deterministic backward) that tile was released a step
+// before, so it rarely waits; the --atomic-dq backward at d 128 loads STAGES − 1 ahead, by
+// load(j + STAGES) from whichever thread is last to release tile j. With CTA_SYNC (the --atomic-dq
+// backward at d 32 and 64, whose threads meet once per tile for the dSᵀ exchange anyway) wait() ends
+// at that meeting, after which every thread is done with the tile before, whose slot advance() then
+// refills: no `empty` arrivals (256 per tile on one word cost the d 32 backward 7%, step 46). Step j
+// of a kernel: wait(j), issue the products, advance(j), and release(j') once the products that read
+// tile j' are waited for. (Until session 11 every thread copied its share of each tile by cp.async,
+// then waited, fenced and arrived on `full`: step 30 in docs/flash-attention.md.)
 template <int STAGES, int AHEAD, bool CTA_SYNC, typename Tiles>
 struct TmaRing {
-  static_assert(CTA_SYNC ? AHEAD == STAGES - 1 : AHEAD == STAGES - 2, "a slot is refilled once its tile is done");
+  static_assert(AHEAD >= 1 && AHEAD <= STAGES - 1 && (!CTA_SYNC || AHEAD == STAGES - 1),
+                "a slot is refilled once its tile is done");
   Tiles tiles;
   std::uint64_t* bars;  // [STAGES] full, then [STAGES] empty
   int count, tid;
@@ -491,16 +495,17 @@ struct TmaRing {
   __device__ __forceinline__ void release(int j) const {
     if constexpr (!CTA_SYNC) sm90::mbarrier_arrive(empty(j));
   }
-
- private:
-  __device__ __forceinline__ std::uint64_t* full(int i) const { return bars + i % STAGES; }
-  __device__ __forceinline__ std::uint64_t* empty(int i) const { return bars + STAGES + i % STAGES; }
+  // Tile i into its slot, once that slot's tile is released (by the calling thread too).
   __device__ __forceinline__ void load(int i) const {
     if (i >= count) return;
     if (!CTA_SYNC && i >= STAGES) sm90::mbarrier_wait(empty(i), (i / STAGES - 1) & 1);
     sm90::mbarrier_arrive_expect_tx(full(i), Tiles::kBytes);
     tiles.copy(i, full(i));
   }
+
+ private:
+  __device__ __forceinline__ std::uint64_t* full(int i) const { return bars + i % STAGES; }
+  __device__ __forceinline__ std::uint64_t* empty(int i) const { return bars + STAGES + i % STAGES; }
 };
 
 // The K and V tiles of ROWS keys the Hopper forward and dQ kernels walk (STAGES slots of K, then of
@@ -896,26 +901,32 @@ __global__ void __launch_bounds__(kThreads, D == 32 ? 4 : 1)  // d 32: 164 regis
 
 // ---------------------------------------------------------------- Hopper backward (wgmma, sm_90a)
 // One CTA per 128 keys: two warpgroups of 64 keys each, over query tiles of 64 rows (Q, dO, L and
-// delta in a TmaRing of QueryTiles: handed over by mbarriers without atomics, after a CTA barrier
-// per tile with them, as the dSᵀ exchange needs one anyway). Per query tile each warpgroup issues
+// delta in a TmaRing of QueryTiles, handed over by mbarriers). Per query tile each warpgroup issues
 // Sᵀ = K·Qᵀ and dPᵀ = V·dOᵀ (both operands in shared memory), turns Sᵀ into Pᵀ while dPᵀ runs,
 // issues dV += Pᵀ·dO, turns dPᵀ into dSᵀ while that runs, and issues dK += dSᵀ·Q (A operands from
-// registers, as P in the forward). With ATOMIC_DQ both warpgroups then put dSᵀ in shared memory
-// (two buffers), and at the next tile's barrier each issues half of dQ's columns over the CTA's 128
-// keys (wgmma reads dS transposed there) ahead of that tile's Sᵀ, writes them to a shared fp32 tile
-// (two buffers) while Sᵀ runs, and only then issues dPᵀ, so that dQ's and dPᵀ's accumulators are
-// never held together (step 37: the d 128 backward 15% faster, with fewer spills). One thread hands
-// the dQ tile to the copy engine in the tile after (past its barrier and first products): a bulk
-// reduction adds it to dq_accum in L2 while the warpgroups go on. One CTA barrier per tile, and no
-// thread waits on global memory (step 22 in docs/flash-attention.md: 8-byte atomics from every
-// thread at the end of each tile made the backward 8% slower at d 64). dq_accum holds, per sequence
-// and 64-query tile, the tile's 64 × D values in the order the threads' accumulators hold them
-// (dq_tile_index), so every thread writes whole 16-byte runs.
+// registers, as P in the forward).
+// With ATOMIC_DQ both warpgroups also put dSᵀ in shared memory (two buffers), and dQ = dS·K over
+// the CTA's 128 keys (wgmma reading dS transposed) goes to a shared fp32 tile (two buffers), which one
+// thread hands to the copy engine: its bulk reduction adds the tile to dq_accum in L2 while the
+// warpgroups go on, and no thread waits on global memory (step 22 in docs/flash-attention.md: 8-byte
+// atomics from every thread at the end of each tile made the backward 8% slower at d 64).
+// - d 128 (kDqAlternating, step 46): one warpgroup computes a tile's whole dQ, warpgroup r % 2 for
+//   tile r, into the registers that Sᵀ and dPᵀ held, while the other goes straight on to the next
+//   tile. So the two run out of step, and one's exponentials run beside the other's products; they
+//   meet only where data passes (named barriers: dSᵀ in, dSᵀ buffer free), and the ring's slots are
+//   freed by mbarriers, refilled by the dQ warpgroup, the later one. cuDNN's backward (seen under
+//   ncu in session 15) gives dQ to one warpgroup too.
+// - d 32 and 64 (kDqHalves, step 37), where that was 7-16% slower: both warpgroups meet at a CTA
+//   barrier per tile, then each issues half of the tile before's dQ columns ahead of the tile's Sᵀ,
+//   stages them while Sᵀ runs, and only then issues dPᵀ; thread 0 hands the staged tile over in the
+//   tile after, past its first products.
+// dq_accum holds, per sequence and 64-query tile, the tile's 64 × D values in the order the
+// threads' accumulators hold them (dq_tile_index), so every thread writes whole 16-byte runs.
 constexpr int kWbKeys = 128, kWbTileQ = 64;
 static_assert(kWbTileQ == 64 && kWgTileK == 64, "issue_product multiplies by 64-row tiles");
-// Ring slots. The mbarrier ring needs kWgStages, loading two tiles ahead. With ATOMIC_DQ every
-// thread meets at a CTA barrier per tile before the slot of the tile before is refilled, so
-// kStages − 1 ahead is safe: 3 slots at d 32 and 64; 2 at d 128, which leaves room for the dQ tiles.
+// Ring slots: kWgStages, loading two tiles ahead; with ATOMIC_DQ, where a slot is refilled as soon
+// as both warpgroups are done with it, 3 at d 32 and 64 and 2 at d 128, which leaves room for the
+// dSᵀ and dQ tiles.
 template <int D, bool ATOMIC_DQ>
 constexpr int kWbStages = ATOMIC_DQ ? (D <= 64 ? 3 : 2) : kWgStages;
 template <int D, bool ATOMIC_DQ>
@@ -958,14 +969,12 @@ constexpr int wgmma_backward_smem() {
 }
 
 // Where the Hopper backward leaves dQ's element (row, col) of a 64-query tile in dq_accum, counted
-// in floats from the tile's start: column half (one per warpgroup), 8-column block nb, warp (16
-// rows), lane (g = row % 8, t = column pair), then the four accumulator values (row r and r + 8,
-// columns c and c + 1).
-template <int D>
-__host__ __device__ constexpr int dq_tile_index(int row, int col) {
-  constexpr int kHalf = D / 2;
-  const int half = col / kHalf, nb = (col % kHalf) / 8, warp = row / 16, g = row % 8, t = (col % 8) / 2;
-  return half * kWbTileQ * kHalf + ((nb * 4 + warp) * 32 + g * 4 + t) * 4 + ((row % 16) / 8) * 2 + col % 2;
+// in floats from the tile's start: 8-column block (col / 8), warp (16 rows), lane (g = row % 8,
+// t = column pair), then the four accumulator values (rows r and r + 8, columns c and c + 1).
+// (The sm_80 pass compiles no caller.)
+[[maybe_unused]] __host__ __device__ constexpr int dq_tile_index(int row, int col) {
+  const int warp = row / 16, g = row % 8, t = (col % 8) / 2;
+  return (((col / 8) * 4 + warp) * 32 + g * 4 + t) * 4 + ((row % 16) / 8) * 2 + col % 2;
 }
 
 // Pᵀ of a warp's 16 keys × 64 queries from raw scores Sᵀ (accumulator layout: keys key[0] and key[1],
@@ -995,8 +1004,8 @@ __global__ void __launch_bounds__(kWgThreads)
   using DsTile = sm90::Swizzled<kWbTileQ * 2>;  // dSᵀ: [kWbKeys][kWbTileQ]
   constexpr int kPanels = sm90::kPanels<D>, kCols = Tile::kCols;
   constexpr int kKeyBytes = kWbKeys * D * 2, kQBytes = kWbTileQ * D * 2;
-  constexpr int kDqCols = D / 2;  // dQ columns per warpgroup
   constexpr int kStages = kWbStages<D, ATOMIC_DQ>, kAhead = kWbAhead<D, ATOMIC_DQ>;
+  constexpr bool kDqAlternating = ATOMIC_DQ && D == 128, kDqHalves = ATOMIC_DQ && !kDqAlternating;
   constexpr int kDsBytes = ATOMIC_DQ ? kWbKeys * kWbTileQ * 2 : 0, kDqBytes = ATOMIC_DQ ? kWbTileQ * D * 4 : 0;
   extern __shared__ unsigned char smem_raw[];
   unsigned char* sK = atom_aligned_smem(smem_raw);
@@ -1007,7 +1016,11 @@ __global__ void __launch_bounds__(kWgThreads)
   float* sRows = sdQ + 2 * kDqBytes / 4;                      // [kStages] L rows, then [kStages] delta rows
   const CtaRows cta = key_tile(order, kWbKeys);
   const int seq = cta.seq, k0 = cta.row0;
-  const int tid = threadIdx.x, wg = tid / 128, warp = (tid / 32) % 4, lane = tid % 32, g = lane / 4, t = lane % 4;
+  const int tid = threadIdx.x, warp = (tid / 32) % 4, lane = tid % 32, g = lane / 4, t = lane % 4;
+  // The warpgroup, broadcast from lane 0 so that ptxas sees it warp-uniform: at d 128 the dQ
+  // products sit under a branch on it, and ptxas serialises wgmmas under a branch it cannot prove
+  // uniform (step 7).
+  const int wg = __shfl_sync(0xffffffffu, tid / 128, 0);
   const int wk0 = k0 + wg * 64;  // this warpgroup's first key
   const long long koff = static_cast<long long>(seq) * tk;
   const float scale_log2 = scale * kLog2e;
@@ -1041,19 +1054,28 @@ __global__ void __launch_bounds__(kWgThreads)
   }
   auto* bars = reinterpret_cast<std::uint64_t*>(sRows + 2 * kStages * kWbTileQ);
   const QueryTiles<D, kStages> qt{sQ, sRows, &q_map, &dout_map, &lse_map, &delta_map, seq, first};
-  const TmaRing<kStages, kAhead, ATOMIC_DQ, QueryTiles<D, kStages>> ring{qt, bars, end - first, tid};
+  const TmaRing<kStages, kAhead, kDqHalves, QueryTiles<D, kStages>> ring{qt, bars, end - first, tid};
   ring.start(2 * kKeyBytes, [&](std::uint64_t* bar) {  // this CTA's keys, with the first query tile
     tma_tile<D, kWbKeys>(sK, k_map, k0, seq, bar);
     tma_tile<D, kWbKeys>(sV, v_map, k0, seq, bar);
   });
+  if constexpr (kDqAlternating) ring.advance(0);  // every slot: later ones are refilled once released
 
-  float dq[kDqCols / 8][4];  // ATOMIC_DQ: dQ of the tile before
-  const int n0 = wg * kDqCols;
-  // dQ[:, n0 .. n0 + kDqCols) of tile r = dS·K over the CTA's keys: dSᵀ (buffer r % 2) as an M-major
-  // A, K as an N-major B.
+  // kDqAlternating: the named barriers of the dSᵀ exchange, one per buffer b, which tiles of parity b
+  // use, whose dQ warpgroup is b. kDsIn + b completes once both warpgroups' dSᵀ is in (the other
+  // warpgroup arrives, the dQ one waits); kDsFree + b once the dQ has read it, so that it may take
+  // the tile two on (the dQ warpgroup arrives, the other waits before its next dSᵀ there).
+  // kDqStaged + wg: a warpgroup alone, around the staging of its dQ tile.
+  constexpr int kDsIn = 1, kDsFree = 3, kDqStaged = 5;
+  // dQ columns [n0, n0 + kDqCols) of tile r = dS·K over the CTA's keys: dSᵀ (buffer r % 2) as an
+  // M-major A, K as an N-major B (at d 128 both panels as one operand).
+  constexpr int kDqCols = kDqAlternating ? D : D / 2;
+  const int n0 = kDqAlternating ? 0 : wg * kDqCols;
+  float dq[kDqCols / 8][4];
   auto issue_dq = [&](int r) {
-    const std::uint64_t ds_desc = DsTile::descriptor(sdS + (r & 1) * kDsBytes),
-                        kn_desc = Tile::descriptor(sK + (n0 / kCols) * kWbKeys * Tile::kRowBytes + (n0 % kCols) * 2);
+    const std::uint64_t ds_desc = DsTile::descriptor(sdS + (r & 1) * kDsBytes);
+    std::uint64_t kn_desc = Tile::descriptor(sK + (n0 / kCols) * kWbKeys * Tile::kRowBytes + (n0 % kCols) * 2);
+    if constexpr (kDqCols == 2 * kCols) kn_desc = sm90::two_panels(kn_desc, kWbKeys * Tile::kRowBytes);
 #pragma unroll
     for (int kc = 0; kc < kWbKeys / 16; ++kc)
       sm90::mma_ss<kDqCols, true, true>(dq, sm90::advance(ds_desc, kc * 16 * DsTile::kRowBytes),
@@ -1066,7 +1088,7 @@ __global__ void __launch_bounds__(kWgThreads)
     float* dst = sdQ + (r & 1) * (kDqBytes / 4);
 #pragma unroll
     for (int nb = 0; nb < kDqCols / 8; ++nb)
-      sm90::store_shared_v4(dst + dq_tile_index<D>(warp * 16 + g, n0 + nb * 8 + 2 * t), dq[nb][0], dq[nb][1], dq[nb][2],
+      sm90::store_shared_v4(dst + dq_tile_index(warp * 16 + g, n0 + nb * 8 + 2 * t), dq[nb][0], dq[nb][1], dq[nb][2],
                             dq[nb][3]);
   };
   // This warpgroup's keys, in each panel.
@@ -1075,7 +1097,8 @@ __global__ void __launch_bounds__(kWgThreads)
 
   for (int i = first; i < end; ++i) {
     const int r = i - first, q0 = i * kWbTileQ;
-    ring.wait(r);  // with atomics also: every thread's dSᵀ of the tile before is in, and its dQ before that
+    const int dq_wg = r & 1;  // kDqAlternating: the warpgroup that computes this tile's dQ
+    ring.wait(r);             // kDqHalves also: every thread's dSᵀ of the tile before is in, and its dQ before that
     const unsigned char* cQ = qt.q_tile(r);
     const unsigned char* cdO = qt.do_tile(r);
 
@@ -1083,9 +1106,9 @@ __global__ void __launch_bounds__(kWgThreads)
     const std::uint64_t q_desc = Tile::descriptor(cQ), do_desc = Tile::descriptor(cdO);
     float s[8][4], dp[8][4];
     sm90::fence();
-    if constexpr (ATOMIC_DQ) issue_dq(r - 1);  // dQ of the tile before (r = 0: of nothing, never staged)
+    if constexpr (kDqHalves) issue_dq(r - 1);  // dQ of the tile before (r = 0: of nothing, never staged)
     issue_scores<D>(s, k_desc, kWbKeys, q_desc, kWbTileQ);
-    if constexpr (ATOMIC_DQ) {
+    if constexpr (kDqHalves) {
       // Thread 0's copies (the dQ tile staged in the tile before, the next query tile) only now: its
       // warpgroup's first products wait for all four warps, so its warp must not come late (step 41).
       if (tid == 0 && r > 1)
@@ -1129,8 +1152,11 @@ __global__ void __launch_bounds__(kWgThreads)
     issue_product(dk_acc, da, dp, q_desc);                                              // dK += dSᵀ·Q
 
     if constexpr (ATOMIC_DQ) {
-      unsigned char* sds = sdS + (r & 1) * kDsBytes;  // the other buffer is the tile before's, read by its dQ
-      // dSᵀ to shared memory: fragment da[kc][2·hi + h] is keys row g + 8h, queries 16·kc + 8·hi + 2t + {0, 1}.
+      // dSᵀ to shared memory (buffer r % 2; the other one is the tile before's). kDqAlternating: once
+      // the dQ of tile r − 2 has read it (its own warpgroup waited for that). Fragment da[kc][2·hi + h]
+      // is keys row g + 8h, queries 16·kc + 8·hi + 2t + {0, 1}.
+      if (kDqAlternating && wg != dq_wg && r >= 2) sm90::named_sync(kDsFree + (r & 1), kWgThreads);
+      unsigned char* sds = sdS + (r & 1) * kDsBytes;
 #pragma unroll
       for (int kc = 0; kc < kWbTileQ / 16; ++kc)
 #pragma unroll
@@ -1139,16 +1165,34 @@ __global__ void __launch_bounds__(kWgThreads)
           for (int h = 0; h < 2; ++h)
             *reinterpret_cast<unsigned*>(sds + DsTile::offset(wg * 64 + warp * 16 + g + 8 * h, 2 * kc + hi, kWbKeys) +
                                          4 * t) = da[kc][2 * hi + h];
-      sm90::fence_shared_for_async_reads();  // for the next tile's dQ and the reduction of the dQ staged above
-      // The reduction issued this tile read the dQ buffer that the next tile refills.
-      if (tid == 0) sm90::bulk_wait_read<0>();
+      sm90::fence_shared_for_async_reads();  // for the dQ products, and (kDqHalves) the dQ staged above
+      if (kDqAlternating && wg != dq_wg) sm90::named_arrive(kDsIn + (r & 1), kWgThreads);
+      // kDqHalves: the reduction issued this tile read the dQ buffer that the next tile refills.
+      if (kDqHalves && tid == 0) sm90::bulk_wait_read<0>();
     }
     sm90::wait<0>();
     sm90::hold(pa);
     sm90::hold(da);
     ring.release(r);
+    if (kDqAlternating && wg == dq_wg) {
+      // The later warpgroup: its first thread refills the slot just released, and it computes dQ.
+      if (tid % 128 == 0) ring.load(r + kStages);
+      sm90::named_sync(kDsIn + (r & 1), kWgThreads);
+      sm90::fence();
+      issue_dq(r);
+      sm90::wait<0>();
+      sm90::hold(dq);
+      sm90::named_arrive(kDsFree + (r & 1), kWgThreads);
+      // Its thread's reduction of tile r − 2, the last one from this buffer, has read it.
+      if (tid % 128 == 0) sm90::bulk_wait_read<0>();
+      sm90::named_sync(kDqStaged + wg, 128);
+      stage_dq(r);
+      sm90::fence_shared_for_async_reads();
+      sm90::named_sync(kDqStaged + wg, 128);
+      if (tid % 128 == 0) sm90::bulk_reduce_add(dq_accum + i * kWbTileQ * D, sdQ + (r & 1) * (kDqBytes / 4), kDqBytes);
+    }
   }
-  if constexpr (ATOMIC_DQ) {        // the last tile's dQ, and the last two reductions
+  if constexpr (kDqHalves) {        // the last tile's dQ, and the last two reductions
     const int steps = end - first;  // at least one
     __syncthreads();
     sm90::fence();
@@ -1164,6 +1208,13 @@ __global__ void __launch_bounds__(kWgThreads)
       sm90::bulk_wait<0>();
     }
   }
+  if constexpr (kDqAlternating) {
+    const int steps = end - first;
+    // The other warpgroup takes the dQ warpgroup's last two arrivals, so that every barrier completes.
+    for (int r = max(steps - 2, 0); r < steps; ++r)
+      if (wg != (r & 1)) sm90::named_sync(kDsFree + (r & 1), kWgThreads);
+    if (tid % 128 == 0) sm90::bulk_wait<0>();  // the reductions have read shared memory before the CTA ends
+  }
 #pragma unroll
   for (int p = 0; p < kPanels; ++p) {
     sm90::hold(dk_acc[p]);
@@ -1178,14 +1229,13 @@ __global__ void __launch_bounds__(kWgThreads)
 template <int D>
 __global__ void dq_from_tiles(const float* __restrict__ accum, bf16* __restrict__ dq, int tq, int tiles,
                               long long quads, float scale) {
-  constexpr int kHalf = D / 2, kTileQuads = kWbTileQ * D / 4, kHalfQuads = kTileQuads / 2;
+  constexpr int kTileQuads = kWbTileQ * D / 4;
   const long long f = static_cast<long long>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (f >= quads) return;
   const long long tile = f / kTileQuads;  // seq · tiles + query tile
-  const int j = static_cast<int>(f % kTileQuads), half = j / kHalfQuads, lane = j % 32, warp = (j / 32) % 4,
-            nb = (j % kHalfQuads) / 128;
+  const int j = static_cast<int>(f % kTileQuads), lane = j % 32, warp = (j / 32) % 4;
   const int row = static_cast<int>(tile % tiles) * kWbTileQ + warp * 16 + lane / 4,
-            col = half * kHalf + nb * 8 + 2 * (lane % 4);
+            col = (j / 128) * 8 + 2 * (lane % 4);
   const float4 x = reinterpret_cast<const float4*>(accum)[f];
   bf16* out = dq + tile / tiles * tq * D + col;
   if (row < tq)

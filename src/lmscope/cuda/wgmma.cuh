@@ -159,6 +159,14 @@ template <int N>
 __device__ __forceinline__ void bulk_wait() {
   asm volatile("cp.async.bulk.wait_group %0;\n" ::"n"(N) : "memory");
 }
+// Named barriers 1-15 (bar.sync / bar.arrive): `count` threads, whole warps, meet at barrier `id`;
+// arrive() counts this thread's warp in without waiting. Barrier 0 is __syncthreads'.
+__device__ __forceinline__ void named_sync(int id, int count) {
+  asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(count) : "memory");
+}
+__device__ __forceinline__ void named_arrive(int id, int count) {
+  asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(count) : "memory");
+}
 // Pins registers a wgmma writes (accumulators, float) or reads (A fragments, unsigned). Called after
 // the wait that covers the wgmma, it keeps the compiler from moving their uses before the wait or
 // reusing their registers while the tensor cores may still read them.
@@ -230,29 +238,40 @@ __device__ __forceinline__ void mma_rs(float (&d)[N / 8][4], const unsigned (&a)
         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(static_cast<int>(accumulate)), "n"(TRANS_B ? 1 : 0));
 }
 
+// The descriptor of an N-major operand 128 columns wide stored as two 64-column panels, panel 0 at
+// desc's address and panel 1 panel_bytes further: the panels' distance is its leading byte offset.
+__device__ __forceinline__ std::uint64_t two_panels(std::uint64_t desc, int panel_bytes) {
+  constexpr std::uint64_t kLeading = 0x3FFFull << 16;
+  return (desc & ~kLeading) | (static_cast<std::uint64_t>(panel_bytes >> 4) << 16);
+}
+
 // acc[p] += a[64 × 16] · panel p of an N-major b (TileOf's N-column panels, panel 0 at b, each next
-// one panel_bytes further): one product per panel, or for two 64-column panels one n128 product,
-// whose descriptor carries the panels' distance as its leading byte offset (half the instructions,
-// each A fragment read once: step 42 in docs/flash-attention.md).
+// one panel_bytes further): one product per panel, or for two 64-column panels one n128 product
+// (two_panels; half the instructions, each A fragment read once: step 42 in docs/flash-attention.md).
 template <int PANELS, int N>
 __device__ __forceinline__ void mma_rs_panels(float (&acc)[PANELS][N / 8][4], const unsigned (&a)[4], std::uint64_t b,
                                               int panel_bytes) {
   if constexpr (PANELS == 2 && N == 64) {
-    constexpr std::uint64_t kLeading = 0x3FFFull << 16;
-    mma_rs<true, 128>(*reinterpret_cast<float(*)[16][4]>(&acc[0][0][0]), a,
-                      (b & ~kLeading) | (static_cast<std::uint64_t>(panel_bytes >> 4) << 16), true);
+    mma_rs<true, 128>(*reinterpret_cast<float(*)[16][4]>(&acc[0][0][0]), a, two_panels(b, panel_bytes), true);
   } else {
 #pragma unroll
     for (int p = 0; p < PANELS; ++p) mma_rs<true, N>(acc[p], a, advance(b, p * panel_bytes), true);
   }
 }
 
-// d[64 × N] (+)= a[64 × 16] · b[16 × N], N 16, 32 or 64, both operands in shared memory: a K-major
-// (TRANS_A false: stored [m][k]) or M-major (stored [k][m]), b as above.
+// d[64 × N] (+)= a[64 × 16] · b[16 × N], N 16, 32, 64 or 128, both operands in shared memory: a
+// K-major (TRANS_A false: stored [m][k]) or M-major (stored [k][m]), b as above.
 template <int N, bool TRANS_A, bool TRANS_B>
 __device__ __forceinline__ void mma_ss(float (&d)[N / 8][4], std::uint64_t a, std::uint64_t b, bool accumulate) {
-  static_assert(N == 16 || N == 32 || N == 64, "wgmma shapes these kernels issue: n16, n32, n64");
-  if constexpr (N == 64)
+  static_assert(N == 16 || N == 32 || N == 64 || N == 128, "wgmma shapes these kernels issue: n16 to n128");
+  if constexpr (N == 128)
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 " LMSCOPE_WGMMA_REGS64
+        ", %64, %65, p, 1, 1, %67, %68;\n}\n"
+        : LMSCOPE_WGMMA_D64
+        : "l"(a), "l"(b), "r"(static_cast<int>(accumulate)), "n"(TRANS_A ? 1 : 0), "n"(TRANS_B ? 1 : 0));
+  else if constexpr (N == 64)
     asm volatile(
         "{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
         "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 " LMSCOPE_WGMMA_REGS32

@@ -59,7 +59,8 @@ if [[ "${1:-}" == "--attention" ]]; then
   pt_impls=${impls/flash/sdpa}
   (cd pytorch && $PY bench_attention.py --impl "$pt_impls" --precision "$prec" --seq "$seqs" --d "$dims" \
     --batch "$batch" --max-seconds 2) >"$OUT/pytorch-$tag.md" 2>&1
-  $PY tools/compare_attention.py "$OUT/lmscope-$tag.csv" "$OUT/pytorch-$tag.md"
+  # The share of a measured ceiling too: ANCHORS.md's bf16 GEMM on this H100, 800 TFLOP/s.
+  $PY tools/compare_attention.py "$OUT/lmscope-$tag.csv" "$OUT/pytorch-$tag.md" --ceiling "${LMSCOPE_CEILING_TFLOPS:-800}"
 fi
 
 # --profile PRECISION MODELS CTXS [MODES] [ATTENTION]: lmscope's kernel profile of those cells (CUPTI:

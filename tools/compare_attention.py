@@ -1,18 +1,28 @@
 """Joins `lmscope attention --format csv` files with pytorch/bench_attention.py's Markdown rows of
 the same run: per cell, lmscope flash against SDPA and lmscope naive against PyTorch naive
-(ratio = PyTorch ms / lmscope ms, > 1: lmscope faster), with TFLOP/s (causal FLOPs counted once).
+(ratio = PyTorch ms / lmscope ms, > 1: lmscope faster), with TFLOP/s (causal FLOPs counted once)
+as a share of the datasheet peak and, with --ceiling, of a measured ceiling (ANCHORS.md: 800 for
+bf16 GEMMs on the H100).
 
-  python3 tools/compare_attention.py lmscope.csv pytorch.md
+  python3 tools/compare_attention.py lmscope.csv pytorch.md [--ceiling TFLOPS]
 """
 import sys
 
 from result_tables import read_inputs
 
 
-def main(paths):
-    ours, pytorch = read_inputs(paths)
+def main(args):
+    ceiling = 0.0
+    if "--ceiling" in args:
+        at = args.index("--ceiling")
+        ceiling = float(args[at + 1])
+        if not ceiling > 0:
+            sys.exit(f"--ceiling must be a positive TFLOP/s figure, got {args[at + 1]}")
+        args = args[:at] + args[at + 2:]
+    ours, pytorch = read_inputs(args)
     theirs = {(r["attention"], r["precision"], int(r["batch"]), int(r["seq"]), int(r["d"])): r for r in pytorch}
-    print("| lmscope | vs | precision | batch | seq | d | lmscope fwd / bwd / fwd+bwd ms | fwd+bwd TFLOP/s (of peak) "
+    shares = f"of peak / of {ceiling:g}" if ceiling else "of peak"
+    print(f"| lmscope | vs | precision | batch | seq | d | lmscope fwd / bwd / fwd+bwd ms | fwd+bwd TFLOP/s ({shares}) "
           "| PyTorch fwd / bwd / fwd+bwd ms | fwd+bwd ratio | saved MiB lmscope / PyTorch |")
     print("|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|")
     for r in ours:
@@ -25,7 +35,8 @@ def main(paths):
         f, b, fb = (float(r[f"{p}_mean_ms"]) for p in ("forward", "backward", "forward_backward"))
         tf = float(r["forward_backward_tflops"])
         peak = float(r["peak_tflops"] or 0)
-        share = f" ({100 * tf / peak:.0f}%)" if peak > 0 else ""
+        of = ([f"{100 * tf / peak:.0f}%"] if peak > 0 else []) + ([f"{100 * tf / ceiling:.0f}%"] if ceiling else [])
+        share = f" ({' / '.join(of)})" if of else ""
         saved = f"{int(r['saved_bytes']) / 2**20:.1f}"
         p = theirs.get(key)
         if p is None:

@@ -6,20 +6,41 @@ bf16 GEMMs on the H100).
 
   python3 tools/compare_attention.py lmscope.csv pytorch.md [--ceiling TFLOPS]
 """
+import os
 import sys
 
 from result_tables import read_inputs
 
 
-def main(args):
+def fail(message):
+    print(f"compare_attention.py: {message}", file=sys.stderr)
+    sys.exit(2)
+
+
+def parse(args):
+    """(input paths, ceiling TFLOP/s or 0) from the command line."""
     ceiling = 0.0
     if "--ceiling" in args:
         at = args.index("--ceiling")
-        ceiling = float(args[at + 1])
-        if not ceiling > 0:
-            sys.exit(f"--ceiling must be a positive TFLOP/s figure, got {args[at + 1]}")
+        value = args[at + 1] if at + 1 < len(args) else ""
+        try:
+            ceiling = float(value)
+        except ValueError:
+            fail(f"--ceiling takes a TFLOP/s figure, got '{value}'")
+        if not 0 < ceiling < float("inf"):
+            fail(f"--ceiling must be a positive TFLOP/s figure, got '{value}'")
         args = args[:at] + args[at + 2:]
-    ours, pytorch = read_inputs(args)
+    if not args:
+        fail("give lmscope's .csv and PyTorch's Markdown output to join")
+    for path in args:
+        if not os.path.isfile(path):
+            fail(f"no such file: {path}")
+    return args, ceiling
+
+
+def main(args):
+    paths, ceiling = parse(args)
+    ours, pytorch = read_inputs(paths)
     theirs = {(r["attention"], r["precision"], int(r["batch"]), int(r["seq"]), int(r["d"])): r for r in pytorch}
     shares = f"of peak / of {ceiling:g}" if ceiling else "of peak"
     print(f"| lmscope | vs | precision | batch | seq | d | lmscope fwd / bwd / fwd+bwd ms | fwd+bwd TFLOP/s ({shares}) "

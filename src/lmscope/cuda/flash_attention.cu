@@ -1082,15 +1082,17 @@ __global__ void __launch_bounds__(kWgThreads)
                                         sm90::advance(kn_desc, kc * 16 * Tile::kRowBytes), kc > 0);
     sm90::commit();
   };
-  // dQ of tile r, once waited for, into its dq_accum tile in shared memory (buffer r % 2). The copy
-  // engine reads it after a fence for the async proxy, which the caller places.
+  // dQ of tile r, once waited for, into its dq_accum tile in shared memory (buffer r % 2), which
+  // reduce_dq(r) then hands to the copy engine, after a fence for the async proxy that the caller places.
+  auto dq_buffer = [&](int r) { return sdQ + (r & 1) * (kDqBytes / 4); };
   auto stage_dq = [&](int r) {
-    float* dst = sdQ + (r & 1) * (kDqBytes / 4);
+    float* dst = dq_buffer(r);
 #pragma unroll
     for (int nb = 0; nb < kDqCols / 8; ++nb)
       sm90::store_shared_v4(dst + dq_tile_index(warp * 16 + g, n0 + nb * 8 + 2 * t), dq[nb][0], dq[nb][1], dq[nb][2],
                             dq[nb][3]);
   };
+  auto reduce_dq = [&](int r) { sm90::bulk_reduce_add(dq_accum + (first + r) * kWbTileQ * D, dq_buffer(r), kDqBytes); };
   // This warpgroup's keys, in each panel.
   const std::uint64_t k_desc = Tile::descriptor(sK + wg * 64 * Tile::kRowBytes),
                       v_desc = Tile::descriptor(sV + wg * 64 * Tile::kRowBytes);
@@ -1111,8 +1113,7 @@ __global__ void __launch_bounds__(kWgThreads)
     if constexpr (kDqHalves) {
       // Thread 0's copies (the dQ tile staged in the tile before, the next query tile) only now: its
       // warpgroup's first products wait for all four warps, so its warp must not come late (step 41).
-      if (tid == 0 && r > 1)
-        sm90::bulk_reduce_add(dq_accum + (i - 2) * kWbTileQ * D, sdQ + (r & 1) * (kDqBytes / 4), kDqBytes);
+      if (tid == 0 && r > 1) reduce_dq(r - 2);
       ring.advance(r);
       sm90::wait<1>();  // dQ of the tile before is in; Sᵀ may still run
       sm90::hold(dq);
@@ -1189,7 +1190,7 @@ __global__ void __launch_bounds__(kWgThreads)
       stage_dq(r);
       sm90::fence_shared_for_async_reads();
       sm90::named_sync(kDqStaged + wg, 128);
-      if (tid % 128 == 0) sm90::bulk_reduce_add(dq_accum + i * kWbTileQ * D, sdQ + (r & 1) * (kDqBytes / 4), kDqBytes);
+      if (tid % 128 == 0) reduce_dq(r);
     }
   }
   if constexpr (kDqHalves) {        // the last tile's dQ, and the last two reductions
@@ -1203,8 +1204,7 @@ __global__ void __launch_bounds__(kWgThreads)
     sm90::fence_shared_for_async_reads();
     __syncthreads();
     if (tid == 0) {
-      for (int r = max(steps - 2, 0); r < steps; ++r)
-        sm90::bulk_reduce_add(dq_accum + (first + r) * kWbTileQ * D, sdQ + (r & 1) * (kDqBytes / 4), kDqBytes);
+      for (int r = max(steps - 2, 0); r < steps; ++r) reduce_dq(r);
       sm90::bulk_wait<0>();
     }
   }

@@ -1,12 +1,13 @@
 #!/usr/bin/env bash
 # Installs what lmscope needs from Debian's packages, and nothing that is already there.
 #   scripts/setup.sh          build dependencies
-#   scripts/setup.sh --test   also what the tests need (Debian's python3 with torch and numpy)
+#   scripts/setup.sh --test   also what the tests need (Debian's python3 with torch and numpy; chromium
+#                             to draw the memory timeline as a person sees it)
 set -euo pipefail
 
 packages=(cmake ninja-build g++ libcli11-dev nlohmann-json3-dev libfmt-dev libopenblas-openmp-dev libgtest-dev)
 if [[ "${1:-}" == "--test" ]]; then
-  packages+=(python3 python3-numpy python3-torch)
+  packages+=(python3 python3-numpy python3-torch chromium)
 fi
 
 missing=()

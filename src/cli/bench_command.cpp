@@ -1,6 +1,7 @@
 // lmscope bench: per-phase timings over a sweep of models, contexts, batches, modes, devices and
 // precisions. A failing cell (out of memory, unsupported) becomes a row and the sweep goes on.
 #include "commands.h"
+#include "memory_flags.h"
 #include "model_flags.h"
 #include "sweep_output.h"
 
@@ -19,7 +20,10 @@ class BenchCommand : public Command {
     model_.add_to(*app, true);
     app->add_option("--ctx", ctx_, "Context length(s)")->capture_default_str();
     app->add_option("--batch", batch_, "Batch size(s)")->capture_default_str();
-    app->add_option("--mode", mode_, "forward, forward-backward or train (comma list sweeps)")->capture_default_str();
+    app->add_option("--mode", mode_,
+                    "inference (a forward that keeps nothing for backward), forward, forward-backward or train "
+                    "(comma list sweeps)")
+        ->capture_default_str();
     app->add_option("--warmup", warmup_, "Untimed steps first")->capture_default_str();
     app->add_option("--steps", steps_, "Measured steps")->capture_default_str();
     app->add_option("--device", device_, "cpu or cuda (comma list sweeps; default: cuda when a GPU is visible)");
@@ -64,6 +68,10 @@ class BenchCommand : public Command {
               for (auto b : batches)
                 for (auto t : ctxs)
                   cells.push_back(BenchSpec{m, d, p, a, mode, b, t, warmup_, steps_, seed_, profile_});
+
+    std::vector<MemorySpec> planned;
+    for (const BenchSpec& s : cells) planned.push_back(MemorySpec{s, false, 0});
+    warn_of_cells_that_cannot_fit(planned);
 
     SweepProgress shown;
     std::vector<BenchResult> rows;

@@ -19,5 +19,7 @@ std::unique_ptr<Command> add_info_command(CLI::App& parent);
 std::unique_ptr<Command> add_train_command(CLI::App& parent);
 std::unique_ptr<Command> add_bench_command(CLI::App& parent);
 std::unique_ptr<Command> add_attention_command(CLI::App& parent);
+std::unique_ptr<Command> add_memory_command(CLI::App& parent);
+std::unique_ptr<Command> add_plan_command(CLI::App& parent);
 
 }  // namespace lmscope::cli

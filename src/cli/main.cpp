@@ -18,15 +18,20 @@ int main(int argc, char** argv) {
   commands.push_back(lmscope::cli::add_train_command(app));
   commands.push_back(lmscope::cli::add_bench_command(app));
   commands.push_back(lmscope::cli::add_attention_command(app));
+  commands.push_back(lmscope::cli::add_memory_command(app));
+  // Every command there is, for the messages below.
+  std::string names;
+  for (std::size_t i = 0; i < commands.size(); ++i)
+    names += (i == 0 ? "" : i + 1 == commands.size() ? " or " : ", ") + commands[i]->app->get_name();
   if (argc < 2) {
-    fmt::print(stderr, "lmscope: error: a command is required: info, train or bench (see lmscope --help)\n");
+    fmt::print(stderr, "lmscope: error: a command is required: {} (see lmscope --help)\n", names);
     return 2;
   }
   const std::string first = argv[1];
   bool known = first[0] == '-';
   for (const auto& c : commands) known |= c->app->get_name() == first;
   if (!known) {
-    fmt::print(stderr, "lmscope: error: unknown command '{}' (use info, train or bench)\n", first);
+    fmt::print(stderr, "lmscope: error: unknown command '{}' (use {})\n", first, names);
     return 2;
   }
   try {

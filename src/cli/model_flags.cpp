@@ -47,6 +47,27 @@ std::vector<std::int64_t> parse_positive_list(const std::string& flag, const std
   return out;
 }
 
+std::size_t parse_memory_size(const std::string& flag, const std::string& text) {
+  static const std::pair<const char*, double> units[] = {{"TiB", 1099511627776.0},
+                                                         {"GiB", 1073741824.0},
+                                                         {"MiB", 1048576.0},
+                                                         {"KiB", 1024.0},
+                                                         {"TB", 1e12},
+                                                         {"GB", 1e9},
+                                                         {"MB", 1e6},
+                                                         {"KB", 1e3},
+                                                         {"B", 1.0},
+                                                         {"", 1.0}};
+  double value = 0;
+  auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), value);
+  std::string unit(end, text.data() + text.size());
+  while (!unit.empty() && unit.front() == ' ') unit.erase(unit.begin());
+  if (ec == std::errc() && value > 0 && value < 1e18)
+    for (const auto& [name, scale] : units)
+      if (unit == name) return static_cast<std::size_t>(value * scale);
+  user_error("{} takes a size such as 80GiB, 81920MiB or 85899345920 (bytes), and '{}' is not one", flag, text);
+}
+
 std::vector<ModelConfig> ModelFlags::resolve() const {
   std::vector<ModelConfig> out;
   for (const std::string& name : split_list(model_)) {

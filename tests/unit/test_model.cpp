@@ -83,10 +83,13 @@ TEST_P(ModelWith, AllocatorRecordsWhatTheModelHoldsAndWhen) {
   const std::string absent = GetParam() == AttentionKind::naive ? "attn.lse" : "attn.probs";
   bool saw_kept_in_layer1 = false, saw_absent = false, saw_grad_in_backward = false;
   for (const MemEvent& e : mem.events()) {
-    if (e.is_alloc && e.tag.what == kept && e.tag.layer == 1 && e.phase == Phase::forward) saw_kept_in_layer1 = true;
-    if (e.is_alloc && (e.tag.what == absent || (GetParam() == AttentionKind::flash && e.tag.what == "attn.scores")))
+    if (e.action == MemAction::alloc && e.tag.what == kept && e.tag.layer == 1 && e.phase == Phase::forward)
+      saw_kept_in_layer1 = true;
+    if (e.action == MemAction::alloc &&
+        (e.tag.what == absent || (GetParam() == AttentionKind::flash && e.tag.what == "attn.scores")))
       saw_absent = true;
-    if (e.is_alloc && e.tag.kind == MemKind::gradient && e.phase == Phase::backward) saw_grad_in_backward = true;
+    if (e.action == MemAction::alloc && e.tag.kind == MemKind::gradient && e.phase == Phase::backward)
+      saw_grad_in_backward = true;
   }
   EXPECT_TRUE(saw_kept_in_layer1) << kept;
   EXPECT_FALSE(saw_absent) << absent;

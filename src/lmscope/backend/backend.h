@@ -15,6 +15,7 @@
 #include "lmscope/profile/kernel_profile.h"
 
 #include <memory>
+#include <optional>
 #include <span>
 #include <string>
 #include <vector>
@@ -47,6 +48,15 @@ struct AdamWArgs {
   double max_norm = 0;    // global-norm clipping threshold; 0 = off
 };
 
+// Device memory as its driver reports it (cudaMemGetInfo), beside what the allocator holds.
+struct DeviceMemory {
+  std::size_t total = 0, used = 0;  // now
+  // In use when the backend was made, before its allocator held anything: the CUDA context,
+  // cuBLASLt's handle and workspace (and anything else on the device then).
+  std::size_t used_at_start = 0;
+  std::size_t library_workspace = 0;  // of that, cuBLASLt's workspace
+};
+
 class Backend {
  public:
   virtual ~Backend() = default;
@@ -61,6 +71,9 @@ class Backend {
   virtual void clear_marks() = 0;
   // A recorder of the device's kernels from now on, or nullptr where the backend has none (CPU).
   virtual std::unique_ptr<KernelTracer> kernel_tracer() { return nullptr; }
+  // The device's memory as its driver reports it, after a synchronize; none where there is no such
+  // report (the CPU, the dry run).
+  virtual std::optional<DeviceMemory> device_memory() { return std::nullopt; }
 
   // Host <-> backend memory and elementwise basics.
   virtual void copy_from_host(const Tensor& dst, const void* src) = 0;

@@ -1,6 +1,8 @@
 // Which accelerators this build can see (empty without CUDA, a driver or a GPU).
 #pragma once
 
+#include "lmscope/cuda/flash_plan.h"
+
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -17,5 +19,8 @@ struct GpuInfo {
 bool built_with_cuda();
 // The CUDA devices the driver reports; empty without CUDA, driver or GPU.
 std::vector<GpuInfo> list_gpus();
+// What the flash-attention plan reads of the visible GPU (device 0); the build must have CUDA and
+// list_gpus() must not be empty.
+cuda::FlashKernelFacts visible_gpu_flash_facts();
 
 }  // namespace lmscope

@@ -14,6 +14,8 @@ namespace lmscope {
 
 const char* bench_mode_name(BenchMode m) {
   switch (m) {
+    case BenchMode::inference:
+      return "inference";
     case BenchMode::forward:
       return "forward";
     case BenchMode::forward_backward:
@@ -25,10 +27,11 @@ const char* bench_mode_name(BenchMode m) {
 }
 
 BenchMode parse_bench_mode(const std::string& s) {
+  if (s == "inference") return BenchMode::inference;
   if (s == "forward") return BenchMode::forward;
   if (s == "forward-backward") return BenchMode::forward_backward;
   if (s == "train") return BenchMode::train;
-  user_error("unknown --mode '{}' (use forward, forward-backward or train)", s);
+  user_error("unknown --mode '{}' (use inference, forward, forward-backward or train)", s);
 }
 
 double peak_tflops(const std::string& device_name, const std::string& precision) {
@@ -95,10 +98,10 @@ void run_cell(const BenchSpec& spec, BenchResult& r, const BenchProgress& progre
     const auto t0 = std::chrono::steady_clock::now();
     const int m0 = backend->mark();
     enter(Phase::forward);
-    model.forward();
+    model.forward(spec.mode != BenchMode::inference);
     const int m1 = backend->mark();
     enter(Phase::backward);
-    if (spec.mode == BenchMode::forward)
+    if (!has_backward(spec.mode))
       model.discard_activations();
     else
       model.backward();
@@ -122,12 +125,12 @@ void run_cell(const BenchSpec& spec, BenchResult& r, const BenchProgress& progre
   if (!std::isfinite(loss)) throw std::runtime_error(fmt::format("the loss is {}", loss));
   r.peak_bytes = backend->allocator().peak_bytes();
   r.forward = summarize(fwd);
-  if (spec.mode != BenchMode::forward) r.backward = summarize(bwd);
+  if (has_backward(spec.mode)) r.backward = summarize(bwd);
   if (opt) r.optimizer = summarize(optim);
   r.step = summarize(step);
   r.tokens_per_s = static_cast<double>(n) / (r.step.mean / 1e3);
-  const double per_token = spec.mode == BenchMode::forward ? spec.model.forward_flops_per_token(spec.ctx)
-                                                           : spec.model.train_flops_per_token(spec.ctx);
+  const double per_token = has_backward(spec.mode) ? spec.model.train_flops_per_token(spec.ctx)
+                                                   : spec.model.forward_flops_per_token(spec.ctx);
   r.model_tflops = per_token * static_cast<double>(n) / (r.step.mean / 1e3) / 1e12;
   r.device_name = backend->allocator().device_name();
   r.peak_tflops = peak_tflops(r.device_name, spec.precision);

@@ -13,8 +13,11 @@
 
 namespace lmscope {
 
-enum class BenchMode { forward, forward_backward, train };
+// inference: a forward that keeps nothing for a backward (PyTorch's no_grad); forward: one that
+// keeps what the backward would read, then drops it; forward_backward; train: both and AdamW.
+enum class BenchMode { inference, forward, forward_backward, train };
 const char* bench_mode_name(BenchMode m);
+inline bool has_backward(BenchMode m) { return m == BenchMode::forward_backward || m == BenchMode::train; }
 BenchMode parse_bench_mode(const std::string& s);  // throws UserError
 
 struct BenchSpec {

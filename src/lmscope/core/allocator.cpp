@@ -53,6 +53,22 @@ std::string human_bytes(double b) {
   return u == 0 ? fmt::format("{:.0f} {}", b, units[u]) : fmt::format("{:.2f} {}", b, units[u]);
 }
 
+const char* mem_action_name(MemAction a) {
+  switch (a) {
+    case MemAction::alloc:
+      return "alloc";
+    case MemAction::free:
+      return "free";
+    case MemAction::segment_alloc:
+      return "segment_alloc";
+    case MemAction::segment_free:
+      return "segment_free";
+    case MemAction::oom:
+      return "oom";
+  }
+  return "?";
+}
+
 Allocation& Allocation::operator=(Allocation&& o) noexcept {
   if (this != &o) {
     reset();
@@ -72,35 +88,65 @@ void Allocation::reset() {
   tensor_ = Tensor{};
 }
 
-Allocation Allocator::allocate(Shape shape, DType dtype, AllocTag tag) {
+Allocation Allocator::allocate(Shape shape, DType dtype, AllocTag tag, std::source_location where) {
   for (auto d : shape) LMSCOPE_CHECK(d >= 0, "negative dimension in {}", shape_str(shape));
+  if (!tag.file) {
+    tag.file = where.file_name();
+    tag.line = static_cast<int>(where.line());
+  }
   Allocation a;
   a.tensor_ = Tensor{nullptr, dtype, std::move(shape)};
-  // Round to 256 bytes as device allocators do, so accounting matches what is really held.
-  a.bytes_ = (std::max<std::size_t>(a.tensor_.bytes(), 1) + 255) / 256 * 256;
+  a.bytes_ = rounded_bytes(a.tensor_.bytes());
   a.tag_ = std::move(tag);
-  a.tensor_.data = raw_allocate(a.bytes_, a.tag_);
+  a.tensor_.data = raw_allocate(a.bytes_, a.tag_, a.tensor_.shape, dtype);
   a.owner_ = this;
   current_ += a.bytes_;
   current_by_kind_[static_cast<int>(a.tag_.kind)] += a.bytes_;
   peak_ = std::max(peak_, current_);
-  if (recording_) record(true, a);
+  if (recording_)
+    record(MemAction::alloc, a.bytes_, reinterpret_cast<std::uintptr_t>(a.tensor_.data), a.tag_, a.tensor_.shape,
+           dtype);
   return a;
 }
 
+// A cached block of the size if there is one; else a new segment, with the cache given back to
+// the system and one more try when the first fails.
+void* Allocator::raw_allocate(std::size_t bytes, const AllocTag& tag, const Shape& shape, DType dtype) {
+  if (void* p = cache_.take(bytes)) return p;
+  void* p = segment_allocate(bytes);
+  if (!p) {
+    release_cache();
+    p = segment_allocate(bytes);
+  }
+  if (!p) throw_oom(bytes, tag, shape, dtype);
+  if (recording_) record(MemAction::segment_alloc, bytes, reinterpret_cast<std::uintptr_t>(p), tag, {}, dtype);
+  return p;
+}
+
 void Allocator::release(Allocation& a) {
-  if (recording_) record(false, a);
-  raw_free(a.tensor_.data, a.bytes_);
+  if (recording_)
+    record(MemAction::free, a.bytes_, reinterpret_cast<std::uintptr_t>(a.tensor_.data), a.tag_, a.tensor_.shape,
+           a.tensor_.dtype);
+  cache_.put(a.tensor_.data, a.bytes_);
   current_ -= a.bytes_;
   current_by_kind_[static_cast<int>(a.tag_.kind)] -= a.bytes_;
 }
 
-void Allocator::record(bool is_alloc, const Allocation& a) {
-  double t = std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - start_).count();
-  events_.push_back(MemEvent{is_alloc, a.bytes_, reinterpret_cast<std::uintptr_t>(a.tensor_.data), a.tag_, phase_, t});
+void Allocator::release_cache() {
+  cache_.release([this](void* p, std::size_t bytes) {
+    if (recording_) record(MemAction::segment_free, bytes, reinterpret_cast<std::uintptr_t>(p), {}, {}, DType::f32);
+    segment_free(p, bytes);
+  });
 }
 
-void Allocator::throw_oom(std::size_t bytes, const AllocTag& tag) const {
+void Allocator::record(MemAction action, std::size_t bytes, std::uintptr_t address, const AllocTag& tag,
+                       const Shape& shape, DType dtype) {
+  const double t = std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - start_).count();
+  events_.push_back(MemEvent{action, bytes, address, tag, shape, dtype, phase_, t});
+}
+
+void Allocator::throw_oom(std::size_t bytes, const AllocTag& tag, const Shape& shape, DType dtype) {
+  if (recording_) record(MemAction::oom, bytes, 0, tag, shape, dtype);
   throw OutOfMemory(
       bytes, current_, capacity(),
       fmt::format("out of memory on {}: {} ({}{}) asked for {} with {} in use of {}", device_name(), tag.what,
@@ -124,27 +170,18 @@ std::size_t host_available_memory() {
 
 HostAllocator::HostAllocator(std::size_t capacity) : capacity_(capacity ? capacity : host_available_memory()) {}
 
-HostAllocator::~HostAllocator() { release_cache(); }
-
-void HostAllocator::release_cache() {
-  cache_.release([](void* p) { std::free(p); });
-}
-
-void* HostAllocator::raw_allocate(std::size_t bytes, const AllocTag& tag) {
-  if (void* p = cache_.take(bytes)) return p;
-  if (current_bytes() + bytes > capacity_) throw_oom(bytes, tag);
-  if (current_bytes() + cache_.bytes() + bytes > capacity_) release_cache();
+void* HostAllocator::segment_allocate(std::size_t bytes) {
+  if (reserved_bytes() + bytes > capacity_) return nullptr;
   // Large blocks are 2 MiB aligned and asked to be backed by huge pages: first touches then
   // fault 512x less often (page faults dominated setup time on the 2-core machine).
   constexpr std::size_t kHuge = std::size_t(2) << 20;
   const bool huge = bytes >= kHuge;
   void* p = std::aligned_alloc(huge ? kHuge : 64, huge ? (bytes + kHuge - 1) / kHuge * kHuge : bytes);
-  if (!p) throw_oom(bytes, tag);
-  if (huge) ::madvise(p, bytes, MADV_HUGEPAGE);
+  if (p && huge) ::madvise(p, bytes, MADV_HUGEPAGE);
   return p;
 }
 
-void HostAllocator::raw_free(void* p, std::size_t bytes) { cache_.put(p, bytes); }
+void HostAllocator::segment_free(void* p, std::size_t) { std::free(p); }
 
 void* BlockCache::take(std::size_t bytes) {
   auto it = blocks_.find(bytes);

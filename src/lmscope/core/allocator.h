@@ -2,7 +2,12 @@
 // (parameter, gradient, optimizer state, activation of op X in layer i, workspace, input)
 // and the phase it was made in, keeps current and peak bytes per kind, and can record every
 // alloc/free event. Memory profiling is a reader of this record, not a separate instrument.
-// Backends derive from it and supply raw_allocate/raw_free.
+//
+// It is also the caching allocator of every backend: freed blocks are kept and handed to the next
+// request of exactly the same size (a training step repeats its sizes exactly), so the system's
+// allocator, which on the GPU synchronises the device, leaves the steady state. A block made for a
+// request is a segment (PyTorch's word); backends supply only segment_allocate/segment_free, so the
+// host, the GPU and the shape-only dry run share one caching policy and their records agree.
 #pragma once
 
 #include "lmscope/core/tensor.h"
@@ -11,7 +16,9 @@
 #include <chrono>
 #include <cstddef>
 #include <map>
+#include <source_location>
 #include <string>
+#include <string_view>
 #include <vector>
 
 namespace lmscope {
@@ -21,21 +28,37 @@ inline constexpr int kMemKinds = 6;
 const char* mem_kind_name(MemKind k);
 
 enum class Phase { setup, forward, backward, optimizer };
+inline constexpr int kPhases = 4;
 const char* phase_name(Phase p);
 
 struct AllocTag {
   MemKind kind = MemKind::workspace;
   std::string what;  // parameter name, or the op that saved the activation ("attn.probs")
   int layer = -1;    // transformer layer, -1 when none
+  // The line of lmscope's code that asked for the buffer (Allocator::allocate fills it in).
+  const char* file = nullptr;
+  int line = 0;
+  bool operator==(const AllocTag& o) const {
+    return kind == o.kind && what == o.what && layer == o.layer && line == o.line &&
+           std::string_view(file ? file : "") == std::string_view(o.file ? o.file : "");
+  }
 };
 
+// alloc: a buffer handed out (from the cache or a new segment); free: given back to the cache;
+// segment_alloc: a new block from the system (just before the alloc it serves); segment_free: a
+// cached block given back to the system; oom: a request that could not be served.
+enum class MemAction { alloc, free, segment_alloc, segment_free, oom };
+const char* mem_action_name(MemAction a);
+
 struct MemEvent {
-  bool is_alloc = true;
-  std::size_t bytes = 0;
+  MemAction action = MemAction::alloc;
+  std::size_t bytes = 0;  // rounded to 256 as held
   std::uintptr_t address = 0;
-  AllocTag tag;
+  AllocTag tag;  // the buffer's (or, for segment events, the request's); empty for segment_free
+  Shape shape;   // alloc, free and oom
+  DType dtype = DType::f32;
   Phase phase = Phase::setup;
-  double time_us = 0;  // since the allocator was made
+  double time_us = 0;  // host clock since the allocator was made
 };
 
 class Allocator;
@@ -64,6 +87,25 @@ class Allocation {
   std::size_t bytes_ = 0;
 };
 
+// Freed blocks kept for reuse by a later request of exactly the same size, oldest first.
+class BlockCache {
+ public:
+  void* take(std::size_t bytes);  // a cached block of that size, or nullptr
+  void put(void* p, std::size_t bytes);
+  // Hands every cached block to free_block(p, bytes), smallest first, and forgets them.
+  template <typename FreeBlock>
+  void release(FreeBlock&& free_block) {
+    for (auto& [bytes, p] : blocks_) free_block(p, bytes);
+    blocks_.clear();
+    bytes_ = 0;
+  }
+  std::size_t bytes() const { return bytes_; }
+
+ private:
+  std::multimap<std::size_t, void*> blocks_;
+  std::size_t bytes_ = 0;
+};
+
 class Allocator {
  public:
   virtual ~Allocator() = default;
@@ -71,8 +113,12 @@ class Allocator {
   // Bytes this allocator may hand out in all (device memory, or the host's available memory).
   virtual std::size_t capacity() const = 0;
 
-  // Throws OutOfMemory when the memory cannot be had.
-  Allocation allocate(Shape shape, DType dtype, AllocTag tag);
+  // Sizes are rounded up to whole 256-byte units, as device allocators do, so the accounting
+  // matches what is really held. Throws OutOfMemory when the memory cannot be had.
+  static std::size_t rounded_bytes(std::size_t bytes) { return (std::max<std::size_t>(bytes, 1) + 255) / 256 * 256; }
+  // `where` names the caller unless the tag already names a line (helpers pass their caller's on).
+  Allocation allocate(Shape shape, DType dtype, AllocTag tag,
+                      std::source_location where = std::source_location::current());
 
   void set_phase(Phase p) { phase_ = p; }
   Phase phase() const { return phase_; }
@@ -85,17 +131,28 @@ class Allocator {
   std::size_t peak_bytes() const { return peak_; }
   std::size_t current_bytes(MemKind k) const { return current_by_kind_[static_cast<int>(k)]; }
   void reset_peak() { peak_ = current_; }
+  // Held from the system: handed out plus cached.
+  std::size_t reserved_bytes() const { return current_ + cache_.bytes(); }
+  std::size_t cached_bytes() const { return cache_.bytes(); }
+  // Gives every cached block back to the system.
+  void release_cache();
 
  protected:
-  virtual void* raw_allocate(std::size_t bytes, const AllocTag& tag) = 0;  // throws OutOfMemory via throw_oom
-  virtual void raw_free(void* p, std::size_t bytes) = 0;
-  [[noreturn]] void throw_oom(std::size_t bytes, const AllocTag& tag) const;
+  // A new block of `bytes` from the system, or nullptr when there is none to be had.
+  virtual void* segment_allocate(std::size_t bytes) = 0;
+  virtual void segment_free(void* p, std::size_t bytes) = 0;
+  // Derived destructors call this: segment_free is theirs and gone once they are.
+  void release_all() { release_cache(); }
 
  private:
   friend class Allocation;
+  void* raw_allocate(std::size_t bytes, const AllocTag& tag, const Shape& shape, DType dtype);
   void release(Allocation& a);
-  void record(bool is_alloc, const Allocation& a);
+  void record(MemAction action, std::size_t bytes, std::uintptr_t address, const AllocTag& tag, const Shape& shape,
+              DType dtype);
+  [[noreturn]] void throw_oom(std::size_t bytes, const AllocTag& tag, const Shape& shape, DType dtype);
 
+  BlockCache cache_;
   Phase phase_ = Phase::setup;
   bool recording_ = false;
   std::vector<MemEvent> events_;
@@ -104,47 +161,24 @@ class Allocator {
   std::chrono::steady_clock::time_point start_ = std::chrono::steady_clock::now();
 };
 
-// Freed blocks kept for reuse by a later request of exactly the same size: a training step asks
-// for the same sizes every time. Shared by the host and device allocators.
-class BlockCache {
- public:
-  void* take(std::size_t bytes);  // a cached block of that size, or nullptr
-  void put(void* p, std::size_t bytes);
-  // Hands every cached block to free_block(p) and forgets them.
-  template <typename FreeBlock>
-  void release(FreeBlock&& free_block) {
-    for (auto& [bytes, p] : blocks_) free_block(p);
-    blocks_.clear();
-    bytes_ = 0;
-  }
-  std::size_t bytes() const { return bytes_; }
-
- private:
-  std::multimap<std::size_t, void*> blocks_;
-  std::size_t bytes_ = 0;
-};
-
-// Host memory, 64-byte aligned, with freed blocks kept for reuse by a request of the same size:
-// a training step asks for the same sizes every time, and fresh pages would fault in every step
-// (measured 9.5 s of system time in 7 small train steps before this cache). Capacity is the
-// memory the OS reports available when the allocator is made, so an impossible request is
-// refused with OutOfMemory instead of overcommitting and being killed later.
+// Host memory, 64-byte aligned (2 MiB and huge pages from 2 MiB up). Cached blocks matter on the
+// host too: fresh pages would fault in every step (measured 9.5 s of system time in 7 small train
+// steps before the cache). Capacity is the memory the OS reports available when the allocator is
+// made, so an impossible request is refused with OutOfMemory instead of overcommitting and being
+// killed later.
 class HostAllocator : public Allocator {
  public:
   explicit HostAllocator(std::size_t capacity = 0);  // 0: the host's available memory
-  ~HostAllocator() override;
+  ~HostAllocator() override { release_all(); }
   std::string device_name() const override { return "cpu"; }
   std::size_t capacity() const override { return capacity_; }
-  std::size_t cached_bytes() const { return cache_.bytes(); }
-  void release_cache();
 
  protected:
-  void* raw_allocate(std::size_t bytes, const AllocTag& tag) override;
-  void raw_free(void* p, std::size_t bytes) override;
+  void* segment_allocate(std::size_t bytes) override;
+  void segment_free(void* p, std::size_t bytes) override;
 
  private:
   std::size_t capacity_;
-  BlockCache cache_;
 };
 
 std::size_t host_available_memory();

@@ -10,26 +10,13 @@ CudaAllocator::CudaAllocator(int device) {
   capacity_ = p.totalGlobalMem;
 }
 
-CudaAllocator::~CudaAllocator() { release_cache(); }
-
-void CudaAllocator::release_cache() {
-  cache_.release([](void* p) { cudaFree(p); });
-}
-
-void* CudaAllocator::raw_allocate(std::size_t bytes, const AllocTag& tag) {
-  if (void* p = cache_.take(bytes)) return p;
+void* CudaAllocator::segment_allocate(std::size_t bytes) {
   void* p = nullptr;
-  if (cudaMalloc(&p, bytes) != cudaSuccess) {
-    cudaGetLastError();  // clear the error; try again with the cache given back
-    release_cache();
-    if (cudaMalloc(&p, bytes) != cudaSuccess) {
-      cudaGetLastError();
-      throw_oom(bytes, tag);
-    }
-  }
-  return p;
+  if (cudaMalloc(&p, bytes) == cudaSuccess) return p;
+  cudaGetLastError();  // clear the error: the caller gives its cache back and tries once more
+  return nullptr;
 }
 
-void CudaAllocator::raw_free(void* p, std::size_t bytes) { cache_.put(p, bytes); }
+void CudaAllocator::segment_free(void* p, std::size_t) { cudaFree(p); }
 
 }  // namespace lmscope

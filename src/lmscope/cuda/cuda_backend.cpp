@@ -2,6 +2,7 @@
 // lmscope's own kernels (kernels.h). fp32 tensors for now; the GEMM math is IEEE fp32 or tf32.
 #include "lmscope/backend/backend.h"
 #include "lmscope/backend/devices.h"
+#include "lmscope/backend/op_scratch.h"
 #include "lmscope/cuda/cuda_allocator.h"
 #include "lmscope/cuda/cuda_check.h"
 #include "lmscope/cuda/gemm.h"
@@ -39,13 +40,7 @@ void same_dtype(const Tensor& a, const Tensor& b, const char* what) {
 AttentionShape flash_shape(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out, const Tensor& lse) {
   const AttentionShape s = attention_shape(q, k, v, out, lse);
   for (const Tensor* t : {&k, &v, &out}) same_dtype(q, *t, "flash attention");
-  if (!cuda::flash_attention_supports(static_cast<int>(s.d)))
-    throw Unsupported(fmt::format("flash attention on CUDA takes head dims up to 128, not {}", s.d));
-  if (s.tq > (1 << 30) || s.tk > (1 << 30)) throw Unsupported("flash attention on CUDA takes up to 2^30 positions");
-  // One CTA per sequence and tile (32 rows at the least) in a one-dimensional grid.
-  if (s.n * ((std::max(s.tq, s.tk) + 31) / 32) > std::numeric_limits<int>::max())
-    throw Unsupported(fmt::format("flash attention on CUDA takes up to 2^31 tiles of 32 rows, not {} sequences of {}",
-                                  s.n, std::max(s.tq, s.tk)));
+  scratch::cuda_flash_limits(s);
   return s;
 }
 
@@ -54,13 +49,16 @@ class CudaBackend final : public Backend {
   explicit CudaBackend(GemmMath math) : alloc_(0) {
     LMSCOPE_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
     gemm_ = std::make_unique<cuda::Gemm>(math, stream_);
-    norm_sum_ = alloc_.allocate({1}, DType::f64, {MemKind::workspace, "global_norm.sum", -1});
+    // Nothing comes from the allocator here: a record begun now holds everything.
+    std::size_t free = 0, total = 0;
+    LMSCOPE_CUDA_CHECK(cudaMemGetInfo(&free, &total));
+    used_at_start_ = total - free;
   }
   ~CudaBackend() override {
     cudaStreamSynchronize(stream_);
     gemm_.reset();
     norm_sum_.reset();
-    rope_tables_.clear();
+    rope_tables_ = {};
     for (cudaEvent_t e : events_) cudaEventDestroy(e);
     cudaStreamDestroy(stream_);
   }
@@ -78,6 +76,12 @@ class CudaBackend final : public Backend {
     return static_cast<int>(used_events_++);
   }
   std::unique_ptr<KernelTracer> kernel_tracer() override { return cuda::make_kernel_tracer(); }
+  std::optional<DeviceMemory> device_memory() override {
+    synchronize();
+    std::size_t free = 0, total = 0;
+    LMSCOPE_CUDA_CHECK(cudaMemGetInfo(&free, &total));
+    return DeviceMemory{total, total - free, used_at_start_, gemm_->workspace_bytes()};
+  }
   double elapsed_ms(int from, int to) override {
     float ms = 0;
     LMSCOPE_CUDA_CHECK(cudaEventElapsedTime(&ms, events_.at(from), events_.at(to)));
@@ -162,7 +166,7 @@ class CudaBackend final : public Backend {
     const AttentionShape s = flash_shape(q, k, v, out, lse);
     const int d = static_cast<int>(s.d);
     const cuda::FlashAttentionPlan plan = cuda::flash_attention_plan(elem(q), d, s.n, s.tq, s.tk, causal, true);
-    Allocation parts = workspace(plan.forward_workspace, "flash.parts");
+    Allocation parts = scratch::cuda_flash_forward(alloc_, plan);
     cuda::flash_attention_forward(q.data, k.data, v.data, out.data, f32(lse), elem(q), s.n, s.tq, s.tk, d,
                                   static_cast<float>(scale), causal, plan, parts.empty() ? nullptr : f32(parts),
                                   stream_);
@@ -178,17 +182,12 @@ class CudaBackend final : public Backend {
     same_shape(dv, v, "flash attention dv");
     const int d = static_cast<int>(s.d);
     const cuda::FlashAttentionPlan plan =
-        dq_sum == FlashDq::fastest
-            ? cuda::flash_attention_fastest_plan(elem(q), d, s.n, s.tq, s.tk, causal)
-            : cuda::flash_attention_plan(elem(q), d, s.n, s.tq, s.tk, causal, dq_sum == FlashDq::deterministic);
-    Allocation delta = alloc_.allocate({s.n, s.tq}, DType::f32, {MemKind::workspace, "flash.delta", -1});
-    Allocation row_stats = workspace(2 * s.n * plan.row_stats_rows, "flash.row_stats");
-    Allocation dq_accum = workspace(s.n * plan.dq_accum_rows * s.d, "flash.dq_accum");
-    Allocation parts = workspace(plan.backward_workspace, "flash.parts");
+        scratch::cuda_flash_backward_plan(cuda::flash_kernel_facts(), elem(q), s, causal, dq_sum);
+    const scratch::CudaFlashBackward w = scratch::cuda_flash_backward(alloc_, plan, s);
     cuda::flash_attention_backward(
         q.data, k.data, v.data, out.data, f32(lse), dout.data, dq.data, dk.data, dv.data, elem(q), s.n, s.tq, s.tk, d,
-        static_cast<float>(scale), causal, plan, f32(delta), row_stats.empty() ? nullptr : f32(row_stats),
-        dq_accum.empty() ? nullptr : f32(dq_accum), parts.empty() ? nullptr : f32(parts), stream_);
+        static_cast<float>(scale), causal, plan, f32(w.delta), w.row_stats.empty() ? nullptr : f32(w.row_stats),
+        w.dq_accum.empty() ? nullptr : f32(w.dq_accum), w.parts.empty() ? nullptr : f32(w.parts), stream_);
     return plan.atomic_dq() ? FlashDq::atomic : FlashDq::deterministic;  // fp32 (CUDA cores): never atomic
   }
 
@@ -206,7 +205,7 @@ class CudaBackend final : public Backend {
   void cross_entropy_forward(const Tensor& logits, const Tensor& targets, const Tensor& lse,
                              const Tensor& loss) override {
     const std::int64_t v = logits.dim(-1), n = logits.numel() / v;
-    Allocation row_loss = alloc_.allocate({n}, DType::f32, {MemKind::workspace, "cross_entropy.row_loss", -1});
+    Allocation row_loss = scratch::cuda_cross_entropy(alloc_, n);
     cuda::cross_entropy_forward(logits.data, elem(logits), i32(targets), f32(lse), f32(row_loss), f32(loss), n, v,
                                 stream_);
   }
@@ -219,6 +218,7 @@ class CudaBackend final : public Backend {
   }
 
   void global_norm(std::span<const Tensor> tensors, const Tensor& out) override {
+    if (norm_sum_.empty()) norm_sum_ = scratch::cuda_global_norm(alloc_);
     double* sum = norm_sum_.tensor().as<double>();
     LMSCOPE_CUDA_CHECK(cudaMemsetAsync(sum, 0, sizeof(double), stream_));
     for (const Tensor& t : tensors) cuda::sum_squares(f32(t), t.numel(), sum, stream_);
@@ -236,36 +236,19 @@ class CudaBackend final : public Backend {
   }
 
  private:
-  // fp32 scratch of `floats` elements for one call (none for 0), counted as workspace.
-  Allocation workspace(std::int64_t floats, const char* what) {
-    if (floats == 0) return {};
-    return alloc_.allocate({floats}, DType::f32, {MemKind::workspace, what, -1});
-  }
-
   CudaAllocator alloc_;
   cudaStream_t stream_ = nullptr;
   std::unique_ptr<cuda::Gemm> gemm_;
   Allocation norm_sum_;
   std::vector<cudaEvent_t> events_;
-  // RoPE's (cos, sin) per (position, pair), made on first use of a shape; nullptr for theta <= 0.
-  struct RopeKey {
-    std::int64_t t, dk;
-    double theta;
-    bool operator==(const RopeKey&) const = default;
-  };
-  std::vector<std::pair<RopeKey, Allocation>> rope_tables_;
+  scratch::RopeTables rope_tables_;
   const float* rope_table(std::int64_t t, std::int64_t dk, double theta) {
-    if (theta <= 0) return nullptr;
-    LMSCOPE_CHECK(dk % 2 == 0, "RoPE needs an even head dim, got {}", dk);
-    const RopeKey key{t, dk, theta};
-    for (auto& [k, table] : rope_tables_)
-      if (k == key) return table.tensor().as<float>();
-    Allocation table = alloc_.allocate({t, dk / 2, 2}, DType::f32, {MemKind::workspace, "rope.table", -1});
-    cuda::rope_table(table.tensor().as<float>(), t, dk, theta, stream_);
-    rope_tables_.emplace_back(key, std::move(table));
-    return rope_tables_.back().second.tensor().as<float>();
+    auto [table, made] = rope_tables_.get(alloc_, t, dk, theta);
+    if (made) cuda::rope_table(table->as<float>(), t, dk, theta, stream_);
+    return table ? table->as<float>() : nullptr;
   }
   std::size_t used_events_ = 0;
+  std::size_t used_at_start_ = 0;
 };
 
 }  // namespace

@@ -1,4 +1,5 @@
 #include "lmscope/backend/devices.h"
+#include "lmscope/cuda/kernels.h"
 
 #include <cuda_runtime.h>
 
@@ -20,5 +21,7 @@ std::vector<GpuInfo> list_gpus() {
   }
   return out;
 }
+
+cuda::FlashKernelFacts visible_gpu_flash_facts() { return cuda::flash_kernel_facts(); }
 
 }  // namespace lmscope

@@ -1696,8 +1696,7 @@ int sm_count() {
 // sm_90a code in this binary (a build for other architectures, or compute_80 PTX compiled at load,
 // leaves it empty); 0 elsewhere, or with LMSCOPE_NO_WGMMA=1, which picks the mma.sync kernels for
 // comparison and tests.
-int hopper_sms() {
-  if (const char* off = std::getenv("LMSCOPE_NO_WGMMA"); off && *off && std::strcmp(off, "0") != 0) return 0;
+bool hopper_capable() {
   static const bool hopper = [] {
     int device = 0, major = 0;
     cudaFuncAttributes attr{};
@@ -1705,7 +1704,11 @@ int hopper_sms() {
            cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device) == cudaSuccess && major == 9 &&
            cudaFuncGetAttributes(&attr, flash_forward_wgmma<64, false>) == cudaSuccess && attr.ptxVersion >= 90;
   }();
-  return hopper ? sm_count() : 0;
+  return hopper;
+}
+int hopper_sms() {
+  if (const char* off = std::getenv("LMSCOPE_NO_WGMMA"); off && *off && std::strcmp(off, "0") != 0) return 0;
+  return hopper_capable() ? sm_count() : 0;
 }
 
 // TMA maps (wgmma.cuh), encoded by the driver's encoder, reached through the runtime so that nothing
@@ -1797,50 +1800,37 @@ void launch_tiled(const char* name, Kernel kernel, int threads, int smem, const 
   check_launch(name);
 }
 
-// Inner tiles of 64 that outer tile i of `rows` rows walks: key tiles under a query tile (the forward
-// and dQ kernels), query tiles under a key tile (the dK/dV kernels), as the kernels bound their loops.
-long long keys_seen(long long i, int rows, long long tk, bool causal) {
-  return ((causal ? std::min(tk, (i + 1) * rows) : tk) + 63) / 64;
-}
-long long queries_seen(long long j, int rows, long long tq, bool causal) {
-  const long long tiles = (tq + 63) / 64;
-  return tiles - (causal ? std::min(tiles, j * rows / 64) : 0);
-}
+static_assert(kTileQ == kPlanSyncTile && kTileK == kPlanSyncTile && kWgTileQ == kPlanHopperTile &&
+                  kWbKeys == kPlanHopperTile && kWbTileQ == kPlanHopperQueryTile,
+              "flash_plan.cpp counts tiles of the kernels' sizes");
 
-// Parts per tile (tile_order.h) for n sequences of t outer rows in tiles of `rows`, `per_sm` CTAs
-// resident per SM: by two of them per SM, or, in long parts, by all of them where there are more.
-template <typename Inner>
-int parts_for(long long n, long long t, int rows, int per_sm, int shares, Inner inner) {
-  const long long tiles = (t + rows - 1) / rows, sms = sm_count(), slots = sms * std::min(per_sm, 2);
-  if (n * tiles >= 2 * sms * per_sm) return 1;  // the heaviest tile is at most about one slot's share
-  long long work = 0, longest = 0;
-  for (long long i = 0; i < tiles; ++i) {
-    const long long w = inner(i);
-    work += w, longest = std::max(longest, w);
-  }
-  const int parts = split_parts(n * work, longest, slots, shares);
-  return per_sm > 2 ? std::max(parts, split_parts(n * work, longest, sms * per_sm, kLongPartShares, kLongPartTiles))
-                    : parts;
+// The residency of every tensor-core kernel, asked of the driver (the Hopper ones only where they run).
+FlashKernelFacts read_kernel_facts() {
+  FlashKernelFacts facts;
+  facts.sms = sm_count();
+  facts.hopper = hopper_capable();
+  for (int d : {16, 32, 64, 80, 96, 128})
+    with_tc_head_dim(d, [&](auto dc) {
+      constexpr int D = decltype(dc)::value;
+      FlashResidency r;
+      r.d = D;
+      r.forward_tc = resident_ctas(flash_forward_tc<D, false>, kThreads, forward_tc_smem<D>());
+      r.dkdv_tc = resident_ctas(flash_backward_dkdv_tc<D, false, false>, kThreads, dkdv_tc_smem<D>());
+      r.dkdv_tc_atomic = resident_ctas(flash_backward_dkdv_tc<D, true, false>, kThreads, dkdv_tc_smem<D>());
+      r.dq_tc = resident_ctas(flash_backward_dq_tc<D, false>, kThreads, dq_tc_smem<D>());
+      if constexpr (kHopperHeadDim<D>)
+        if (facts.hopper) {
+          r.forward_wgmma = resident_ctas(flash_forward_wgmma<D, false>, kWgThreads, forward_wgmma_smem<D>());
+          r.backward_wgmma =
+              resident_ctas(flash_backward_wgmma<D, false, false>, kWgThreads, wgmma_backward_smem<D, false>());
+          r.backward_wgmma_atomic =
+              resident_ctas(flash_backward_wgmma<D, true, false>, kWgThreads, wgmma_backward_smem<D, true>());
+          r.dq_wgmma = resident_ctas(flash_backward_dq_wgmma<D, false>, kWgThreads, dq_wgmma_smem<D>());
+        }
+      facts.residency.push_back(r);
+    });
+  return facts;
 }
-
-struct KernelChoice {
-  bool wgmma;
-  int parts;
-};
-// The Hopper kernel (128-row tiles) where there is one, with parts, and CTAs for at least 7/8 of the
-// SMs; else the mma.sync one (64-row tiles). Measured on the H100 (132 SMs, docs/flash-attention.md):
-// with 64 128-row CTAs the mma.sync kernels' 64-row tiles spread over more SMs and win (forward,
-// batch 8, seq 1024: 0.025 against 0.030 ms); with 128 the wgmma kernels win (batch 1, seq 16384,
-// d 128: backward 1.26 against 1.10 ms; batch 8, seq 2048, d 64: 0.133 against 0.112 ms).
-template <typename Inner>
-KernelChoice choose(bool hopper, long long n, long long t, int hopper_per_sm, int tc_per_sm, int shares, Inner inner) {
-  if (hopper) {
-    const int parts = parts_for(n, t, kWgTileQ, hopper_per_sm, shares, [&](long long i) { return inner(i, kWgTileQ); });
-    if (8 * n * ((t + kWgTileQ - 1) / kWgTileQ) * parts >= 7ll * hopper_sms()) return {true, parts};
-  }
-  return {false, parts_for(n, t, kTileQ, tc_per_sm, shares, [&](long long i) { return inner(i, kTileQ); })};
-}
-static_assert(kWgTileQ == kWbKeys && kTileQ == kTileK, "choose counts rows alike for query and key tiles");
 
 void check_head_dim(int d) {
   if (d < 1 || d > kSimtMaxD) throw std::invalid_argument("flash attention supports head dims 1 to 128");
@@ -1856,57 +1846,14 @@ void add_parts_into(void* out, const float* from, int parts, long long slice, cu
 
 bool flash_attention_supports(int d) { return d >= 1 && d <= kSimtMaxD; }
 
-FlashAttentionPlan flash_attention_plan(Elem e, int d, std::int64_t n, std::int64_t tq, std::int64_t tk, bool causal,
-                                        bool deterministic) {
-  check_head_dim(d);
-  FlashAttentionPlan plan;
-  with_tc_head_dim(d, [&](auto dc) {
-    constexpr int D = decltype(dc)::value;
-    if (e != Elem::bf16) return;
-    const bool hopper = kHopperHeadDim<D> && hopper_sms() > 0;
-    const bool atomics = !deterministic;
-    auto keys = [&](long long i, int rows) { return keys_seen(i, rows, tk, causal); };
-    auto queries = [&](long long j, int rows) { return queries_seen(j, rows, tq, causal); };
-    int forward_h = 1, dkdv_h = 1, dq_h = 1;  // the Hopper kernels' CTAs per SM, asked only where they run
-    if constexpr (kHopperHeadDim<D>)
-      if (hopper) {
-        forward_h = resident_ctas(flash_forward_wgmma<D, false>, kWgThreads, forward_wgmma_smem<D>());
-        dkdv_h =
-            atomics ? resident_ctas(flash_backward_wgmma<D, true, false>, kWgThreads, wgmma_backward_smem<D, true>())
-                    : resident_ctas(flash_backward_wgmma<D, false, false>, kWgThreads, wgmma_backward_smem<D, false>());
-        dq_h = resident_ctas(flash_backward_dq_wgmma<D, false>, kWgThreads, dq_wgmma_smem<D>());
-      }
-    const KernelChoice forward =
-        choose(hopper, n, tq, forward_h, resident_ctas(flash_forward_tc<D, false>, kThreads, forward_tc_smem<D>()),
-               kForwardShares, keys);
-    const KernelChoice dkdv =
-        choose(hopper, n, tk, dkdv_h,
-               atomics ? resident_ctas(flash_backward_dkdv_tc<D, true, false>, kThreads, dkdv_tc_smem<D>())
-                       : resident_ctas(flash_backward_dkdv_tc<D, false, false>, kThreads, dkdv_tc_smem<D>()),
-               kBackwardShares, queries);
-    plan.forward_wgmma = forward.wgmma, plan.forward_parts = forward.parts;
-    plan.dkdv_wgmma = dkdv.wgmma, plan.dkdv_parts = dkdv.parts;
-    if (dkdv.wgmma) plan.row_stats_rows = (tq + kWbTileQ - 1) / kWbTileQ * kWbTileQ;
-    if (deterministic) {
-      const KernelChoice dq =
-          choose(hopper, n, tq, dq_h, resident_ctas(flash_backward_dq_tc<D, false>, kThreads, dq_tc_smem<D>()),
-                 kBackwardShares, keys);
-      plan.dq_wgmma = dq.wgmma, plan.dq_parts = dq.parts;
-    } else {  // the Hopper kernel adds whole 64-query tiles in its own order; the mma.sync one adds rows
-      plan.dq_accum_rows = dkdv.wgmma ? (tq + kWbTileQ - 1) / kWbTileQ * kWbTileQ : tq;
-    }
-  });
-  const std::int64_t q_elems = n * tq * d, k_elems = n * tk * d;
-  if (plan.forward_parts > 1) plan.forward_workspace = plan.forward_parts * (q_elems + n * tq);
-  plan.backward_workspace = std::max(plan.dkdv_parts > 1 ? 2 * plan.dkdv_parts * k_elems : 0,
-                                     plan.dq_parts > 1 ? plan.dq_parts * q_elems : 0);
-  return plan;
-}
-
-FlashAttentionPlan flash_attention_fastest_plan(Elem e, int d, std::int64_t n, std::int64_t tq, std::int64_t tk,
-                                                bool causal) {
-  const FlashAttentionPlan atomic = flash_attention_plan(e, d, n, tq, tk, causal, false);
-  return atomic.dkdv_wgmma ? atomic : flash_attention_plan(e, d, n, tq, tk, causal, true);
+const FlashKernelFacts& flash_kernel_facts() {
+  static const FlashKernelFacts device = read_kernel_facts();
+  static const FlashKernelFacts without_wgmma = [] {
+    FlashKernelFacts f = device;
+    f.hopper = false;
+    return f;
+  }();
+  return hopper_sms() > 0 ? device : without_wgmma;
 }
 
 void flash_attention_forward(const void* q, const void* k, const void* v, void* o, float* lse, Elem e, std::int64_t n,

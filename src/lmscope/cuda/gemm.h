@@ -21,6 +21,7 @@ class Gemm {
   Gemm(const Gemm&) = delete;
   Gemm& operator=(const Gemm&) = delete;
   void run(const GemmArgs& g);
+  std::size_t workspace_bytes() const { return workspace_bytes_; }
 
  private:
   struct Plan {

@@ -3,13 +3,13 @@
 // stream; shapes are the backend's to check. Arithmetic is fp32 whatever the storage.
 #pragma once
 
+#include "lmscope/cuda/flash_plan.h"
+
 #include <cuda_runtime.h>
 
 #include <cstdint>
 
 namespace lmscope::cuda {
-
-enum class Elem { f32, bf16 };
 
 // elementwise.cu
 void fill(void* x, Elem ex, std::int64_t n, float value, cudaStream_t s);
@@ -58,33 +58,17 @@ void permute_heads(const void* in, void* out, Elem e, std::int64_t b, std::int64
 // storage named; lse [n, tq] fp32 (natural log of Σ exp(scale·s)); causal masks key j > query i.
 // Tensor cores for bf16 with d in {16, 32, 64, 80, 96, 128}; CUDA cores otherwise (d ≤ 128).
 bool flash_attention_supports(int d);
-// How one call runs (flash_attention_plan), per tensor-core kernel: whether it is the Hopper one
-// (wgmma: bf16, d 32, 64 or 128, an sm_90a binary on a Hopper GPU, and 128-row CTAs for at least 7/8
-// of the SMs) or mma.sync, and into how many parts each CTA's inner loop is cut (more than one when
-// the call has too few tiles to fill the GPU: src/lmscope/cuda/tile_order.h). Parts write fp32
-// results to a workspace that a second kernel adds up. The CUDA-core path has one part.
-struct FlashAttentionPlan {
-  bool forward_wgmma = false, dkdv_wgmma = false, dq_wgmma = false;  // dq: the deterministic dQ pass
-  int forward_parts = 1, dkdv_parts = 1, dq_parts = 1;
-  // Rows of the fp32 dq accumulator [n, rows, d] with atomics on the tensor-core path (tq, or tq
-  // rounded up to whole 64-query tiles for the Hopper kernel, which adds tiles in its own order); 0
-  // where none is needed: dq is then summed by its own pass, in a fixed order.
-  std::int64_t dq_accum_rows = 0;
-  bool atomic_dq() const { return dq_accum_rows > 0; }
-  // Rows per sequence of the Hopper dK/dV kernel's copy of delta and L (in log2 units) [2, n, rows]
-  // fp32: tq rounded up to whole 64-query tiles, so that the copy engine reads whole aligned runs;
-  // 0 where that kernel does not run.
-  std::int64_t row_stats_rows = 0;
-  std::int64_t forward_workspace = 0, backward_workspace = 0;  // fp32 elements of the parts, 0: none
-};
-// deterministic: dq by its own pass; false: accumulated by atomics where the tensor-core path runs.
-FlashAttentionPlan flash_attention_plan(Elem e, int d, std::int64_t n, std::int64_t tq, std::int64_t tk, bool causal,
-                                        bool deterministic);
-// The faster of the two (FlashDq::fastest): atomics where the Hopper dK/dV kernel runs, whose bulk
-// reductions cost less than a second pass over S and dP; its own pass on mma.sync, whose fp32
-// atomics cost more (measured: docs/flash-attention.md, steps 22-24, 32-33 and 37).
-FlashAttentionPlan flash_attention_fastest_plan(Elem e, int d, std::int64_t n, std::int64_t tq, std::int64_t tk,
-                                                bool causal);
+// The facts the plan reads (flash_plan.h) of the GPU in use, asked of the driver once; the Hopper
+// kernels count as absent with LMSCOPE_NO_WGMMA=1, which picks the mma.sync kernels for comparison.
+const FlashKernelFacts& flash_kernel_facts();
+inline FlashAttentionPlan flash_attention_plan(Elem e, int d, std::int64_t n, std::int64_t tq, std::int64_t tk,
+                                               bool causal, bool deterministic) {
+  return flash_attention_plan(flash_kernel_facts(), e, d, n, tq, tk, causal, deterministic);
+}
+inline FlashAttentionPlan flash_attention_fastest_plan(Elem e, int d, std::int64_t n, std::int64_t tq, std::int64_t tk,
+                                                       bool causal) {
+  return flash_attention_fastest_plan(flash_kernel_facts(), e, d, n, tq, tk, causal);
+}
 // workspace: plan.forward_workspace floats (null where 0).
 void flash_attention_forward(const void* q, const void* k, const void* v, void* o, float* lse, Elem e, std::int64_t n,
                              std::int64_t tq, std::int64_t tk, int d, float scale, bool causal,

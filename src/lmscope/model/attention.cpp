@@ -29,8 +29,9 @@ void batched_gemm(Backend& backend, bool ta, bool tb, std::int64_t m, std::int64
 
 double scale_of(const Tensor& q) { return 1.0 / std::sqrt(static_cast<double>(q.dim(-1))); }
 
-Allocation allocate(Backend& backend, const char* what, int layer, Shape shape, DType dtype) {
-  return backend.allocator().allocate(std::move(shape), dtype, {MemKind::activation, what, layer});
+Allocation allocate(Backend& backend, const char* what, int layer, Shape shape, DType dtype,
+                    std::source_location where = std::source_location::current()) {
+  return backend.allocator().allocate(std::move(shape), dtype, {MemKind::activation, what, layer}, where);
 }
 
 }  // namespace

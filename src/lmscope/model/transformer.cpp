@@ -22,7 +22,8 @@ struct Transformer::Layer {
 struct Transformer::Saved {
   std::vector<Layer> layers;
   Allocation x_final, rstd_final, n_final;
-  Allocation logits, lse;  // logits become their own gradient in backward
+  Allocation logits, lse;    // logits become their own gradient in backward
+  bool for_backward = true;  // false: an inference forward kept only the logits
 };
 
 Transformer::Transformer(const ModelConfig& config, Backend& backend, DType dtype, std::optional<DType> compute,
@@ -91,17 +92,18 @@ void Transformer::fill_initial_values(std::uint64_t seed) {
   }
 }
 
-Allocation Transformer::act(const char* what, int layer, Shape shape) {
-  return backend_.allocator().allocate(std::move(shape), compute_, {MemKind::activation, what, layer});
+Allocation Transformer::act(const char* what, int layer, Shape shape, std::source_location where) {
+  return backend_.allocator().allocate(std::move(shape), compute_, {MemKind::activation, what, layer}, where);
 }
 
-Allocation Transformer::wide(const char* what, int layer, Shape shape, MemKind kind) {
-  return backend_.allocator().allocate(std::move(shape), dtype_, {kind, what, layer});
+Allocation Transformer::wide(const char* what, int layer, Shape shape, MemKind kind, std::source_location where) {
+  return backend_.allocator().allocate(std::move(shape), dtype_, {kind, what, layer}, where);
 }
 
-const Tensor& Transformer::as_compute(const Tensor& t, Allocation& scratch, const char* what, int layer) {
+const Tensor& Transformer::as_compute(const Tensor& t, Allocation& scratch, const char* what, int layer,
+                                      std::source_location where) {
   if (t.dtype == compute_) return t;
-  scratch = act(what, layer, t.shape);
+  scratch = act(what, layer, t.shape, where);
   backend_.cast(t, scratch);
   return scratch.tensor();
 }
@@ -176,9 +178,14 @@ AttentionCall Transformer::attention_call(int layer) const {
   return {.kind = attention_, .causal = true, .dq = FlashDq::deterministic, .stats = dtype_, .layer = layer};
 }
 
-void Transformer::forward() {
+void Transformer::forward(bool for_backward) {
   LMSCOPE_CHECK(!ids_.empty(), "forward before set_batch");
   discard_activations();
+  // Without a backward to come, each buffer goes as soon as it has been read, as under PyTorch's
+  // no_grad; the layer's record then holds nothing once its output is made.
+  auto done = [&](Allocation& a) {
+    if (!for_backward) a.reset();
+  };
   const std::int64_t B = batch_, T = ctx_, N = B * T, d = config_.d_model, f = config_.d_ff, H = config_.heads,
                      dk = config_.d_head();
   const double theta = config_.rope_theta, eps = 1e-5;
@@ -194,6 +201,7 @@ void Transformer::forward() {
     L.rstd1 = wide("ln1.rstd", l, {N});
     L.n1 = act("ln1.out", l, {N, d});
     backend_.rmsnorm_forward(L.x, P.ln1->value, L.n1, L.rstd1, eps);
+    done(L.rstd1);
 
     Allocation proj = act("attn.proj", l, {N, d});
     Allocation* heads[3] = {&L.q, &L.k, &L.v};
@@ -205,45 +213,61 @@ void Transformer::forward() {
       backend_.split_heads(proj.tensor().view({B, T, H, dk}), *heads[i], i < 2 ? theta : 0.0);
     }
     proj.reset();
+    done(L.n1);
 
     {
       Allocation o_heads = act("attn.o_heads", l, {B, H, T, dk});
       const Shape flat{B * H, T, dk};
       attention_forward(backend_, attention_call(l), L.q.tensor().view(flat), L.k.tensor().view(flat),
                         L.v.tensor().view(flat), o_heads.tensor().view(flat), L.attn);
+      for (Allocation* a : {&L.q, &L.k, &L.v, &L.attn.probs, &L.attn.lse}) done(*a);
       L.o = act("attn.o", l, {N, d});
       backend_.merge_heads(o_heads, L.o.tensor().view({B, T, H, dk}), 0.0);
     }
     Allocation attn_out = act("attn.out", l, {N, d});
     linear(L.o, weight(P.wo), attn_out);
+    done(L.o);
     L.h = wide("attn.residual", l, {N, d});
     backend_.add(L.x, attn_out, L.h);
     attn_out.reset();
+    done(L.x);
 
     L.rstd2 = wide("ln2.rstd", l, {N});
     L.n2 = act("ln2.out", l, {N, d});
     backend_.rmsnorm_forward(L.h, P.ln2->value, L.n2, L.rstd2, eps);
+    done(L.rstd2);
     L.a = act("ffn.w1_out", l, {N, f});
     L.b = act("ffn.w3_out", l, {N, f});
     linear(L.n2, weight(P.w1), L.a);
     linear(L.n2, weight(P.w3), L.b);
+    done(L.n2);
     L.gate = act("ffn.gate", l, {N, f});
     backend_.swiglu_forward(L.a, L.b, L.gate);
+    done(L.a);
+    done(L.b);
     Allocation ffn_out = act("ffn.out", l, {N, d});
     linear(L.gate, weight(P.w2), ffn_out);
+    done(L.gate);
     x = wide("ffn.residual", l, {N, d});
     backend_.add(L.h, ffn_out, x);
-    s.layers.push_back(std::move(L));
+    ffn_out.reset();
+    done(L.h);
+    if (for_backward) s.layers.push_back(std::move(L));
   }
 
   s.x_final = std::move(x);
   s.rstd_final = wide("ln_final.rstd", -1, {N});
   s.n_final = act("ln_final.out", -1, {N, d});
   backend_.rmsnorm_forward(s.x_final, ln_final_->value, s.n_final, s.rstd_final, eps);
+  done(s.x_final);
+  done(s.rstd_final);
   s.logits = act("lm_head.logits", -1, {N, config_.vocab});
   linear(s.n_final, weight(lm_head_), s.logits);
+  done(s.n_final);
   s.lse = wide("loss.lse", -1, {N});
   backend_.cross_entropy_forward(s.logits, targets_, s.lse, loss_);
+  done(s.lse);
+  s.for_backward = for_backward;
   saved_.push_back(std::move(s));
 }
 
@@ -257,7 +281,7 @@ const Tensor& Transformer::logits() const {
 void Transformer::discard_activations() { saved_.clear(); }
 
 void Transformer::backward() {
-  LMSCOPE_CHECK(!saved_.empty(), "backward without a forward");
+  LMSCOPE_CHECK(!saved_.empty() && saved_.back().for_backward, "backward without a forward that kept its activations");
   const std::int64_t B = batch_, T = ctx_, N = B * T, d = config_.d_model, f = config_.d_ff, H = config_.heads,
                      dk = config_.d_head();
   const double theta = config_.rope_theta;

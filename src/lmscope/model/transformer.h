@@ -49,8 +49,9 @@ class Transformer {
 
   // ids and targets: batch × ctx row-major token ids, already checked against the vocabulary.
   void set_batch(std::int64_t batch, std::int64_t ctx, const std::int32_t* ids, const std::int32_t* targets);
-  // Forward to the mean loss, saving what backward needs. The loss stays on the backend until read.
-  void forward();
+  // Forward to the mean loss, saving what backward needs (for_backward), or, for inference, freeing
+  // each activation once read and keeping only the logits. The loss stays on the backend until read.
+  void forward(bool for_backward = true);
   double read_loss();
   // Backward from the loss into every parameter's grad (overwritten), freeing saved activations.
   void backward();
@@ -66,10 +67,14 @@ class Transformer {
   void fill_initial_values(std::uint64_t seed);
   // act: compute dtype (GEMM operands and what lies between GEMMs); wide: the master dtype (the
   // residual stream, its gradient and the statistics).
-  Allocation act(const char* what, int layer, Shape shape);
-  Allocation wide(const char* what, int layer, Shape shape, MemKind kind = MemKind::activation);
+  // Each passes its caller's line on to the allocation's tag.
+  Allocation act(const char* what, int layer, Shape shape,
+                 std::source_location where = std::source_location::current());
+  Allocation wide(const char* what, int layer, Shape shape, MemKind kind = MemKind::activation,
+                  std::source_location where = std::source_location::current());
   // t itself when it already has the compute dtype, else a cast of it into scratch.
-  const Tensor& as_compute(const Tensor& t, Allocation& scratch, const char* what, int layer);
+  const Tensor& as_compute(const Tensor& t, Allocation& scratch, const char* what, int layer,
+                           std::source_location where = std::source_location::current());
   const Tensor& weight(const Parameter* p) const {
     return p->value_lowp.empty() ? p->value.tensor() : p->value_lowp.tensor();
   }

@@ -4,6 +4,7 @@
 // f64 lets the tests check gradients against finite differences without rounding noise.
 #include "lmscope/backend/backend.h"
 #include "lmscope/backend/cpu/flash_attention.h"
+#include "lmscope/backend/op_scratch.h"
 
 #include <cblas.h>
 
@@ -288,7 +289,7 @@ class CpuBackend final : public Backend {
     expect_shape(dq, q.shape, "flash attention dq");
     expect_shape(dk, k.shape, "flash attention dk");
     expect_shape(dv, v.shape, "flash attention dv");
-    Allocation delta = alloc_.allocate({s.n, s.tq}, q.dtype, {MemKind::workspace, "flash.delta", -1});
+    Allocation delta = scratch::cpu_flash_backward(alloc_, s, q.dtype);
     dispatch(q.dtype, "flash_attention_backward", [&](auto z) {
       using T = decltype(z);
       for (const Tensor* t : {&k, &v, &out, &lse, &dout, &dq, &dk, &dv}) expect_dtype<T>(*t, "flash attention");

@@ -1,0 +1,80 @@
+"""Peak memory of the PyTorch reference (cs336_reference.py) the way the seeds measure it:
+torch.cuda.max_memory_allocated over one step after a warm-up step, the step being one of
+  inference          a forward under torch.no_grad() (the seeds' "forward only" profile)
+  forward            a forward that builds the autograd graph, then drops it
+  train              forward, backward and torch.optim.AdamW(fused=True), gradients set to None after
+bf16 is torch.autocast(bfloat16) around forward and loss, as the seeds do. One Markdown row per cell,
+OOM cells as rows. --snapshot FILE writes the last cell's step with torch.cuda.memory._dump_snapshot.
+
+  python pytorch/memory_reference.py --model 2.7B --ctx 128,256,512,1024 --mode inference,train --precision fp32,bf16
+"""
+import argparse
+import gc
+
+import torch
+
+import cs336_reference as ref
+
+
+def step(a, model, opt, x, y, mode):
+    if mode == "inference":
+        with torch.no_grad():
+            with torch.autocast("cuda", dtype=torch.bfloat16, enabled=a.precision == "bf16"):
+                ref.cross_entropy(model(x), y)
+        return
+    with torch.autocast("cuda", dtype=torch.bfloat16, enabled=a.precision == "bf16"):
+        loss = ref.cross_entropy(model(x), y)
+    if mode == "train":
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+
+
+def run_cell(a, model_name, ctx, mode, snapshot):
+    torch.manual_seed(0)
+    with torch.device("cuda"):
+        model = ref.TransformerLM(**ref.PRESETS[model_name], attention=a.attention)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3, fused=True) if mode == "train" else None
+    x = torch.randint(0, 10000, (a.batch, ctx), device="cuda")
+    y = torch.randint(0, 10000, (a.batch, ctx), device="cuda")
+    step(a, model, opt, x, y, mode)  # warm-up: AdamW's state and cuBLAS's workspace come here
+    torch.cuda.synchronize()
+    torch.cuda.reset_peak_memory_stats()
+    if snapshot:
+        torch.cuda.memory._record_memory_history(max_entries=1000000)
+    step(a, model, opt, x, y, mode)
+    torch.cuda.synchronize()
+    if snapshot:
+        torch.cuda.memory._dump_snapshot(snapshot)
+        torch.cuda.memory._record_memory_history(enabled=None)
+    return torch.cuda.max_memory_allocated()
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--model", default="small")
+    ap.add_argument("--ctx", default="256")
+    ap.add_argument("--mode", default="train")
+    ap.add_argument("--precision", default="fp32")
+    ap.add_argument("--attention", default="naive", choices=["naive", "sdpa"])
+    ap.add_argument("--batch", type=int, default=4)
+    ap.add_argument("--snapshot", default="")
+    a = ap.parse_args()
+    print("| model | precision | attention | mode | batch | ctx | peak GiB | peak bytes | status |")
+    print("|---|---|---|---|---:|---:|---:|---:|---|")
+    cells = [(m, p, mode, int(c)) for m in a.model.split(",") for p in a.precision.split(",")
+             for mode in a.mode.split(",") for c in a.ctx.split(",")]
+    for i, (m, p, mode, ctx) in enumerate(cells):
+        a.precision = p
+        try:
+            peak = run_cell(a, m, ctx, mode, a.snapshot if i == len(cells) - 1 else "")
+            row = f"{peak / 2**30:.2f} | {peak} | ok"
+        except torch.OutOfMemoryError:
+            row = "- | - | OOM"
+        gc.collect()
+        torch.cuda.empty_cache()
+        print(f"| {m} | {p} | {a.attention} | {mode} | {a.batch} | {ctx} | {row} |", flush=True)
+
+
+if __name__ == "__main__":
+    main()

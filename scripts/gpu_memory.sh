@@ -1,0 +1,56 @@
+#!/usr/bin/env bash
+# On the GPU machine: builds, runs the memory tests on the GPU (the dry run against the CUDA
+# record over the grid, the driver's count, the stored H100 facts), then lmscope memory beside
+# pytorch/memory_reference.py on the seeds' cells in the same run, and the snapshots that
+# tools/render_memory_viz.py draws with PyTorch's own viewer. Everything lands in $OUT.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+OUT=${OUT:-$PWD/gpu-out}
+mkdir -p "$OUT"
+export PATH=/opt/torch/.venv/bin:/usr/local/cuda/bin:$PATH
+PY=/opt/torch/.venv/bin/python
+B=${LMSCOPE_BUILD_DIR:-build-gpu}
+if [[ -z "${LMSCOPE_BUILD_DIR:-}" ]]; then
+  cmake -S . -B build-gpu -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES="90a;80" >"$OUT/configure.log" 2>&1 \
+    || { tail -30 "$OUT/configure.log"; exit 1; }
+  cmake --build build-gpu -j 16 >"$OUT/build.log" 2>&1 || { grep -E "error" -A5 "$OUT/build.log" | head -60; exit 1; }
+  echo "== build ok"
+fi
+export LD_LIBRARY_PATH=/usr/local/cuda/lib64:/usr/local/cuda/extras/CUPTI/lib64${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$OUT/memory-gpu.txt"
+date -u +%FT%TZ | tee -a "$OUT/memory-gpu.txt"
+git rev-parse --short HEAD 2>/dev/null | tee -a "$OUT/memory-gpu.txt"
+
+"$B/tests/lmscope_gpu_tests" --gtest_filter='MemoryOnGpu.*' >"$OUT/memory-tests.log" 2>&1
+echo "== memory tests exit $?"; grep -E "live facts|^    \{|compared|Failure|FAILED|PASSED" -A0 "$OUT/memory-tests.log" | head -30
+
+L="$B/lmscope memory --device cuda --batch 4 --top 10"
+# The seeds' questions: 2.7B forward-only and train step over ctx, fp32 and bf16, naive and flash.
+$L --model 2.7B --ctx 128,256,512,1024 --mode inference,forward,train --precision fp32,bf16 --attention naive,flash \
+  --format json --out "$OUT/lmscope-memory-2.7B.json" >"$OUT/lmscope-memory-2.7B.md" 2>"$OUT/lmscope-memory-2.7B.err"
+$L --model 2.7B --ctx 128,256,512,1024 --mode inference,forward,train --precision fp32,bf16 --attention naive,flash \
+  --dry-run --format json --out "$OUT/lmscope-memory-2.7B-dry.json" >/dev/null 2>&1
+(cd pytorch && for att in naive sdpa; do $PY memory_reference.py --model 2.7B --ctx 128,256,512,1024 \
+  --mode inference,forward,train --precision fp32,bf16 --attention $att; done) >"$OUT/pytorch-memory-2.7B.md" 2>&1
+# Timelines: lmscope's snapshots and pictures, PyTorch's snapshot of the same cell.
+$L --model 2.7B --ctx 256 --mode inference --snapshot "$OUT/lmscope-2.7B-inference-256.pickle" \
+  --svg "$OUT/lmscope-2.7B-inference-256.svg" >/dev/null 2>&1
+$L --model 2.7B --ctx 256 --mode train --snapshot "$OUT/lmscope-2.7B-train-256.pickle" \
+  --svg "$OUT/lmscope-2.7B-train-256.svg" >/dev/null 2>&1
+(cd pytorch && $PY memory_reference.py --model 2.7B --ctx 256 --mode train --snapshot "$OUT/pytorch-2.7B-train-256.pickle") \
+  >>"$OUT/pytorch-memory-2.7B.md" 2>&1
+# PyTorch's own viewer, handed lmscope's snapshot: the page trace_plot makes, and the viewer's script.
+$PY - "$OUT" <<'PYEOF'
+import os, pickle, shutil, sys
+import torch, torch.cuda._memory_viz as mv
+out = sys.argv[1]
+for name in ("lmscope-2.7B-train-256", "lmscope-2.7B-inference-256"):
+    with open(f"{out}/{name}.pickle", "rb") as f:
+        snap = pickle.load(f)
+    with open(f"{out}/{name}.html", "w") as f:
+        f.write(mv.trace_plot(snap))
+shutil.copy(os.path.join(os.path.dirname(torch.__file__), "utils", "viz", "MemoryViz.js"), f"{out}/MemoryViz.js")
+print("viewer pages written, torch", torch.__version__)
+PYEOF
+cat "$OUT/pytorch-memory-2.7B.md" | head -60
+head -30 "$OUT/lmscope-memory-2.7B.md"

@@ -1,0 +1,86 @@
+#include "memory_flags.h"
+
+#include "lmscope/backend/backend.h"
+
+#include <fmt/core.h>
+
+namespace lmscope::cli {
+
+void MemoryCellFlags::add_to(CLI::App& app, bool with_dry_run_flags) {
+  model_.add_to(app, true);
+  app.add_option("--ctx", ctx, "Context length(s)")->capture_default_str();
+  app.add_option("--batch", batch, "Batch size(s)")->capture_default_str();
+  app.add_option("--mode", mode,
+                 "inference (a forward that keeps nothing for backward), forward, forward-backward or train "
+                 "(comma list sweeps)")
+      ->capture_default_str();
+  app.add_option("--device", device, "cpu or cuda (comma list sweeps; default: cuda when a GPU is visible)");
+  app.add_option("--precision", precision, "fp32, tf32 or bf16 (comma list sweeps)")->capture_default_str();
+  app.add_option("--attention", attention, "flash or naive (comma list sweeps)")->capture_default_str();
+  app.add_option("--warmup", warmup, "Steps before the one recorded")->capture_default_str();
+  app.add_option("--seed", seed_, "Seed for the tokens")->capture_default_str();
+  if (!with_dry_run_flags) return;
+  app.add_flag("--dry-run", dry_run_,
+               "Compute nothing: run the model on a shape-only backend that allocates exactly as the device "
+               "would (--device cuda without a GPU stands for an H100 80GB HBM3)");
+  app.add_option("--memory-limit", memory_limit_,
+                 "The memory a dry run is held to, e.g. 80GiB (default: the device's; 80GiB for cuda without a GPU)");
+}
+
+std::size_t MemoryCellFlags::memory_limit() const {
+  return memory_limit_.empty() ? 0 : parse_memory_size("--memory-limit", memory_limit_);
+}
+
+std::vector<MemorySpec> MemoryCellFlags::resolve() const {
+  const auto models = model_.resolve();
+  const auto ctxs = parse_positive_list("--ctx", ctx), batches = parse_positive_list("--batch", batch);
+  std::vector<BenchMode> modes;
+  for (const auto& m : split_list(mode)) modes.push_back(parse_bench_mode(m));
+  const auto devices = split_list(device.empty() ? (dry_run_ ? std::string("cuda") : default_device()) : device);
+  for (const auto& d : devices)
+    if (d != "cpu" && d != "cuda") user_error("unknown --device '{}' (use cpu or cuda)", d);
+  const auto precisions = split_list(precision);
+  for (const auto& p : precisions)
+    if (p != "fp32" && p != "tf32" && p != "bf16") user_error("unknown --precision '{}' (use fp32, tf32 or bf16)", p);
+  std::vector<AttentionKind> attentions;
+  for (const auto& a : split_list(attention)) attentions.push_back(parse_attention(a));
+  if (warmup < 0) user_error("--warmup must be non-negative, got {}", warmup);
+  const std::size_t limit = memory_limit();
+  if (limit > 0 && !dry_run_) user_error("--memory-limit holds a dry run; add --dry-run");
+  std::vector<MemorySpec> cells;
+  for (const auto& m : models)
+    for (const auto& d : devices)
+      for (const auto& p : precisions)
+        for (auto a : attentions)
+          for (auto md : modes)
+            for (auto b : batches)
+              for (auto t : ctxs) {
+                MemorySpec s;
+                s.cell = BenchSpec{m, d, p, a, md, b, t, warmup, 1, seed_, false};
+                s.dry_run = dry_run_;
+                s.memory_limit = limit;
+                cells.push_back(s);
+              }
+  return cells;
+}
+
+std::string cell_label(const MemorySpec& s) {
+  const BenchSpec& c = s.cell;
+  return fmt::format("{} {} {} {} {} batch {} ctx {}{}", c.model.name, c.device, c.precision,
+                     attention_name(c.attention), bench_mode_name(c.mode), c.batch, c.ctx,
+                     s.dry_run ? " (dry run)" : "");
+}
+
+void warn_of_cells_that_cannot_fit(const std::vector<MemorySpec>& cells) {
+  for (const MemorySpec& cell : cells) {
+    if (cell.dry_run) continue;
+    MemorySpec dry = cell;
+    dry.dry_run = true;
+    const MemoryRecord r = record_memory(dry);
+    if (!r.fits())
+      fmt::print(stderr, "lmscope: warning: {} {} by the dry run; expect it to run out of memory\n", cell_label(cell),
+                 r.status);
+  }
+}
+
+}  // namespace lmscope::cli

@@ -1,0 +1,46 @@
+// The scratch each backend's ops take from the allocator beyond their operands, in the order they
+// take it. Written once here, so that the shape-only backend of the dry run, standing for a device,
+// allocates exactly what that device's backend does (the tests compare the two records event by
+// event, on the CPU in CI and on the GPU on the H100).
+#pragma once
+
+#include "lmscope/backend/backend.h"
+#include "lmscope/cuda/flash_plan.h"
+
+#include <utility>
+#include <vector>
+
+namespace lmscope::scratch {
+
+// CPU: the flash backward's delta = rowsum(dO∘O) [n, tq] in the operands' type.
+Allocation cpu_flash_backward(Allocator& mem, const AttentionShape& s, DType dtype);
+
+// CUDA. What its flash attention refuses (Unsupported): head dims over 128, more than 2^30
+// positions, more than 2^31 tiles of 32 rows.
+void cuda_flash_limits(const AttentionShape& s);
+struct CudaFlashBackward {
+  Allocation delta, row_stats, dq_accum, parts;
+};
+cuda::FlashAttentionPlan cuda_flash_backward_plan(const cuda::FlashKernelFacts& gpu, cuda::Elem e,
+                                                  const AttentionShape& s, bool causal, FlashDq dq_sum);
+Allocation cuda_flash_forward(Allocator& mem, const cuda::FlashAttentionPlan& plan);
+CudaFlashBackward cuda_flash_backward(Allocator& mem, const cuda::FlashAttentionPlan& plan, const AttentionShape& s);
+Allocation cuda_cross_entropy(Allocator& mem, std::int64_t rows);  // per-row losses [rows] f32
+Allocation cuda_global_norm(Allocator& mem);                       // the f64 sum of squares
+
+// RoPE's (cos, sin) table [t, dk/2, 2] f32 per (t, dk, theta), made on a shape's first use and kept.
+class RopeTables {
+ public:
+  // The table, and whether it was made by this call (and so needs filling); none for theta <= 0.
+  std::pair<const Tensor*, bool> get(Allocator& mem, std::int64_t t, std::int64_t dk, double theta);
+
+ private:
+  struct Key {
+    std::int64_t t, dk;
+    double theta;
+    bool operator==(const Key&) const = default;
+  };
+  std::vector<std::pair<Key, Allocation>> tables_;
+};
+
+}  // namespace lmscope::scratch

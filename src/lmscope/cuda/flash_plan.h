@@ -1,0 +1,69 @@
+// How one flash-attention call runs on a GPU, decided on the host: which kernel of each pass, into
+// how many parts each CTA's inner loop is cut, and the scratch the call takes. Plain C++17 (no CUDA
+// headers; nvcc reads it too), so that the shape-only dry run, on a machine without a GPU, plans exactly as the GPU
+// would from a stored copy of the facts the plan reads (FlashKernelFacts).
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+namespace lmscope::cuda {
+
+enum class Elem { f32, bf16 };
+
+// Tile rows the plan counts with; flash_attention.cu checks its kernels' constants against these.
+inline constexpr int kPlanSyncTile = 64;         // mma.sync kernels: queries and keys per CTA tile
+inline constexpr int kPlanHopperTile = 128;      // wgmma kernels: queries (forward, dQ) or keys (dK/dV) per CTA
+inline constexpr int kPlanHopperQueryTile = 64;  // wgmma dK/dV kernel: queries per inner tile
+
+// Per tensor-core head dim, CTAs of each kernel one SM holds at once (0: not asked, as for the Hopper
+// kernels where they do not run). `atomic`: the dK/dV kernel that also adds dQ by atomics.
+struct FlashResidency {
+  int d = 0;
+  int forward_tc = 0, dkdv_tc = 0, dkdv_tc_atomic = 0, dq_tc = 0;
+  int forward_wgmma = 0, backward_wgmma = 0, backward_wgmma_atomic = 0, dq_wgmma = 0;
+};
+
+// What a plan reads of the GPU: its SMs, whether the Hopper (sm_90a) kernels run there, and the
+// residency of every tensor-core kernel.
+struct FlashKernelFacts {
+  int sms = 0;
+  bool hopper = false;
+  std::vector<FlashResidency> residency;  // head dims 16, 32, 64, 80, 96, 128
+  const FlashResidency& at(int d) const;
+};
+
+// How one call runs, per tensor-core kernel: whether it is the Hopper one (wgmma: bf16, d 32, 64 or
+// 128 on a Hopper GPU, with 128-row CTAs for at least 7/8 of the SMs) or mma.sync, and into how
+// many parts each CTA's inner loop is cut (more than one when the call has too few tiles to fill
+// the GPU: tile_order.h). Parts write fp32 results to a workspace that a second kernel adds up.
+// The CUDA-core path has one part.
+struct FlashAttentionPlan {
+  bool forward_wgmma = false, dkdv_wgmma = false, dq_wgmma = false;  // dq: the deterministic dQ pass
+  int forward_parts = 1, dkdv_parts = 1, dq_parts = 1;
+  // Rows of the fp32 dq accumulator [n, rows, d] with atomics on the tensor-core path (tq, or tq
+  // rounded up to whole 64-query tiles for the Hopper kernel, which adds tiles in its own order); 0
+  // where none is needed: dq is then summed by its own pass, in a fixed order.
+  std::int64_t dq_accum_rows = 0;
+  bool atomic_dq() const { return dq_accum_rows > 0; }
+  // Rows per sequence of the Hopper dK/dV kernel's copy of delta and L (in log2 units) [2, n, rows]
+  // fp32: tq rounded up to whole 64-query tiles, so that the copy engine reads whole aligned runs;
+  // 0 where that kernel does not run.
+  std::int64_t row_stats_rows = 0;
+  std::int64_t forward_workspace = 0, backward_workspace = 0;  // fp32 elements of the parts, 0: none
+};
+
+// Head dims the tensor-core kernels are built for, and those with Hopper kernels too.
+bool tensor_core_head_dim(int d);
+bool hopper_head_dim(int d);
+
+// deterministic: dq by its own pass; false: accumulated by atomics where the tensor-core path runs.
+FlashAttentionPlan flash_attention_plan(const FlashKernelFacts& gpu, Elem e, int d, std::int64_t n, std::int64_t tq,
+                                        std::int64_t tk, bool causal, bool deterministic);
+// The faster of the two (FlashDq::fastest): atomics where the Hopper dK/dV kernel runs, whose bulk
+// reductions cost less than a second pass over S and dP; its own pass on mma.sync, whose fp32
+// atomics cost more (measured: docs/flash-attention.md, steps 22-24, 32-33 and 37).
+FlashAttentionPlan flash_attention_fastest_plan(const FlashKernelFacts& gpu, Elem e, int d, std::int64_t n,
+                                                std::int64_t tq, std::int64_t tk, bool causal);
+
+}  // namespace lmscope::cuda

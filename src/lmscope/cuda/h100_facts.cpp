@@ -1,0 +1,26 @@
+#include "lmscope/cuda/h100_facts.h"
+
+namespace lmscope::cuda {
+
+// Printed by the GPU test MemoryOnGpu.StoredH100FactsAreThisH100s on the H100 80GB HBM3 of
+// ../shared/GPU-MACHINE.md (2026-11-23), which also checks them against the live ones.
+const FlashKernelFacts& h100_flash_facts() {
+  // d: forward_tc, dkdv_tc, dkdv_tc_atomic, dq_tc, forward_wgmma, backward_wgmma, backward_wgmma_atomic, dq_wgmma
+  static const FlashKernelFacts facts{132,
+                                      true,
+                                      {{16, 5, 5, 4, 4, 0, 0, 0, 0},
+                                       {32, 4, 4, 4, 4, 2, 1, 1, 2},
+                                       {64, 3, 2, 2, 2, 2, 1, 1, 1},
+                                       {80, 3, 2, 2, 2, 0, 0, 0, 0},
+                                       {96, 2, 2, 2, 2, 0, 0, 0, 0},
+                                       {128, 2, 2, 2, 2, 1, 1, 1, 1}}};
+  return facts;
+}
+
+std::size_t h100_device_overhead_bytes() { return 590151680; }
+const char* h100_device_overhead_source() {
+  return "measured on an H100 80GB HBM3, driver 580, CUDA 13.0, 2026-11-23: lmscope memory --device cuda, "
+         "cudaMemGetInfo when the backend was made";
+}
+
+}  // namespace lmscope::cuda

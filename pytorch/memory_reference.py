@@ -5,6 +5,8 @@ torch.cuda.max_memory_allocated over one step after a warm-up step, the step bei
   train              forward, backward and torch.optim.AdamW(fused=True), gradients set to None after
 bf16 is torch.autocast(bfloat16) around forward and loss, as the seeds do. One Markdown row per cell,
 OOM cells as rows. --snapshot FILE writes the last cell's step with torch.cuda.memory._dump_snapshot.
+--top N lists each cell's N largest allocations live at the step's peak, with the line of
+cs336_reference.py that made each (replayed from the allocator's recorded history).
 
   python pytorch/memory_reference.py --model 2.7B --ctx 128,256,512,1024 --mode inference,train --precision fp32,bf16
 """
@@ -30,8 +32,32 @@ def step(a, model, opt, x, y, mode):
         opt.zero_grad(set_to_none=True)
 
 
+def largest_at_peak(trace, step_start, top):
+    """Replays the allocator's trace; returns the peak over the measured step and the top live blocks then."""
+    live, total, peak, at_peak = {}, 0, -1, []
+    for i, e in enumerate(trace):
+        if e["action"] == "alloc":
+            live[e["addr"]] = e
+            total += e["size"]
+            if i >= step_start and total > peak:
+                peak, at_peak = total, sorted(live.values(), key=lambda b: -b["size"])[:top]
+        elif e["action"] == "free_completed" and e["addr"] in live:
+            total -= live.pop(e["addr"])["size"]
+    return peak, at_peak
+
+
+def where(block):
+    frames = block.get("frames", [])
+    for f in frames:
+        if "cs336_reference" in f["filename"] or "memory_reference" in f["filename"]:
+            return f"{f['filename'].split('/')[-1]}:{f['line']} ({f['name']})"
+    return f"{frames[0]['filename'].split('/')[-1]}:{frames[0]['line']}" if frames else "?"
+
+
 def run_cell(a, model_name, ctx, mode, snapshot):
     torch.manual_seed(0)
+    if a.top:
+        torch.cuda.memory._record_memory_history(max_entries=1000000, stacks="python")
     with torch.device("cuda"):
         model = ref.TransformerLM(**ref.PRESETS[model_name], attention=a.attention)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3, fused=True) if mode == "train" else None
@@ -40,12 +66,17 @@ def run_cell(a, model_name, ctx, mode, snapshot):
     step(a, model, opt, x, y, mode)  # warm-up: AdamW's state and cuBLAS's workspace come here
     torch.cuda.synchronize()
     torch.cuda.reset_peak_memory_stats()
-    if snapshot:
+    step_start = len(torch.cuda.memory._snapshot()["device_traces"][0]) if a.top else 0
+    if snapshot and not a.top:
         torch.cuda.memory._record_memory_history(max_entries=1000000)
     step(a, model, opt, x, y, mode)
     torch.cuda.synchronize()
     if snapshot:
         torch.cuda.memory._dump_snapshot(snapshot)
+    if a.top:
+        replayed, blocks = largest_at_peak(torch.cuda.memory._snapshot()["device_traces"][0], step_start, a.top)
+        a.tops.append((model_name, ctx, mode, a.precision, replayed, blocks))
+    if snapshot or a.top:
         torch.cuda.memory._record_memory_history(enabled=None)
     return torch.cuda.max_memory_allocated()
 
@@ -59,7 +90,9 @@ def main():
     ap.add_argument("--attention", default="naive", choices=["naive", "sdpa"])
     ap.add_argument("--batch", type=int, default=4)
     ap.add_argument("--snapshot", default="")
+    ap.add_argument("--top", type=int, default=0)
     a = ap.parse_args()
+    a.tops = []
     print("| model | precision | attention | mode | batch | ctx | peak GiB | peak bytes | status |")
     print("|---|---|---|---|---:|---:|---:|---:|---|")
     cells = [(m, p, mode, int(c)) for m in a.model.split(",") for p in a.precision.split(",")
@@ -74,6 +107,11 @@ def main():
         gc.collect()
         torch.cuda.empty_cache()
         print(f"| {m} | {p} | {a.attention} | {mode} | {a.batch} | {ctx} | {row} |", flush=True)
+    for m, ctx, mode, p, peak, blocks in a.tops:
+        print(f"\n{m} {p} {a.attention} {mode} batch {a.batch} ctx {ctx}: the {len(blocks)} largest live at the peak "
+              f"({peak / 2**30:.2f} GiB replayed from the trace)\n\n| MiB | allocated at |\n|---:|---|")
+        for b in blocks:
+            print(f"| {b['size'] / 2**20:.1f} | {where(b)} |")
 
 
 if __name__ == "__main__":

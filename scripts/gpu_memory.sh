@@ -1,9 +1,18 @@
 #!/usr/bin/env bash
-# On the GPU machine: builds, runs the memory tests on the GPU (the dry run against the CUDA
-# record over the grid, the driver's count, the stored H100 facts), then lmscope memory beside
-# pytorch/memory_reference.py on the seeds' cells in the same run, and the snapshots that
-# tools/render_memory_viz.py draws with PyTorch's own viewer. Everything lands in $OUT.
+# On the GPU machine: builds, then runs the stages named (default: all of them), everything landing
+# in $OUT:
+#   tests    the memory tests on the GPU (the dry run against the CUDA record over the grid, the
+#            driver's count, the stored H100 facts)
+#   seeds    lmscope memory beside pytorch/memory_reference.py on the seeds' 2.7B cells, and the
+#            snapshots that tools/render_memory_viz.py draws with PyTorch's own viewer
+#   context  beyond ctx 1024: 2.7B inference and forward with flash, large's train step naive
+#            against flash, and the largest allocations at the reference shape, beside PyTorch
+#   plan     lmscope plan, each row's largest context (and bf16 flash rows' largest batch) run for
+#            real with one more beside it (scripts/check_plan.py)
+#   scripts/gpu_memory.sh [tests] [seeds] [context] [plan]
 set -uo pipefail
+STAGES=${*:-tests seeds context plan}
+want() { [[ " $STAGES " == *" $1 "* ]]; }
 cd "$(dirname "$0")/.."
 OUT=${OUT:-$PWD/gpu-out}
 mkdir -p "$OUT"
@@ -21,10 +30,15 @@ nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | 
 date -u +%FT%TZ | tee -a "$OUT/memory-gpu.txt"
 git rev-parse --short HEAD 2>/dev/null | tee -a "$OUT/memory-gpu.txt"
 
-"$B/tests/lmscope_gpu_tests" --gtest_filter='MemoryOnGpu.*' >"$OUT/memory-tests.log" 2>&1
-echo "== memory tests exit $?"; grep -E "live facts|^    \{|compared|Failure|FAILED|PASSED" -A0 "$OUT/memory-tests.log" | head -30
-
 L="$B/lmscope memory --device cuda --batch 4 --top 10"
+PYMEM="$PY memory_reference.py --batch 4"
+
+if want tests; then
+"$B/tests/lmscope_gpu_tests" --gtest_filter='MemoryOnGpu.*' >"$OUT/memory-tests.log" 2>&1
+echo "== memory tests exit $?"; grep -E "live facts|live memory|^    \{|compared|Failure|FAILED|PASSED" -A0 "$OUT/memory-tests.log" | head -30
+fi
+
+if want seeds; then
 # The seeds' questions: 2.7B forward-only and train step over ctx, fp32 and bf16, naive and flash.
 $L --model 2.7B --ctx 128,256,512,1024 --mode inference,forward,train --precision fp32,bf16 --attention naive,flash \
   --format json --out "$OUT/lmscope-memory-2.7B.json" >"$OUT/lmscope-memory-2.7B.md" 2>"$OUT/lmscope-memory-2.7B.err"
@@ -54,3 +68,25 @@ print("viewer pages written, torch", torch.__version__)
 PYEOF
 cat "$OUT/pytorch-memory-2.7B.md" | head -60
 head -30 "$OUT/lmscope-memory-2.7B.md"
+fi
+
+if want context; then
+$L --model 2.7B --ctx 2048,4096,8192,16384 --mode inference,forward --precision fp32,bf16 --attention flash \
+  --format json --out "$OUT/lmscope-memory-2.7B-long.json" >"$OUT/lmscope-memory-2.7B-long.md" 2>&1
+$L --model large --ctx 1024,2048,4096,8192 --mode train --precision bf16 --attention naive,flash \
+  --format json --out "$OUT/lmscope-memory-large-train.json" >"$OUT/lmscope-memory-large-train.md" 2>&1
+$L --model 2.7B --ctx 256 --mode train,inference --precision fp32 --attention flash \
+  >"$OUT/lmscope-memory-2.7B-256-top.md" 2>&1
+(cd pytorch && $PYMEM --model 2.7B --ctx 2048,4096,8192,16384 --mode inference,forward --precision fp32,bf16 \
+  --attention sdpa && for att in naive sdpa; do $PYMEM --model large --ctx 1024,2048,4096,8192 --mode train \
+  --precision bf16 --attention $att; done && $PYMEM --model 2.7B --ctx 256 --mode train,inference --precision fp32 \
+  --attention sdpa --top 10) >"$OUT/pytorch-memory-context.md" 2>&1
+echo "== context"; cat "$OUT/pytorch-memory-context.md" | head -40; grep "^| 2.7B\|^| large" "$OUT/lmscope-memory-2.7B-long.md" "$OUT/lmscope-memory-large-train.md"
+fi
+
+if want plan; then
+"$B/lmscope" plan --precision fp32,bf16 --format json --out "$OUT/plan.json" >"$OUT/plan.md" 2>/dev/null
+echo "== plan"; cat "$OUT/plan.md"
+$PY scripts/check_plan.py "$B/lmscope" "$OUT/plan.json" >"$OUT/plan-check.md" 2>&1
+echo "== plan check exit $?"; cat "$OUT/plan-check.md"
+fi

@@ -7,6 +7,7 @@
 
 #include "lmscope/backend/backend.h"
 #include "lmscope/bench/report.h"
+#include "lmscope/memory/memory_analysis.h"
 
 #include <algorithm>
 
@@ -33,6 +34,10 @@ class BenchCommand : public Command {
     app->add_option("--out", out_,
                     "Write the results here in --format, updated after every cell (the Markdown table still prints)");
     app->add_option("--seed", seed_, "Seed for weights and tokens")->capture_default_str();
+    app->add_flag("--dry-run", dry_run_,
+                  "Time nothing: run each cell on the shape-only backend and report its peak memory and whether it "
+                  "fits (--device cuda without a GPU stands for an H100 80GB HBM3)");
+    app->add_option("--memory-limit", memory_limit_, memory_limit_help());
     app->add_flag("--profile", profile_,
                   "Trace every kernel of the measured steps (CUDA, CUPTI): time by phase, op category and kernel, "
                   "and how long the GPU waited for launches");
@@ -44,7 +49,7 @@ class BenchCommand : public Command {
     const auto ctxs = parse_positive_list("--ctx", ctx_), batches = parse_positive_list("--batch", batch_);
     std::vector<BenchMode> modes;
     for (const auto& m : split_list(mode_)) modes.push_back(parse_bench_mode(m));
-    const auto devices = split_list(device_.empty() ? default_device() : device_);
+    const auto devices = split_list(device_.empty() ? (dry_run_ ? "cuda" : default_device()) : device_);
     for (const auto& d : devices)
       if (d != "cpu" && d != "cuda") user_error("unknown --device '{}' (use cpu or cuda)", d);
     if (profile_ && std::find(devices.begin(), devices.end(), "cpu") != devices.end())
@@ -57,6 +62,9 @@ class BenchCommand : public Command {
     if (warmup_ < 0) user_error("--warmup must be non-negative, got {}", warmup_);
     if (steps_ <= 0) user_error("--steps must be positive, got {}", steps_);
     const ReportFormat format = parse_report_format(format_);
+    const std::size_t limit = memory_limit_.empty() ? 0 : parse_memory_size("--memory-limit", memory_limit_);
+    if (limit > 0 && !dry_run_) user_error("--memory-limit holds a dry run; add --dry-run");
+    if (profile_ && dry_run_) user_error("--profile traces kernels, and a dry run runs none");
     if (!out_.empty()) write_file(out_, "");  // fail now, not after the sweep
 
     std::vector<BenchSpec> cells;
@@ -70,19 +78,16 @@ class BenchCommand : public Command {
                   cells.push_back(BenchSpec{m, d, p, a, mode, b, t, warmup_, steps_, seed_, profile_});
 
     std::vector<MemorySpec> planned;
-    for (const BenchSpec& s : cells) planned.push_back(MemorySpec{s, false, 0});
-    warn_of_cells_that_cannot_fit(planned);
+    for (const BenchSpec& s : cells) planned.push_back(MemorySpec{s, dry_run_, limit});
+    warn_of_cells_that_cannot_fit(planned);  // a dry run's rows say it themselves
 
     SweepProgress shown;
     std::vector<BenchResult> rows;
     for (std::size_t i = 0; i < cells.size(); ++i) {
       const BenchSpec& s = cells[i];
-      const std::string label =
-          fmt::format("[{}/{}] {} {} {} {} {} batch {} ctx {}", i + 1, cells.size(), s.model.name, s.device,
-                      s.precision, attention_name(s.attention), bench_mode_name(s.mode), s.batch, s.ctx);
-      shown.start(label);
+      shown.start(fmt::format("[{}/{}] {}", i + 1, cells.size(), cell_label(planned[i])));
       auto progress = [&](int done, int total) { shown.step(done, total, done <= s.warmup ? " (warm-up)" : ""); };
-      rows.push_back(run_bench_cell(s, progress));
+      rows.push_back(dry_run_ ? dry_run_cell(planned[i]) : run_bench_cell(s, progress));
       shown.finish(rows.back().status);
       // Rewritten after every cell: an interrupted sweep keeps every row it finished.
       if (!out_.empty()) write_file(out_, format_bench(rows, format));
@@ -98,7 +103,20 @@ class BenchCommand : public Command {
               format_ = "md", out_;
   int warmup_ = 5, steps_ = 10;
   std::uint64_t seed_ = 0;
-  bool profile_ = false;
+  bool profile_ = false, dry_run_ = false;
+  std::string memory_limit_;
+
+  // A bench row with what the dry run knows: the peak, and whether the cell fits.
+  static BenchResult dry_run_cell(const MemorySpec& cell) {
+    const MemoryRecord record = record_memory(cell);
+    BenchResult r;
+    r.spec = cell.cell;
+    r.dry_run = true;
+    r.status = record.status;
+    r.device_name = record.device_name;
+    if (record.has_step()) r.peak_bytes = analyze_memory(record, 1).peak;
+    return r;
+  }
 };
 
 }  // namespace

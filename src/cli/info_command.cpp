@@ -1,9 +1,13 @@
 // lmscope info: what a model is made of: parameters in total and per tensor, FLOPs per token,
-// the bytes of parameters, gradients and AdamW state (fp32), and what attention keeps for backward.
+// the bytes of parameters, gradients and AdamW state (fp32), and what attention keeps for backward;
+// with --dry-run, what each mode's step holds at a shape, from dry runs.
 #include "commands.h"
+#include "memory_flags.h"
 #include "model_flags.h"
 
+#include "lmscope/bench/report.h"
 #include "lmscope/core/allocator.h"
+#include "lmscope/memory/memory_report.h"
 #include "lmscope/model/attention.h"
 
 #include <nlohmann/json.hpp>
@@ -22,6 +26,13 @@ class InfoCommand : public Command {
     app->add_option("--attention", attention_, "flash or naive: which attention's saved state to report")
         ->capture_default_str();
     app->add_option("--format", format_, "md or json")->capture_default_str();
+    app->add_flag("--dry-run", dry_run_,
+                  "Also dry-run one step of every mode at --batch and --ctx: peaks per phase, what holds the train "
+                  "step's peak, and whether each fits the device");
+    app->add_option("--batch", batch_, "Batch size of the dry runs")->capture_default_str();
+    app->add_option("--precision", precision_, "fp32, tf32 or bf16, for the dry runs")->capture_default_str();
+    app->add_option("--device", device_, "cpu or cuda, the device the dry runs stand for")->capture_default_str();
+    app->add_option("--memory-limit", memory_limit_, memory_limit_help());
   }
 
   int run() override {
@@ -36,10 +47,11 @@ class InfoCommand : public Command {
     const AttentionKind attention = parse_attention(attention_);
     const double per_layer = static_cast<double>(c.heads * ctx_) * (attention == AttentionKind::naive ? ctx_ : 1);
     const double attention_bytes = per_layer * static_cast<double>(c.layers) * 4;
+    const std::vector<MemoryRow> steps = dry_run_steps(c, attention);
     if (format_ == "json") {
       nlohmann::ordered_json j;
-      j["model"] = {{"name", c.name},     {"vocab", c.vocab}, {"d_model", c.d_model}, {"d_ff", c.d_ff},
-                    {"layers", c.layers}, {"heads", c.heads}, {"d_head", c.d_head()}, {"rope_theta", c.rope_theta}};
+      j["model"] = model_json(c);
+      j["model"]["d_head"] = c.d_head();
       j["parameters"] = c.parameter_count();
       j["matmul_parameters"] = c.matmul_parameter_count();
       j["tensors"] = nlohmann::ordered_json::array();
@@ -50,6 +62,7 @@ class InfoCommand : public Command {
                               {"train_step", c.train_flops_per_token(ctx_)}};
       j["bytes"] = {{"parameters", bytes_params}, {"gradients", bytes_grads}, {"optimizer_state", bytes_adam}};
       j["attention"] = {{"kind", attention_name(attention)}, {"saved_bytes_per_sequence_fp32", attention_bytes}};
+      if (dry_run_) j["dry_run"] = nlohmann::ordered_json::parse(format_memory(steps, ReportFormat::json));
       fmt::print("{}\n", j.dump(2));
       return 0;
     }
@@ -75,6 +88,7 @@ class InfoCommand : public Command {
                attention == AttentionKind::naive ? "the h·T² probabilities of every layer"
                                                  : "the h·T log-sum-exps of every layer",
                ctx_, human_bytes(attention_bytes));
+    if (dry_run_) fmt::print("\n{}", markdown_steps(steps));
     return 0;
   }
 
@@ -82,6 +96,65 @@ class InfoCommand : public Command {
   ModelFlags model_;
   std::int64_t ctx_ = 256;
   std::string format_ = "md", attention_ = "flash";
+  bool dry_run_ = false;
+  std::int64_t batch_ = 4;
+  std::string precision_ = "fp32", device_ = "cuda", memory_limit_;
+
+  // One step of every mode at --batch and --ctx on the shape-only backend; none without --dry-run.
+  std::vector<MemoryRow> dry_run_steps(const ModelConfig& c, AttentionKind attention) const {
+    if (!dry_run_) {
+      if (!memory_limit_.empty()) user_error("--memory-limit holds a dry run; add --dry-run");
+      return {};
+    }
+    if (batch_ <= 0) user_error("--batch must be positive, got {}", batch_);
+    if (device_ != "cpu" && device_ != "cuda") user_error("unknown --device '{}' (use cpu or cuda)", device_);
+    if (precision_ != "fp32" && precision_ != "tf32" && precision_ != "bf16")
+      user_error("unknown --precision '{}' (use fp32, tf32 or bf16)", precision_);
+    const std::size_t limit = memory_limit_.empty() ? 0 : parse_memory_size("--memory-limit", memory_limit_);
+    std::vector<MemoryRow> rows;
+    for (BenchMode mode : {BenchMode::inference, BenchMode::forward, BenchMode::forward_backward, BenchMode::train}) {
+      const BenchSpec cell{c, device_, precision_, attention, mode, batch_, ctx_, 1, 1, 0, false};
+      rows.push_back(memory_row(record_memory(MemorySpec{cell, true, limit}), 1));
+    }
+    return rows;
+  }
+
+  // Per mode: each phase's peak and the whole device's need against the limit; then what holds
+  // the train step's peak, by kind.
+  static std::string markdown_steps(const std::vector<MemoryRow>& rows) {
+    const MemoryRecord& first = rows.front().record;
+    const BenchSpec& c = first.spec.cell;
+    std::string out = fmt::format(
+        "## One step at batch {}, ctx {}, {}, {} attention: the {}, whose whole device may hold {}\n\n"
+        "| mode | peak GiB | reached in | forward peak | backward peak | optimizer peak | whole device GiB | fits |\n"
+        "|---|---:|---|---:|---:|---:|---:|---|\n",
+        c.batch, c.ctx, c.precision, attention_name(c.attention), first.device_name,
+        human_bytes(static_cast<double>(first.device ? first.device->total : first.capacity)));
+    auto gib = [](std::size_t b) { return fmt::format("{:.2f}", static_cast<double>(b) / (1 << 30)); };
+    auto phase = [&](const MemoryAnalysis& a, Phase p) {
+      const auto& v = a.phase_peak[static_cast<int>(p)];
+      return v ? gib(*v) : std::string("-");
+    };
+    for (const MemoryRow& row : rows) {
+      const MemoryRecord& r = row.record;
+      const MemoryAnalysis& a = row.analysis;
+      out += fmt::format("| {} | ", bench_mode_name(r.spec.cell.mode));
+      if (!row.recorded) {
+        out += fmt::format("- | - | - | - | - | - | {} |\n", r.status);
+        continue;
+      }
+      out += fmt::format("{} | {} | {} | {} | {} | {} | {} |\n", gib(a.peak),
+                         a.peak_at_start ? "before the step" : phase_name(a.peak_phase), phase(a, Phase::forward),
+                         phase(a, Phase::backward), phase(a, Phase::optimizer), gib(device_need(r, a.peak_reserved)),
+                         r.ok() ? "yes" : r.status);
+    }
+    const MemoryRow& train = rows.back();
+    if (!train.recorded) return out;
+    out += "\n| the train step's peak, by kind | GiB |\n|---|---:|\n";
+    for (int k = 0; k < kMemKinds; ++k)
+      out += fmt::format("| {} | {} |\n", mem_kind_name(static_cast<MemKind>(k)), gib(train.analysis.peak_by_kind[k]));
+    return out;
+  }
 };
 
 }  // namespace

@@ -1,6 +1,7 @@
 #include "memory_flags.h"
 
 #include "lmscope/backend/backend.h"
+#include "lmscope/cuda/h100_facts.h"
 
 #include <fmt/core.h>
 
@@ -21,10 +22,17 @@ void MemoryCellFlags::add_to(CLI::App& app, bool with_dry_run_flags) {
   app.add_option("--seed", seed_, "Seed for the tokens")->capture_default_str();
   if (!with_dry_run_flags) return;
   app.add_flag("--dry-run", dry_run_,
-               "Compute nothing: run the model on a shape-only backend that allocates exactly as the device "
-               "would (--device cuda without a GPU stands for an H100 80GB HBM3)");
-  app.add_option("--memory-limit", memory_limit_,
-                 "The memory a dry run is held to, e.g. 80GiB (default: the device's; 80GiB for cuda without a GPU)");
+               always_dry_ ? "Always on here: every cell runs on the shape-only backend"
+                           : "Compute nothing: run the model on a shape-only backend that allocates exactly as the "
+                             "device would (--device cuda without a GPU stands for an H100 80GB HBM3)");
+  app.add_option("--memory-limit", memory_limit_, memory_limit_help());
+}
+
+std::string memory_limit_help() {
+  return fmt::format(
+      "The memory a dry run is held to, e.g. 40GiB (default: the device's; for cuda without a GPU an H100 80GB HBM3's "
+      "{})",
+      human_bytes(static_cast<double>(cuda::h100_memory_bytes())));
 }
 
 std::size_t MemoryCellFlags::memory_limit() const {
@@ -46,6 +54,7 @@ std::vector<MemorySpec> MemoryCellFlags::resolve() const {
   for (const auto& a : split_list(attention)) attentions.push_back(parse_attention(a));
   if (warmup < 0) user_error("--warmup must be non-negative, got {}", warmup);
   const std::size_t limit = memory_limit();
+  if (always_dry_ && !dry_run_) user_error("this command always runs dry; --dry-run=false is not possible");
   if (limit > 0 && !dry_run_) user_error("--memory-limit holds a dry run; add --dry-run");
   std::vector<MemorySpec> cells;
   for (const auto& m : models)

@@ -18,6 +18,10 @@ class MemoryCellFlags {
  public:
   // with_dry_run_flags: add --dry-run and --memory-limit (a command that has its own leaves them off).
   void add_to(CLI::App& app, bool with_dry_run_flags = true);
+  // Before add_to: every cell is a dry run (plan's), --dry-run being accepted and implied.
+  void always_dry_run() { dry_run_ = always_dry_ = true; }
+  // Before add_to: the --model default (a comma list sweeps).
+  void set_default_models(std::string models) { model_.set_default(std::move(models)); }
   std::vector<MemorySpec> resolve() const;  // every combination, checked; UserError on bad input
   bool dry_run() const { return dry_run_; }
   std::size_t memory_limit() const;  // 0: the device's
@@ -27,11 +31,13 @@ class MemoryCellFlags {
 
  private:
   ModelFlags model_;
-  bool dry_run_ = false;
+  bool dry_run_ = false, always_dry_ = false;
   std::string memory_limit_;
   std::uint64_t seed_ = 0;
 };
 
+// --memory-limit's help, naming the default the dry run holds cuda to without a GPU.
+std::string memory_limit_help();
 std::string cell_label(const MemorySpec& spec);
 // Dry-runs each cell that will run for real and warns on stderr of those that cannot fit, before a
 // sweep walks into them.

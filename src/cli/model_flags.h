@@ -18,6 +18,8 @@ class ModelFlags {
   // One config per name in --model (default small), overrides applied, each validated.
   std::vector<ModelConfig> resolve() const;
   ModelConfig resolve_one() const;
+  // Before add_to: what --model is when not given (a comma list where add_to allows one).
+  void set_default(std::string models) { model_ = std::move(models); }
 
  private:
   std::string model_ = "small";

@@ -172,7 +172,7 @@ class MemoryCommand(unittest.TestCase):
     def test_unknown_command_lists_every_command(self):
         r = run("frobnicate")
         self.assertEqual(r.returncode, 2)
-        for name in ("info", "train", "bench", "attention", "memory"):
+        for name in ("info", "train", "bench", "attention", "memory", "plan"):
             self.assertIn(name, r.stderr)
 
     def test_bench_runs_inference(self):

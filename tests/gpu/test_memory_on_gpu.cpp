@@ -35,6 +35,8 @@ TEST(MemoryOnGpu, StoredH100FactsAreThisH100s) {
   if (gpus[0].name.find("H100 80GB HBM3") == std::string::npos) GTEST_SKIP() << "not an H100 80GB HBM3";
   const cuda::FlashKernelFacts live = visible_gpu_flash_facts(), stored = cuda::h100_flash_facts();
   print_facts(live);
+  std::printf("live memory: %zu bytes\n", gpus[0].memory_bytes);
+  EXPECT_EQ(gpus[0].memory_bytes, cuda::h100_memory_bytes());
   EXPECT_EQ(live.sms, stored.sms);
   EXPECT_EQ(live.hopper, stored.hopper);
   ASSERT_EQ(live.residency.size(), stored.residency.size());
@@ -72,7 +74,7 @@ TEST(MemoryOnGpu, DryRunRecordsWhatTheGpuRecordsAndTheDriverAgrees) {
           spec.cell = BenchSpec{preset(model), "cuda", precision, attention, BenchMode::train, 4, ctx, 1, 1, 0, false};
           const std::string cell = fmt::format("{} ctx {} {} {}", model, ctx, precision, attention_name(attention));
           const MemoryRecord gpu = record_memory(spec);
-          if (gpu.status.rfind("OOM", 0) == 0) {  // the dry run must say it does not fit either
+          if (gpu.outcome == MemoryOutcome::out_of_memory) {  // the dry run must say it does not fit either
             MemorySpec dry_spec = spec;
             dry_spec.dry_run = true;
             EXPECT_FALSE(record_memory(dry_spec).fits()) << cell << " ran out of memory on the GPU only";

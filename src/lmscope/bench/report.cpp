@@ -13,6 +13,28 @@ ReportFormat parse_report_format(const std::string& s) {
   user_error("unknown --format '{}' (use md, csv or json)", s);
 }
 
+std::string csv_field(const std::string& s) {
+  if (s.find_first_of(",\"\n") == std::string::npos) return s;
+  std::string q(1, '"');
+  for (char c : s) {
+    if (c == '"') q.push_back('"');
+    q.push_back(c);
+  }
+  q.push_back('"');
+  return q;
+}
+
+nlohmann::ordered_json model_json(const ModelConfig& m) {
+  return {{"name", m.name},
+          {"d_model", m.d_model},
+          {"d_ff", m.d_ff},
+          {"layers", m.layers},
+          {"heads", m.heads},
+          {"vocab", m.vocab},
+          {"rope_theta", m.rope_theta},
+          {"parameters", m.parameter_count()}};
+}
+
 namespace {
 
 std::string mean_std(const PhaseStats& s) { return s.n ? fmt::format("{:.2f} ± {:.2f}", s.mean, s.std) : "-"; }
@@ -101,9 +123,11 @@ std::string markdown(const std::vector<BenchResult>& rows) {
       "|---|---|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|\n";
   for (const BenchResult& r : rows) {
     const BenchSpec& s = r.spec;
-    out += fmt::format("| {} | {} | {} | {} | {} | {} | {} | ", s.model.name, s.device, s.precision,
-                       attention_name(s.attention), bench_mode_name(s.mode), s.batch, s.ctx);
-    if (r.ok())
+    out += fmt::format("| {} | {}{} | {} | {} | {} | {} | {} | ", s.model.name, s.device, r.dry_run ? " (dry run)" : "",
+                       s.precision, attention_name(s.attention), bench_mode_name(s.mode), s.batch, s.ctx);
+    if (r.dry_run && r.ok())
+      out += fmt::format("- | - | - | - | - | - | - | {} | fits |\n", human_bytes(static_cast<double>(r.peak_bytes)));
+    else if (r.ok())
       out += fmt::format("{} | {} | {} | {} | {:.0f} | {:.3f} | {} | {} | ok |\n", mean_std(r.forward),
                          mean_std(r.backward), mean_std(r.optimizer), mean_std(r.step), r.tokens_per_s, r.model_tflops,
                          r.mfu > 0 ? fmt::format("{:.1f}%", 100 * r.mfu) : "-",
@@ -116,22 +140,11 @@ std::string markdown(const std::vector<BenchResult>& rows) {
   return out;
 }
 
-std::string csv_field(const std::string& s) {
-  if (s.find_first_of(",\"\n") == std::string::npos) return s;
-  std::string q(1, '"');
-  for (char c : s) {
-    if (c == '"') q.push_back('"');
-    q.push_back(c);
-  }
-  q.push_back('"');
-  return q;
-}
-
 std::string csv(const std::vector<BenchResult>& rows) {
   std::string out = "model,d_model,d_ff,layers,heads,vocab,device,precision,attention,mode,batch,ctx,warmup,steps";
   for (const char* p : kPhases)
     for (const char* f : {"mean_ms", "std_ms", "median_ms", "min_ms", "max_ms"}) out += fmt::format(",{}_{}", p, f);
-  out += ",tokens_per_s,model_tflops,mfu,peak_bytes,device_name,status\n";
+  out += ",tokens_per_s,model_tflops,mfu,peak_bytes,device_name,dry_run,status\n";
   for (const BenchResult& r : rows) {
     const BenchSpec& s = r.spec;
     out += fmt::format("{},{},{},{},{},{},{},{},{},{},{},{},{},{}", csv_field(s.model.name), s.model.d_model,
@@ -144,12 +157,14 @@ std::string csv(const std::vector<BenchResult>& rows) {
       else
         out += ",,,,,";
     }
-    if (r.ok())
+    if (r.dry_run && r.ok())
+      out += fmt::format(",,,,{},{}", r.peak_bytes, csv_field(r.device_name));
+    else if (r.ok())
       out += fmt::format(",{:.1f},{:.4f},{:.4f},{},{}", r.tokens_per_s, r.model_tflops, r.mfu, r.peak_bytes,
                          csv_field(r.device_name));
     else
       out += ",,,,,";
-    out += "," + csv_field(r.status) + "\n";
+    out += fmt::format(",{},{}\n", r.dry_run ? 1 : 0, csv_field(r.status));
   }
   return out;
 }
@@ -159,14 +174,7 @@ std::string json(const std::vector<BenchResult>& rows) {
   for (const BenchResult& r : rows) {
     const BenchSpec& s = r.spec;
     nlohmann::ordered_json j;
-    j["model"] = {{"name", s.model.name},
-                  {"d_model", s.model.d_model},
-                  {"d_ff", s.model.d_ff},
-                  {"layers", s.model.layers},
-                  {"heads", s.model.heads},
-                  {"vocab", s.model.vocab},
-                  {"rope_theta", s.model.rope_theta},
-                  {"parameters", s.model.parameter_count()}};
+    j["model"] = model_json(s.model);
     j["device"] = s.device;
     j["precision"] = s.precision;
     j["attention"] = attention_name(s.attention);
@@ -176,7 +184,11 @@ std::string json(const std::vector<BenchResult>& rows) {
     j["warmup"] = s.warmup;
     j["steps"] = s.steps;
     j["status"] = r.status;
-    if (r.ok()) {
+    j["dry_run"] = r.dry_run;
+    if (r.dry_run && r.ok()) {
+      j["device_name"] = r.device_name;
+      j["peak_bytes"] = r.peak_bytes;
+    } else if (r.ok()) {
       for (int i = 0; i < 4; ++i) {
         const PhaseStats& p = phase(r, i);
         if (p.n)

@@ -4,6 +4,8 @@
 #include "lmscope/bench/attention_bench.h"
 #include "lmscope/bench/runner.h"
 
+#include <nlohmann/json.hpp>
+
 #include <string>
 #include <vector>
 
@@ -11,6 +13,11 @@ namespace lmscope {
 
 enum class ReportFormat { markdown, csv, json };
 ReportFormat parse_report_format(const std::string& s);  // "md", "csv", "json"; throws UserError
+
+// A CSV field, quoted when it holds a comma, quote or newline.
+std::string csv_field(const std::string& s);
+// The model's shape and parameter count, as every JSON report names it.
+nlohmann::ordered_json model_json(const ModelConfig& m);
 
 std::string format_bench(const std::vector<BenchResult>& rows, ReportFormat f);
 std::string format_attention_bench(const std::vector<AttentionBenchResult>& rows, ReportFormat f);

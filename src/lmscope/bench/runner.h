@@ -54,6 +54,8 @@ struct BenchResult {
   double mfu = 0;           // model_tflops / peak_tflops
   std::size_t peak_bytes = 0;
   KernelProfile kernels;  // per measured step; steps == 0 unless spec.profile
+  // Nothing ran: a dry run's row (bench --dry-run), with its peak_bytes and status and no times.
+  bool dry_run = false;
   bool ok() const { return status == "ok"; }
 };
 

@@ -18,6 +18,13 @@ const FlashKernelFacts& h100_flash_facts() {
 }
 
 std::size_t h100_device_overhead_bytes() { return 590151680; }
+std::size_t h100_memory_bytes() { return 85017493504; }
+
+std::size_t driver_segment_bytes(std::size_t bytes) {
+  constexpr std::size_t kPage = std::size_t(2) << 20;
+  return bytes >= (std::size_t(1) << 20) ? (bytes + kPage - 1) / kPage * kPage : bytes;
+}
+
 const char* h100_device_overhead_source() {
   return "measured on an H100 80GB HBM3, driver 580, CUDA 13.0, 2026-11-23: lmscope memory --device cuda, "
          "cudaMemGetInfo when the backend was made";

@@ -1,5 +1,7 @@
 #include "lmscope/memory/memory_analysis.h"
 
+#include "lmscope/cuda/h100_facts.h"
+
 #include <algorithm>
 #include <map>
 
@@ -33,13 +35,6 @@ std::string op_name(const AllocTag& tag) {
   return name;
 }
 
-namespace {
-std::size_t in_pages(std::size_t bytes) {
-  constexpr std::size_t kPage = std::size_t(2) << 20;
-  return bytes >= (std::size_t(1) << 20) ? (bytes + kPage - 1) / kPage * kPage : bytes;
-}
-}  // namespace
-
 void MemoryReplay::apply(const MemEvent& e) {
   switch (e.action) {
     case MemAction::alloc: {
@@ -71,14 +66,14 @@ void MemoryReplay::apply(const MemEvent& e) {
       LMSCOPE_CHECK(segment_at_.emplace(e.address, next_).second, "segment {:#x} made twice", e.address);
       segments_.emplace(next_++, Segment{e.address, e.bytes, false, {}});
       reserved_ += e.bytes;
-      paged_ += in_pages(e.bytes);
+      paged_ += cuda::driver_segment_bytes(e.bytes);
       break;
     case MemAction::segment_free: {
       auto at = segment_at_.find(e.address);
       LMSCOPE_CHECK(at != segment_at_.end() && !segments_.at(at->second).in_use,
                     "a segment freed at {:#x} that is not cached", e.address);
       reserved_ -= segments_.at(at->second).bytes;
-      paged_ -= in_pages(segments_.at(at->second).bytes);
+      paged_ -= cuda::driver_segment_bytes(segments_.at(at->second).bytes);
       segments_.erase(at->second);
       segment_at_.erase(at);
       break;

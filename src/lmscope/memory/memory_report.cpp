@@ -31,7 +31,7 @@ std::string markdown_device(const MemoryRow& row) {
   const MemoryAnalysis& a = row.analysis;
   if (!r.device) return "";
   const DeviceMemory& d = *r.device;
-  const std::size_t at_peak = d.used_at_start + a.peak_reserved;
+  const std::size_t at_peak = device_need(r, a.peak_reserved);
   if (r.spec.dry_run)
     return fmt::format(
         "\nThe whole GPU: the allocator's peak of allocated plus cached is {}; with the {} the device holds beyond "
@@ -108,13 +108,6 @@ std::string markdown(const std::vector<MemoryRow>& rows) {
   return out;
 }
 
-std::string csv_field(const std::string& s) {
-  if (s.find_first_of(",\"\n") == std::string::npos) return s;
-  std::string out = "\"";
-  for (char ch : s) out += ch == '"' ? std::string("\"\"") : std::string(1, ch);
-  return out + "\"";
-}
-
 std::string opt_bytes(const std::optional<std::size_t>& b) { return b ? std::to_string(*b) : ""; }
 
 std::string csv(const std::vector<MemoryRow>& rows) {
@@ -163,8 +156,7 @@ std::string json(const std::vector<MemoryRow>& rows) {
     const MemoryAnalysis& a = row.analysis;
     const BenchSpec& c = r.spec.cell;
     nlohmann::ordered_json j;
-    j["model"] = {{"name", c.model.name},     {"d_model", c.model.d_model}, {"d_ff", c.model.d_ff},
-                  {"layers", c.model.layers}, {"heads", c.model.heads},     {"vocab", c.model.vocab}};
+    j["model"] = model_json(c.model);
     j["device"] = c.device;
     j["dry_run"] = r.spec.dry_run;
     j["device_name"] = r.device_name;

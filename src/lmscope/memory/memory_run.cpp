@@ -88,36 +88,40 @@ void run_cell(const MemorySpec& spec, MemoryRecord& r, std::unique_ptr<Backend>&
 
 }  // namespace
 
-MemoryRecord record_memory(const MemorySpec& spec) {
+MemoryRecord record_memory(const MemorySpec& spec, bool measure_misfit) {
   MemoryRecord r;
   r.spec = spec;
-  bool out_of_memory = false;
   {
     std::unique_ptr<Backend> backend;
     try {
       run_cell(spec, r, backend);
     } catch (const OutOfMemory&) {
-      out_of_memory = true;
+      r.outcome = MemoryOutcome::out_of_memory;
       r.status = failure_status(std::current_exception());
     } catch (...) {
+      r.outcome = MemoryOutcome::failed;
       r.status = failure_status(std::current_exception());
     }
   }
-  if (!out_of_memory || !spec.dry_run) return r;
+  if (r.outcome != MemoryOutcome::out_of_memory || !spec.dry_run || !measure_misfit) return r;
   // A dry run that does not fit says by how much: the same cell without a limit, and its need.
   MemorySpec unlimited = spec;
   unlimited.memory_limit = std::size_t(1) << 60;
   MemoryRecord whole = record_memory(unlimited);
   if (!whole.ok()) return r;
-  const std::size_t limit = r.device ? r.device->total : r.capacity;
-  const std::size_t own = r.device ? r.device->used_at_start : 0;
-  const std::size_t need = own + analyze_memory(whole, 1).peak_reserved;
   whole.spec = spec;
   whole.capacity = r.capacity;
   whole.device = r.device;
+  const std::size_t need = device_need(whole, analyze_memory(whole, 1).peak_reserved);
+  const std::size_t limit = r.device ? r.device->total : r.capacity;
+  whole.outcome = MemoryOutcome::does_not_fit;
   whole.status = fmt::format("does not fit: needs {} of {}", human_bytes(static_cast<double>(need)),
                              human_bytes(static_cast<double>(limit)));
   return whole;
+}
+
+std::size_t device_need(const MemoryRecord& record, std::size_t peak_reserved) {
+  return (record.device ? record.device->used_at_start : 0) + peak_reserved;
 }
 
 }  // namespace lmscope

@@ -19,8 +19,13 @@ struct MemorySpec {
   std::size_t memory_limit = 0;  // 0: the device's own (the dry run's default: dry_run_target)
 };
 
+// How a cell ended: ran its step; ran out of memory (on the device, or at a dry run's limit); a dry
+// run that does not fit, measured by running it again without the limit; failed otherwise.
+enum class MemoryOutcome { ok, out_of_memory, does_not_fit, failed };
+
 struct MemoryRecord {
   MemorySpec spec;
+  MemoryOutcome outcome = MemoryOutcome::ok;
   // As a bench row's: "ok", "OOM: ...", "unsupported: ...", "error: ..."; a dry run that would not
   // fit: "does not fit: needs X of Y", with the record of the same cell run without a limit.
   std::string status = "ok";
@@ -35,12 +40,21 @@ struct MemoryRecord {
   // stored, that figure in used_at_start (and total the memory limit).
   std::optional<DeviceMemory> device;
   std::string device_source;  // where `device` comes from
-  bool ok() const { return status == "ok"; }
-  bool fits() const { return status.rfind("does not fit", 0) != 0 && status.rfind("OOM", 0) != 0; }
-  bool has_step() const { return ok() || status.rfind("does not fit", 0) == 0; }  // a whole step recorded
+  bool ok() const { return outcome == MemoryOutcome::ok; }
+  // False only when memory ran out (a cell that failed for another reason is not said not to fit).
+  bool fits() const { return outcome != MemoryOutcome::out_of_memory && outcome != MemoryOutcome::does_not_fit; }
+  // The events hold a whole step (the one that does not fit: run without the limit).
+  bool has_step() const { return outcome == MemoryOutcome::ok || outcome == MemoryOutcome::does_not_fit; }
 };
 
 // Never throws for a failing cell: its status says why, and the events up to the failure stay.
-MemoryRecord record_memory(const MemorySpec& spec);
+// measure_misfit: a dry run that runs out of memory runs again without the limit, so its record
+// holds the whole step and its status says how much it needs; without it, the record stops at the
+// failure (all a search for what fits asks).
+MemoryRecord record_memory(const MemorySpec& spec, bool measure_misfit = true);
+
+// What the whole device needs for a recorded step: what it holds beyond the allocator (the CUDA
+// context and libraries; 0 where not known) plus the allocator's peak of allocated and cached.
+std::size_t device_need(const MemoryRecord& record, std::size_t peak_reserved);
 
 }  // namespace lmscope

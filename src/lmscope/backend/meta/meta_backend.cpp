@@ -10,26 +10,32 @@ namespace lmscope {
 namespace {
 
 // Addresses that stand for the device's: distinct, 512-byte aligned as cudaMalloc's are, never
-// dereferenced. Nothing is reserved: a segment only moves a counter.
+// dereferenced. Nothing is reserved: a segment only moves a counter, which counts what the device
+// counts (the CUDA driver's pages for cuda), so a segment fails where the device's would.
 class MetaAllocator final : public Allocator {
  public:
-  MetaAllocator(std::string name, std::size_t capacity) : name_(std::move(name)), capacity_(capacity) {}
+  MetaAllocator(std::string name, std::size_t capacity, bool cuda_pages)
+      : name_(std::move(name)), capacity_(capacity), cuda_pages_(cuda_pages) {}
   ~MetaAllocator() override { release_all(); }
   std::string device_name() const override { return name_; }
   std::size_t capacity() const override { return capacity_; }
 
  protected:
   void* segment_allocate(std::size_t bytes) override {
-    if (reserved_bytes() + bytes > capacity_) return nullptr;
+    if (counted_ + counted(bytes) > capacity_) return nullptr;
+    counted_ += counted(bytes);
     const std::uintptr_t at = next_;
     next_ += (bytes + 511) / 512 * 512;
     return reinterpret_cast<void*>(at);  // NOLINT: a token, not memory
   }
-  void segment_free(void*, std::size_t) override {}
+  void segment_free(void*, std::size_t bytes) override { counted_ -= counted(bytes); }
 
  private:
+  std::size_t counted(std::size_t bytes) const { return cuda_pages_ ? cuda::driver_segment_bytes(bytes) : bytes; }
   std::string name_;
   std::size_t capacity_;
+  bool cuda_pages_;
+  std::size_t counted_ = 0;
   std::uintptr_t next_ = std::uintptr_t(1) << 44;
 };
 
@@ -37,7 +43,8 @@ class MetaBackend final : public Backend {
  public:
   explicit MetaBackend(const DryRunTarget& target)
       : target_(target),
-        alloc_("dry run of " + target.device_name, target.memory - std::min(target.memory, target.overhead)) {}
+        alloc_("dry run of " + target.device_name, target.memory - std::min(target.memory, target.overhead),
+               target.device == "cuda") {}
   std::string name() const override { return alloc_.device_name(); }
   Allocator& allocator() override { return alloc_; }
   int mark() override { return 0; }
@@ -126,7 +133,7 @@ DryRunTarget dry_run_target(const std::string& device, std::size_t memory_limit)
     t.flash = visible_gpu_flash_facts();
   } else {
     t.device_name = "cuda:0 (NVIDIA H100 80GB HBM3)";
-    t.memory = memory_limit ? memory_limit : std::size_t(80) << 30;
+    t.memory = memory_limit ? memory_limit : cuda::h100_memory_bytes();
     t.flash = cuda::h100_flash_facts();
   }
   if (t.device_name.find("H100 80GB HBM3") != std::string::npos) {

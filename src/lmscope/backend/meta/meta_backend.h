@@ -26,7 +26,7 @@ struct DryRunTarget {
 
 // The device a dry run stands for: the host for cpu; for cuda, the visible GPU when there is one,
 // else an H100 80GB HBM3 (its facts are stored: cuda/h100_facts.cpp). memory_limit 0: the device's
-// memory (the host's available memory; the GPU's, or 80 GiB with none).
+// memory (the host's available memory; the GPU's, or the stored H100's with none).
 DryRunTarget dry_run_target(const std::string& device, std::size_t memory_limit = 0);
 
 // precision as make_backend takes it; the same combinations are refused (Unsupported).

@@ -1,0 +1,131 @@
+"""lmscope plan, bench --dry-run and info --dry-run end to end: the plan's rows and their
+boundaries (the largest context and batch fit, one more does not, by the same dry run `memory`
+makes), its formats and bad inputs, and the dry runs of bench and info against memory's.
+Run by ctest with LMSCOPE pointing at the built program."""
+import csv
+import io
+import json
+import os
+import subprocess
+import time
+import unittest
+
+LMSCOPE = os.environ["LMSCOPE"]
+TINY = ["--model", "small", "--vocab", "50", "--d-model", "32", "--d-ff", "64", "--layers", "2", "--heads", "2",
+        "--precision", "fp32"]
+LIMIT = ["--memory-limit", "64MiB"]
+
+
+def run(*args):
+    return subprocess.run([LMSCOPE, *args], capture_output=True, text=True, timeout=300)
+
+
+def dry_memory(*args):
+    r = run("memory", "--dry-run", "--format", "json", *args)
+    assert r.returncode == 0, r.stderr
+    return json.loads(r.stdout)[0]
+
+
+class Plan(unittest.TestCase):
+    @classmethod
+    def setUpClass(cls):
+        r = run("plan", "--device", "cpu", *TINY, *LIMIT, "--ctx", "64", "--batch", "2", "--format", "json")
+        assert r.returncode == 0, r.stderr
+        cls.rows = json.loads(r.stdout)
+
+    def test_one_row_per_attention_and_flash_reaches_further(self):
+        self.assertEqual([r["attention"] for r in self.rows], ["naive", "flash"])
+        naive, flash = self.rows
+        for r in self.rows:
+            self.assertEqual(r["reference"]["status"], "ok")
+            self.assertGreater(r["reference"]["peak_bytes"], 0)
+            self.assertGreaterEqual(r["reference"]["device_need_bytes"], r["reference"]["peak_bytes"])
+            self.assertEqual(r["memory_limit_bytes"], 64 << 20)
+            self.assertEqual(r["largest_ctx"] % 128, 0)
+            self.assertGreater(r["largest_batch"], 2)
+        self.assertGreater(flash["largest_ctx"], naive["largest_ctx"])
+
+    def test_the_largest_fit_and_one_more_does_not(self):
+        for r in self.rows:
+            cell = ["--device", "cpu", *TINY, *LIMIT, "--attention", r["attention"]]
+            t, b = r["largest_ctx"], r["largest_batch"]
+            self.assertEqual(dry_memory(*cell, "--batch", "2", "--ctx", str(t))["status"], "ok")
+            self.assertTrue(dry_memory(*cell, "--batch", "2", "--ctx", str(t + 128))["status"].startswith("does not"))
+            self.assertEqual(dry_memory(*cell, "--batch", str(b), "--ctx", "64")["status"], "ok")
+            self.assertTrue(dry_memory(*cell, "--batch", str(b + 1), "--ctx", "64")["status"].startswith("does not"))
+
+    def test_every_preset_for_the_h100_in_seconds(self):
+        t0 = time.monotonic()
+        r = run("plan", "--precision", "bf16", "--attention", "flash", "--format", "json")
+        self.assertLess(time.monotonic() - t0, 10)
+        self.assertEqual(r.returncode, 0, r.stderr)
+        rows = {x["model"]["name"]: x for x in json.loads(r.stdout)}
+        self.assertEqual(list(rows), ["small", "medium", "large", "xl", "2.7B"])
+        # Run for real on the H100 (docs/measurements/2026-11-24-h100-plan-check.md): ctx 1408 ran
+        # and 1536 ran out of memory; batch 23 is the plan's answer at ctx 256.
+        self.assertEqual(rows["2.7B"]["largest_ctx"], 1408)
+        self.assertEqual(rows["2.7B"]["largest_batch"], 23)
+        self.assertIn("H100", rows["2.7B"]["device_name"])
+
+    def test_markdown_and_csv(self):
+        md = run("plan", "--device", "cpu", *TINY, *LIMIT)
+        self.assertEqual(md.returncode, 0, md.stderr)
+        self.assertIn("largest ctx (batch 4)", md.stdout)
+        self.assertIn("Budget of the dry run of cpu: 0.06 GiB", md.stdout)
+        c = run("plan", "--device", "cpu", *TINY, *LIMIT, "--format", "csv")
+        rows = list(csv.DictReader(io.StringIO(c.stdout)))
+        self.assertEqual(len(rows), 2)
+        self.assertEqual(int(rows[1]["largest_ctx"]), int(rows[1]["largest_ctx"]) // 128 * 128)
+
+    def test_bad_inputs_end_in_one_sentence_and_exit_2(self):
+        cases = [["--ctx", "128,256"], ["--batch", "1,2"], ["--mode", "train,inference"], ["--ctx-multiple", "0"],
+                 ["--memory-limit", "lots"], ["--format", "xml"], ["--precision", "fp64"],
+                 ["--out", "/nonexistent/dir/plan.md"]]
+        for extra in cases:
+            r = run("plan", "--device", "cpu", *TINY, *extra)
+            self.assertEqual(r.returncode, 2, (extra, r.stderr))
+            self.assertEqual(len(r.stderr.strip().splitlines()), 1, (extra, r.stderr))
+
+
+class BenchAndInfoDryRuns(unittest.TestCase):
+    def test_bench_dry_run_rows_carry_the_dry_runs_peak(self):
+        r = run("bench", "--dry-run", "--device", "cpu", *TINY, "--ctx", "32,64", "--warmup", "1", "--format", "json")
+        self.assertEqual(r.returncode, 0, r.stderr)
+        rows = json.loads(r.stdout)
+        self.assertEqual(len(rows), 2)
+        for row in rows:
+            self.assertTrue(row["dry_run"])
+            self.assertNotIn("ms", row)
+            mem = dry_memory("--device", "cpu", *TINY, "--ctx", str(row["ctx"]), "--warmup", "1")
+            self.assertEqual(row["peak_bytes"], mem["peak_bytes"])
+
+    def test_bench_dry_run_says_what_cannot_fit(self):
+        r = run("bench", "--dry-run", "--model", "2.7B", "--ctx", "2048", "--precision", "bf16")
+        self.assertEqual(r.returncode, 0, r.stderr)
+        self.assertIn("cuda (dry run)", r.stdout)
+        self.assertIn("does not fit: needs", r.stdout)
+
+    def test_bench_refuses_what_a_dry_run_cannot_do(self):
+        for extra in (["--dry-run", "--profile", "--device", "cuda"], ["--memory-limit", "1GiB"]):
+            r = run("bench", *TINY, *extra)
+            self.assertEqual(r.returncode, 2, (extra, r.stderr))
+            self.assertEqual(len(r.stderr.strip().splitlines()), 1, (extra, r.stderr))
+
+    def test_info_dry_run_reports_every_mode(self):
+        r = run("info", *TINY, "--ctx", "64", "--dry-run", "--device", "cpu", "--format", "json")
+        self.assertEqual(r.returncode, 0, r.stderr)
+        steps = json.loads(r.stdout)["dry_run"]
+        self.assertEqual([s["mode"] for s in steps], ["inference", "forward", "forward-backward", "train"])
+        mem = dry_memory("--device", "cpu", *TINY, "--ctx", "64", "--batch", "4")
+        self.assertEqual(steps[3]["peak_bytes"], mem["peak_bytes"])
+        peaks = [s["peak_bytes"] for s in steps]
+        self.assertEqual(peaks, sorted(peaks))
+        md = run("info", *TINY, "--ctx", "64", "--dry-run", "--device", "cpu")
+        self.assertIn("## One step at batch 4, ctx 64", md.stdout)
+        self.assertIn("the train step's peak, by kind", md.stdout)
+        bad = run("info", *TINY, "--memory-limit", "1GiB")
+        self.assertEqual(bad.returncode, 2, bad.stderr)
+
+
+if __name__ == "__main__":
+    unittest.main()

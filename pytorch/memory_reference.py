@@ -6,7 +6,8 @@ torch.cuda.max_memory_allocated over one step after a warm-up step, the step bei
 bf16 is torch.autocast(bfloat16) around forward and loss, as the seeds do. One Markdown row per cell,
 OOM cells as rows. --snapshot FILE writes the last cell's step with torch.cuda.memory._dump_snapshot.
 --top N lists each cell's N largest allocations live at the step's peak, with the line of
-cs336_reference.py that made each (replayed from the allocator's recorded history).
+cs336_reference.py that made each, and the step's N largest allocations grouped by size and line
+(both replayed from the allocator's recorded history).
 
   python pytorch/memory_reference.py --model 2.7B --ctx 128,256,512,1024 --mode inference,train --precision fp32,bf16
 """
@@ -46,6 +47,16 @@ def largest_at_peak(trace, step_start, top):
     return peak, at_peak
 
 
+def made_in_step(trace, step_start, top):
+    """The step's allocations grouped by size and the line that made them, largest first."""
+    groups = {}
+    for e in trace[step_start:]:
+        if e["action"] == "alloc":
+            key = (e["size"], where(e))
+            groups[key] = groups.get(key, 0) + 1
+    return sorted(groups.items(), key=lambda kv: (-kv[0][0], -kv[1]))[:top]
+
+
 def where(block):
     frames = block.get("frames", [])
     for f in frames:
@@ -74,8 +85,9 @@ def run_cell(a, model_name, ctx, mode, snapshot):
     if snapshot:
         torch.cuda.memory._dump_snapshot(snapshot)
     if a.top:
-        replayed, blocks = largest_at_peak(torch.cuda.memory._snapshot()["device_traces"][0], step_start, a.top)
-        a.tops.append((model_name, ctx, mode, a.precision, replayed, blocks))
+        trace = torch.cuda.memory._snapshot()["device_traces"][0]
+        replayed, blocks = largest_at_peak(trace, step_start, a.top)
+        a.tops.append((model_name, ctx, mode, a.precision, replayed, blocks, made_in_step(trace, step_start, a.top)))
     if snapshot or a.top:
         torch.cuda.memory._record_memory_history(enabled=None)
     return torch.cuda.max_memory_allocated()
@@ -107,11 +119,14 @@ def main():
         gc.collect()
         torch.cuda.empty_cache()
         print(f"| {m} | {p} | {a.attention} | {mode} | {a.batch} | {ctx} | {row} |", flush=True)
-    for m, ctx, mode, p, peak, blocks in a.tops:
+    for m, ctx, mode, p, peak, blocks, made in a.tops:
         print(f"\n{m} {p} {a.attention} {mode} batch {a.batch} ctx {ctx}: the {len(blocks)} largest live at the peak "
               f"({peak / 2**30:.2f} GiB replayed from the trace)\n\n| MiB | allocated at |\n|---:|---|")
         for b in blocks:
             print(f"| {b['size'] / 2**20:.1f} | {where(b)} |")
+        print(f"\nThe step's largest allocations by size and line\n\n| MiB | count | allocated at |\n|---:|---:|---|")
+        for (size, line), count in made:
+            print(f"| {size / 2**20:.2f} | {count} | {line} |")
 
 
 if __name__ == "__main__":

@@ -30,6 +30,7 @@ class BenchCommand : public Command {
     app->add_option("--device", device_, "cpu or cuda (comma list sweeps; default: cuda when a GPU is visible)");
     app->add_option("--precision", precision_, "fp32, tf32 or bf16 (comma list sweeps)")->capture_default_str();
     app->add_option("--attention", attention_, "flash or naive (comma list sweeps)")->capture_default_str();
+    app->add_option("--recompute", recompute_, recompute_help(true))->capture_default_str();
     app->add_option("--format", format_, "md, csv or json")->capture_default_str();
     app->add_option("--out", out_,
                     "Write the results here in --format, updated after every cell (the Markdown table still prints)");
@@ -59,6 +60,8 @@ class BenchCommand : public Command {
       if (p != "fp32" && p != "tf32" && p != "bf16") user_error("unknown --precision '{}' (use fp32, tf32 or bf16)", p);
     std::vector<AttentionKind> attentions;
     for (const auto& a : split_list(attention_)) attentions.push_back(parse_attention(a));
+    std::vector<Recompute> recomputes;
+    for (const auto& r : split_list(recompute_)) recomputes.push_back(parse_recompute(r));
     if (warmup_ < 0) user_error("--warmup must be non-negative, got {}", warmup_);
     if (steps_ <= 0) user_error("--steps must be positive, got {}", steps_);
     const ReportFormat format = parse_report_format(format_);
@@ -73,9 +76,10 @@ class BenchCommand : public Command {
         for (const auto& p : precisions)
           for (auto a : attentions)
             for (auto mode : modes)
-              for (auto b : batches)
-                for (auto t : ctxs)
-                  cells.push_back(BenchSpec{m, d, p, a, mode, b, t, warmup_, steps_, seed_, profile_});
+              for (auto rc : recomputes)
+                for (auto b : batches)
+                  for (auto t : ctxs)
+                    cells.push_back(BenchSpec{m, d, p, a, mode, b, t, warmup_, steps_, seed_, profile_, rc});
 
     std::vector<MemorySpec> planned;
     for (const BenchSpec& s : cells) planned.push_back(MemorySpec{s, dry_run_, limit});
@@ -100,7 +104,7 @@ class BenchCommand : public Command {
  private:
   ModelFlags model_;
   std::string ctx_ = "256", batch_ = "4", mode_ = "train", device_, precision_ = "fp32", attention_ = "flash",
-              format_ = "md", out_;
+              format_ = "md", out_, recompute_ = "none";
   int warmup_ = 5, steps_ = 10;
   std::uint64_t seed_ = 0;
   bool profile_ = false, dry_run_ = false;

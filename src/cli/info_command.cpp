@@ -32,6 +32,7 @@ class InfoCommand : public Command {
     app->add_option("--batch", batch_, "Batch size of the dry runs")->capture_default_str();
     app->add_option("--precision", precision_, "fp32, tf32 or bf16, for the dry runs")->capture_default_str();
     app->add_option("--device", device_, "cpu or cuda, the device the dry runs stand for")->capture_default_str();
+    app->add_option("--recompute", recompute_, recompute_help(false) + ", for the dry runs")->capture_default_str();
     app->add_option("--memory-limit", memory_limit_, memory_limit_help());
   }
 
@@ -98,7 +99,7 @@ class InfoCommand : public Command {
   std::string format_ = "md", attention_ = "flash";
   bool dry_run_ = false;
   std::int64_t batch_ = 4;
-  std::string precision_ = "fp32", device_ = "cuda", memory_limit_;
+  std::string precision_ = "fp32", device_ = "cuda", memory_limit_, recompute_ = "none";
 
   // One step of every mode at --batch and --ctx on the shape-only backend; none without --dry-run.
   std::vector<MemoryRow> dry_run_steps(const ModelConfig& c, AttentionKind attention) const {
@@ -111,9 +112,10 @@ class InfoCommand : public Command {
     if (precision_ != "fp32" && precision_ != "tf32" && precision_ != "bf16")
       user_error("unknown --precision '{}' (use fp32, tf32 or bf16)", precision_);
     const std::size_t limit = memory_limit_.empty() ? 0 : parse_memory_size("--memory-limit", memory_limit_);
+    const Recompute recompute = parse_recompute(recompute_);
     std::vector<MemoryRow> rows;
     for (BenchMode mode : {BenchMode::inference, BenchMode::forward, BenchMode::forward_backward, BenchMode::train}) {
-      const BenchSpec cell{c, device_, precision_, attention, mode, batch_, ctx_, 1, 1, 0, false};
+      const BenchSpec cell{c, device_, precision_, attention, mode, batch_, ctx_, 1, 1, 0, false, recompute};
       rows.push_back(memory_row(record_memory(MemorySpec{cell, true, limit}), 1));
     }
     return rows;

@@ -18,6 +18,7 @@ void MemoryCellFlags::add_to(CLI::App& app, bool with_dry_run_flags) {
   app.add_option("--device", device, "cpu or cuda (comma list sweeps; default: cuda when a GPU is visible)");
   app.add_option("--precision", precision, "fp32, tf32 or bf16 (comma list sweeps)")->capture_default_str();
   app.add_option("--attention", attention, "flash or naive (comma list sweeps)")->capture_default_str();
+  app.add_option("--recompute", recompute, recompute_help(true))->capture_default_str();
   app.add_option("--warmup", warmup, "Steps before the one recorded")->capture_default_str();
   app.add_option("--seed", seed_, "Seed for the tokens")->capture_default_str();
   if (!with_dry_run_flags) return;
@@ -52,6 +53,8 @@ std::vector<MemorySpec> MemoryCellFlags::resolve() const {
     if (p != "fp32" && p != "tf32" && p != "bf16") user_error("unknown --precision '{}' (use fp32, tf32 or bf16)", p);
   std::vector<AttentionKind> attentions;
   for (const auto& a : split_list(attention)) attentions.push_back(parse_attention(a));
+  std::vector<Recompute> recomputes;
+  for (const auto& r : split_list(recompute)) recomputes.push_back(parse_recompute(r));
   if (warmup < 0) user_error("--warmup must be non-negative, got {}", warmup);
   const std::size_t limit = memory_limit();
   if (always_dry_ && !dry_run_) user_error("this command always runs dry; --dry-run=false is not possible");
@@ -62,22 +65,22 @@ std::vector<MemorySpec> MemoryCellFlags::resolve() const {
       for (const auto& p : precisions)
         for (auto a : attentions)
           for (auto md : modes)
-            for (auto b : batches)
-              for (auto t : ctxs) {
-                MemorySpec s;
-                s.cell = BenchSpec{m, d, p, a, md, b, t, warmup, 1, seed_, false};
-                s.dry_run = dry_run_;
-                s.memory_limit = limit;
-                cells.push_back(s);
-              }
+            for (auto rc : recomputes)
+              for (auto b : batches)
+                for (auto t : ctxs) {
+                  MemorySpec s;
+                  s.cell = BenchSpec{m, d, p, a, md, b, t, warmup, 1, seed_, false, rc};
+                  s.dry_run = dry_run_;
+                  s.memory_limit = limit;
+                  cells.push_back(s);
+                }
   return cells;
 }
 
 std::string cell_label(const MemorySpec& s) {
   const BenchSpec& c = s.cell;
   return fmt::format("{} {} {} {} {} batch {} ctx {}{}", c.model.name, c.device, c.precision,
-                     attention_name(c.attention), bench_mode_name(c.mode), c.batch, c.ctx,
-                     s.dry_run ? " (dry run)" : "");
+                     attention_name(c.attention), mode_label(c), c.batch, c.ctx, s.dry_run ? " (dry run)" : "");
 }
 
 void warn_of_cells_that_cannot_fit(const std::vector<MemorySpec>& cells) {

@@ -26,7 +26,8 @@ class MemoryCellFlags {
   bool dry_run() const { return dry_run_; }
   std::size_t memory_limit() const;  // 0: the device's
 
-  std::string ctx = "256", batch = "4", mode = "train", device, precision = "fp32", attention = "flash";
+  std::string ctx = "256", batch = "4", mode = "train", device, precision = "fp32", attention = "flash",
+              recompute = "none";
   int warmup = 1;
 
  private:

@@ -92,4 +92,11 @@ ModelConfig ModelFlags::resolve_one() const {
   return all[0];
 }
 
+std::string recompute_help(bool list) {
+  return std::string(
+             "What the forward keeps for the backward: none; selective (the RMSNorm outputs and the SwiGLU gate "
+             "are recomputed in the backward); full (each layer's forward runs again in its backward)") +
+         (list ? " (comma list sweeps)" : "");
+}
+
 }  // namespace lmscope::cli

@@ -30,6 +30,8 @@ class ModelFlags {
 // "128,256" -> {128, 256}; every value must be a positive integer.
 std::vector<std::int64_t> parse_positive_list(const std::string& flag, const std::string& text);
 std::vector<std::string> split_list(const std::string& text);
+// --recompute's help (a comma list sweeps where `list`).
+std::string recompute_help(bool list);
 // "80GiB", "81920MiB", "80GB" (10^9), "85899345920" (bytes) -> bytes; UserError otherwise.
 std::size_t parse_memory_size(const std::string& flag, const std::string& text);
 

@@ -50,6 +50,7 @@ class TrainCommand : public Command {
         ->capture_default_str();
     app->add_option("--attention", attention_, "flash (FlashAttention-2) or naive (scores kept in memory)")
         ->capture_default_str();
+    app->add_option("--recompute", recompute_, recompute_help(false))->capture_default_str();
   }
 
   int run() override {
@@ -58,6 +59,7 @@ class TrainCommand : public Command {
     if (ctx_ <= 0) user_error("--ctx must be positive, got {}", ctx_);
     if (steps_ < 0) user_error("--steps must be non-negative, got {}", steps_);
     const AttentionKind attention = parse_attention(attention_);
+    const Recompute recompute = parse_recompute(recompute_);
     if (print_every_ <= 0) user_error("--print-every must be positive, got {}", print_every_);
     if (sample_ != "random" && sample_ != "sequential")
       user_error("unknown --sample '{}' (use random or sequential)", sample_);
@@ -80,6 +82,7 @@ class TrainCommand : public Command {
 
     std::unique_ptr<Backend> backend = make_backend(device_.empty() ? default_device() : device_, precision_);
     Transformer model(c, *backend, DType::f32, compute_dtype(precision_), attention);
+    model.set_recompute(recompute);
     if (init_.empty())
       model.init_parameters(seed_);
     else
@@ -125,7 +128,7 @@ class TrainCommand : public Command {
  private:
   ModelFlags model_;
   std::string data_, init_, save_, log_, device_, precision_ = "fp32", schedule_ = "constant", sample_ = "random",
-                                                  attention_ = "flash";
+                                                  attention_ = "flash", recompute_ = "none";
   std::int64_t steps_ = 0, batch_ = 4, ctx_ = 256, print_every_ = 10;
   std::uint64_t seed_ = 0;
   OptimizerConfig opt_;

@@ -68,8 +68,7 @@ std::string markdown_profile(const BenchResult& r) {
   std::string out = fmt::format(
       "\n### Where the time goes: {} {} {} {} {}, batch {}, ctx {} (per step, mean of {} measured steps)\n\n"
       "| phase | what | ms | share of phase | launches |\n|---|---|---:|---:|---:|\n",
-      s.model.name, s.device, s.precision, attention_name(s.attention), bench_mode_name(s.mode), s.batch, s.ctx,
-      k.steps);
+      s.model.name, s.device, s.precision, attention_name(s.attention), mode_label(s), s.batch, s.ctx, k.steps);
   for (const TimedPhase& p : profiled_phases(r)) {
     for (const KernelSummary& c : k.categories)
       if (c.phase == p.phase)
@@ -124,7 +123,7 @@ std::string markdown(const std::vector<BenchResult>& rows) {
   for (const BenchResult& r : rows) {
     const BenchSpec& s = r.spec;
     out += fmt::format("| {} | {}{} | {} | {} | {} | {} | {} | ", s.model.name, s.device, r.dry_run ? " (dry run)" : "",
-                       s.precision, attention_name(s.attention), bench_mode_name(s.mode), s.batch, s.ctx);
+                       s.precision, attention_name(s.attention), mode_label(s), s.batch, s.ctx);
     if (r.dry_run && r.ok())
       out += fmt::format("- | - | - | - | - | - | - | {} | fits |\n", human_bytes(static_cast<double>(r.peak_bytes)));
     else if (r.ok())
@@ -141,15 +140,17 @@ std::string markdown(const std::vector<BenchResult>& rows) {
 }
 
 std::string csv(const std::vector<BenchResult>& rows) {
-  std::string out = "model,d_model,d_ff,layers,heads,vocab,device,precision,attention,mode,batch,ctx,warmup,steps";
+  std::string out =
+      "model,d_model,d_ff,layers,heads,vocab,device,precision,attention,mode,recompute,batch,ctx,warmup,steps";
   for (const char* p : kPhases)
     for (const char* f : {"mean_ms", "std_ms", "median_ms", "min_ms", "max_ms"}) out += fmt::format(",{}_{}", p, f);
   out += ",tokens_per_s,model_tflops,mfu,peak_bytes,device_name,dry_run,status\n";
   for (const BenchResult& r : rows) {
     const BenchSpec& s = r.spec;
-    out += fmt::format("{},{},{},{},{},{},{},{},{},{},{},{},{},{}", csv_field(s.model.name), s.model.d_model,
+    out += fmt::format("{},{},{},{},{},{},{},{},{},{},{},{},{},{},{}", csv_field(s.model.name), s.model.d_model,
                        s.model.d_ff, s.model.layers, s.model.heads, s.model.vocab, s.device, s.precision,
-                       attention_name(s.attention), bench_mode_name(s.mode), s.batch, s.ctx, s.warmup, s.steps);
+                       attention_name(s.attention), bench_mode_name(s.mode), recompute_name(s.recompute), s.batch,
+                       s.ctx, s.warmup, s.steps);
     for (int i = 0; i < 4; ++i) {
       const PhaseStats& p = phase(r, i);
       if (p.n)
@@ -179,6 +180,7 @@ std::string json(const std::vector<BenchResult>& rows) {
     j["precision"] = s.precision;
     j["attention"] = attention_name(s.attention);
     j["mode"] = bench_mode_name(s.mode);
+    j["recompute"] = recompute_name(s.recompute);
     j["batch"] = s.batch;
     j["ctx"] = s.ctx;
     j["warmup"] = s.warmup;

@@ -26,6 +26,11 @@ const char* bench_mode_name(BenchMode m) {
   return "?";
 }
 
+std::string mode_label(const BenchSpec& s) {
+  if (s.recompute == Recompute::none) return bench_mode_name(s.mode);
+  return fmt::format("{}, {} recompute", bench_mode_name(s.mode), recompute_name(s.recompute));
+}
+
 BenchMode parse_bench_mode(const std::string& s) {
   if (s == "inference") return BenchMode::inference;
   if (s == "forward") return BenchMode::forward;
@@ -70,6 +75,7 @@ namespace {
 void run_cell(const BenchSpec& spec, BenchResult& r, const BenchProgress& progress) {
   std::unique_ptr<Backend> backend = make_backend(spec.device, spec.precision);
   Transformer model(spec.model, *backend, DType::f32, compute_dtype(spec.precision), spec.attention);
+  model.set_recompute(spec.recompute);
   model.init_parameters(spec.seed);
   const std::int64_t n = spec.batch * spec.ctx;
   std::vector<std::int32_t> ids(static_cast<std::size_t>(n)), targets(static_cast<std::size_t>(n));

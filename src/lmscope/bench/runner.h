@@ -5,6 +5,7 @@
 
 #include "lmscope/model/attention.h"
 #include "lmscope/model/config.h"
+#include "lmscope/model/transformer.h"
 #include "lmscope/profile/kernel_profile.h"
 
 #include <functional>
@@ -30,7 +31,11 @@ struct BenchSpec {
   int warmup = 5, steps = 10;
   std::uint64_t seed = 0;
   bool profile = false;  // trace every kernel of the measured steps (a backend with a KernelTracer)
+  Recompute recompute = Recompute::none;
 };
+
+// The mode as tables show it: "train", or "train, selective recompute" where something is recomputed.
+std::string mode_label(const BenchSpec& s);
 
 // The datasheet peak of a GPU for a precision (bf16/tf32 dense tensor cores, fp32 CUDA cores),
 // in TFLOP/s; 0 for devices not in the table (docs/timing.md lists it).

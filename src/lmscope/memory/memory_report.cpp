@@ -16,7 +16,7 @@ double share(std::size_t part, std::size_t whole) {
 std::string cell_label(const MemoryRecord& r) {
   const BenchSpec& c = r.spec.cell;
   return fmt::format("{} {} {} {} {}, batch {}, ctx {}", c.model.name, c.device, c.precision,
-                     attention_name(c.attention), bench_mode_name(c.mode), c.batch, c.ctx);
+                     attention_name(c.attention), mode_label(c), c.batch, c.ctx);
 }
 
 std::string peak_moment(const MemoryAnalysis& a) {
@@ -91,8 +91,8 @@ std::string markdown(const std::vector<MemoryRow>& rows) {
     const MemoryAnalysis& a = row.analysis;
     const BenchSpec& c = r.spec.cell;
     out += fmt::format("| {} | {}{} | {} | {} | {} | {} | {} | ", c.model.name, c.device,
-                       r.spec.dry_run ? " (dry run)" : "", c.precision, attention_name(c.attention),
-                       bench_mode_name(c.mode), c.batch, c.ctx);
+                       r.spec.dry_run ? " (dry run)" : "", c.precision, attention_name(c.attention), mode_label(c),
+                       c.batch, c.ctx);
     if (!row.recorded) {
       out += fmt::format("- | - | - | - | - | - | {} |\n", r.status);
       continue;
@@ -112,7 +112,7 @@ std::string opt_bytes(const std::optional<std::size_t>& b) { return b ? std::to_
 
 std::string csv(const std::vector<MemoryRow>& rows) {
   std::string out =
-      "model,device,dry_run,precision,attention,mode,batch,ctx,peak_bytes,peak_phase,peak_buffer,"
+      "model,device,dry_run,precision,attention,mode,recompute,batch,ctx,peak_bytes,peak_phase,peak_buffer,"
       "forward_peak_bytes,backward_peak_bytes,optimizer_peak_bytes,held_at_backward_bytes,step_start_bytes,"
       "peak_reserved_bytes";
   for (int k = 0; k < kMemKinds; ++k) out += fmt::format(",peak_{}_bytes", mem_kind_name(static_cast<MemKind>(k)));
@@ -121,8 +121,9 @@ std::string csv(const std::vector<MemoryRow>& rows) {
     const MemoryRecord& r = row.record;
     const MemoryAnalysis& a = row.analysis;
     const BenchSpec& c = r.spec.cell;
-    out += fmt::format("{},{},{},{},{},{},{},{}", csv_field(c.model.name), c.device, r.spec.dry_run ? 1 : 0,
-                       c.precision, attention_name(c.attention), bench_mode_name(c.mode), c.batch, c.ctx);
+    out += fmt::format("{},{},{},{},{},{},{},{},{}", csv_field(c.model.name), c.device, r.spec.dry_run ? 1 : 0,
+                       c.precision, attention_name(c.attention), bench_mode_name(c.mode), recompute_name(c.recompute),
+                       c.batch, c.ctx);
     if (!row.recorded) {
       out +=
           std::string(9 + kMemKinds + 3, ',') + fmt::format(",{},{}\n", csv_field(r.device_name), csv_field(r.status));
@@ -163,6 +164,7 @@ std::string json(const std::vector<MemoryRow>& rows) {
     j["precision"] = c.precision;
     j["attention"] = attention_name(c.attention);
     j["mode"] = bench_mode_name(c.mode);
+    j["recompute"] = recompute_name(c.recompute);
     j["batch"] = c.batch;
     j["ctx"] = c.ctx;
     j["warmup"] = c.warmup;

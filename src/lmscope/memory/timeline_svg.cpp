@@ -132,8 +132,8 @@ std::string memory_timeline_svg(const MemoryRecord& record, const MemoryAnalysis
       kWidth, kHeight);
   svg += fmt::format("<text x=\"{}\" y=\"22\" font-size=\"16\" font-weight=\"bold\">{}</text>\n", kLeft,
                      escape(fmt::format("Active memory: {} {} {}, {} attention, batch {}, ctx {} ({}){}", c.model.name,
-                                        c.precision, bench_mode_name(c.mode), attention_name(c.attention), c.batch,
-                                        c.ctx, record.device_name, record.spec.dry_run ? ", dry run" : "")));
+                                        c.precision, mode_label(c), attention_name(c.attention), c.batch, c.ctx,
+                                        record.device_name, record.spec.dry_run ? ", dry run" : "")));
   svg += fmt::format(
       "<text x=\"{}\" y=\"40\" fill=\"#555\">one step after {} warm-up, {} allocation events; stacked by {}</text>\n",
       kLeft, c.warmup, n - 1, stack == TimelineStack::kind ? "kind" : "layer");

@@ -19,6 +19,42 @@ struct Transformer::Layer {
   Allocation a, b, gate;  // w1·x, w3·x and silu(a)∘b
 };
 
+// Which of a layer's activations a forward keeps (the layer's input is kept whenever a backward
+// follows). Set by the recompute mode; an inference forward keeps nothing, and the backward's rerun
+// of a layer under full recompute keeps everything.
+struct Transformer::Keep {
+  bool input = true, statistics = true, norm_outputs = true, attention = true, residual = true, ffn_products = true,
+       gate = true;
+  static Keep for_forward(bool for_backward, Recompute r) {
+    if (!for_backward || r == Recompute::full) {
+      Keep none{false, false, false, false, false, false, false};
+      none.input = for_backward;
+      return none;
+    }
+    Keep k;
+    if (r == Recompute::selective) k.norm_outputs = k.gate = false;
+    return k;
+  }
+};
+
+const char* recompute_name(Recompute r) {
+  switch (r) {
+    case Recompute::none:
+      return "none";
+    case Recompute::selective:
+      return "selective";
+    case Recompute::full:
+      return "full";
+  }
+  return "?";
+}
+
+Recompute parse_recompute(const std::string& s) {
+  for (Recompute r : {Recompute::none, Recompute::selective, Recompute::full})
+    if (s == recompute_name(r)) return r;
+  user_error("unknown --recompute '{}' (use none, selective or full)", s);
+}
+
 struct Transformer::Saved {
   std::vector<Layer> layers;
   Allocation x_final, rstd_final, n_final;
@@ -178,80 +214,90 @@ AttentionCall Transformer::attention_call(int layer) const {
   return {.kind = attention_, .causal = true, .dq = FlashDq::deterministic, .stats = dtype_, .layer = layer};
 }
 
+Allocation Transformer::layer_forward(int l, Allocation x, Layer& L, const Keep& keep) {
+  auto drop_unless = [](bool kept, Allocation& a) {
+    if (!kept) a.reset();
+  };
+  const std::int64_t B = batch_, T = ctx_, N = B * T, d = config_.d_model, f = config_.d_ff, H = config_.heads,
+                     dk = config_.d_head();
+  const double theta = config_.rope_theta, eps = 1e-5;
+  const LayerParams& P = layer_params_[l];
+  L.x = std::move(x);
+  L.rstd1 = wide("ln1.rstd", l, {N});
+  L.n1 = act("ln1.out", l, {N, d});
+  backend_.rmsnorm_forward(L.x, P.ln1->value, L.n1, L.rstd1, eps);
+  drop_unless(keep.statistics, L.rstd1);
+
+  Allocation proj = act("attn.proj", l, {N, d});
+  Allocation* heads[3] = {&L.q, &L.k, &L.v};
+  const char* names[3] = {"attn.q", "attn.k", "attn.v"};
+  Parameter* weights[3] = {P.wq, P.wk, P.wv};
+  for (int i = 0; i < 3; ++i) {
+    linear(L.n1, weight(weights[i]), proj);
+    *heads[i] = act(names[i], l, {B, H, T, dk});
+    backend_.split_heads(proj.tensor().view({B, T, H, dk}), *heads[i], i < 2 ? theta : 0.0);
+  }
+  proj.reset();
+  drop_unless(keep.norm_outputs, L.n1);
+
+  {
+    Allocation o_heads = act("attn.o_heads", l, {B, H, T, dk});
+    const Shape flat{B * H, T, dk};
+    attention_forward(backend_, attention_call(l), L.q.tensor().view(flat), L.k.tensor().view(flat),
+                      L.v.tensor().view(flat), o_heads.tensor().view(flat), L.attn);
+    for (Allocation* a : {&L.q, &L.k, &L.v, &L.attn.probs, &L.attn.lse}) drop_unless(keep.attention, *a);
+    L.o = act("attn.o", l, {N, d});
+    backend_.merge_heads(o_heads, L.o.tensor().view({B, T, H, dk}), 0.0);
+  }
+  Allocation attn_out = act("attn.out", l, {N, d});
+  linear(L.o, weight(P.wo), attn_out);
+  drop_unless(keep.attention, L.o);
+  L.h = wide("attn.residual", l, {N, d});
+  backend_.add(L.x, attn_out, L.h);
+  attn_out.reset();
+  drop_unless(keep.input, L.x);
+
+  L.rstd2 = wide("ln2.rstd", l, {N});
+  L.n2 = act("ln2.out", l, {N, d});
+  backend_.rmsnorm_forward(L.h, P.ln2->value, L.n2, L.rstd2, eps);
+  drop_unless(keep.statistics, L.rstd2);
+  L.a = act("ffn.w1_out", l, {N, f});
+  L.b = act("ffn.w3_out", l, {N, f});
+  linear(L.n2, weight(P.w1), L.a);
+  linear(L.n2, weight(P.w3), L.b);
+  drop_unless(keep.norm_outputs, L.n2);
+  L.gate = act("ffn.gate", l, {N, f});
+  backend_.swiglu_forward(L.a, L.b, L.gate);
+  drop_unless(keep.ffn_products, L.a);
+  drop_unless(keep.ffn_products, L.b);
+  Allocation ffn_out = act("ffn.out", l, {N, d});
+  linear(L.gate, weight(P.w2), ffn_out);
+  drop_unless(keep.gate, L.gate);
+  Allocation out = wide("ffn.residual", l, {N, d});
+  backend_.add(L.h, ffn_out, out);
+  ffn_out.reset();
+  drop_unless(keep.residual, L.h);
+  return out;
+}
+
 void Transformer::forward(bool for_backward) {
   LMSCOPE_CHECK(!ids_.empty(), "forward before set_batch");
   discard_activations();
   // Without a backward to come, each buffer goes as soon as it has been read, as under PyTorch's
   // no_grad; the layer's record then holds nothing once its output is made.
+  const Keep keep = Keep::for_forward(for_backward, recompute_);
   auto done = [&](Allocation& a) {
     if (!for_backward) a.reset();
   };
-  const std::int64_t B = batch_, T = ctx_, N = B * T, d = config_.d_model, f = config_.d_ff, H = config_.heads,
-                     dk = config_.d_head();
-  const double theta = config_.rope_theta, eps = 1e-5;
+  const std::int64_t N = batch_ * ctx_, d = config_.d_model;
+  const double eps = 1e-5;
   backend_.allocator().set_phase(Phase::forward);
   Saved s;
   Allocation x = wide("embedding", -1, {N, d});
   backend_.embedding_forward(ids_, embedding_->value, x);
-
   for (int l = 0; l < config_.layers; ++l) {
-    const LayerParams& P = layer_params_[l];
     Layer L;
-    L.x = std::move(x);
-    L.rstd1 = wide("ln1.rstd", l, {N});
-    L.n1 = act("ln1.out", l, {N, d});
-    backend_.rmsnorm_forward(L.x, P.ln1->value, L.n1, L.rstd1, eps);
-    done(L.rstd1);
-
-    Allocation proj = act("attn.proj", l, {N, d});
-    Allocation* heads[3] = {&L.q, &L.k, &L.v};
-    const char* names[3] = {"attn.q", "attn.k", "attn.v"};
-    Parameter* weights[3] = {P.wq, P.wk, P.wv};
-    for (int i = 0; i < 3; ++i) {
-      linear(L.n1, weight(weights[i]), proj);
-      *heads[i] = act(names[i], l, {B, H, T, dk});
-      backend_.split_heads(proj.tensor().view({B, T, H, dk}), *heads[i], i < 2 ? theta : 0.0);
-    }
-    proj.reset();
-    done(L.n1);
-
-    {
-      Allocation o_heads = act("attn.o_heads", l, {B, H, T, dk});
-      const Shape flat{B * H, T, dk};
-      attention_forward(backend_, attention_call(l), L.q.tensor().view(flat), L.k.tensor().view(flat),
-                        L.v.tensor().view(flat), o_heads.tensor().view(flat), L.attn);
-      for (Allocation* a : {&L.q, &L.k, &L.v, &L.attn.probs, &L.attn.lse}) done(*a);
-      L.o = act("attn.o", l, {N, d});
-      backend_.merge_heads(o_heads, L.o.tensor().view({B, T, H, dk}), 0.0);
-    }
-    Allocation attn_out = act("attn.out", l, {N, d});
-    linear(L.o, weight(P.wo), attn_out);
-    done(L.o);
-    L.h = wide("attn.residual", l, {N, d});
-    backend_.add(L.x, attn_out, L.h);
-    attn_out.reset();
-    done(L.x);
-
-    L.rstd2 = wide("ln2.rstd", l, {N});
-    L.n2 = act("ln2.out", l, {N, d});
-    backend_.rmsnorm_forward(L.h, P.ln2->value, L.n2, L.rstd2, eps);
-    done(L.rstd2);
-    L.a = act("ffn.w1_out", l, {N, f});
-    L.b = act("ffn.w3_out", l, {N, f});
-    linear(L.n2, weight(P.w1), L.a);
-    linear(L.n2, weight(P.w3), L.b);
-    done(L.n2);
-    L.gate = act("ffn.gate", l, {N, f});
-    backend_.swiglu_forward(L.a, L.b, L.gate);
-    done(L.a);
-    done(L.b);
-    Allocation ffn_out = act("ffn.out", l, {N, d});
-    linear(L.gate, weight(P.w2), ffn_out);
-    done(L.gate);
-    x = wide("ffn.residual", l, {N, d});
-    backend_.add(L.h, ffn_out, x);
-    ffn_out.reset();
-    done(L.h);
+    x = layer_forward(l, std::move(x), L, keep);
     if (for_backward) s.layers.push_back(std::move(L));
   }
 
@@ -305,14 +351,22 @@ void Transformer::backward() {
   s.x_final.reset();
   s.rstd_final.reset();
 
+  const double eps = 1e-5;
   for (int l = config_.layers - 1; l >= 0; --l) {
     const LayerParams& P = layer_params_[l];
     Layer& L = s.layers[l];
+    // Full recompute: the layer's forward again from its input, keeping everything this time; its
+    // output is the next layer's input, which the backward no longer needs.
+    if (recompute_ == Recompute::full) layer_forward(l, std::move(L.x), L, Keep{}).reset();
     // x_out = h + w2·(silu(w1·n2) ∘ w3·n2), n2 = ln2(h); dx holds d x_out.
     Allocation dx_scratch;
     const Tensor& dx_c = as_compute(dx, dx_scratch, "grad.residual.lowp", l);
     Allocation dgate = act("grad.ffn.gate", l, {N, f});
     linear_backward_input(dx_c, weight(P.w2), dgate, 0.0f);
+    if (L.gate.empty()) {  // selective: silu(a)∘b again
+      L.gate = act("ffn.gate", l, {N, f});
+      backend_.swiglu_forward(L.a, L.b, L.gate);
+    }
     linear_backward_weight(dx_c, L.gate, P.w2->grad);
     L.gate.reset();
     dx_scratch.reset();
@@ -324,6 +378,10 @@ void Transformer::backward() {
     dn = act("grad.ln2.out", l, {N, d});
     linear_backward_input(da, weight(P.w1), dn, 0.0f);
     linear_backward_input(db, weight(P.w3), dn, 1.0f);
+    if (L.n2.empty()) {  // selective: ln2's output again (its statistics are rewritten unchanged)
+      L.n2 = act("ln2.out", l, {N, d});
+      backend_.rmsnorm_forward(L.h, P.ln2->value, L.n2, L.rstd2, eps);
+    }
     linear_backward_weight(da, L.n2, P.w1->grad);
     linear_backward_weight(db, L.n2, P.w3->grad);
     da.reset();
@@ -368,6 +426,10 @@ void Transformer::backward() {
     L.k.reset();
     L.v.reset();
 
+    if (L.n1.empty()) {  // selective: ln1's output again
+      L.n1 = act("ln1.out", l, {N, d});
+      backend_.rmsnorm_forward(L.x, P.ln1->value, L.n1, L.rstd1, eps);
+    }
     dn = act("grad.ln1.out", l, {N, d});
     Allocation dproj = act("grad.attn.proj", l, {N, d});
     Allocation* dheads[3] = {&dq_heads, &dk_heads, &dv_heads};

@@ -13,6 +13,16 @@
 
 namespace lmscope {
 
+// What the forward keeps for the backward (--recompute). none: every activation the backward reads.
+// selective: not the RMSNorm outputs nor the SwiGLU gate, which the backward recomputes from what
+// is kept (the residuals, the statistics, the w1 and w3 products; attention under flash recomputes
+// its probabilities anyway). full: each layer's input only; the backward reruns the layer's forward
+// before its own backward. The gradients are the same in every mode: the recomputation is the
+// forward's own ops on the same inputs.
+enum class Recompute { none, selective, full };
+const char* recompute_name(Recompute r);
+Recompute parse_recompute(const std::string& s);  // throws UserError
+
 struct Parameter {
   ParameterSpec spec;
   Allocation value;       // the master copy (f32, or f64 in gradient checks)
@@ -36,6 +46,8 @@ class Transformer {
   DType dtype() const { return dtype_; }
   DType compute_dtype() const { return compute_; }
   AttentionKind attention() const { return attention_; }
+  Recompute recompute() const { return recompute_; }
+  void set_recompute(Recompute r) { recompute_ = r; }
   // Copies every master matmul weight into its low-precision copy (after loading or initialising).
   void refresh_lowp_copies();
   Backend& backend() { return backend_; }
@@ -63,6 +75,10 @@ class Transformer {
  private:
   struct Layer;
   struct Saved;
+  struct Keep;
+  // One layer's forward from its input x (moved into L.x), filling L with what `keep` keeps; returns
+  // the layer's output.
+  Allocation layer_forward(int l, Allocation x, Layer& L, const Keep& keep);
   template <typename T>
   void fill_initial_values(std::uint64_t seed);
   // act: compute dtype (GEMM operands and what lies between GEMMs); wide: the master dtype (the
@@ -87,6 +103,7 @@ class Transformer {
   Backend& backend_;
   DType dtype_, compute_;
   AttentionKind attention_;
+  Recompute recompute_ = Recompute::none;
   std::vector<Parameter> params_;
   struct LayerParams {
     Parameter *wq, *wk, *wv, *wo, *ln1, *w1, *w2, *w3, *ln2;

@@ -48,8 +48,8 @@ class PlanCommand : public Command {
     std::vector<PlanRow> rows;
     for (std::size_t i = 0; i < cells.size(); ++i) {
       const BenchSpec& c = cells[i].cell;
-      shown.start(fmt::format("[{}/{}] {} {} {} {}", i + 1, cells.size(), c.model.name, c.device, c.precision,
-                              attention_name(c.attention)));
+      shown.start(fmt::format("[{}/{}] {} {} {} {} {}", i + 1, cells.size(), c.model.name, c.device, c.precision,
+                              attention_name(c.attention), mode_label(c)));
       rows.push_back(plan_cell(PlanSpec{c, ctx_multiple_, cells[i].memory_limit}));
       const PlanRow& row = rows.back();
       shown.finish(row.reference_outcome == MemoryOutcome::failed

@@ -103,16 +103,17 @@ std::string markdown(const std::vector<PlanRow>& rows) {
     out += fmt::format("Budget of the {}: {} GiB, the whole device (what it holds beyond the allocator included).\n",
                        name, gib(limit));
   out += fmt::format(
-      "\n| model | parameters | device | precision | attention | peak GiB (batch {0}, ctx {1}) | whole device GiB | "
-      "{2} GFLOPs/token (ctx {1}) | largest ctx (batch {0}) | largest batch (ctx {1}) | note |\n"
-      "|---|---:|---|---|---|---:|---:|---:|---:|---:|---|\n",
+      "\n| model | parameters | device | precision | attention | recompute | peak GiB (batch {0}, ctx {1}) | whole "
+      "device GiB | {2} GFLOPs/token (ctx {1}) | largest ctx (batch {0}) | largest batch (ctx {1}) | note |\n"
+      "|---|---:|---|---|---|---|---:|---:|---:|---:|---:|---|\n",
       c.batch, c.ctx, bench_mode_name(c.mode));
   for (const PlanRow& r : rows) {
     const BenchSpec& s = r.spec.reference;
-    out += fmt::format("| {} | {:.3f} B | {} | {} | {} | {} | {} | {:.2f} | {} | {} | {} |\n", s.model.name,
+    out += fmt::format("| {} | {:.3f} B | {} | {} | {} | {} | {} | {} | {:.2f} | {} | {} | {} |\n", s.model.name,
                        static_cast<double>(s.model.parameter_count()) / 1e9, s.device, s.precision,
-                       attention_name(s.attention), peak_cell(r, r.reference_peak), peak_cell(r, r.reference_need),
-                       r.flops_per_token / 1e9, searched(r, largest(r.largest_ctx, r.spec.ctx_multiple, kPlanMaxCtx)),
+                       attention_name(s.attention), recompute_name(s.recompute), peak_cell(r, r.reference_peak),
+                       peak_cell(r, r.reference_need), r.flops_per_token / 1e9,
+                       searched(r, largest(r.largest_ctx, r.spec.ctx_multiple, kPlanMaxCtx)),
                        searched(r, largest(r.largest_batch, 1, kPlanMaxBatch)), reference_note(r));
   }
   return out;
@@ -120,15 +121,16 @@ std::string markdown(const std::vector<PlanRow>& rows) {
 
 std::string csv(const std::vector<PlanRow>& rows) {
   std::string out =
-      "model,parameters,device,device_name,memory_limit_bytes,precision,attention,mode,warmup,batch,ctx,ctx_multiple,"
+      "model,parameters,device,device_name,memory_limit_bytes,precision,attention,mode,recompute,warmup,batch,ctx,"
+      "ctx_multiple,"
       "peak_bytes,device_need_bytes,flops_per_token,largest_ctx,largest_batch,status,search_stopped\n";
   for (const PlanRow& r : rows) {
     const BenchSpec& s = r.spec.reference;
     const bool measured = r.reference_outcome != MemoryOutcome::failed;
-    out += fmt::format("{},{},{},{},{},{},{},{},{},{},{},{},{},{},{:.6g},{},{},{},{}\n", csv_field(s.model.name),
+    out += fmt::format("{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{:.6g},{},{},{},{}\n", csv_field(s.model.name),
                        s.model.parameter_count(), s.device, csv_field(r.device_name), r.limit, s.precision,
-                       attention_name(s.attention), bench_mode_name(s.mode), s.warmup, s.batch, s.ctx,
-                       r.spec.ctx_multiple, measured ? std::to_string(r.reference_peak) : "",
+                       attention_name(s.attention), bench_mode_name(s.mode), recompute_name(s.recompute), s.warmup,
+                       s.batch, s.ctx, r.spec.ctx_multiple, measured ? std::to_string(r.reference_peak) : "",
                        measured ? std::to_string(r.reference_need) : "", r.flops_per_token, r.largest_ctx,
                        r.largest_batch, csv_field(r.reference_status), csv_field(r.search_stopped));
   }
@@ -148,6 +150,7 @@ std::string json(const std::vector<PlanRow>& rows) {
     j["precision"] = s.precision;
     j["attention"] = attention_name(s.attention);
     j["mode"] = bench_mode_name(s.mode);
+    j["recompute"] = recompute_name(s.recompute);
     j["warmup"] = s.warmup;
     j["reference"] = {{"batch", s.batch},
                       {"ctx", s.ctx},

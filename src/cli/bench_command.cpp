@@ -31,6 +31,7 @@ class BenchCommand : public Command {
     app->add_option("--precision", precision_, "fp32, tf32 or bf16 (comma list sweeps)")->capture_default_str();
     app->add_option("--attention", attention_, "flash or naive (comma list sweeps)")->capture_default_str();
     app->add_option("--recompute", recompute_, recompute_help(true))->capture_default_str();
+    app->add_option("--grad-accum", grad_accum_, grad_accum_help(true))->capture_default_str();
     app->add_option("--format", format_, "md, csv or json")->capture_default_str();
     app->add_option("--out", out_,
                     "Write the results here in --format, updated after every cell (the Markdown table still prints)");
@@ -62,6 +63,7 @@ class BenchCommand : public Command {
     for (const auto& a : split_list(attention_)) attentions.push_back(parse_attention(a));
     std::vector<Recompute> recomputes;
     for (const auto& r : split_list(recompute_)) recomputes.push_back(parse_recompute(r));
+    const auto accums = parse_positive_list("--grad-accum", grad_accum_);
     if (warmup_ < 0) user_error("--warmup must be non-negative, got {}", warmup_);
     if (steps_ <= 0) user_error("--steps must be positive, got {}", steps_);
     const ReportFormat format = parse_report_format(format_);
@@ -77,9 +79,11 @@ class BenchCommand : public Command {
           for (auto a : attentions)
             for (auto mode : modes)
               for (auto rc : recomputes)
-                for (auto b : batches)
-                  for (auto t : ctxs)
-                    cells.push_back(BenchSpec{m, d, p, a, mode, b, t, warmup_, steps_, seed_, profile_, rc});
+                for (auto k : accums)
+                  for (auto b : batches)
+                    for (auto t : ctxs)
+                      cells.push_back(
+                          BenchSpec{m, d, p, a, mode, b, t, warmup_, steps_, seed_, profile_, rc, static_cast<int>(k)});
 
     std::vector<MemorySpec> planned;
     for (const BenchSpec& s : cells) planned.push_back(MemorySpec{s, dry_run_, limit});
@@ -104,7 +108,7 @@ class BenchCommand : public Command {
  private:
   ModelFlags model_;
   std::string ctx_ = "256", batch_ = "4", mode_ = "train", device_, precision_ = "fp32", attention_ = "flash",
-              format_ = "md", out_, recompute_ = "none";
+              format_ = "md", out_, recompute_ = "none", grad_accum_ = "1";
   int warmup_ = 5, steps_ = 10;
   std::uint64_t seed_ = 0;
   bool profile_ = false, dry_run_ = false;

@@ -19,6 +19,7 @@ void MemoryCellFlags::add_to(CLI::App& app, bool with_dry_run_flags) {
   app.add_option("--precision", precision, "fp32, tf32 or bf16 (comma list sweeps)")->capture_default_str();
   app.add_option("--attention", attention, "flash or naive (comma list sweeps)")->capture_default_str();
   app.add_option("--recompute", recompute, recompute_help(true))->capture_default_str();
+  app.add_option("--grad-accum", grad_accum, grad_accum_help(true))->capture_default_str();
   app.add_option("--warmup", warmup, "Steps before the one recorded")->capture_default_str();
   app.add_option("--seed", seed_, "Seed for the tokens")->capture_default_str();
   if (!with_dry_run_flags) return;
@@ -55,6 +56,7 @@ std::vector<MemorySpec> MemoryCellFlags::resolve() const {
   for (const auto& a : split_list(attention)) attentions.push_back(parse_attention(a));
   std::vector<Recompute> recomputes;
   for (const auto& r : split_list(recompute)) recomputes.push_back(parse_recompute(r));
+  const auto accums = parse_positive_list("--grad-accum", grad_accum);
   if (warmup < 0) user_error("--warmup must be non-negative, got {}", warmup);
   const std::size_t limit = memory_limit();
   if (always_dry_ && !dry_run_) user_error("this command always runs dry; --dry-run=false is not possible");
@@ -66,14 +68,15 @@ std::vector<MemorySpec> MemoryCellFlags::resolve() const {
         for (auto a : attentions)
           for (auto md : modes)
             for (auto rc : recomputes)
-              for (auto b : batches)
-                for (auto t : ctxs) {
-                  MemorySpec s;
-                  s.cell = BenchSpec{m, d, p, a, md, b, t, warmup, 1, seed_, false, rc};
-                  s.dry_run = dry_run_;
-                  s.memory_limit = limit;
-                  cells.push_back(s);
-                }
+              for (auto k : accums)
+                for (auto b : batches)
+                  for (auto t : ctxs) {
+                    MemorySpec s;
+                    s.cell = BenchSpec{m, d, p, a, md, b, t, warmup, 1, seed_, false, rc, static_cast<int>(k)};
+                    s.dry_run = dry_run_;
+                    s.memory_limit = limit;
+                    cells.push_back(s);
+                  }
   return cells;
 }
 

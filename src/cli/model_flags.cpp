@@ -99,4 +99,11 @@ std::string recompute_help(bool list) {
          (list ? " (comma list sweeps)" : "");
 }
 
+std::string grad_accum_help(bool list) {
+  return std::string(
+             "Micro-batches of --batch sequences per optimizer step, their gradients summed (the step's batch is "
+             "K times --batch, in the memory of one)") +
+         (list ? " (comma list sweeps)" : "");
+}
+
 }  // namespace lmscope::cli

@@ -32,6 +32,8 @@ std::vector<std::int64_t> parse_positive_list(const std::string& flag, const std
 std::vector<std::string> split_list(const std::string& text);
 // --recompute's help (a comma list sweeps where `list`).
 std::string recompute_help(bool list);
+// --grad-accum's help (a comma list sweeps where `list`).
+std::string grad_accum_help(bool list);
 // "80GiB", "81920MiB", "80GB" (10^9), "85899345920" (bytes) -> bytes; UserError otherwise.
 std::size_t parse_memory_size(const std::string& flag, const std::string& text);
 

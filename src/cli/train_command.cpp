@@ -51,6 +51,7 @@ class TrainCommand : public Command {
     app->add_option("--attention", attention_, "flash (FlashAttention-2) or naive (scores kept in memory)")
         ->capture_default_str();
     app->add_option("--recompute", recompute_, recompute_help(false))->capture_default_str();
+    app->add_option("--grad-accum", grad_accum_, grad_accum_help(false))->capture_default_str();
   }
 
   int run() override {
@@ -60,6 +61,7 @@ class TrainCommand : public Command {
     if (steps_ < 0) user_error("--steps must be non-negative, got {}", steps_);
     const AttentionKind attention = parse_attention(attention_);
     const Recompute recompute = parse_recompute(recompute_);
+    if (grad_accum_ <= 0) user_error("--grad-accum must be positive, got {}", grad_accum_);
     if (print_every_ <= 0) user_error("--print-every must be positive, got {}", print_every_);
     if (sample_ != "random" && sample_ != "sequential")
       user_error("unknown --sample '{}' (use random or sequential)", sample_);
@@ -88,20 +90,26 @@ class TrainCommand : public Command {
     else
       load_parameters(model, init_);
     AdamW opt(model, opt_);
-    fmt::print("training {} ({} parameters) on {}: {} tokens in '{}', {} steps of {}x{} tokens\n", c.name,
-               c.parameter_count(), backend->name(), data.size(), data_, steps_, batch_, ctx_);
+    fmt::print("training {} ({} parameters) on {}: {} tokens in '{}', {} steps of {}{}x{} tokens\n", c.name,
+               c.parameter_count(), backend->name(), data.size(), data_, steps_,
+               grad_accum_ > 1 ? fmt::format("{} micro-batches of ", grad_accum_) : "", batch_, ctx_);
 
-    const std::size_t n = static_cast<std::size_t>(batch_ * ctx_);
-    std::vector<std::int32_t> ids(n), targets(n);
+    const std::size_t micro = static_cast<std::size_t>(batch_ * ctx_), n = micro * grad_accum_;  // tokens
+    std::vector<std::int32_t> ids(micro), targets(micro);
     const auto start = std::chrono::steady_clock::now();
     for (std::int64_t it = 0; it < steps_; ++it) {
-      sampler.next(ids.data(), targets.data());
-      model.set_batch(batch_, ctx_, ids.data(), targets.data());
-      model.forward();
-      model.backward();
+      // The step's loss is the mean of its micro-batches' (each the mean over its tokens).
+      double loss = 0;
+      for (int k = 0; k < grad_accum_; ++k) {
+        sampler.next(ids.data(), targets.data());
+        model.set_batch(batch_, ctx_, ids.data(), targets.data());
+        model.forward();
+        model.backward(grad_accum_, k > 0);
+        loss += model.read_loss() / grad_accum_;
+      }
       const double lr = sched_.at(it);
       opt.step(lr);
-      const double loss = model.read_loss(), norm = opt.last_grad_norm();
+      const double norm = opt.last_grad_norm();
       const double elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
       if (!std::isfinite(loss)) user_error("the loss became {} at step {}; lower --lr or enable --clip", loss, it + 1);
       if (log.is_open()) {
@@ -130,6 +138,7 @@ class TrainCommand : public Command {
   std::string data_, init_, save_, log_, device_, precision_ = "fp32", schedule_ = "constant", sample_ = "random",
                                                   attention_ = "flash", recompute_ = "none";
   std::int64_t steps_ = 0, batch_ = 4, ctx_ = 256, print_every_ = 10;
+  int grad_accum_ = 1;
   std::uint64_t seed_ = 0;
   OptimizerConfig opt_;
   LrSchedule sched_;

@@ -97,6 +97,27 @@ class Cli(unittest.TestCase):
                  "--init", saved, "--lr", "0")
         self.assertEqual(r2.returncode, 0, r2.stderr)
 
+    def test_train_accumulates_micro_batches_and_recomputes(self):
+        # Sequential sampling gives micro-batch k of step s the rows a batch of K·B would have, so
+        # --batch 2 --grad-accum 3 trains as --batch 6 does (fp32 on the CPU, up to summation order),
+        # and recomputation changes nothing at all.
+        logs = {}
+        for name, extra in {"whole": ["--batch", "6"], "accumulated": ["--batch", "2", "--grad-accum", "3"],
+                            "recomputed": ["--batch", "6", "--recompute", "full"]}.items():
+            logs[name] = self.path(f"{name}.jsonl")
+            r = run("train", *TINY, "--device", "cpu", "--data", self.data, "--steps", "5", "--ctx", "16",
+                    "--lr", "3e-3", "--sample", "sequential", "--log", logs[name], *extra)
+            self.assertEqual(r.returncode, 0, r.stderr)
+        whole, accumulated, recomputed = (read_jsonl(logs[k]) for k in ("whole", "accumulated", "recomputed"))
+        self.assertEqual([x["tokens"] for x in accumulated], [x["tokens"] for x in whole])
+        for a, w in zip(accumulated, whole):
+            self.assertAlmostEqual(a["loss"], w["loss"], delta=1e-5 * w["loss"])
+        self.assertEqual([x["loss"] for x in recomputed], [x["loss"] for x in whole])
+        self.assertUserError(run("train", *TINY, "--data", self.data, "--steps", "1", "--grad-accum", "0"),
+                             "--grad-accum")
+        self.assertUserError(run("train", *TINY, "--data", self.data, "--steps", "1", "--recompute", "most"),
+                             "--recompute")
+
     def test_train_npy_data_and_cosine(self):
         npy = self.path("tokens.npy")
         np.save(npy, np.random.default_rng(1).integers(0, 50, size=1000).astype(np.int64))

@@ -60,17 +60,20 @@ class MemoryCommand(unittest.TestCase):
     def test_dry_run_equals_the_cpu_record(self):
         cells = [(mode, attention, "none") for mode in ("train", "inference", "forward") for attention in ("flash", "naive")]
         cells += [("train", attention, r) for attention in ("flash", "naive") for r in ("selective", "full")]
-        for mode, attention, recompute in cells:
+        cells = [(mode, attention, recompute, "1") for mode, attention, recompute in cells]
+        cells += [("train", "flash", "none", "3"), ("forward-backward", "naive", "selective", "2")]
+        for mode, attention, recompute, accum in cells:
             if True:
                 args = ["memory", "--device", "cpu", "--model", "small", "--ctx", "32", "--batch", "2",
-                        "--mode", mode, "--attention", attention, "--recompute", recompute, "--format", "json"]
+                        "--mode", mode, "--attention", attention, "--recompute", recompute, "--grad-accum", accum,
+                        "--format", "json"]
                 real, dry = run(*args), run(*args, "--dry-run")
                 self.assertEqual(real.returncode, 0, real.stderr)
                 self.assertEqual(dry.returncode, 0, dry.stderr)
                 a, b = json.loads(real.stdout)[0], json.loads(dry.stdout)[0]
                 for key in ("peak_bytes", "phase_peak_bytes", "held_at_backward_bytes", "peak_by_kind", "peak_by_op",
                             "largest_at_peak", "peak_reached", "step_start_bytes", "peak_reserved_bytes"):
-                    self.assertEqual(a[key], b[key], f"{mode} {attention} {recompute}: {key}")
+                    self.assertEqual(a[key], b[key], f"{mode} {attention} {recompute} {accum}: {key}")
 
     def test_dry_run_of_2_7b_at_ctx_1024_takes_well_under_a_second(self):
         # Eight cells in one process, less the program's own start (loading the CUDA libraries of a

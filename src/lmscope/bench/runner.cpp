@@ -27,8 +27,10 @@ const char* bench_mode_name(BenchMode m) {
 }
 
 std::string mode_label(const BenchSpec& s) {
-  if (s.recompute == Recompute::none) return bench_mode_name(s.mode);
-  return fmt::format("{}, {} recompute", bench_mode_name(s.mode), recompute_name(s.recompute));
+  std::string label = bench_mode_name(s.mode);
+  if (s.recompute != Recompute::none) label += fmt::format(", {} recompute", recompute_name(s.recompute));
+  if (s.grad_accum > 1 && has_backward(s.mode)) label += fmt::format(", {} micro-batches", s.grad_accum);
+  return label;
 }
 
 BenchMode parse_bench_mode(const std::string& s) {
@@ -95,6 +97,7 @@ void run_cell(const BenchSpec& spec, BenchResult& r, const BenchProgress& progre
     if (tracer) tracer->set_phase(p);
   };
   const int total = spec.warmup + spec.steps;
+  const int micro_batches = has_backward(spec.mode) ? spec.grad_accum : 1;
   for (int i = 0; i < total; ++i) {
     backend->synchronize();
     if (spec.profile && i == spec.warmup) {
@@ -102,25 +105,33 @@ void run_cell(const BenchSpec& spec, BenchResult& r, const BenchProgress& progre
       if (!tracer) throw Unsupported(fmt::format("--profile traces GPU kernels; the {} backend has none", spec.device));
     }
     const auto t0 = std::chrono::steady_clock::now();
-    const int m0 = backend->mark();
-    enter(Phase::forward);
-    model.forward(spec.mode != BenchMode::inference);
-    const int m1 = backend->mark();
-    enter(Phase::backward);
-    if (!has_backward(spec.mode))
-      model.discard_activations();
-    else
-      model.backward();
-    const int m2 = backend->mark();
+    // Each micro-batch's forward and backward; a phase's time is their sum.
+    std::vector<int> marks{backend->mark()};
+    for (int k = 0; k < micro_batches; ++k) {
+      enter(Phase::forward);
+      model.forward(spec.mode != BenchMode::inference);
+      marks.push_back(backend->mark());
+      enter(Phase::backward);
+      if (!has_backward(spec.mode))
+        model.discard_activations();
+      else
+        model.backward(micro_batches, k > 0);
+      marks.push_back(backend->mark());
+    }
     enter(Phase::optimizer);
     if (opt) opt->step(1e-3);
-    const int m3 = backend->mark();
+    marks.push_back(backend->mark());
     backend->synchronize();
     const double host_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
     if (i >= spec.warmup) {
-      fwd.push_back(backend->elapsed_ms(m0, m1));
-      bwd.push_back(backend->elapsed_ms(m1, m2));
-      optim.push_back(backend->elapsed_ms(m2, m3));
+      double f = 0, b = 0;
+      for (int k = 0; k < micro_batches; ++k) {
+        f += backend->elapsed_ms(marks[2 * k], marks[2 * k + 1]);
+        b += backend->elapsed_ms(marks[2 * k + 1], marks[2 * k + 2]);
+      }
+      fwd.push_back(f);
+      bwd.push_back(b);
+      optim.push_back(backend->elapsed_ms(marks[2 * micro_batches], marks[2 * micro_batches + 1]));
       step.push_back(host_ms);
     }
     backend->clear_marks();
@@ -134,10 +145,11 @@ void run_cell(const BenchSpec& spec, BenchResult& r, const BenchProgress& progre
   if (has_backward(spec.mode)) r.backward = summarize(bwd);
   if (opt) r.optimizer = summarize(optim);
   r.step = summarize(step);
-  r.tokens_per_s = static_cast<double>(n) / (r.step.mean / 1e3);
+  const double tokens = static_cast<double>(n) * micro_batches;  // per step
+  r.tokens_per_s = tokens / (r.step.mean / 1e3);
   const double per_token = has_backward(spec.mode) ? spec.model.train_flops_per_token(spec.ctx)
                                                    : spec.model.forward_flops_per_token(spec.ctx);
-  r.model_tflops = per_token * static_cast<double>(n) / (r.step.mean / 1e3) / 1e12;
+  r.model_tflops = per_token * tokens / (r.step.mean / 1e3) / 1e12;
   r.device_name = backend->allocator().device_name();
   r.peak_tflops = peak_tflops(r.device_name, spec.precision);
   if (r.peak_tflops > 0) r.mfu = r.model_tflops / r.peak_tflops;

@@ -32,9 +32,11 @@ struct BenchSpec {
   std::uint64_t seed = 0;
   bool profile = false;  // trace every kernel of the measured steps (a backend with a KernelTracer)
   Recompute recompute = Recompute::none;
+  int grad_accum = 1;  // micro-batches of `batch` sequences per step (train and forward-backward)
 };
 
-// The mode as tables show it: "train", or "train, selective recompute" where something is recomputed.
+// The mode as tables show it: "train", with ", selective recompute" where something is recomputed
+// and ", 4 micro-batches" where gradients are accumulated.
 std::string mode_label(const BenchSpec& s);
 
 // The datasheet peak of a GPU for a precision (bf16/tf32 dense tensor cores, fp32 CUDA cores),

@@ -43,15 +43,18 @@ void run_steps(const MemorySpec& spec, MemoryRecord& r, Backend& backend, std::o
   for (auto& t : targets) t = static_cast<std::int32_t>(rng.below(static_cast<std::uint64_t>(c.model.vocab)));
   model->set_batch(c.batch, c.ctx, ids.data(), targets.data());
   if (c.mode == BenchMode::train) opt = std::make_unique<AdamW>(*model, OptimizerConfig{});
+  const int micro_batches = has_backward(c.mode) ? c.grad_accum : 1;
   for (int i = 0; i <= c.warmup; ++i) {
     const bool measured = i == c.warmup;
     if (measured) r.step_begin = mem.events().size();
-    model->forward(c.mode != BenchMode::inference);
-    if (has_backward(c.mode)) {
-      if (measured) r.backward_begin = mem.events().size();
-      model->backward();
-    } else {
-      model->discard_activations();
+    for (int k = 0; k < micro_batches; ++k) {
+      model->forward(c.mode != BenchMode::inference);
+      if (has_backward(c.mode)) {
+        if (measured && k == 0) r.backward_begin = mem.events().size();
+        model->backward(micro_batches, k > 0);
+      } else {
+        model->discard_activations();
+      }
     }
     if (opt) {
       if (measured) r.optimizer_begin = mem.events().size();

@@ -33,7 +33,8 @@ struct MemoryRecord {
   std::size_t capacity = 0;  // what the allocator may hand out
   std::vector<MemEvent> events;
   std::size_t step_begin = 0;  // index of the measured step's first event
-  // Where the step's backward and optimizer phases begin (indices into events), for modes with them.
+  // Where the step's (first micro-batch's) backward and the optimizer begin (indices into events),
+  // for modes with them.
   std::optional<std::size_t> backward_begin, optimizer_begin;
   double start_epoch_us = 0;  // wall clock when the record began (event times count from about then)
   // Measured on a real device after the step; for a dry run standing for a GPU whose overhead is

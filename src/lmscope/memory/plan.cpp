@@ -151,6 +151,7 @@ std::string json(const std::vector<PlanRow>& rows) {
     j["attention"] = attention_name(s.attention);
     j["mode"] = bench_mode_name(s.mode);
     j["recompute"] = recompute_name(s.recompute);
+    j["grad_accum"] = s.grad_accum;
     j["warmup"] = s.warmup;
     j["reference"] = {{"batch", s.batch},
                       {"ctx", s.ctx},

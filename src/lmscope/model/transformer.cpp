@@ -192,7 +192,8 @@ void Transformer::linear_backward_input(const Tensor& dy, const Tensor& w, const
                  .ldc = in});
 }
 
-// dW [out, in] = dyᵀ · x. Each weight is used once per step, so the gradient is overwritten.
+// dW [out, in] = dyᵀ · x, or += when accumulating micro-batches. Each weight is used once per
+// forward, so otherwise the gradient is overwritten.
 void Transformer::linear_backward_weight(const Tensor& dy, const Tensor& x, const Tensor& dw) {
   const std::int64_t in = dw.dim(1), out = dw.dim(0), n = dy.numel() / out;
   backend_.gemm({.trans_a = true,
@@ -201,13 +202,25 @@ void Transformer::linear_backward_weight(const Tensor& dy, const Tensor& x, cons
                  .n = in,
                  .k = n,
                  .alpha = 1,
-                 .beta = 0,
+                 .beta = accumulating_ ? 1.0f : 0.0f,
                  .a = dy,
                  .b = x,
                  .c = dw,
                  .lda = out,
                  .ldb = in,
                  .ldc = in});
+}
+
+template <typename Op>
+void Transformer::parameter_gradient(Parameter* p, Op&& op) {
+  if (!accumulating_) {
+    op(p->grad.tensor());
+    return;
+  }
+  Allocation part =
+      backend_.allocator().allocate(p->spec.shape, dtype_, {MemKind::workspace, "grad.accumulate", p->spec.layer});
+  op(part.tensor());
+  backend_.add(p->grad, part, p->grad);
 }
 
 AttentionCall Transformer::attention_call(int layer) const {
@@ -326,8 +339,11 @@ const Tensor& Transformer::logits() const {
 
 void Transformer::discard_activations() { saved_.clear(); }
 
-void Transformer::backward() {
+void Transformer::backward(int micro_batches, bool accumulate) {
   LMSCOPE_CHECK(!saved_.empty() && saved_.back().for_backward, "backward without a forward that kept its activations");
+  LMSCOPE_CHECK(micro_batches >= 1, "backward over {} micro-batches", micro_batches);
+  LMSCOPE_CHECK(!accumulate || !params_.front().grad.empty(), "accumulating into gradients no backward has made");
+  accumulating_ = accumulate;
   const std::int64_t B = batch_, T = ctx_, N = B * T, d = config_.d_model, f = config_.d_ff, H = config_.heads,
                      dk = config_.d_head();
   const double theta = config_.rope_theta;
@@ -339,7 +355,7 @@ void Transformer::backward() {
   saved_.clear();
 
   // Loss and head: the logits buffer turns into dlogits in place.
-  backend_.cross_entropy_backward(s.logits, targets_, s.lse, s.logits, 1.0 / static_cast<double>(N));
+  backend_.cross_entropy_backward(s.logits, targets_, s.lse, s.logits, 1.0 / static_cast<double>(N * micro_batches));
   s.lse.reset();
   linear_backward_weight(s.logits, s.n_final, lm_head_->grad);
   Allocation dn = act("grad.ln_final.out", -1, {N, d});
@@ -347,7 +363,9 @@ void Transformer::backward() {
   s.logits.reset();
   s.n_final.reset();
   Allocation dx = wide("grad.residual", -1, {N, d});
-  backend_.rmsnorm_backward(dn, s.x_final, ln_final_->value, s.rstd_final, dx, ln_final_->grad);
+  parameter_gradient(ln_final_, [&](const Tensor& dw) {
+    backend_.rmsnorm_backward(dn, s.x_final, ln_final_->value, s.rstd_final, dx, dw);
+  });
   s.x_final.reset();
   s.rstd_final.reset();
 
@@ -388,7 +406,8 @@ void Transformer::backward() {
     db.reset();
     L.n2.reset();
     Allocation dh = wide("grad.attn.residual", l, {N, d});
-    backend_.rmsnorm_backward(dn, L.h, P.ln2->value, L.rstd2, dh, P.ln2->grad);
+    parameter_gradient(P.ln2,
+                       [&](const Tensor& dw) { backend_.rmsnorm_backward(dn, L.h, P.ln2->value, L.rstd2, dh, dw); });
     backend_.add(dh, dx, dh);
     dn.reset();
     dx.reset();
@@ -443,14 +462,16 @@ void Transformer::backward() {
     dproj.reset();
     L.n1.reset();
     dx = wide("grad.residual", l, {N, d});
-    backend_.rmsnorm_backward(dn, L.x, P.ln1->value, L.rstd1, dx, P.ln1->grad);
+    parameter_gradient(P.ln1,
+                       [&](const Tensor& dw) { backend_.rmsnorm_backward(dn, L.x, P.ln1->value, L.rstd1, dx, dw); });
     backend_.add(dx, dh, dx);
     dn.reset();
     dh.reset();
     L.x.reset();
     L.rstd1.reset();
   }
-  backend_.embedding_backward(ids_, dx, embedding_->grad);
+  parameter_gradient(embedding_, [&](const Tensor& dw) { backend_.embedding_backward(ids_, dx, dw); });
+  accumulating_ = false;
 }
 
 }  // namespace lmscope

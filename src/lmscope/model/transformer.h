@@ -65,8 +65,11 @@ class Transformer {
   // each activation once read and keeping only the logits. The loss stays on the backend until read.
   void forward(bool for_backward = true);
   double read_loss();
-  // Backward from the loss into every parameter's grad (overwritten), freeing saved activations.
-  void backward();
+  // Backward from the loss into every parameter's grad, freeing saved activations. For gradient
+  // accumulation over K micro-batches (--grad-accum), micro_batches = K scales the loss's gradient
+  // by 1/K (so the sum is the gradient of the whole batch's mean loss) and accumulate adds into the
+  // gradients of the micro-batches before instead of overwriting them.
+  void backward(int micro_batches = 1, bool accumulate = false);
   // Drops what forward saved, for forward-only runs.
   void discard_activations();
   // Logits of the last forward [batch·ctx, vocab]; valid until backward or discard.
@@ -97,6 +100,10 @@ class Transformer {
   void linear(const Tensor& x, const Tensor& w, const Tensor& y);
   void linear_backward_input(const Tensor& dy, const Tensor& w, const Tensor& dx, float beta);
   void linear_backward_weight(const Tensor& dy, const Tensor& x, const Tensor& dw);
+  // A parameter gradient from an op that overwrites its output: into the gradient itself, or, when
+  // accumulating, into scratch that is then added to it.
+  template <typename Op>
+  void parameter_gradient(Parameter* p, Op&& op);
   AttentionCall attention_call(int layer) const;
 
   ModelConfig config_;
@@ -112,7 +119,8 @@ class Transformer {
   Parameter *embedding_, *ln_final_, *lm_head_;
   std::int64_t batch_ = 0, ctx_ = 0;
   Allocation ids_, targets_, loss_;
-  std::vector<Saved> saved_;  // empty or one element: the last forward's activations
+  std::vector<Saved> saved_;   // empty or one element: the last forward's activations
+  bool accumulating_ = false;  // the backward under way adds into the gradients
 };
 
 }  // namespace lmscope

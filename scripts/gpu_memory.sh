@@ -7,11 +7,13 @@
 #            snapshots that tools/render_memory_viz.py draws with PyTorch's own viewer
 #   context  beyond ctx 1024: 2.7B inference and forward with flash, large's train step naive
 #            against flash, and the largest allocations at the reference shape, beside PyTorch
-#   plan     lmscope plan, each row's largest context (and bf16 flash rows' largest batch) run for
-#            real with one more beside it (scripts/check_plan.py)
-#   scripts/gpu_memory.sh [tests] [seeds] [context] [plan]
+#   plan     lmscope plan, each row's largest context run for real with one multiple more beside it
+#            (scripts/check_plan.py)
+#   diet     recomputation and gradient accumulation: their GPU tests, what each recompute mode
+#            costs in step time, and the cells that only they make fit
+#   scripts/gpu_memory.sh [tests] [seeds] [context] [plan] [diet]
 set -uo pipefail
-STAGES=${*:-tests seeds context plan}
+STAGES=${*:-tests seeds context plan diet}
 want() { [[ " $STAGES " == *" $1 "* ]]; }
 cd "$(dirname "$0")/.."
 OUT=${OUT:-$PWD/gpu-out}
@@ -89,4 +91,20 @@ if want plan; then
 echo "== plan"; cat "$OUT/plan.md"
 $PY scripts/check_plan.py "$B/lmscope" "$OUT/plan.json" >"$OUT/plan-check.md" 2>&1
 echo "== plan check exit $?"; cat "$OUT/plan-check.md"
+fi
+
+if want diet; then
+"$B/tests/lmscope_gpu_tests" --gtest_filter='MemoryDietOnGpu.*:MemoryOnGpu.DryRunRecordsEvery*' \
+  >"$OUT/diet-tests.log" 2>&1
+echo "== diet tests exit $?"; grep -E "gradients within|micro-batches:|equal$|Failure|FAILED|PASSED" "$OUT/diet-tests.log" | head -40
+BENCH="$B/lmscope bench --device cuda --batch 4 --warmup 3 --steps 10 --precision bf16 --attention flash"
+# What each mode costs: the same cell three ways, in one process.
+for cell in "--model large --ctx 1024" "--model 2.7B --ctx 1024" "--model 2.7B --ctx 256"; do
+  $BENCH $cell --recompute none,selective,full 2>/dev/null | grep "^|"
+done | awk 'NR == 1 || !/^\| model/' | tee "$OUT/diet-cost.md"
+# Cells that fit only with recomputation, and fp32 2.7B at ctx 1024.
+( $BENCH --model 2.7B --ctx 4096 --recompute full --steps 3;
+  $BENCH --model xl --ctx 8192 --recompute full --steps 3;
+  $B/lmscope bench --device cuda --batch 4 --warmup 2 --steps 3 --precision fp32 --attention flash --model 2.7B --ctx 1024
+) 2>/dev/null | grep "^|" | awk 'NR == 1 || !/^\| model/' | tee "$OUT/diet-fits.md"
 fi

@@ -103,5 +103,48 @@ TEST(MemoryOnGpu, DryRunRecordsWhatTheGpuRecordsAndTheDriverAgrees) {
   EXPECT_GT(compared, 50);
 }
 
+// Recomputation and gradient accumulation allocate differently; the dry run follows each.
+TEST(MemoryOnGpu, DryRunRecordsEveryRecomputeAndAccumulationMode) {
+  if (list_gpus().empty()) GTEST_SKIP() << "no CUDA GPU visible";
+  int compared = 0;
+  struct Cell {
+    const char* model;
+    std::int64_t ctx;
+    const char* precision;
+    AttentionKind attention;
+    Recompute recompute;
+    int grad_accum;
+  };
+  std::vector<Cell> cells;
+  for (const char* model : {"small", "large", "2.7B"})
+    for (Recompute r : {Recompute::selective, Recompute::full})
+      for (std::int64_t ctx : {512, 4096}) cells.push_back({model, ctx, "bf16", AttentionKind::flash, r, 1});
+  cells.push_back({"medium", 1024, "fp32", AttentionKind::naive, Recompute::selective, 1});
+  cells.push_back({"medium", 1024, "fp32", AttentionKind::naive, Recompute::full, 2});
+  cells.push_back({"xl", 1024, "bf16", AttentionKind::flash, Recompute::none, 3});
+  for (const Cell& c : cells) {
+    MemorySpec spec;
+    spec.cell = BenchSpec{preset(c.model), "cuda",      c.precision, c.attention, BenchMode::train, 4, c.ctx, 1, 1, 0,
+                          false,           c.recompute, c.grad_accum};
+    const std::string cell = fmt::format("{} ctx {} {} {} {} recompute, {} micro-batches", c.model, c.ctx, c.precision,
+                                         attention_name(c.attention), recompute_name(c.recompute), c.grad_accum);
+    const MemoryRecord gpu = record_memory(spec);
+    MemorySpec dry_spec = spec;
+    dry_spec.dry_run = true;
+    const MemoryRecord dry = record_memory(dry_spec);
+    if (gpu.outcome == MemoryOutcome::out_of_memory) {
+      EXPECT_FALSE(dry.fits()) << cell << " ran out of memory on the GPU only";
+      continue;
+    }
+    ASSERT_TRUE(gpu.ok()) << cell << ": " << gpu.status;
+    ASSERT_TRUE(dry.ok()) << cell << ": " << dry.status;
+    expect_same_record(gpu, dry, cell);
+    const MemoryAnalysis g = analyze_memory(gpu, 1);
+    std::printf("%s: peak %zu, equal\n", cell.c_str(), g.peak);
+    ++compared;
+  }
+  EXPECT_GT(compared, 10);
+}
+
 }  // namespace
 }  // namespace lmscope::test

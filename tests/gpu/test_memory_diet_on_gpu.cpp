@@ -1,0 +1,72 @@
+// The memory diet on the GPU: recomputation and gradient accumulation give the results of the
+// plain step. Not bit for bit: the embedding's and the RMSNorms' weight gradients sum their rows with
+// atomics, in whichever order the blocks arrive, so two runs of the same step differ in their last
+// bits already; the bounds below are that run-to-run noise's order (fp32) and bf16's. Skipped
+// without a GPU.
+#include "../common/one_step.h"
+
+#include "lmscope/backend/backend.h"
+#include "lmscope/backend/devices.h"
+
+#include <gtest/gtest.h>
+
+#include <cstdio>
+
+namespace lmscope::test {
+namespace {
+
+OneStepSpec gpu_step(std::optional<DType> compute) {
+  OneStepSpec s;
+  s.model.vocab = 503;
+  s.model.d_model = 128;
+  s.model.d_ff = 344;
+  s.model.layers = 2;
+  s.model.heads = 4;  // d_head 32: the Hopper flash kernels under bf16
+  s.compute = compute;
+  s.rows = s.micro = 4;
+  s.ctx = 64;
+  return s;
+}
+
+TEST(MemoryDietOnGpu, RecomputationGivesThePlainStepsGradients) {
+  if (list_gpus().empty()) GTEST_SKIP() << "no CUDA GPU visible";
+  for (const char* precision : {"fp32", "bf16"}) {
+    auto be = make_backend("cuda", precision);
+    const std::optional<DType> compute = std::string(precision) == "bf16" ? std::optional(DType::bf16) : std::nullopt;
+    const OneStep none = one_step(*be, gpu_step(compute)), again = one_step(*be, gpu_step(compute));
+    const double noise = largest_relative_difference(again.grads, none.grads);
+    for (Recompute r : {Recompute::selective, Recompute::full}) {
+      OneStepSpec spec = gpu_step(compute);
+      spec.recompute = r;
+      const OneStep other = one_step(*be, spec);
+      const double diff = largest_relative_difference(other.grads, none.grads);
+      std::printf("%s %s: gradients within %.3g of none (the same step twice: %.3g)\n", precision, recompute_name(r),
+                  diff, noise);
+      EXPECT_LT(diff, std::string(precision) == "bf16" ? 1e-2 : 1e-5) << precision << " " << recompute_name(r);
+      EXPECT_NEAR(other.loss, none.loss, 1e-6 * none.loss) << precision << " " << recompute_name(r);
+      EXPECT_LT(other.saved_bytes, none.saved_bytes);
+    }
+  }
+}
+
+TEST(MemoryDietOnGpu, AccumulatedMicroBatchesStepAsOneBatch) {
+  if (list_gpus().empty()) GTEST_SKIP() << "no CUDA GPU visible";
+  auto be = make_backend("cuda", "fp32");
+  OneStepSpec spec = gpu_step(std::nullopt);
+  spec.rows = spec.micro = 8;
+  const OneStep whole = one_step(*be, spec);
+  for (std::int64_t micro : {4, 2}) {
+    spec.micro = micro;
+    const OneStep parts = one_step(*be, spec);
+    const double grads = largest_relative_difference(parts.grads, whole.grads),
+                 params = largest_relative_difference(parts.params, whole.params);
+    std::printf("%lld micro-batches: loss %.9g against %.9g, gradients within %.3g, parameters %.3g\n",
+                static_cast<long long>(8 / micro), parts.loss, whole.loss, grads, params);
+    EXPECT_NEAR(parts.loss, whole.loss, 1e-6 * whole.loss);
+    EXPECT_LT(grads, 1e-5);
+    EXPECT_LT(params, 1e-6);
+  }
+}
+
+}  // namespace
+}  // namespace lmscope::test

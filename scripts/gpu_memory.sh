@@ -97,10 +97,10 @@ if want diet; then
 "$B/tests/lmscope_gpu_tests" --gtest_filter='MemoryDietOnGpu.*:MemoryOnGpu.DryRunRecordsEvery*' \
   >"$OUT/diet-tests.log" 2>&1
 echo "== diet tests exit $?"; grep -E "gradients within|micro-batches:|equal$|Failure|FAILED|PASSED" "$OUT/diet-tests.log" | head -40
-BENCH="$B/lmscope bench --device cuda --batch 4 --warmup 3 --steps 10 --precision bf16 --attention flash"
+BENCH="$B/lmscope bench --device cuda --batch 4 --warmup 3 --precision bf16 --attention flash"
 # What each mode costs: the same cell three ways, in one process.
 for cell in "--model large --ctx 1024" "--model 2.7B --ctx 1024" "--model 2.7B --ctx 256"; do
-  $BENCH $cell --recompute none,selective,full 2>/dev/null | grep "^|"
+  $BENCH $cell --recompute none,selective,full --steps 10 2>/dev/null | grep "^|"
 done | awk 'NR == 1 || !/^\| model/' | tee "$OUT/diet-cost.md"
 # Cells that fit only with recomputation, and fp32 2.7B at ctx 1024.
 ( $BENCH --model 2.7B --ctx 4096 --recompute full --steps 3;

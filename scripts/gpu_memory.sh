@@ -97,14 +97,20 @@ if want diet; then
 "$B/tests/lmscope_gpu_tests" --gtest_filter='MemoryDietOnGpu.*:MemoryOnGpu.DryRunRecordsEvery*' \
   >"$OUT/diet-tests.log" 2>&1
 echo "== diet tests exit $?"; grep -E "gradients within|micro-batches:|equal$|Failure|FAILED|PASSED" "$OUT/diet-tests.log" | head -40
-BENCH="$B/lmscope bench --device cuda --batch 4 --warmup 3 --precision bf16 --attention flash"
+BENCH="$B/lmscope bench --device cuda --warmup 3 --precision bf16 --attention flash"
 # What each mode costs: the same cell three ways, in one process.
 for cell in "--model large --ctx 1024" "--model 2.7B --ctx 1024" "--model 2.7B --ctx 256"; do
-  $BENCH $cell --recompute none,selective,full --steps 10 2>/dev/null | grep "^|"
+  $BENCH $cell --batch 4 --recompute none,selective,full --steps 10 2>/dev/null | grep "^|"
 done | awk 'NR == 1 || !/^\| model/' | tee "$OUT/diet-cost.md"
+# What accumulation costs: the same tokens per step as 1, 2 and 4 micro-batches.
+for cell in "--model large --ctx 1024" "--model 2.7B --ctx 1024" "--model 2.7B --ctx 256" "--model small --ctx 256"; do
+  for bk in "4 1" "2 2" "1 4"; do
+    set -- $bk; $BENCH $cell --batch $1 --grad-accum $2 --steps 10 2>/dev/null | grep "^|"
+  done
+done | awk 'NR == 1 || !/^\| model/' | tee "$OUT/diet-accumulation-cost.md"
 # Cells that fit only with recomputation, and fp32 2.7B at ctx 1024.
-( $BENCH --model 2.7B --ctx 4096 --recompute full --steps 3;
-  $BENCH --model xl --ctx 8192 --recompute full --steps 3;
+( $BENCH --batch 4 --model 2.7B --ctx 4096 --recompute full --steps 3;
+  $BENCH --batch 4 --model xl --ctx 8192 --recompute full --steps 3;
   $B/lmscope bench --device cuda --batch 4 --warmup 2 --steps 3 --precision fp32 --attention flash --model 2.7B --ctx 1024
 ) 2>/dev/null | grep "^|" | awk 'NR == 1 || !/^\| model/' | tee "$OUT/diet-fits.md"
 fi

@@ -17,6 +17,7 @@ def run_step(lmscope, row, batch, ctx):
     with tempfile.NamedTemporaryFile(suffix=".json") as out:
         cmd = [lmscope, "memory", "--device", row["device"], "--model", row["model"]["name"],
                "--precision", row["precision"], "--attention", row["attention"], "--mode", row["mode"],
+               "--recompute", row["recompute"], "--grad-accum", str(row["grad_accum"]),
                "--warmup", str(row["warmup"]), "--batch", str(batch), "--ctx", str(ctx), "--top", "1",
                "--format", "json", "--out", out.name]
         subprocess.run(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, check=False)

@@ -79,11 +79,14 @@ class BenchCommand : public Command {
           for (auto a : attentions)
             for (auto mode : modes)
               for (auto rc : recomputes)
-                for (auto k : accums)
+                for (auto k : accums) {
+                  // Only a backward accumulates: a mode without one runs once, as one micro-batch.
+                  if (!has_backward(mode) && k != accums.front()) continue;
                   for (auto b : batches)
                     for (auto t : ctxs)
-                      cells.push_back(
-                          BenchSpec{m, d, p, a, mode, b, t, warmup_, steps_, seed_, profile_, rc, static_cast<int>(k)});
+                      cells.push_back(BenchSpec{m, d, p, a, mode, b, t, warmup_, steps_, seed_, profile_, rc,
+                                                has_backward(mode) ? static_cast<int>(k) : 1});
+                }
 
     std::vector<MemorySpec> planned;
     for (const BenchSpec& s : cells) planned.push_back(MemorySpec{s, dry_run_, limit});

@@ -104,7 +104,8 @@ class InfoCommand : public Command {
   // One step of every mode at --batch and --ctx on the shape-only backend; none without --dry-run.
   std::vector<MemoryRow> dry_run_steps(const ModelConfig& c, AttentionKind attention) const {
     if (!dry_run_) {
-      if (!memory_limit_.empty()) user_error("--memory-limit holds a dry run; add --dry-run");
+      for (const char* flag : {"--batch", "--precision", "--device", "--recompute", "--memory-limit"})
+        if (app->count(flag) > 0) user_error("{} chooses the dry runs; add --dry-run", flag);
       return {};
     }
     if (batch_ <= 0) user_error("--batch must be positive, got {}", batch_);
@@ -131,7 +132,7 @@ class InfoCommand : public Command {
         "| mode | peak GiB | reached in | forward peak | backward peak | optimizer peak | whole device GiB | fits |\n"
         "|---|---:|---|---:|---:|---:|---:|---|\n",
         c.batch, c.ctx, c.precision, attention_name(c.attention), first.device_name,
-        human_bytes(static_cast<double>(first.device ? first.device->total : first.capacity)));
+        human_bytes(static_cast<double>(device_limit(first))));
     auto gib = [](std::size_t b) { return fmt::format("{:.2f}", static_cast<double>(b) / (1 << 30)); };
     auto phase = [&](const MemoryAnalysis& a, Phase p) {
       const auto& v = a.phase_peak[static_cast<int>(p)];
@@ -147,7 +148,7 @@ class InfoCommand : public Command {
       }
       out += fmt::format("{} | {} | {} | {} | {} | {} | {} |\n", gib(a.peak),
                          a.peak_at_start ? "before the step" : phase_name(a.peak_phase), phase(a, Phase::forward),
-                         phase(a, Phase::backward), phase(a, Phase::optimizer), gib(device_need(r, a.peak_reserved)),
+                         phase(a, Phase::backward), phase(a, Phase::optimizer), gib(device_need(r, a)),
                          r.ok() ? "yes" : r.status);
     }
     const MemoryRow& train = rows.back();

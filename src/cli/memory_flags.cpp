@@ -68,15 +68,19 @@ std::vector<MemorySpec> MemoryCellFlags::resolve() const {
         for (auto a : attentions)
           for (auto md : modes)
             for (auto rc : recomputes)
-              for (auto k : accums)
+              for (auto k : accums) {
+                // Only a backward accumulates: a mode without one runs once, as one micro-batch.
+                if (!has_backward(md) && k != accums.front()) continue;
                 for (auto b : batches)
                   for (auto t : ctxs) {
                     MemorySpec s;
-                    s.cell = BenchSpec{m, d, p, a, md, b, t, warmup, 1, seed_, false, rc, static_cast<int>(k)};
+                    s.cell = BenchSpec{
+                        m, d, p, a, md, b, t, warmup, 1, seed_, false, rc, has_backward(md) ? static_cast<int>(k) : 1};
                     s.dry_run = dry_run_;
                     s.memory_limit = limit;
                     cells.push_back(s);
                   }
+              }
   return cells;
 }
 

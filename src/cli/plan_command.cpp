@@ -16,7 +16,8 @@ class PlanCommand : public Command {
   explicit PlanCommand(CLI::App& parent) {
     app = parent.add_subcommand("plan",
                                 "What fits a memory budget, from dry runs: per model, precision and attention, the "
-                                "largest context and batch whose train step fits, and the peak at a reference shape");
+                                "largest context and batch whose step (--mode, default train) fits, and the peak at "
+                                "a reference shape");
     std::string presets;
     for (const std::string& p : preset_names()) presets += (presets.empty() ? "" : ",") + p;
     cells_.set_default_models(presets);

@@ -63,17 +63,15 @@ class MemoryCommand(unittest.TestCase):
         cells = [(mode, attention, recompute, "1") for mode, attention, recompute in cells]
         cells += [("train", "flash", "none", "3"), ("forward-backward", "naive", "selective", "2")]
         for mode, attention, recompute, accum in cells:
-            if True:
-                args = ["memory", "--device", "cpu", "--model", "small", "--ctx", "32", "--batch", "2",
-                        "--mode", mode, "--attention", attention, "--recompute", recompute, "--grad-accum", accum,
-                        "--format", "json"]
-                real, dry = run(*args), run(*args, "--dry-run")
-                self.assertEqual(real.returncode, 0, real.stderr)
-                self.assertEqual(dry.returncode, 0, dry.stderr)
-                a, b = json.loads(real.stdout)[0], json.loads(dry.stdout)[0]
-                for key in ("peak_bytes", "phase_peak_bytes", "held_at_backward_bytes", "peak_by_kind", "peak_by_op",
-                            "largest_at_peak", "peak_reached", "step_start_bytes", "peak_reserved_bytes"):
-                    self.assertEqual(a[key], b[key], f"{mode} {attention} {recompute} {accum}: {key}")
+            args = ["memory", "--device", "cpu", "--model", "small", "--ctx", "32", "--batch", "2", "--mode", mode,
+                    "--attention", attention, "--recompute", recompute, "--grad-accum", accum, "--format", "json"]
+            real, dry = run(*args), run(*args, "--dry-run")
+            self.assertEqual(real.returncode, 0, real.stderr)
+            self.assertEqual(dry.returncode, 0, dry.stderr)
+            a, b = json.loads(real.stdout)[0], json.loads(dry.stdout)[0]
+            for key in ("peak_bytes", "phase_peak_bytes", "held_at_backward_bytes", "peak_by_kind", "peak_by_op",
+                        "largest_at_peak", "peak_reached", "step_start_bytes", "peak_reserved_bytes"):
+                self.assertEqual(a[key], b[key], f"{mode} {attention} {recompute} {accum}: {key}")
 
     def test_dry_run_of_2_7b_at_ctx_1024_takes_well_under_a_second(self):
         # Eight cells in one process, less the program's own start (loading the CUDA libraries of a

@@ -40,6 +40,7 @@ class Plan(unittest.TestCase):
             self.assertEqual(r["reference"]["status"], "ok")
             self.assertGreater(r["reference"]["peak_bytes"], 0)
             self.assertGreaterEqual(r["reference"]["device_need_bytes"], r["reference"]["peak_bytes"])
+            self.assertLessEqual(r["reference"]["device_need_bytes"], r["memory_limit_bytes"])
             self.assertEqual(r["memory_limit_bytes"], 64 << 20)
             self.assertEqual(r["largest_ctx"] % 128, 0)
             self.assertGreater(r["largest_batch"], 2)
@@ -72,10 +73,20 @@ class Plan(unittest.TestCase):
         self.assertEqual(md.returncode, 0, md.stderr)
         self.assertIn("largest ctx (batch 4)", md.stdout)
         self.assertIn("Budget of the dry run of cpu: 0.06 GiB", md.stdout)
-        c = run("plan", "--device", "cpu", *TINY, *LIMIT, "--format", "csv")
-        rows = list(csv.DictReader(io.StringIO(c.stdout)))
-        self.assertEqual(len(rows), 2)
-        self.assertEqual(int(rows[1]["largest_ctx"]), int(rows[1]["largest_ctx"]) // 128 * 128)
+        c = run("plan", "--device", "cpu", *TINY, *LIMIT, "--format", "csv", "--recompute", "none,full",
+                "--grad-accum", "1,2")
+        table = list(csv.reader(io.StringIO(c.stdout)))
+        self.assertEqual(len(table), 1 + 8)
+        for row in table:
+            self.assertEqual(len(row), len(table[0]), row)
+        rows = [dict(zip(table[0], row)) for row in table[1:]]
+        self.assertEqual({(r["recompute"], r["grad_accum"]) for r in rows},
+                         {("none", "1"), ("none", "2"), ("full", "1"), ("full", "2")})
+        for r in rows:  # full recompute only ever reaches further
+            if r["recompute"] == "full":
+                plain = [x for x in rows if x["attention"] == r["attention"] and x["grad_accum"] == r["grad_accum"]
+                         and x["recompute"] == "none"][0]
+                self.assertGreater(int(r["largest_ctx"]), int(plain["largest_ctx"]))
 
     def test_bad_inputs_end_in_one_sentence_and_exit_2(self):
         cases = [["--ctx", "128,256"], ["--batch", "1,2"], ["--mode", "train,inference"], ["--ctx-multiple", "0"],
@@ -148,8 +159,27 @@ class BenchAndInfoDryRuns(unittest.TestCase):
         md = run("info", *TINY, "--ctx", "64", "--dry-run", "--device", "cpu")
         self.assertIn("## One step at batch 4, ctx 64", md.stdout)
         self.assertIn("the train step's peak, by kind", md.stdout)
-        bad = run("info", *TINY, "--memory-limit", "1GiB")
-        self.assertEqual(bad.returncode, 2, bad.stderr)
+        for extra in (["--memory-limit", "1GiB"], ["--batch", "2"], ["--recompute", "full"]):
+            bad = run("info", *TINY, *extra)
+            self.assertEqual(bad.returncode, 2, (extra, bad.stderr))
+            self.assertIn("--dry-run", bad.stderr)
+
+    def test_csv_rows_have_as_many_fields_as_their_header(self):
+        for args in (["bench", "--dry-run", "--device", "cpu", *TINY, "--ctx", "16,32", "--mode", "inference,train",
+                      "--recompute", "none,full", "--grad-accum", "1,2"],
+                     ["memory", "--dry-run", "--device", "cpu", *TINY, "--ctx", "16", "--mode", "inference,train",
+                      "--grad-accum", "1,3"],
+                     ["memory", "--dry-run", "--device", "cpu", *TINY, "--ctx", "16", "--memory-limit", "1KiB"]):
+            r = run(*args, "--format", "csv")
+            self.assertEqual(r.returncode, 0, r.stderr)
+            table = list(csv.reader(io.StringIO(r.stdout)))
+            for row in table[1:]:
+                self.assertEqual(len(row), len(table[0]), (args, row))
+        # A mode without a backward runs once, not once per --grad-accum.
+        modes = [row[table[0].index("mode")] for row in list(csv.reader(io.StringIO(
+            run("memory", "--dry-run", "--device", "cpu", *TINY, "--ctx", "16", "--mode", "inference,train",
+                "--grad-accum", "1,3", "--format", "csv").stdout)))[1:]]
+        self.assertEqual(modes, ["inference", "train", "train"])
 
 
 if __name__ == "__main__":

@@ -77,6 +77,20 @@ TEST_P(DietWith, AccumulatedMicroBatchesStepAsOneBatch) {
   }
 }
 
+// Both at once: micro-batches that recompute step as the whole batch that does not.
+TEST_P(DietWith, RecomputationAndAccumulationTogether) {
+  OneStepSpec spec = small_step(GetParam());
+  spec.rows = spec.micro = 4;
+  const OneStep whole = cpu_step(spec);
+  for (Recompute r : {Recompute::selective, Recompute::full}) {
+    spec.recompute = r;
+    spec.micro = 2;
+    const OneStep parts = cpu_step(spec);
+    EXPECT_NEAR(parts.loss, whole.loss, 1e-6 * std::fabs(whole.loss)) << recompute_name(r);
+    EXPECT_LT(largest_relative_difference(parts.grads, whole.grads), 1e-6) << recompute_name(r);
+  }
+}
+
 TEST(Recompute, NamesParseAndBadOnesAreUserErrors) {
   for (Recompute r : {Recompute::none, Recompute::selective, Recompute::full})
     EXPECT_EQ(parse_recompute(recompute_name(r)), r);

@@ -101,7 +101,12 @@ MemoryAnalysis analyze_memory(const MemoryRecord& record, int top) {
   MemoryReplay replay;
   const std::vector<MemEvent>& events = record.events;
   const std::size_t begin = std::min(record.step_begin, events.size());
-  for (std::size_t i = 0; i < begin; ++i) replay.apply(events[i]);
+  const bool cuda_pages = record.spec.cell.device == "cuda";
+  auto on_device = [&] { return cuda_pages ? replay.reserved_in_pages() : replay.reserved(); };
+  for (std::size_t i = 0; i < begin; ++i) {
+    replay.apply(events[i]);
+    a.peak_segments_on_device = std::max(a.peak_segments_on_device, on_device());
+  }
   a.at_step_start = a.peak = replay.allocated();
   a.peak_reserved = a.reserved_at_peak = replay.reserved();
   a.peak_at_start = true;
@@ -130,6 +135,7 @@ MemoryAnalysis analyze_memory(const MemoryRecord& record, int top) {
     replay.apply(e);
     mark(phase, replay.allocated());
     a.peak_reserved = std::max(a.peak_reserved, replay.reserved());
+    a.peak_segments_on_device = std::max(a.peak_segments_on_device, on_device());
     if (replay.allocated() > a.peak) {
       a.peak = replay.allocated();
       a.peak_event = i;
@@ -164,5 +170,11 @@ MemoryAnalysis analyze_memory(const MemoryRecord& record, int top) {
   a.top.resize(std::min<std::size_t>(a.top.size(), static_cast<std::size_t>(std::max(top, 1))));
   return a;
 }
+
+std::size_t device_need(const MemoryRecord& record, const MemoryAnalysis& analysis) {
+  return (record.device ? record.device->used_at_start : 0) + analysis.peak_segments_on_device;
+}
+
+std::size_t device_limit(const MemoryRecord& record) { return record.device ? record.device->total : record.capacity; }
 
 }  // namespace lmscope

@@ -43,6 +43,9 @@ struct MemoryAnalysis {
   AllocTag peak_tag;                 // the request that reached it
   std::size_t reserved_at_peak = 0;  // allocated plus cached at that moment
   std::size_t peak_reserved = 0;     // the step's maximum of allocated plus cached
+  // The whole record's maximum of the allocator's segments as the device counts them (the CUDA
+  // driver's 2 MiB pages for cuda): what decides whether a run fits.
+  std::size_t peak_segments_on_device = 0;
   std::array<std::size_t, kMemKinds> peak_by_kind{};
   std::vector<std::pair<std::string, std::size_t>> peak_by_op;  // largest first
   std::array<std::optional<std::size_t>, kPhases> phase_peak;   // phases the step has
@@ -53,6 +56,12 @@ struct MemoryAnalysis {
 
 // top: how many of the largest live buffers to keep (at least 1).
 MemoryAnalysis analyze_memory(const MemoryRecord& record, int top);
+
+// What the whole device needs for a record: what it holds beyond the allocator (the CUDA context
+// and libraries; 0 where not known) plus the allocator's segments at their peak as it counts them.
+std::size_t device_need(const MemoryRecord& record, const MemoryAnalysis& analysis);
+// What the record's device may hold in all: the memory limit (a dry run) or the device's memory.
+std::size_t device_limit(const MemoryRecord& record);
 
 // Replays a record's events, keeping the live buffers and the segments.
 class MemoryReplay {

@@ -31,17 +31,19 @@ std::string markdown_device(const MemoryRow& row) {
   const MemoryAnalysis& a = row.analysis;
   if (!r.device) return "";
   const DeviceMemory& d = *r.device;
-  const std::size_t at_peak = device_need(r, a.peak_reserved);
+  const std::size_t at_peak = device_need(r, a);
   if (r.spec.dry_run)
     return fmt::format(
-        "\nThe whole GPU: the allocator's peak of allocated plus cached is {}; with the {} the device holds beyond "
-        "it ({}), {} of the {} limit.\n",
-        human(a.peak_reserved), human(d.used_at_start), r.device_source, human(at_peak), human(d.total));
+        "\nThe whole GPU: the allocator's peak of allocated plus cached is {} ({} as the driver counts its "
+        "segments, in 2 MiB pages); with the {} the device holds beyond it ({}), {} of the {} limit.\n",
+        human(a.peak_reserved), human(a.peak_segments_on_device), human(d.used_at_start), r.device_source,
+        human(at_peak), human(d.total));
   const double other =
       static_cast<double>(d.used) - static_cast<double>(d.used_at_start) - static_cast<double>(a.reserved_at_step_end);
   return fmt::format(
       "\nThe whole GPU ({} of {}): {} was in use when the backend was made (the CUDA context, cuBLASLt and its {} "
-      "workspace). The allocator held at most {} (allocated plus cached), so the device's peak was about {}. After "
+      "workspace). The allocator held at most {} (allocated plus cached), so the device's peak, in the driver's pages, "
+      "was about {}. After "
       "the step the driver reports {} in use: {} from before, {} held by the allocator ({} of it cached and free), "
       "{} besides ({} of it the driver's rounding of each block of 1 MiB or more to 2 MiB pages).\n",
       r.device_source, human(d.total), human(d.used_at_start), human(d.library_workspace), human(a.peak_reserved),
@@ -199,7 +201,9 @@ std::string json(const std::vector<MemoryRow>& rows) {
                               {"library_workspace_bytes", r.device->library_workspace},
                               {"used_after_step_bytes", r.spec.dry_run ? nlohmann::ordered_json(nullptr)
                                                                        : nlohmann::ordered_json(r.device->used)},
-                              {"allocator_reserved_after_step_bytes", a.reserved_at_step_end}};
+                              {"allocator_reserved_after_step_bytes", a.reserved_at_step_end},
+                              {"peak_segments_on_device_bytes", a.peak_segments_on_device},
+                              {"need_bytes", device_need(r, a)}};
     }
     out.push_back(j);
   }

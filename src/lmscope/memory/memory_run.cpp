@@ -116,16 +116,11 @@ MemoryRecord record_memory(const MemorySpec& spec, bool measure_misfit) {
   whole.spec = spec;
   whole.capacity = r.capacity;
   whole.device = r.device;
-  const std::size_t need = device_need(whole, analyze_memory(whole, 1).peak_reserved);
-  const std::size_t limit = r.device ? r.device->total : r.capacity;
+  const std::size_t need = device_need(whole, analyze_memory(whole, 1)), limit = device_limit(r);
   whole.outcome = MemoryOutcome::does_not_fit;
   whole.status = fmt::format("does not fit: needs {} of {}", human_bytes(static_cast<double>(need)),
                              human_bytes(static_cast<double>(limit)));
   return whole;
-}
-
-std::size_t device_need(const MemoryRecord& record, std::size_t peak_reserved) {
-  return (record.device ? record.device->used_at_start : 0) + peak_reserved;
 }
 
 }  // namespace lmscope

@@ -54,8 +54,4 @@ struct MemoryRecord {
 // failure (all a search for what fits asks).
 MemoryRecord record_memory(const MemorySpec& spec, bool measure_misfit = true);
 
-// What the whole device needs for a recorded step: what it holds beyond the allocator (the CUDA
-// context and libraries; 0 where not known) plus the allocator's peak of allocated and cached.
-std::size_t device_need(const MemoryRecord& record, std::size_t peak_reserved);
-
 }  // namespace lmscope

@@ -34,13 +34,13 @@ PlanRow plan_cell(const PlanSpec& spec) {
   const MemorySpec reference{spec.reference, true, spec.memory_limit};
   const MemoryRecord r = record_memory(reference);
   row.device_name = r.device_name;
-  row.limit = r.device ? r.device->total : r.capacity;
+  row.limit = device_limit(r);
   row.reference_outcome = r.outcome;
   row.reference_status = r.status;
   if (r.has_step()) {
     const MemoryAnalysis a = analyze_memory(r, 1);
     row.reference_peak = a.peak;
-    row.reference_need = device_need(r, a.peak_reserved);
+    row.reference_need = device_need(r, a);
   }
   const BenchSpec& c = spec.reference;
   row.flops_per_token =
@@ -52,8 +52,8 @@ PlanRow plan_cell(const PlanSpec& spec) {
     probe.cell.batch = batch;
     probe.cell.ctx = ctx;
     const MemoryRecord p = record_memory(probe, false);
-    if (p.outcome == MemoryOutcome::failed && row.search_stopped.empty())
-      row.search_stopped = fmt::format("batch {}, ctx {}: {}", batch, ctx, p.status);
+    if (p.outcome == MemoryOutcome::failed && row.failed_probe.empty())
+      row.failed_probe = fmt::format("batch {}, ctx {}: {}", batch, ctx, p.status);
     return p.ok();
   };
   row.largest_ctx = largest_fitting(spec.ctx_multiple, kPlanMaxCtx, [&](std::int64_t t) { return fits(c.batch, t); });
@@ -83,7 +83,8 @@ std::string peak_cell(const PlanRow& r, std::size_t bytes) {
 
 std::string reference_note(const PlanRow& r) {
   std::string note = r.reference_outcome == MemoryOutcome::ok ? "" : r.reference_status;
-  if (!r.search_stopped.empty()) note += (note.empty() ? "" : "; ") + ("search stopped at " + r.search_stopped);
+  if (!r.failed_probe.empty())
+    note += (note.empty() ? "" : "; ") + ("a probe failed (counted as not fitting) at " + r.failed_probe);
   return note;
 }
 
@@ -103,7 +104,7 @@ std::string markdown(const std::vector<PlanRow>& rows) {
     out += fmt::format("Budget of the {}: {} GiB, the whole device (what it holds beyond the allocator included).\n",
                        name, gib(limit));
   out += fmt::format(
-      "\n| model | parameters | device | precision | attention | recompute | peak GiB (batch {0}, ctx {1}) | whole "
+      "\n| model | parameters | device | precision | attention | step | peak GiB (batch {0}, ctx {1}) | whole "
       "device GiB | {2} GFLOPs/token (ctx {1}) | largest ctx (batch {0}) | largest batch (ctx {1}) | note |\n"
       "|---|---:|---|---|---|---|---:|---:|---:|---:|---:|---|\n",
       c.batch, c.ctx, bench_mode_name(c.mode));
@@ -111,7 +112,7 @@ std::string markdown(const std::vector<PlanRow>& rows) {
     const BenchSpec& s = r.spec.reference;
     out += fmt::format("| {} | {:.3f} B | {} | {} | {} | {} | {} | {} | {:.2f} | {} | {} | {} |\n", s.model.name,
                        static_cast<double>(s.model.parameter_count()) / 1e9, s.device, s.precision,
-                       attention_name(s.attention), recompute_name(s.recompute), peak_cell(r, r.reference_peak),
+                       attention_name(s.attention), mode_label(s), peak_cell(r, r.reference_peak),
                        peak_cell(r, r.reference_need), r.flops_per_token / 1e9,
                        searched(r, largest(r.largest_ctx, r.spec.ctx_multiple, kPlanMaxCtx)),
                        searched(r, largest(r.largest_batch, 1, kPlanMaxBatch)), reference_note(r));
@@ -121,18 +122,18 @@ std::string markdown(const std::vector<PlanRow>& rows) {
 
 std::string csv(const std::vector<PlanRow>& rows) {
   std::string out =
-      "model,parameters,device,device_name,memory_limit_bytes,precision,attention,mode,recompute,warmup,batch,ctx,"
-      "ctx_multiple,"
-      "peak_bytes,device_need_bytes,flops_per_token,largest_ctx,largest_batch,status,search_stopped\n";
+      "model,parameters,device,device_name,memory_limit_bytes,precision,attention,mode,recompute,grad_accum,warmup,"
+      "batch,ctx,ctx_multiple,peak_bytes,device_need_bytes,flops_per_token,largest_ctx,largest_batch,status,"
+      "failed_probe\n";
   for (const PlanRow& r : rows) {
     const BenchSpec& s = r.spec.reference;
     const bool measured = r.reference_outcome != MemoryOutcome::failed;
-    out += fmt::format("{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{:.6g},{},{},{},{}\n", csv_field(s.model.name),
+    out += fmt::format("{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{:.6g},{},{},{},{}\n", csv_field(s.model.name),
                        s.model.parameter_count(), s.device, csv_field(r.device_name), r.limit, s.precision,
-                       attention_name(s.attention), bench_mode_name(s.mode), recompute_name(s.recompute), s.warmup,
-                       s.batch, s.ctx, r.spec.ctx_multiple, measured ? std::to_string(r.reference_peak) : "",
+                       attention_name(s.attention), bench_mode_name(s.mode), recompute_name(s.recompute), s.grad_accum,
+                       s.warmup, s.batch, s.ctx, r.spec.ctx_multiple, measured ? std::to_string(r.reference_peak) : "",
                        measured ? std::to_string(r.reference_need) : "", r.flops_per_token, r.largest_ctx,
-                       r.largest_batch, csv_field(r.reference_status), csv_field(r.search_stopped));
+                       r.largest_batch, csv_field(r.reference_status), csv_field(r.failed_probe));
   }
   return out;
 }
@@ -164,8 +165,8 @@ std::string json(const std::vector<PlanRow>& rows) {
     j["largest_ctx_at_cap"] = at_cap(r.largest_ctx, r.spec.ctx_multiple, kPlanMaxCtx);
     j["largest_batch"] = r.largest_batch;
     j["largest_batch_at_cap"] = at_cap(r.largest_batch, 1, kPlanMaxBatch);
-    j["search_stopped"] =
-        r.search_stopped.empty() ? nlohmann::ordered_json(nullptr) : nlohmann::ordered_json(r.search_stopped);
+    j["failed_probe"] =
+        r.failed_probe.empty() ? nlohmann::ordered_json(nullptr) : nlohmann::ordered_json(r.failed_probe);
     out.push_back(j);
   }
   return out.dump(2) + "\n";

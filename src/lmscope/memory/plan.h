@@ -34,7 +34,7 @@ struct PlanRow {
   double flops_per_token = 0;  // of the mode, at the reference context
   // 0 when nothing fits; at the cap (kPlanMax*) when everything up to it fits.
   std::int64_t largest_ctx = 0, largest_batch = 0;
-  std::string search_stopped;  // a probe that failed other than by memory: its status
+  std::string failed_probe;  // the first probe that failed other than by memory (counted as not fitting)
 };
 
 // The largest multiple of `step` no greater than `cap` for which fits() holds, assuming a larger

@@ -145,10 +145,13 @@ TEST_F(CudaVsCpu, Embedding) {
   auto t = ids(N, V);
   cpu->embedding_forward(t.cpu, table.cpu, y.cpu);
   gpu->embedding_forward(t.gpu, table.gpu, y.gpu);
-  cpu->embedding_backward(t.cpu, dy.cpu, dt.cpu);
-  gpu->embedding_backward(t.gpu, dy.gpu, dt.gpu);
+  cpu->embedding_backward(t.cpu, dy.cpu, dt.cpu, false);
+  gpu->embedding_backward(t.gpu, dy.gpu, dt.gpu, false);
   expect_close(y, kFp32, "embedding");
   expect_close(dt, kFp32, "embedding backward");
+  cpu->embedding_backward(t.cpu, dy.cpu, dt.cpu, true);  // gradient accumulation adds a second time
+  gpu->embedding_backward(t.gpu, dy.gpu, dt.gpu, true);
+  expect_close(dt, kFp32, "embedding backward, accumulated");
 }
 
 TEST_F(CudaVsCpu, GemmEveryTranspositionAndBatch) {

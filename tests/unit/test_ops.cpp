@@ -153,8 +153,13 @@ TEST_F(Ops, EmbeddingBackwardAccumulatesRepeatedIds) {
     be->embedding_forward(ids, table, out);
     return dot(out, R);
   };
-  be->embedding_backward(ids, R, dt);
+  be->embedding_backward(ids, R, dt, false);
   expect_gradient("embedding", table, dt, loss);
+  // Accumulating adds the same gradient again.
+  std::vector<double> once(18);
+  for (int i = 0; i < 18; ++i) once[i] = dt.tensor().as<double>()[i];
+  be->embedding_backward(ids, R, dt, true);
+  for (int i = 0; i < 18; ++i) EXPECT_EQ(dt.tensor().as<double>()[i], 2 * once[i]) << i;
 }
 
 TEST_F(Ops, GemmTransposesAndBatches) {

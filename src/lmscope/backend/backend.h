@@ -86,8 +86,9 @@ class Backend {
 
   // ids [N] i32, table [V, d] -> out [N, d]
   virtual void embedding_forward(const Tensor& ids, const Tensor& table, const Tensor& out) = 0;
-  // dtable [V, d] = scatter-add of dout [N, d] rows at ids (dtable overwritten)
-  virtual void embedding_backward(const Tensor& ids, const Tensor& dout, const Tensor& dtable) = 0;
+  // dtable [V, d] = scatter-add of dout [N, d] rows at ids (dtable overwritten; added to where
+  // accumulate, as gradient accumulation does)
+  virtual void embedding_backward(const Tensor& ids, const Tensor& dout, const Tensor& dtable, bool accumulate) = 0;
 
   // x [N, d], weight [d] -> out [N, d]; rstd [N] = 1/sqrt(mean(x²)+eps) saved for backward.
   virtual void rmsnorm_forward(const Tensor& x, const Tensor& weight, const Tensor& out, const Tensor& rstd,

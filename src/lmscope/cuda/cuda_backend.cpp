@@ -119,8 +119,9 @@ class CudaBackend final : public Backend {
   void embedding_forward(const Tensor& ids, const Tensor& table, const Tensor& out) override {
     cuda::embedding_forward(i32(ids), f32(table), f32(out), ids.numel(), table.dim(1), stream_);
   }
-  void embedding_backward(const Tensor& ids, const Tensor& dout, const Tensor& dtable) override {
-    cuda::embedding_backward(i32(ids), f32(dout), f32(dtable), ids.numel(), dtable.dim(0), dtable.dim(1), stream_);
+  void embedding_backward(const Tensor& ids, const Tensor& dout, const Tensor& dtable, bool accumulate) override {
+    cuda::embedding_backward(i32(ids), f32(dout), f32(dtable), ids.numel(), dtable.dim(0), dtable.dim(1), accumulate,
+                             stream_);
   }
 
   void rmsnorm_forward(const Tensor& x, const Tensor& w, const Tensor& out, const Tensor& rstd, double eps) override {

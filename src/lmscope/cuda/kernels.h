@@ -32,7 +32,7 @@ void sqrt_to_float(const double* sum, float* out, cudaStream_t s);
 void embedding_forward(const std::int32_t* ids, const float* table, float* out, std::int64_t n, std::int64_t d,
                        cudaStream_t s);
 void embedding_backward(const std::int32_t* ids, const float* dout, float* dtable, std::int64_t n, std::int64_t v,
-                        std::int64_t d, cudaStream_t s);
+                        std::int64_t d, bool accumulate, cudaStream_t s);
 void rmsnorm_forward(const float* x, const float* w, void* out, Elem eout, float* rstd, std::int64_t n, std::int64_t d,
                      float eps, cudaStream_t s);
 void rmsnorm_backward(const void* dout, Elem edout, const float* x, const float* w, const float* rstd, float* dx,

@@ -155,8 +155,8 @@ void embedding_forward(const std::int32_t* ids, const float* table, float* out, 
 }
 
 void embedding_backward(const std::int32_t* ids, const float* dout, float* dtable, std::int64_t n, std::int64_t v,
-                        std::int64_t d, cudaStream_t s) {
-  fill(dtable, Elem::f32, v * d, 0.0f, s);
+                        std::int64_t d, bool accumulate, cudaStream_t s) {
+  if (!accumulate) fill(dtable, Elem::f32, v * d, 0.0f, s);
   embedding_backward_kernel<<<grid_for(n * d, 256), 256, 0, s>>>(ids, dout, dtable, n, d);
   check_launch("embedding_backward_kernel");
 }

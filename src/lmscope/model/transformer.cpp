@@ -470,7 +470,7 @@ void Transformer::backward(int micro_batches, bool accumulate) {
     L.x.reset();
     L.rstd1.reset();
   }
-  parameter_gradient(embedding_, [&](const Tensor& dw) { backend_.embedding_backward(ids_, dx, dw); });
+  backend_.embedding_backward(ids_, dx, embedding_->grad, accumulating_);  // adds in place: no scratch
   accumulating_ = false;
 }
 

@@ -165,11 +165,11 @@ class CpuBackend final : public Backend {
     });
   }
 
-  void embedding_backward(const Tensor& ids, const Tensor& dout, const Tensor& dtable) override {
+  void embedding_backward(const Tensor& ids, const Tensor& dout, const Tensor& dtable, bool accumulate) override {
     const std::int64_t N = ids.numel(), d = dtable.dim(1);
     expect_shape(dout, Shape{N, d}, "embedding dout");
     const std::int32_t* id = ids.as<std::int32_t>();
-    fill(dtable, 0.0);
+    if (!accumulate) fill(dtable, 0.0);
     dispatch(dtable.dtype, "embedding_backward", [&](auto z) {
       using T = decltype(z);
       // Parallel over columns: rows of repeated ids never race.

@@ -58,7 +58,7 @@ class MetaBackend final : public Backend {
   void cast(const Tensor&, const Tensor&) override {}
   void gemm(const GemmArgs&) override {}
   void embedding_forward(const Tensor&, const Tensor&, const Tensor&) override {}
-  void embedding_backward(const Tensor&, const Tensor&, const Tensor&) override {}
+  void embedding_backward(const Tensor&, const Tensor&, const Tensor&, bool) override {}
   void rmsnorm_forward(const Tensor&, const Tensor&, const Tensor&, const Tensor&, double) override {}
   void rmsnorm_backward(const Tensor&, const Tensor&, const Tensor&, const Tensor&, const Tensor&,
                         const Tensor&) override {}

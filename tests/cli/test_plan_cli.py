@@ -58,7 +58,8 @@ class Plan(unittest.TestCase):
     def test_every_preset_for_the_h100_in_seconds(self):
         t0 = time.monotonic()
         r = run("plan", "--precision", "bf16", "--attention", "flash", "--format", "json")
-        self.assertLess(time.monotonic() - t0, 10)
+        # Seconds, not minutes: about 0.5 s here, 5-11 s under ASan on a loaded 2-core machine.
+        self.assertLess(time.monotonic() - t0, 60)
         self.assertEqual(r.returncode, 0, r.stderr)
         rows = {x["model"]["name"]: x for x in json.loads(r.stdout)}
         self.assertEqual(list(rows), ["small", "medium", "large", "xl", "2.7B"])

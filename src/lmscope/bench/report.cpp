@@ -215,15 +215,7 @@ std::string json(const std::vector<BenchResult>& rows) {
 }  // namespace
 
 std::string format_bench(const std::vector<BenchResult>& rows, ReportFormat f) {
-  switch (f) {
-    case ReportFormat::markdown:
-      return markdown(rows);
-    case ReportFormat::csv:
-      return csv(rows);
-    case ReportFormat::json:
-      return json(rows);
-  }
-  return {};
+  return format_rows(rows, f, markdown, csv, json);
 }
 
 namespace {
@@ -325,15 +317,7 @@ std::string attention_json(const std::vector<AttentionBenchResult>& rows) {
 }  // namespace
 
 std::string format_attention_bench(const std::vector<AttentionBenchResult>& rows, ReportFormat f) {
-  switch (f) {
-    case ReportFormat::markdown:
-      return attention_markdown(rows);
-    case ReportFormat::csv:
-      return attention_csv(rows);
-    case ReportFormat::json:
-      return attention_json(rows);
-  }
-  return {};
+  return format_rows(rows, f, attention_markdown, attention_csv, attention_json);
 }
 
 }  // namespace lmscope

@@ -223,15 +223,7 @@ MemoryRow memory_row(MemoryRecord record, int top) {
 }
 
 std::string format_memory(const std::vector<MemoryRow>& rows, ReportFormat f) {
-  switch (f) {
-    case ReportFormat::markdown:
-      return markdown(rows);
-    case ReportFormat::csv:
-      return csv(rows);
-    case ReportFormat::json:
-      return json(rows);
-  }
-  return "";
+  return format_rows(rows, f, markdown, csv, json);
 }
 
 }  // namespace lmscope

@@ -175,15 +175,7 @@ std::string json(const std::vector<PlanRow>& rows) {
 }  // namespace
 
 std::string format_plan(const std::vector<PlanRow>& rows, ReportFormat f) {
-  switch (f) {
-    case ReportFormat::markdown:
-      return markdown(rows);
-    case ReportFormat::csv:
-      return csv(rows);
-    case ReportFormat::json:
-      return json(rows);
-  }
-  return "";
+  return format_rows(rows, f, markdown, csv, json);
 }
 
 }  // namespace lmscope

@@ -3,28 +3,9 @@
 # op tests, then lmscope and the PyTorch reference on the same cells in the same run.
 # Full logs go to $OUT (or ./gpu-out); a short table prints last.
 set -uo pipefail
-cd "$(dirname "$0")/.."
-OUT=${OUT:-$PWD/gpu-out}
-mkdir -p "$OUT"
-export PATH=/opt/torch/.venv/bin:/usr/local/cuda/bin:$PATH
-PY=/opt/torch/.venv/bin/python
+source "$(dirname "$0")/gpu_env.sh"
 nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.max.sm --format=csv | tee "$OUT/gpu.txt"
 date -u +%FT%TZ | tee -a "$OUT/gpu.txt"
-
-# LMSCOPE_BUILD_DIR=DIR uses binaries built elsewhere (DIR/lmscope, DIR/tests/lmscope_gpu_tests) and
-# skips the build.
-B=${LMSCOPE_BUILD_DIR:-build-gpu}
-if [[ -z "${LMSCOPE_BUILD_DIR:-}" ]]; then
-  cmake -S . -B build-gpu -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES="90a;80" >"$OUT/configure.log" 2>&1 \
-    || { tail -30 "$OUT/configure.log"; exit 1; }
-  cmake --build build-gpu -j 16 >"$OUT/build.log" 2>&1 || { grep -E "error" -A5 "$OUT/build.log" | head -60; exit 1; }
-  echo "== build ok"
-elif [[ ! -x "$B/lmscope" || ! -x "$B/tests/lmscope_gpu_tests" ]]; then
-  echo "LMSCOPE_BUILD_DIR=$B lacks lmscope or tests/lmscope_gpu_tests: build there first, or leave it unset to build here."
-  exit 2
-fi
-# Prebuilt binaries find the CUDA and CUPTI libraries here (a local build links them by rpath).
-export LD_LIBRARY_PATH=/usr/local/cuda/lib64:/usr/local/cuda/extras/CUPTI/lib64${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
 
 if [[ "${LMSCOPE_SKIP_GPU_TESTS:-}" != 1 ]]; then
   "$B/tests/lmscope_gpu_tests" >"$OUT/gpu-tests.log" 2>&1

@@ -15,19 +15,7 @@
 set -uo pipefail
 STAGES=${*:-tests seeds context plan diet}
 want() { [[ " $STAGES " == *" $1 "* ]]; }
-cd "$(dirname "$0")/.."
-OUT=${OUT:-$PWD/gpu-out}
-mkdir -p "$OUT"
-export PATH=/opt/torch/.venv/bin:/usr/local/cuda/bin:$PATH
-PY=/opt/torch/.venv/bin/python
-B=${LMSCOPE_BUILD_DIR:-build-gpu}
-if [[ -z "${LMSCOPE_BUILD_DIR:-}" ]]; then
-  cmake -S . -B build-gpu -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES="90a;80" >"$OUT/configure.log" 2>&1 \
-    || { tail -30 "$OUT/configure.log"; exit 1; }
-  cmake --build build-gpu -j 16 >"$OUT/build.log" 2>&1 || { grep -E "error" -A5 "$OUT/build.log" | head -60; exit 1; }
-  echo "== build ok"
-fi
-export LD_LIBRARY_PATH=/usr/local/cuda/lib64:/usr/local/cuda/extras/CUPTI/lib64${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+source "$(dirname "$0")/gpu_env.sh"
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$OUT/memory-gpu.txt"
 date -u +%FT%TZ | tee -a "$OUT/memory-gpu.txt"
 git rev-parse --short HEAD 2>/dev/null | tee -a "$OUT/memory-gpu.txt"

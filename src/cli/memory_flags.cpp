@@ -20,13 +20,11 @@ void MemoryCellFlags::add_to(CLI::App& app, bool with_dry_run_flags) {
   app.add_option("--attention", attention, "flash or naive (comma list sweeps)")->capture_default_str();
   app.add_option("--recompute", recompute, recompute_help(true))->capture_default_str();
   app.add_option("--grad-accum", grad_accum, grad_accum_help(true))->capture_default_str();
-  app.add_option("--warmup", warmup, "Steps before the one recorded")->capture_default_str();
-  app.add_option("--seed", seed_, "Seed for the tokens")->capture_default_str();
+  app.add_option("--warmup", warmup, warmup_help)->capture_default_str();
+  app.add_option("--seed", seed_, seed_help)->capture_default_str();
   if (!with_dry_run_flags) return;
   app.add_flag("--dry-run", dry_run_,
-               always_dry_ ? "Always on here: every cell runs on the shape-only backend"
-                           : "Compute nothing: run the model on a shape-only backend that allocates exactly as the "
-                             "device would (--device cuda without a GPU stands for an H100 80GB HBM3)");
+               always_dry_ ? "Always on here: every cell runs on the shape-only backend" : dry_run_help);
   app.add_option("--memory-limit", memory_limit_, memory_limit_help());
 }
 

@@ -1,4 +1,4 @@
-// The flags that choose memory cells (memory, and bench and info with --dry-run): model, shape,
+// The flags that choose the cells of a sweep (memory, bench and plan): model, shape,
 // device, precision, attention and mode lists that sweep, the warm-up, and the dry run's
 // --dry-run and --memory-limit.
 #pragma once
@@ -29,6 +29,10 @@ class MemoryCellFlags {
   std::string ctx = "256", batch = "4", mode = "train", device, precision = "fp32", attention = "flash",
               recompute = "none", grad_accum = "1";
   int warmup = 1;
+  std::string warmup_help = "Steps before the one recorded", seed_help = "Seed for the tokens",
+              dry_run_help =
+                  "Compute nothing: run the model on a shape-only backend that allocates exactly as the device "
+                  "would (--device cuda without a GPU stands for an H100 80GB HBM3)";
 
  private:
   ModelFlags model_;

@@ -174,7 +174,8 @@ class MemoryCommand(unittest.TestCase):
     def test_bad_inputs_end_in_one_sentence_and_exit_2(self):
         cases = [["--mode", "sideways"], ["--top", "0"], ["--snapshot", "/nonexistent/dir/x.pickle"],
                  ["--dry-run", "--memory-limit", "lots"], ["--memory-limit", "80GiB"], ["--svg-by", "colour"],
-                 ["--ctx", "32,64", "--svg", os.path.join(self.dir, "two.svg")]]
+                 ["--ctx", "32,64", "--svg", os.path.join(self.dir, "two.svg")], ["--recompute", "most"],
+                 ["--grad-accum", "0"]]
         for extra in cases:
             r = run("memory", "--device", "cpu", *TINY, *extra)
             self.assertEqual(r.returncode, 2, (extra, r.stderr))

@@ -143,7 +143,8 @@ class BenchAndInfoDryRuns(unittest.TestCase):
         self.assertIn("does not fit: needs", r.stdout)
 
     def test_bench_refuses_what_a_dry_run_cannot_do(self):
-        for extra in (["--dry-run", "--profile", "--device", "cuda"], ["--memory-limit", "1GiB"]):
+        for extra in (["--dry-run", "--profile", "--device", "cuda"], ["--memory-limit", "1GiB"],
+                      ["--recompute", "most"], ["--grad-accum", "1,x"], ["--profile", "--device", "cpu"]):
             r = run("bench", *TINY, *extra)
             self.assertEqual(r.returncode, 2, (extra, r.stderr))
             self.assertEqual(len(r.stderr.strip().splitlines()), 1, (extra, r.stderr))

@@ -131,12 +131,13 @@ std::string memory_timeline_svg(const MemoryRecord& record, const MemoryAnalysis
       "<rect width=\"{0}\" height=\"{1}\" fill=\"white\"/>\n",
       kWidth, kHeight);
   svg += fmt::format("<text x=\"{}\" y=\"22\" font-size=\"16\" font-weight=\"bold\">{}</text>\n", kLeft,
-                     escape(fmt::format("Active memory: {} {} {}, {} attention, batch {}, ctx {} ({}){}", c.model.name,
-                                        c.precision, mode_label(c), attention_name(c.attention), c.batch, c.ctx,
-                                        record.device_name, record.spec.dry_run ? ", dry run" : "")));
+                     escape(fmt::format("Active memory: {} {} {}, {} attention, batch {}, ctx {}", c.model.name,
+                                        c.precision, mode_label(c), attention_name(c.attention), c.batch, c.ctx)));
+  // The device on the second line: with a long step label the title would run off the picture.
   svg += fmt::format(
-      "<text x=\"{}\" y=\"40\" fill=\"#555\">one step after {} warm-up, {} allocation events; stacked by {}</text>\n",
-      kLeft, c.warmup, n - 1, stack == TimelineStack::kind ? "kind" : "layer");
+      "<text x=\"{}\" y=\"40\" fill=\"#555\">{}: one step after {} warm-up, {} allocation events; stacked by "
+      "{}</text>\n",
+      kLeft, escape(record.device_name), c.warmup, n - 1, stack == TimelineStack::kind ? "kind" : "layer");
   // Phases, shaded behind the areas.
   for (std::size_t s = 0; s < n;) {
     std::size_t e = s;

@@ -1,5 +1,6 @@
 """Peak memory of the PyTorch reference (cs336_reference.py) the way the seeds measure it:
-torch.cuda.max_memory_allocated over one step after a warm-up step, the step being one of
+torch.cuda.max_memory_allocated over one step after a warm-up step (and max_memory_reserved, what its
+caching allocator held from the device at most over both steps), the step being one of
   inference          a forward under torch.no_grad() (the seeds' "forward only" profile)
   forward            a forward that builds the autograd graph, then drops it
   train              forward, backward and torch.optim.AdamW(fused=True), gradients set to None after
@@ -90,7 +91,7 @@ def run_cell(a, model_name, ctx, mode, snapshot):
         a.tops.append((model_name, ctx, mode, a.precision, replayed, blocks, made_in_step(trace, step_start, a.top)))
     if snapshot or a.top:
         torch.cuda.memory._record_memory_history(enabled=None)
-    return torch.cuda.max_memory_allocated()
+    return torch.cuda.max_memory_allocated(), torch.cuda.max_memory_reserved()
 
 
 def main():
@@ -105,17 +106,17 @@ def main():
     ap.add_argument("--top", type=int, default=0)
     a = ap.parse_args()
     a.tops = []
-    print("| model | precision | attention | mode | batch | ctx | peak GiB | peak bytes | status |")
-    print("|---|---|---|---|---:|---:|---:|---:|---|")
+    print("| model | precision | attention | mode | batch | ctx | peak GiB | peak bytes | reserved GiB | status |")
+    print("|---|---|---|---|---:|---:|---:|---:|---:|---|")
     cells = [(m, p, mode, int(c)) for m in a.model.split(",") for p in a.precision.split(",")
              for mode in a.mode.split(",") for c in a.ctx.split(",")]
     for i, (m, p, mode, ctx) in enumerate(cells):
         a.precision = p
         try:
-            peak = run_cell(a, m, ctx, mode, a.snapshot if i == len(cells) - 1 else "")
-            row = f"{peak / 2**30:.2f} | {peak} | ok"
+            peak, reserved = run_cell(a, m, ctx, mode, a.snapshot if i == len(cells) - 1 else "")
+            row = f"{peak / 2**30:.2f} | {peak} | {reserved / 2**30:.2f} | ok"
         except torch.OutOfMemoryError:
-            row = "- | - | OOM"
+            row = "- | - | - | OOM"
         gc.collect()
         torch.cuda.empty_cache()
         print(f"| {m} | {p} | {a.attention} | {mode} | {a.batch} | {ctx} | {row} |", flush=True)

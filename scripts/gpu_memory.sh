@@ -11,9 +11,12 @@
 #            (scripts/check_plan.py)
 #   diet     recomputation and gradient accumulation: their GPU tests, what each recompute mode
 #            costs in step time, and the cells that only they make fit
-#   scripts/gpu_memory.sh [tests] [seeds] [context] [plan] [diet]
+#   lean     the leaner step against PyTorch: the 20-cell bf16 train grid's peaks (allocated and
+#            held), and its step times beside those of the build in $LMSCOPE_BEFORE (if set), in one
+#            process per cell pair
+#   scripts/gpu_memory.sh [tests] [seeds] [context] [plan] [diet] [lean]
 set -uo pipefail
-STAGES=${*:-tests seeds context plan diet}
+STAGES=${*:-tests seeds context plan diet lean}
 want() { [[ " $STAGES " == *" $1 "* ]]; }
 source "$(dirname "$0")/gpu_env.sh"
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$OUT/memory-gpu.txt"
@@ -101,4 +104,20 @@ done | awk 'NR == 1 || !/^\| model/' | tee "$OUT/diet-accumulation-cost.md"
   $BENCH --batch 4 --model xl --ctx 8192 --recompute full --steps 3;
   $B/lmscope bench --device cuda --batch 4 --warmup 2 --steps 3 --precision fp32 --attention flash --model 2.7B --ctx 1024
 ) 2>/dev/null | grep "^|" | awk 'NR == 1 || !/^\| model/' | tee "$OUT/diet-fits.md"
+fi
+
+if want lean; then
+GRID="--model small,medium,large,xl,2.7B --ctx 128,256,512,1024 --precision bf16"
+$L $GRID --attention flash --format csv --out "$OUT/lean-lmscope.csv" >"$OUT/lean-lmscope.md" 2>"$OUT/lean-lmscope.err"
+(cd pytorch && $PYMEM $GRID --attention sdpa --mode train) >"$OUT/lean-pytorch.md" 2>&1
+echo "== lean grid"; grep "^| " "$OUT/lean-lmscope.md" | cut -d'|' -f2,8,9,10 | head -22; cat "$OUT/lean-pytorch.md"
+# Step time, this build against the one before the leaner step, alternating cell by cell.
+if [[ -n "${LMSCOPE_BEFORE:-}" ]]; then
+  for cell in "small --ctx 256" "medium --ctx 512" "large --ctx 1024" "xl --ctx 512" "2.7B --ctx 256" "2.7B --ctx 1024"; do
+    for build in "$LMSCOPE_BEFORE" "$B/lmscope"; do
+      $build bench --device cuda --warmup 3 --steps 10 --batch 4 --precision bf16 --attention flash --model $cell \
+        2>/dev/null | grep "^| [a-z0-9]" | sed "s#^#| $(basename $(dirname $build)) #"
+    done
+  done | tee "$OUT/lean-speed.md"
+fi
 fi

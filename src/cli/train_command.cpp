@@ -104,7 +104,7 @@ class TrainCommand : public Command {
         sampler.next(ids.data(), targets.data());
         model.set_batch(batch_, ctx_, ids.data(), targets.data());
         model.forward();
-        model.backward(grad_accum_, k > 0);
+        model.backward({k, grad_accum_});
         loss += model.read_loss() / grad_accum_;
       }
       const double lr = sched_.at(it);

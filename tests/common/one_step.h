@@ -53,7 +53,7 @@ inline OneStep one_step(Backend& be, const OneStepSpec& s) {
     model.set_batch(s.micro, s.ctx, ids.data() + at, targets.data() + at);
     model.forward();
     if (i == 0) out.saved_bytes = be.allocator().current_bytes(MemKind::activation);
-    model.backward(k, i > 0);
+    model.backward({i, k});
     out.loss += model.read_loss() / k;
   }
   for (Parameter& p : model.parameters()) out.grads.push_back(host_floats(be, p.grad));

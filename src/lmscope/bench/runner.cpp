@@ -115,7 +115,7 @@ void run_cell(const BenchSpec& spec, BenchResult& r, const BenchProgress& progre
       if (!has_backward(spec.mode))
         model.discard_activations();
       else
-        model.backward(micro_batches, k > 0);
+        model.backward({k, micro_batches});
       marks.push_back(backend->mark());
     }
     enter(Phase::optimizer);

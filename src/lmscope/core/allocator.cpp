@@ -2,6 +2,7 @@
 
 #include <sys/mman.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <fstream>
 #include <sstream>
@@ -109,34 +110,102 @@ Allocation Allocator::allocate(Shape shape, DType dtype, AllocTag tag, std::sour
   return a;
 }
 
-// A cached block of the size if there is one; else a new segment, with the cache given back to
-// the system and one more try when the first fails.
+// The smallest free block of the request's pool that holds it; else a new segment, with the
+// free segments given back to the system and one more try when the first fails.
 void* Allocator::raw_allocate(std::size_t bytes, const AllocTag& tag, const Shape& shape, DType dtype) {
-  if (void* p = cache_.take(bytes)) return p;
-  void* p = segment_allocate(bytes);
+  std::set<FreeBlock>& free = bytes < kSmallRequest ? small_free_ : large_free_;
+  if (auto it = free.lower_bound(FreeBlock{bytes, 0, 0, 0}); it != free.end()) return take(free, it, bytes);
+  void* p = new_segment(bytes, tag, dtype);
   if (!p) {
     release_cache();
-    p = segment_allocate(bytes);
+    p = new_segment(bytes, tag, dtype);
   }
   if (!p) throw_oom(bytes, tag, shape, dtype);
-  if (recording_) record(MemAction::segment_alloc, bytes, reinterpret_cast<std::uintptr_t>(p), tag, {}, dtype);
   return p;
+}
+
+void* Allocator::new_segment(std::size_t bytes, const AllocTag& tag, DType dtype) {
+  const bool small = bytes < kSmallRequest;
+  // A large segment is at least an eighth of what is held already (up to 1 GiB): buffers of
+  // neighbouring segments never merge, and few large segments let what the backward frees (the
+  // activations, the weight copies) merge into blocks the gradients it makes fit in.
+  const std::size_t want = small ? kSegmentUnit : std::max(bytes, std::min(kLargeSegmentCap, reserved_ / 8));
+  const std::size_t size = (want + kSegmentUnit - 1) / kSegmentUnit * kSegmentUnit;
+  void* p = segment_allocate(size);
+  if (!p) return nullptr;
+  const auto base = reinterpret_cast<std::uintptr_t>(p);
+  if (recording_) record(MemAction::segment_alloc, size, base, tag, {}, dtype);
+  Segment& s = segments_[base];
+  s = Segment{next_order_++, base, size, small, {{0, {size, true}}}};
+  reserved_ += size;
+  std::set<FreeBlock>& free = pool(s);
+  return take(free, free.insert(FreeBlock{size, s.order, 0, base}).first, bytes);
+}
+
+// Hands out the front of a free block, leaving the rest free.
+void* Allocator::take(std::set<FreeBlock>& free, std::set<FreeBlock>::iterator it, std::size_t bytes) {
+  const FreeBlock b = *it;
+  free.erase(it);
+  Segment& s = segments_.at(b.base);
+  s.blocks[b.offset] = {bytes, false};
+  if (b.bytes > bytes) {
+    s.blocks[b.offset + bytes] = {b.bytes - bytes, true};
+    free.insert(FreeBlock{b.bytes - bytes, s.order, b.offset + bytes, s.base});
+  }
+  return reinterpret_cast<void*>(s.base + b.offset);  // NOLINT: device addresses are integers here
+}
+
+Allocator::Segment& Allocator::segment_of(std::uintptr_t p) {
+  auto it = segments_.upper_bound(p);
+  LMSCOPE_CHECK(it != segments_.begin(), "{:#x} is in no segment", p);
+  --it;
+  LMSCOPE_CHECK(p < it->first + it->second.bytes, "{:#x} is in no segment", p);
+  return it->second;
 }
 
 void Allocator::release(Allocation& a) {
   if (recording_)
     record(MemAction::free, a.bytes_, reinterpret_cast<std::uintptr_t>(a.tensor_.data), a.tag_, a.tensor_.shape,
            a.tensor_.dtype);
-  cache_.put(a.tensor_.data, a.bytes_);
+  const auto p = reinterpret_cast<std::uintptr_t>(a.tensor_.data);
+  Segment& s = segment_of(p);
+  std::set<FreeBlock>& free = pool(s);
+  auto it = s.blocks.find(p - s.base);
+  LMSCOPE_CHECK(it != s.blocks.end() && !it->second.second, "{:#x} freed but not handed out", p);
+  it->second.second = true;
+  // Merge with a free neighbour after, then with one before.
+  if (auto next = std::next(it); next != s.blocks.end() && next->second.second) {
+    free.erase(FreeBlock{next->second.first, s.order, next->first, s.base});
+    it->second.first += next->second.first;
+    s.blocks.erase(next);
+  }
+  if (it != s.blocks.begin()) {
+    if (auto prev = std::prev(it); prev->second.second) {
+      free.erase(FreeBlock{prev->second.first, s.order, prev->first, s.base});
+      prev->second.first += it->second.first;
+      s.blocks.erase(it);
+      it = prev;
+    }
+  }
+  free.insert(FreeBlock{it->second.first, s.order, it->first, s.base});
   current_ -= a.bytes_;
   current_by_kind_[static_cast<int>(a.tag_.kind)] -= a.bytes_;
 }
 
 void Allocator::release_cache() {
-  cache_.release([this](void* p, std::size_t bytes) {
-    if (recording_) record(MemAction::segment_free, bytes, reinterpret_cast<std::uintptr_t>(p), {}, {}, DType::f32);
-    segment_free(p, bytes);
-  });
+  std::vector<Segment*> idle;  // in the order made, so every backend gives back in the same order
+  for (auto& [base, s] : segments_)
+    if (s.blocks.size() == 1 && s.blocks.begin()->second.second) idle.push_back(&s);
+  std::sort(idle.begin(), idle.end(), [](const Segment* a, const Segment* b) { return a->order < b->order; });
+  for (Segment* s : idle) {
+    const std::uintptr_t base = s->base;
+    const std::size_t bytes = s->bytes;
+    pool(*s).erase(FreeBlock{bytes, s->order, 0, base});
+    segments_.erase(base);
+    reserved_ -= bytes;
+    if (recording_) record(MemAction::segment_free, bytes, base, {}, {}, DType::f32);
+    segment_free(reinterpret_cast<void*>(base), bytes);  // NOLINT
+  }
 }
 
 void Allocator::record(MemAction action, std::size_t bytes, std::uintptr_t address, const AllocTag& tag,
@@ -182,19 +251,5 @@ void* HostAllocator::segment_allocate(std::size_t bytes) {
 }
 
 void HostAllocator::segment_free(void* p, std::size_t) { std::free(p); }
-
-void* BlockCache::take(std::size_t bytes) {
-  auto it = blocks_.find(bytes);
-  if (it == blocks_.end()) return nullptr;
-  void* p = it->second;
-  blocks_.erase(it);
-  bytes_ -= bytes;
-  return p;
-}
-
-void BlockCache::put(void* p, std::size_t bytes) {
-  blocks_.emplace(bytes, p);
-  bytes_ += bytes;
-}
 
 }  // namespace lmscope

@@ -3,11 +3,15 @@
 // and the phase it was made in, keeps current and peak bytes per kind, and can record every
 // alloc/free event. Memory profiling is a reader of this record, not a separate instrument.
 //
-// It is also the caching allocator of every backend: freed blocks are kept and handed to the next
-// request of exactly the same size (a training step repeats its sizes exactly), so the system's
-// allocator, which on the GPU synchronises the device, leaves the steady state. A block made for a
-// request is a segment (PyTorch's word); backends supply only segment_allocate/segment_free, so the
-// host, the GPU and the shape-only dry run share one caching policy and their records agree.
+// It is also the caching allocator of every backend, shaped as PyTorch's: memory comes from the
+// system in segments, a request takes the smallest free block of its pool that holds it (split when
+// larger), and a freed block merges with its free neighbours, so memory one buffer gave back serves
+// requests of any size (a gradient freed by the optimizer holds the bf16 weight copy it rewrites).
+// The system's allocator, which on the GPU synchronises the device, leaves the steady state.
+// Requests under 1 MiB share 2 MiB segments (the small pool), larger ones get segments rounded to
+// 2 MiB (what the CUDA driver maps anyway) and grown with what is held (Allocator::new_segment). Ties go to the oldest
+// segment and the lowest offset, never to an address, so the host, the GPU and the shape-only dry run, which supply
+// only segment_allocate/segment_free, make the same choices and their records agree event for event.
 #pragma once
 
 #include "lmscope/core/tensor.h"
@@ -16,9 +20,11 @@
 #include <chrono>
 #include <cstddef>
 #include <map>
+#include <set>
 #include <source_location>
 #include <string>
 #include <string_view>
+#include <tuple>
 #include <vector>
 
 namespace lmscope {
@@ -87,25 +93,6 @@ class Allocation {
   std::size_t bytes_ = 0;
 };
 
-// Freed blocks kept for reuse by a later request of exactly the same size, oldest first.
-class BlockCache {
- public:
-  void* take(std::size_t bytes);  // a cached block of that size, or nullptr
-  void put(void* p, std::size_t bytes);
-  // Hands every cached block to free_block(p, bytes), smallest first, and forgets them.
-  template <typename FreeBlock>
-  void release(FreeBlock&& free_block) {
-    for (auto& [bytes, p] : blocks_) free_block(p, bytes);
-    blocks_.clear();
-    bytes_ = 0;
-  }
-  std::size_t bytes() const { return bytes_; }
-
- private:
-  std::multimap<std::size_t, void*> blocks_;
-  std::size_t bytes_ = 0;
-};
-
 class Allocator {
  public:
   virtual ~Allocator() = default;
@@ -132,10 +119,14 @@ class Allocator {
   std::size_t current_bytes(MemKind k) const { return current_by_kind_[static_cast<int>(k)]; }
   void reset_peak() { peak_ = current_; }
   // Held from the system: handed out plus cached.
-  std::size_t reserved_bytes() const { return current_ + cache_.bytes(); }
-  std::size_t cached_bytes() const { return cache_.bytes(); }
-  // Gives every cached block back to the system.
+  std::size_t reserved_bytes() const { return reserved_; }
+  std::size_t cached_bytes() const { return reserved_ - current_; }
+  // Gives every segment with nothing handed out back to the system.
   void release_cache();
+
+  static constexpr std::size_t kSmallRequest = std::size_t(1) << 20;  // below: the small pool
+  static constexpr std::size_t kSegmentUnit = std::size_t(2) << 20;   // segment sizes are multiples
+  static constexpr std::size_t kLargeSegmentCap = std::size_t(1) << 30;
 
  protected:
   // A new block of `bytes` from the system, or nullptr when there is none to be had.
@@ -152,7 +143,34 @@ class Allocator {
               DType dtype);
   [[noreturn]] void throw_oom(std::size_t bytes, const AllocTag& tag, const Shape& shape, DType dtype);
 
-  BlockCache cache_;
+  // A segment from the system, cut into blocks that tile it (by offset: size and whether free).
+  struct Segment {
+    std::uint64_t order = 0;  // made order: ties in the pools go to older segments
+    std::uintptr_t base = 0;
+    std::size_t bytes = 0;
+    bool small = false;
+    std::map<std::size_t, std::pair<std::size_t, bool>> blocks;  // offset -> (bytes, free)
+  };
+  // A free block in a pool: the smallest that holds a request wins, then the oldest segment, then
+  // the lowest offset.
+  struct FreeBlock {
+    std::size_t bytes;
+    std::uint64_t order;
+    std::size_t offset;
+    std::uintptr_t base;  // not part of the order
+    bool operator<(const FreeBlock& o) const {
+      return std::tie(bytes, order, offset) < std::tie(o.bytes, o.order, o.offset);
+    }
+  };
+  std::set<FreeBlock>& pool(const Segment& s) { return s.small ? small_free_ : large_free_; }
+  void* new_segment(std::size_t bytes, const AllocTag& tag, DType dtype);
+  void* take(std::set<FreeBlock>& pool, std::set<FreeBlock>::iterator it, std::size_t bytes);
+  Segment& segment_of(std::uintptr_t p);
+
+  std::map<std::uintptr_t, Segment> segments_;  // by base address
+  std::set<FreeBlock> small_free_, large_free_;
+  std::uint64_t next_order_ = 0;
+  std::size_t reserved_ = 0;
   Phase phase_ = Phase::setup;
   bool recording_ = false;
   std::vector<MemEvent> events_;

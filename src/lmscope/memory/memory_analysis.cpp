@@ -35,6 +35,13 @@ std::string op_name(const AllocTag& tag) {
   return name;
 }
 
+MemoryReplay::Segment* MemoryReplay::segment_of(std::uintptr_t address) {
+  auto it = segment_at_.upper_bound(address);
+  if (it == segment_at_.begin()) return nullptr;
+  Segment& s = segments_.at(std::prev(it)->second);
+  return address < s.address + s.bytes ? &s : nullptr;
+}
+
 void MemoryReplay::apply(const MemEvent& e) {
   switch (e.action) {
     case MemAction::alloc: {
@@ -43,11 +50,10 @@ void MemoryReplay::apply(const MemEvent& e) {
       live_.emplace(next_++, b);
       allocated_ += e.bytes;
       by_kind_[static_cast<int>(e.tag.kind)] += e.bytes;
-      if (auto s = segment_at_.find(e.address); s != segment_at_.end()) {
-        Segment& seg = segments_.at(s->second);
-        LMSCOPE_CHECK(!seg.in_use && seg.bytes == e.bytes, "{:#x} handed out from a segment in use", e.address);
-        seg.in_use = true;
-        seg.last = b;
+      if (Segment* s = segment_of(e.address)) {  // records of one block per buffer have no segments
+        LMSCOPE_CHECK(e.address + e.bytes <= s->address + s->bytes, "{:#x} runs past its segment", e.address);
+        if (s->live.empty() && e.address == s->address) s->small = e.bytes < Allocator::kSmallRequest;
+        s->live.emplace(e.address, b);
       }
       break;
     }
@@ -59,19 +65,20 @@ void MemoryReplay::apply(const MemEvent& e) {
       by_kind_[static_cast<int>(it->second.tag.kind)] -= it->second.bytes;
       live_.erase(it);
       live_at_.erase(at);
-      if (auto s = segment_at_.find(e.address); s != segment_at_.end()) segments_.at(s->second).in_use = false;
+      if (Segment* s = segment_of(e.address)) s->live.erase(e.address);
       break;
     }
     case MemAction::segment_alloc:
-      LMSCOPE_CHECK(segment_at_.emplace(e.address, next_).second, "segment {:#x} made twice", e.address);
+      LMSCOPE_CHECK(segment_of(e.address) == nullptr, "segment {:#x} made twice", e.address);
+      segment_at_.emplace(e.address, next_);
       segments_.emplace(next_++, Segment{e.address, e.bytes, false, {}});
       reserved_ += e.bytes;
       paged_ += cuda::driver_segment_bytes(e.bytes);
       break;
     case MemAction::segment_free: {
       auto at = segment_at_.find(e.address);
-      LMSCOPE_CHECK(at != segment_at_.end() && !segments_.at(at->second).in_use,
-                    "a segment freed at {:#x} that is not cached", e.address);
+      LMSCOPE_CHECK(at != segment_at_.end() && segments_.at(at->second).live.empty(),
+                    "a segment freed at {:#x} that is not free", e.address);
       reserved_ -= segments_.at(at->second).bytes;
       paged_ -= cuda::driver_segment_bytes(segments_.at(at->second).bytes);
       segments_.erase(at->second);

@@ -69,8 +69,8 @@ class MemoryReplay {
   struct Segment {
     std::uintptr_t address = 0;
     std::size_t bytes = 0;
-    bool in_use = false;
-    LiveBuffer last;  // the buffer it holds or last held
+    bool small = false;                         // of the pool for requests under 1 MiB
+    std::map<std::uintptr_t, LiveBuffer> live;  // the blocks handed out, by address
   };
   void apply(const MemEvent& e);
   std::size_t allocated() const { return allocated_; }
@@ -85,7 +85,9 @@ class MemoryReplay {
  private:
   std::map<std::uint64_t, LiveBuffer> live_;  // by allocation order
   std::map<std::uint64_t, Segment> segments_;
-  std::unordered_map<std::uintptr_t, std::uint64_t> live_at_, segment_at_;
+  std::unordered_map<std::uintptr_t, std::uint64_t> live_at_;
+  std::map<std::uintptr_t, std::uint64_t> segment_at_;  // by base address
+  Segment* segment_of(std::uintptr_t address);
   std::uint64_t next_ = 0;
   std::size_t allocated_ = 0, reserved_ = 0, paged_ = 0;
   std::array<std::size_t, kMemKinds> by_kind_{};

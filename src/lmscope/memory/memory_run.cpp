@@ -51,7 +51,7 @@ void run_steps(const MemorySpec& spec, MemoryRecord& r, Backend& backend, std::o
       model->forward(c.mode != BenchMode::inference);
       if (has_backward(c.mode)) {
         if (measured && k == 0) r.backward_begin = mem.events().size();
-        model->backward(micro_batches, k > 0);
+        model->backward({k, micro_batches});
       } else {
         model->discard_activations();
       }

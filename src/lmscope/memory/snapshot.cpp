@@ -93,50 +93,66 @@ std::size_t requested_bytes(const Shape& shape, DType dtype) {
   return static_cast<std::size_t>(shape_numel(shape)) * dtype_size(dtype);
 }
 
+void write_block(PickleWriter& w, std::uintptr_t address, std::size_t bytes, const LiveBuffer* b) {
+  const std::size_t requested = b ? requested_bytes(b->shape, b->dtype) : 0;
+  w.begin_dict();
+  w.item("address", static_cast<std::int64_t>(address));
+  w.item("size", static_cast<std::int64_t>(bytes));
+  w.item("requested_size", static_cast<std::int64_t>(requested));
+  w.item("state", b ? "active_allocated" : "inactive");
+  w.key("frames");
+  if (b)
+    write_frames(w, b->tag, b->shape, b->dtype, b->phase);
+  else
+    w.empty_list();
+  if (b) {  // PyTorch 1.x's reader (torch.cuda._memory_viz) takes frames from the history
+    w.key("history");
+    w.begin_list();
+    w.begin_dict();
+    w.item("addr", static_cast<std::int64_t>(address));
+    w.item("real_size", static_cast<std::int64_t>(requested));
+    w.key("frames");
+    write_frames(w, b->tag, b->shape, b->dtype, b->phase);
+    w.end_dict();
+    w.end_list();
+  }
+  w.end_dict();
+}
+
+// Each segment with its blocks in address order: the buffers live at the end of the record, and
+// the free stretches between them as inactive blocks.
 void write_segments(PickleWriter& w, const MemoryRecord& record) {
   MemoryReplay replay;
   for (const MemEvent& e : record.events) replay.apply(e);
   w.begin_list();
   for (const MemoryReplay::Segment& s : replay.segments()) {
-    const LiveBuffer& b = s.last;
-    const std::size_t requested = s.in_use ? requested_bytes(b.shape, b.dtype) : 0;
+    std::size_t allocated = 0, requested = 0;
+    for (const auto& [address, b] : s.live) {
+      allocated += b.bytes;
+      requested += requested_bytes(b.shape, b.dtype);
+    }
     w.begin_dict();
     w.item("device", 0);
     w.item("address", static_cast<std::int64_t>(s.address));
     w.item("total_size", static_cast<std::int64_t>(s.bytes));
-    w.item("allocated_size", static_cast<std::int64_t>(s.in_use ? s.bytes : 0));
-    w.item("active_size", static_cast<std::int64_t>(s.in_use ? s.bytes : 0));
+    w.item("allocated_size", static_cast<std::int64_t>(allocated));
+    w.item("active_size", static_cast<std::int64_t>(allocated));
     w.item("requested_size", static_cast<std::int64_t>(requested));
     w.item("stream", 0);
-    w.item("segment_type", s.bytes >= (std::size_t(1) << 20) ? "large" : "small");
+    w.item("segment_type", s.small ? "small" : "large");
     w.key("is_expandable");
     w.boolean(false);
     w.key("frames");
     w.empty_list();
     w.key("blocks");
-    w.begin_list();  // one block per segment: the cache hands a segment out whole
-    w.begin_dict();
-    w.item("address", static_cast<std::int64_t>(s.address));
-    w.item("size", static_cast<std::int64_t>(s.bytes));
-    w.item("requested_size", static_cast<std::int64_t>(requested));
-    w.item("state", s.in_use ? "active_allocated" : "inactive");
-    w.key("frames");
-    if (s.in_use)
-      write_frames(w, b.tag, b.shape, b.dtype, b.phase);
-    else
-      w.empty_list();
-    if (s.in_use) {  // PyTorch 1.x's reader (torch.cuda._memory_viz) takes frames from the history
-      w.key("history");
-      w.begin_list();
-      w.begin_dict();
-      w.item("addr", static_cast<std::int64_t>(s.address));
-      w.item("real_size", static_cast<std::int64_t>(requested));
-      w.key("frames");
-      write_frames(w, b.tag, b.shape, b.dtype, b.phase);
-      w.end_dict();
-      w.end_list();
+    w.begin_list();
+    std::uintptr_t at = s.address;
+    for (const auto& [address, b] : s.live) {
+      if (address > at) write_block(w, at, address - at, nullptr);
+      write_block(w, address, b.bytes, &b);
+      at = address + b.bytes;
     }
-    w.end_dict();
+    if (at < s.address + s.bytes) write_block(w, at, s.address + s.bytes - at, nullptr);
     w.end_list();
     w.end_dict();
   }

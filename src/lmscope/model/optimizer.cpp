@@ -56,9 +56,14 @@ void AdamW::step(double lr) {
   be.global_norm(grads, grad_norm_);
   ++t_;
   AdamWArgs args{lr, config_.beta1, config_.beta2, config_.eps, config_.weight_decay, t_, config_.clip};
+  // Each gradient goes once read; the low-precision copy AdamW writes takes its place, so the copies
+  // never sit beside every gradient.
   auto& params = model_.parameters();
-  for (std::size_t i = 0; i < params.size(); ++i)
-    be.adamw(params[i].value, params[i].grad, m_[i], v_[i], args, grad_norm_, params[i].value_lowp);
+  for (std::size_t i = 0; i < params.size(); ++i) {
+    const Allocation& copy = model_.lowp_copy(params[i]);
+    be.adamw(params[i].value, params[i].grad, m_[i], v_[i], args, grad_norm_, copy);
+    params[i].grad.reset();
+  }
 }
 
 double AdamW::last_grad_norm() { return read_scalar(model_.backend(), grad_norm_); }

@@ -23,7 +23,7 @@ struct LrSchedule {
 class AdamW {
  public:
   AdamW(Transformer& model, const OptimizerConfig& config);
-  // One update from the gradients now held by the model, at learning rate lr.
+  // One update from the gradients now held by the model, at learning rate lr; frees them.
   void step(double lr);
   std::int64_t steps_taken() const { return t_; }
   // The global gradient norm of the last step, before clipping (reads the backend).

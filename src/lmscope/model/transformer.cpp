@@ -70,12 +70,11 @@ Transformer::Transformer(const ModelConfig& config, Backend& backend, DType dtyp
   for (ParameterSpec& s : parameter_specs(config_)) params_.push_back(Parameter{std::move(s), {}, {}, {}});
   for (Parameter& p : params_) {
     p.value = backend_.allocator().allocate(p.spec.shape, dtype_, {MemKind::parameter, p.spec.name, p.spec.layer});
-    if (p.spec.matmul && compute_ != dtype_)
-      p.value_lowp = backend_.allocator().allocate(
-          p.spec.shape, compute_,
-          {MemKind::parameter, p.spec.name + " (" + dtype_name(compute_) + " copy)", p.spec.layer});
     by_name[p.spec.name] = &p;
   }
+  // The copies after every master, side by side: those the backward frees merge into blocks the
+  // gradients it makes can use.
+  for (Parameter& p : params_) lowp_copy(p);
   for (int i = 0; i < config_.layers; ++i) {
     auto at = [&](const char* s) { return by_name.at("layers." + std::to_string(i) + "." + s); };
     layer_params_.push_back({at("attn.q_proj.weight"), at("attn.k_proj.weight"), at("attn.v_proj.weight"),
@@ -106,7 +105,33 @@ void Transformer::init_parameters(std::uint64_t seed) {
 
 void Transformer::refresh_lowp_copies() {
   for (Parameter& p : params_)
-    if (!p.value_lowp.empty()) backend_.cast(p.value, p.value_lowp);
+    if (Allocation& copy = lowp_copy(p); !copy.empty()) backend_.cast(p.value, copy);
+}
+
+Allocation& Transformer::lowp_copy(Parameter& p) {
+  if (p.value_lowp.empty() && p.spec.matmul && compute_ != dtype_)
+    p.value_lowp = backend_.allocator().allocate(
+        p.spec.shape, compute_,
+        {MemKind::parameter, p.spec.name + " (" + dtype_name(compute_) + " copy)", p.spec.layer});
+  return p.value_lowp;
+}
+
+const Tensor& Transformer::gradient(Parameter& p) {
+  if (p.grad.empty())
+    p.grad = backend_.allocator().allocate(p.spec.shape, dtype_, {MemKind::gradient, p.spec.name, p.spec.layer});
+  return p.grad;
+}
+
+const Tensor& Transformer::weight(Parameter* p) {
+  if (!p->value_lowp.empty() || !p->spec.matmul || compute_ == dtype_)
+    return p->value_lowp.empty() ? p->value.tensor() : p->value_lowp.tensor();
+  backend_.cast(p->value, lowp_copy(*p));
+  return p->value_lowp;
+}
+
+void Transformer::drop_lowp_copies(std::initializer_list<Parameter*> done) {
+  if (last_micro_batch_)
+    for (Parameter* p : done) p->value_lowp.reset();
 }
 
 template <typename T>
@@ -214,7 +239,7 @@ void Transformer::linear_backward_weight(const Tensor& dy, const Tensor& x, cons
 template <typename Op>
 void Transformer::parameter_gradient(Parameter* p, Op&& op) {
   if (!accumulating_) {
-    op(p->grad.tensor());
+    op(gradient(*p));
     return;
   }
   Allocation part =
@@ -339,27 +364,30 @@ const Tensor& Transformer::logits() const {
 
 void Transformer::discard_activations() { saved_.clear(); }
 
-void Transformer::backward(int micro_batches, bool accumulate) {
+void Transformer::backward(MicroBatch micro) {
   LMSCOPE_CHECK(!saved_.empty() && saved_.back().for_backward, "backward without a forward that kept its activations");
-  LMSCOPE_CHECK(micro_batches >= 1, "backward over {} micro-batches", micro_batches);
+  LMSCOPE_CHECK(micro.count >= 1 && micro.index >= 0 && micro.index < micro.count, "backward of micro-batch {} of {}",
+                micro.index, micro.count);
+  const bool accumulate = micro.index > 0;
   LMSCOPE_CHECK(!accumulate || !params_.front().grad.empty(), "accumulating into gradients no backward has made");
   accumulating_ = accumulate;
+  last_micro_batch_ = micro.index == micro.count - 1;
+  const int micro_batches = micro.count;
   const std::int64_t B = batch_, T = ctx_, N = B * T, d = config_.d_model, f = config_.d_ff, H = config_.heads,
                      dk = config_.d_head();
   const double theta = config_.rope_theta;
   Allocator& mem = backend_.allocator();
   mem.set_phase(Phase::backward);
-  for (Parameter& p : params_)
-    if (p.grad.empty()) p.grad = mem.allocate(p.spec.shape, dtype_, {MemKind::gradient, p.spec.name, p.spec.layer});
   Saved s = std::move(saved_.back());
   saved_.clear();
 
   // Loss and head: the logits buffer turns into dlogits in place.
   backend_.cross_entropy_backward(s.logits, targets_, s.lse, s.logits, 1.0 / static_cast<double>(N * micro_batches));
   s.lse.reset();
-  linear_backward_weight(s.logits, s.n_final, lm_head_->grad);
+  linear_backward_weight(s.logits, s.n_final, gradient(*lm_head_));
   Allocation dn = act("grad.ln_final.out", -1, {N, d});
   linear_backward_input(s.logits, weight(lm_head_), dn, 0.0f);
+  drop_lowp_copies({lm_head_});
   s.logits.reset();
   s.n_final.reset();
   Allocation dx = wide("grad.residual", -1, {N, d});
@@ -381,11 +409,12 @@ void Transformer::backward(int micro_batches, bool accumulate) {
     const Tensor& dx_c = as_compute(dx, dx_scratch, "grad.residual.lowp", l);
     Allocation dgate = act("grad.ffn.gate", l, {N, f});
     linear_backward_input(dx_c, weight(P.w2), dgate, 0.0f);
+    drop_lowp_copies({P.w2});
     if (L.gate.empty()) {  // selective: silu(a)∘b again
       L.gate = act("ffn.gate", l, {N, f});
       backend_.swiglu_forward(L.a, L.b, L.gate);
     }
-    linear_backward_weight(dx_c, L.gate, P.w2->grad);
+    linear_backward_weight(dx_c, L.gate, gradient(*P.w2));
     L.gate.reset();
     dx_scratch.reset();
     Allocation da = act("grad.ffn.w1_out", l, {N, f}), db = act("grad.ffn.w3_out", l, {N, f});
@@ -396,12 +425,13 @@ void Transformer::backward(int micro_batches, bool accumulate) {
     dn = act("grad.ln2.out", l, {N, d});
     linear_backward_input(da, weight(P.w1), dn, 0.0f);
     linear_backward_input(db, weight(P.w3), dn, 1.0f);
+    drop_lowp_copies({P.w1, P.w3});
     if (L.n2.empty()) {  // selective: ln2's output again (its statistics are rewritten unchanged)
       L.n2 = act("ln2.out", l, {N, d});
       backend_.rmsnorm_forward(L.h, P.ln2->value, L.n2, L.rstd2, eps);
     }
-    linear_backward_weight(da, L.n2, P.w1->grad);
-    linear_backward_weight(db, L.n2, P.w3->grad);
+    linear_backward_weight(da, L.n2, gradient(*P.w1));
+    linear_backward_weight(db, L.n2, gradient(*P.w3));
     da.reset();
     db.reset();
     L.n2.reset();
@@ -419,7 +449,8 @@ void Transformer::backward(int micro_batches, bool accumulate) {
     const Tensor& dh_c = as_compute(dh, dh_scratch, "grad.attn.residual.lowp", l);
     Allocation d_o = act("grad.attn.o", l, {N, d});
     linear_backward_input(dh_c, weight(P.wo), d_o, 0.0f);
-    linear_backward_weight(dh_c, L.o, P.wo->grad);
+    drop_lowp_copies({P.wo});
+    linear_backward_weight(dh_c, L.o, gradient(*P.wo));
     dh_scratch.reset();
     Allocation o_heads;  // flash's backward reads the output; re-split from o rather than saved twice
     if (attention_ == AttentionKind::flash) {
@@ -457,7 +488,8 @@ void Transformer::backward(int micro_batches, bool accumulate) {
       backend_.merge_heads(*dheads[i], dproj.tensor().view({B, T, H, dk}), i < 2 ? theta : 0.0);
       dheads[i]->reset();
       linear_backward_input(dproj, weight(weights[i]), dn, i == 0 ? 0.0f : 1.0f);
-      linear_backward_weight(dproj, L.n1, weights[i]->grad);
+      drop_lowp_copies({weights[i]});
+      linear_backward_weight(dproj, L.n1, gradient(*weights[i]));
     }
     dproj.reset();
     L.n1.reset();
@@ -470,7 +502,7 @@ void Transformer::backward(int micro_batches, bool accumulate) {
     L.x.reset();
     L.rstd1.reset();
   }
-  backend_.embedding_backward(ids_, dx, embedding_->grad, accumulating_);  // adds in place: no scratch
+  backend_.embedding_backward(ids_, dx, gradient(*embedding_), accumulating_);  // adds in place: no scratch
   accumulating_ = false;
 }
 

@@ -23,11 +23,16 @@ enum class Recompute { none, selective, full };
 const char* recompute_name(Recompute r);
 Recompute parse_recompute(const std::string& s);  // throws UserError
 
+// Micro-batch `index` of the `count` whose gradients one optimizer step sums (--grad-accum).
+struct MicroBatch {
+  int index = 0, count = 1;
+};
+
 struct Parameter {
   ParameterSpec spec;
   Allocation value;       // the master copy (f32, or f64 in gradient checks)
-  Allocation value_lowp;  // bf16 copy of a matmul weight under mixed precision, refreshed by AdamW
-  Allocation grad;        // allocated by the first backward, kept afterwards (as PyTorch's .grad)
+  Allocation value_lowp;  // bf16 copy of a matmul weight under mixed precision (Transformer::lowp_copy)
+  Allocation grad;        // made by the backward, freed by AdamW once it has been read
 };
 
 class Transformer {
@@ -50,6 +55,11 @@ class Transformer {
   void set_recompute(Recompute r) { recompute_ = r; }
   // Copies every master matmul weight into its low-precision copy (after loading or initialising).
   void refresh_lowp_copies();
+  // p's low-precision copy, allocated (not filled) if it has none; an empty allocation when p has
+  // no such copy (not a matmul weight, or no mixed precision).
+  Allocation& lowp_copy(Parameter& p);
+  // p's gradient, allocated (not filled) if the backward has not made it yet.
+  const Tensor& gradient(Parameter& p);
   Backend& backend() { return backend_; }
   std::vector<Parameter>& parameters() { return params_; }
   Parameter& parameter(const std::string& name);  // throws UserError if unknown
@@ -65,11 +75,13 @@ class Transformer {
   // each activation once read and keeping only the logits. The loss stays on the backend until read.
   void forward(bool for_backward = true);
   double read_loss();
-  // Backward from the loss into every parameter's grad, freeing saved activations. For gradient
-  // accumulation over K micro-batches (--grad-accum), micro_batches = K scales the loss's gradient
-  // by 1/K (so the sum is the gradient of the whole batch's mean loss) and accumulate adds into the
-  // gradients of the micro-batches before instead of overwriting them.
-  void backward(int micro_batches = 1, bool accumulate = false);
+  // Backward from the loss into every parameter's grad, freeing saved activations, each gradient
+  // allocated when first written. With gradient accumulation (--grad-accum K), micro-batch
+  // {k, K} scales the loss's gradient by 1/K (so the sum is the gradient of the whole batch's mean
+  // loss) and, for k > 0, adds into the gradients instead of overwriting them. The low-precision
+  // weight copies go with each layer's backward in the last micro-batch (AdamW writes them anew,
+  // a forward without a step before it casts them again), so they never sit beside every gradient.
+  void backward(MicroBatch micro = {});
   // Drops what forward saved, for forward-only runs.
   void discard_activations();
   // Logits of the last forward [batch·ctx, vocab]; valid until backward or discard.
@@ -94,9 +106,11 @@ class Transformer {
   // t itself when it already has the compute dtype, else a cast of it into scratch.
   const Tensor& as_compute(const Tensor& t, Allocation& scratch, const char* what, int layer,
                            std::source_location where = std::source_location::current());
-  const Tensor& weight(const Parameter* p) const {
-    return p->value_lowp.empty() ? p->value.tensor() : p->value_lowp.tensor();
-  }
+  // The matmul operand of a weight: its low-precision copy, cast from the master when missing.
+  const Tensor& weight(Parameter* p);
+  // Frees the low-precision copies of weights whose last use in this backward is behind (each right
+  // after its input-gradient GEMM), in the step's last micro-batch.
+  void drop_lowp_copies(std::initializer_list<Parameter*> done);
   void linear(const Tensor& x, const Tensor& w, const Tensor& y);
   void linear_backward_input(const Tensor& dy, const Tensor& w, const Tensor& dx, float beta);
   void linear_backward_weight(const Tensor& dy, const Tensor& x, const Tensor& dw);
@@ -121,6 +135,7 @@ class Transformer {
   Allocation ids_, targets_, loss_;
   std::vector<Saved> saved_;   // empty or one element: the last forward's activations
   bool accumulating_ = false;  // the backward under way adds into the gradients
+  bool last_micro_batch_ = true;
 };
 
 }  // namespace lmscope

@@ -1,0 +1,109 @@
+// The caching allocator's policy: best fit within a pool, splitting and merging, segments given
+// back only when wholly free, and a record that replays to the allocator's own numbers.
+#include "lmscope/core/allocator.h"
+#include "lmscope/memory/memory_analysis.h"
+
+#include <gtest/gtest.h>
+
+namespace lmscope::test {
+namespace {
+
+constexpr std::size_t kMiB = std::size_t(1) << 20;
+
+Allocation floats(Allocator& a, std::int64_t n, const char* what) {
+  return a.allocate({n}, DType::f32, {MemKind::activation, what, -1});
+}
+
+TEST(Allocator, RefusesMoreThanItsCapacity) {
+  HostAllocator a(3 * kMiB);
+  EXPECT_THROW(floats(a, 1 << 20, "big"), OutOfMemory);  // 4 MiB
+  EXPECT_EQ(a.current_bytes(), 0u);
+  auto small = floats(a, 1000, "small");
+  EXPECT_EQ(a.current_bytes(), 4096u);      // rounded to 256 bytes
+  EXPECT_EQ(a.reserved_bytes(), 2 * kMiB);  // from a small-pool segment
+}
+
+TEST(Allocator, AFreedBlockServesASmallerRequestAndKeepsTheRestFree) {
+  HostAllocator a(1024 * kMiB);
+  auto grad = floats(a, 10 * kMiB / 4, "grad");  // 10 MiB: a segment of its own
+  const std::uintptr_t at = reinterpret_cast<std::uintptr_t>(grad.tensor().data);
+  EXPECT_EQ(a.reserved_bytes(), 10 * kMiB);
+  grad.reset();
+  auto copy = floats(a, 5 * kMiB / 4, "copy");  // half of it, from the same memory
+  auto rest = floats(a, 5 * kMiB / 4, "rest");  // and the other half
+  EXPECT_EQ(reinterpret_cast<std::uintptr_t>(copy.tensor().data), at);
+  EXPECT_EQ(reinterpret_cast<std::uintptr_t>(rest.tensor().data), at + 5 * kMiB);
+  EXPECT_EQ(a.reserved_bytes(), 10 * kMiB);
+  EXPECT_EQ(a.cached_bytes(), 0u);
+}
+
+TEST(Allocator, FreedNeighboursMergeIntoOneBlock) {
+  HostAllocator a(1024 * kMiB);
+  auto whole = floats(a, 12 * kMiB / 4, "whole");
+  whole.reset();
+  Allocation parts[3] = {floats(a, kMiB, "p0"), floats(a, kMiB, "p1"), floats(a, kMiB, "p2")};  // 4 MiB each
+  parts[0].reset();
+  parts[2].reset();
+  parts[1].reset();  // merges with both sides
+  auto again = floats(a, 12 * kMiB / 4, "again");
+  EXPECT_EQ(a.reserved_bytes(), 12 * kMiB) << "a request of the whole segment needs no new one";
+}
+
+TEST(Allocator, TheSmallestBlockThatHoldsTheRequestWins) {
+  HostAllocator a(1024 * kMiB);
+  auto big = floats(a, 8 * kMiB / 4, "big"), gap = floats(a, 2 * kMiB / 4, "gap");
+  auto mid = floats(a, 4 * kMiB / 4, "mid");
+  const auto mid_at = reinterpret_cast<std::uintptr_t>(mid.tensor().data);
+  big.reset();
+  mid.reset();
+  auto want = floats(a, 3 * kMiB / 4, "want");
+  EXPECT_EQ(reinterpret_cast<std::uintptr_t>(want.tensor().data), mid_at);
+}
+
+TEST(Allocator, SmallRequestsDoNotCutLargeBlocks) {
+  HostAllocator a(1024 * kMiB);
+  auto big = floats(a, 8 * kMiB / 4, "big");
+  big.reset();
+  auto small = floats(a, 64, "small");
+  EXPECT_EQ(a.reserved_bytes(), 10 * kMiB) << "the small request made a small-pool segment";
+  auto big_again = floats(a, 8 * kMiB / 4, "big again");
+  EXPECT_EQ(a.reserved_bytes(), 10 * kMiB);
+}
+
+TEST(Allocator, GivesBackOnlyWhollyFreeSegments) {
+  HostAllocator a(1024 * kMiB);
+  auto x = floats(a, 4 * kMiB / 4, "x");
+  auto y = floats(a, 2 * kMiB / 4, "y");
+  x.reset();
+  a.release_cache();
+  EXPECT_EQ(a.reserved_bytes(), 2 * kMiB);
+  auto half = floats(a, 2 * kMiB / 4, "half");  // y's segment is full: a new one
+  y.reset();
+  a.release_cache();
+  EXPECT_EQ(a.reserved_bytes(), 2 * kMiB);
+}
+
+TEST(Allocator, ARecordReplaysToTheAllocatorsNumbers) {
+  HostAllocator a(1024 * kMiB);
+  a.record_events(true);
+  std::vector<Allocation> held;
+  for (int i = 0; i < 40; ++i) {
+    held.push_back(floats(a, (i % 7 + 1) * 100000 + (i % 3) * 64, "x"));
+    if (i % 3 == 2) held.erase(held.begin() + i % 5 % static_cast<int>(held.size()));
+  }
+  MemoryReplay replay;
+  for (const MemEvent& e : a.events()) replay.apply(e);
+  EXPECT_EQ(replay.allocated(), a.current_bytes());
+  EXPECT_EQ(replay.reserved(), a.reserved_bytes());
+  std::size_t in_segments = 0;
+  for (const MemoryReplay::Segment& s : replay.segments())
+    for (const auto& [address, b] : s.live) {
+      EXPECT_GE(address, s.address);
+      EXPECT_LE(address + b.bytes, s.address + s.bytes);
+      in_segments += b.bytes;
+    }
+  EXPECT_EQ(in_segments, a.current_bytes());
+}
+
+}  // namespace
+}  // namespace lmscope::test

@@ -14,9 +14,11 @@
 #   lean     the leaner step against PyTorch: the 20-cell bf16 train grid's peaks (allocated and
 #            held), and its step times beside those of the build in $LMSCOPE_BEFORE (if set), in one
 #            process per cell pair
-#   scripts/gpu_memory.sh [tests] [seeds] [context] [plan] [diet] [lean]
+#   recommend  plan --recommend --measure: the fastest way to train each preset at ctx 1024..8192
+#            with 4 sequences per step, every candidate timed
+#   scripts/gpu_memory.sh [tests] [seeds] [context] [plan] [diet] [lean] [recommend]
 set -uo pipefail
-STAGES=${*:-tests seeds context plan diet lean}
+STAGES=${*:-tests seeds context plan diet lean recommend}
 want() { [[ " $STAGES " == *" $1 "* ]]; }
 source "$(dirname "$0")/gpu_env.sh"
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$OUT/memory-gpu.txt"
@@ -120,4 +122,10 @@ if [[ -n "${LMSCOPE_BEFORE:-}" ]]; then
     done
   done | tee "$OUT/lean-speed.md"
 fi
+fi
+
+if want recommend; then
+"$B/lmscope" plan --recommend --measure --precision bf16 --attention flash --ctx 1024,2048,4096,8192 --batch 4 \
+  --format json --out "$OUT/recommend.json" >"$OUT/recommend.md" 2>"$OUT/recommend.err"
+echo "== recommend exit $?"; cat "$OUT/recommend.md"
 fi

@@ -184,5 +184,66 @@ class BenchAndInfoDryRuns(unittest.TestCase):
         self.assertEqual(modes, ["inference", "train", "train"])
 
 
+class Recommend(unittest.TestCase):
+    # A tiny model whose ctx 640 step fits 48 MiB three ways: full recompute in one batch, selective
+    # in two micro-batches, none in four.
+    CELL = ["--device", "cpu", "--model", "small", "--vocab", "50", "--d-model", "32", "--d-ff", "64", "--layers", "4",
+            "--heads", "2", "--precision", "fp32", "--attention", "naive", "--memory-limit", "48MiB", "--batch", "4"]
+
+    def recommend(self, *args):
+        r = run("plan", "--recommend", *self.CELL, "--format", "json", *args)
+        self.assertEqual(r.returncode, 0, r.stderr)
+        return json.loads(r.stdout)
+
+    def fits(self, ctx, recompute, accum, micro):
+        row = dry_memory(*self.CELL[:-2], "--batch", str(micro), "--ctx", str(ctx), "--recompute", recompute,
+                         "--grad-accum", str(accum))
+        return row["status"] == "ok", row
+
+    def test_candidates_are_the_least_recomputation_per_split(self):
+        (rec,) = self.recommend("--ctx", "640")
+        ways = [(c["recompute"], c["grad_accum"], c["micro_batch"]) for c in rec["candidates"]]
+        self.assertEqual(ways, [("full", 1, 4), ("selective", 2, 2), ("none", 4, 1)])
+        self.assertEqual(rec["chosen"], 0)  # not timed: the coarsest split
+        self.assertFalse(rec["measured"])
+        order = ["none", "selective", "full"]
+        for c in rec["candidates"]:
+            ok, row = self.fits(640, c["recompute"], c["grad_accum"], c["micro_batch"])
+            self.assertTrue(ok)
+            self.assertEqual(row["peak_bytes"], c["peak_bytes"])
+            for less in order[:order.index(c["recompute"])]:  # less recomputation at that split does not fit
+                self.assertFalse(self.fits(640, less, c["grad_accum"], c["micro_batch"])[0], less)
+
+    def test_measure_names_the_fastest_candidate(self):
+        (rec,) = self.recommend("--ctx", "640", "--measure", "--measure-steps", "2")
+        self.assertTrue(rec["measured"])
+        times = [c["step_ms"] for c in rec["candidates"]]
+        self.assertTrue(all(t is not None and t > 0 for t in times), times)
+        self.assertEqual(times[rec["chosen"]], min(times))
+
+    def test_what_fits_as_is_and_what_fits_nowhere(self):
+        small, huge = self.recommend("--ctx", "64,4096")
+        self.assertEqual([(c["recompute"], c["grad_accum"]) for c in small["candidates"]], [("none", 1)])
+        self.assertEqual(huge["candidates"], [])
+        self.assertIsNone(huge["chosen"])
+        md = run("plan", "--recommend", *self.CELL, "--ctx", "64,640,4096")
+        self.assertEqual(md.returncode, 0, md.stderr)
+        self.assertIn("`(as is)`", md.stdout)
+        self.assertIn("`--recompute full`", md.stdout)
+        self.assertIn("nothing fits", md.stdout)
+        self.assertIn("not timed", md.stdout)
+
+    def test_bad_inputs_end_in_one_sentence(self):
+        for args, says in ((["--measure"], "--measure times the candidates of --recommend"),
+                           (["--recommend", "--recompute", "full"], "chooses --recompute and --grad-accum itself"),
+                           (["--recommend", "--mode", "inference"], "for steps with a backward"),
+                           (["--recommend", "--batch", "2,4"], "takes one --batch"),
+                           (["--recommend", "--measure", "--measure-steps", "0"], "--measure-steps must be")):
+            r = run("plan", *self.CELL[:-2], *args)
+            self.assertEqual(r.returncode, 2, args)
+            self.assertIn(says, r.stderr)
+            self.assertEqual(len(r.stderr.strip().splitlines()), 1, r.stderr)
+
+
 if __name__ == "__main__":
     unittest.main()

@@ -1,0 +1,179 @@
+#include "lmscope/memory/recommend.h"
+
+#include "lmscope/memory/memory_analysis.h"
+
+#include <nlohmann/json.hpp>
+
+#include <map>
+
+namespace lmscope {
+
+Recommendation recommend(const RecommendSpec& spec) {
+  const BenchSpec& c = spec.cell;
+  LMSCOPE_CHECK(has_backward(c.mode) && c.batch >= 1, "recommendations are for steps with a backward");
+  Recommendation out;
+  out.spec = spec;
+  int least = 3;  // the least recomputation (enum order) a coarser split fits with; 3: none fits
+  for (std::int64_t k = 1; k <= c.batch && least > 0; k *= 2) {
+    if (c.batch % k != 0) break;
+    for (Recompute r : {Recompute::none, Recompute::selective, Recompute::full}) {
+      if (static_cast<int>(r) >= least) break;  // no less work than a coarser split: never faster
+      BenchSpec s = c;
+      s.batch = c.batch / k;
+      s.grad_accum = static_cast<int>(k);
+      s.recompute = r;
+      const MemoryRecord rec = record_memory(MemorySpec{s, true, spec.memory_limit}, false);
+      if (out.device_name.empty()) {
+        out.device_name = rec.device_name;
+        out.limit = device_limit(rec);
+      }
+      if (rec.outcome == MemoryOutcome::failed) {
+        out.failure = rec.status;
+        return out;
+      }
+      if (!rec.ok()) continue;
+      const MemoryAnalysis a = analyze_memory(rec, 1);
+      out.candidates.push_back(Candidate{s, a.peak, device_need(rec, a), std::nullopt, "ok"});
+      least = static_cast<int>(r);
+      break;
+    }
+  }
+  if (out.candidates.empty()) return out;
+  out.chosen = 0;
+  if (!spec.measure) return out;
+  for (std::size_t i = 0; i < out.candidates.size(); ++i) {
+    Candidate& cand = out.candidates[i];
+    BenchSpec run = cand.spec;
+    run.steps = spec.measure_steps;
+    const BenchResult r = run_bench_cell(run);
+    cand.status = r.status;
+    if (!r.ok()) continue;
+    cand.step_ms = r.step.mean;
+    if (!out.candidates[out.chosen].step_ms || *cand.step_ms < *out.candidates[out.chosen].step_ms)
+      out.chosen = static_cast<int>(i);
+  }
+  return out;
+}
+
+namespace {
+
+std::string gib(std::size_t b) { return fmt::format("{:.2f}", static_cast<double>(b) / (1024.0 * 1024 * 1024)); }
+
+// "selective recompute, 2 micro-batches of 2": how to run it, in words.
+std::string way(const BenchSpec& s) {
+  const std::string r =
+      s.recompute == Recompute::none ? "no recompute" : recompute_name(s.recompute) + std::string(" recompute");
+  return s.grad_accum == 1 ? fmt::format("{}, one batch of {}", r, s.batch)
+                           : fmt::format("{}, {} micro-batches of {}", r, s.grad_accum, s.batch);
+}
+
+// The flags that run it: "--recompute full --grad-accum 2 --batch 2".
+std::string flags(const BenchSpec& s) {
+  std::string f = s.recompute == Recompute::none ? "" : fmt::format("--recompute {}", recompute_name(s.recompute));
+  if (s.grad_accum > 1) f += fmt::format("{}--grad-accum {} --batch {}", f.empty() ? "" : " ", s.grad_accum, s.batch);
+  return f.empty() ? "(as is)" : f;
+}
+
+std::string timing(const Candidate& c) {
+  if (c.step_ms) return fmt::format("{:.1f} ms", *c.step_ms);
+  return c.status == "ok" ? "not timed" : c.status;
+}
+
+std::string markdown(const std::vector<Recommendation>& rows) {
+  if (rows.empty()) return "";
+  std::map<std::string, std::size_t> budgets;
+  for (const Recommendation& r : rows)
+    if (!r.device_name.empty()) budgets.emplace(r.device_name, r.limit);
+  const BenchSpec& c = rows.front().spec.cell;
+  std::string out = fmt::format(
+      "The fastest way to run a {} step of the sequences named, found by dry runs: per split into micro-batches, "
+      "the least recomputation that fits; {}.\n",
+      bench_mode_name(c.mode),
+      rows.front().spec.measure ? "each candidate then timed on the device, the fastest named"
+                                : "the coarsest split named (not timed: --measure times every candidate)");
+  for (const auto& [name, limit] : budgets)
+    out += fmt::format("Budget of the {}: {} GiB, the whole device.\n", name, gib(limit));
+  out +=
+      "\n| model | precision | attention | ctx | sequences per step | recommended | flags | peak GiB | whole device "
+      "GiB | step | other candidates |\n|---|---|---|---:|---:|---|---|---:|---:|---:|---|\n";
+  for (const Recommendation& r : rows) {
+    const BenchSpec& s = r.spec.cell;
+    const std::string head = fmt::format("| {} | {} | {} | {} | {} |", s.model.name, s.precision,
+                                         attention_name(s.attention), s.ctx, s.batch);
+    if (r.chosen < 0) {
+      out += head + fmt::format(" {} | - | - | - | - | |\n", r.failure.empty() ? "nothing fits" : r.failure);
+      continue;
+    }
+    const Candidate& best = r.candidates[r.chosen];
+    std::string others;
+    for (std::size_t i = 0; i < r.candidates.size(); ++i) {
+      if (static_cast<int>(i) == r.chosen) continue;
+      const Candidate& o = r.candidates[i];
+      others += fmt::format("{}{}: {} GiB, {}", others.empty() ? "" : "; ", way(o.spec), gib(o.peak), timing(o));
+    }
+    out += head + fmt::format(" {} | `{}` | {} | {} | {} | {} |\n", way(best.spec), flags(best.spec), gib(best.peak),
+                              gib(best.need), timing(best), others);
+  }
+  return out;
+}
+
+std::string csv(const std::vector<Recommendation>& rows) {
+  std::string out =
+      "model,device,device_name,memory_limit_bytes,precision,attention,ctx,sequences_per_step,recompute,grad_accum,"
+      "micro_batch,peak_bytes,device_need_bytes,step_ms,status,chosen\n";
+  for (const Recommendation& r : rows) {
+    const BenchSpec& s = r.spec.cell;
+    if (r.candidates.empty())
+      out += fmt::format("{},{},{},{},{},{},{},{},,,,,,,{},\n", csv_field(s.model.name), s.device,
+                         csv_field(r.device_name), r.limit, s.precision, attention_name(s.attention), s.ctx, s.batch,
+                         csv_field(r.failure.empty() ? "nothing fits" : r.failure));
+    for (std::size_t i = 0; i < r.candidates.size(); ++i) {
+      const Candidate& c = r.candidates[i];
+      out += fmt::format("{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{}\n", csv_field(s.model.name), s.device,
+                         csv_field(r.device_name), r.limit, s.precision, attention_name(s.attention), s.ctx, s.batch,
+                         recompute_name(c.spec.recompute), c.spec.grad_accum, c.spec.batch, c.peak, c.need,
+                         c.step_ms ? fmt::format("{:.3f}", *c.step_ms) : "", csv_field(c.status),
+                         static_cast<int>(i) == r.chosen ? 1 : 0);
+    }
+  }
+  return out;
+}
+
+std::string json(const std::vector<Recommendation>& rows) {
+  nlohmann::ordered_json out = nlohmann::ordered_json::array();
+  for (const Recommendation& r : rows) {
+    const BenchSpec& s = r.spec.cell;
+    nlohmann::ordered_json j;
+    j["model"] = model_json(s.model);
+    j["device"] = s.device;
+    j["device_name"] = r.device_name;
+    j["memory_limit_bytes"] = r.limit;
+    j["precision"] = s.precision;
+    j["attention"] = attention_name(s.attention);
+    j["mode"] = bench_mode_name(s.mode);
+    j["ctx"] = s.ctx;
+    j["sequences_per_step"] = s.batch;
+    j["measured"] = r.spec.measure;
+    j["failure"] = r.failure.empty() ? nlohmann::ordered_json(nullptr) : nlohmann::ordered_json(r.failure);
+    j["chosen"] = r.chosen < 0 ? nlohmann::ordered_json(nullptr) : nlohmann::ordered_json(r.chosen);
+    j["candidates"] = nlohmann::ordered_json::array();
+    for (const Candidate& c : r.candidates)
+      j["candidates"].push_back({{"recompute", recompute_name(c.spec.recompute)},
+                                 {"grad_accum", c.spec.grad_accum},
+                                 {"micro_batch", c.spec.batch},
+                                 {"peak_bytes", c.peak},
+                                 {"device_need_bytes", c.need},
+                                 {"step_ms", c.step_ms ? nlohmann::ordered_json(*c.step_ms) : nullptr},
+                                 {"status", c.status}});
+    out.push_back(j);
+  }
+  return out.dump(2) + "\n";
+}
+
+}  // namespace
+
+std::string format_recommendations(const std::vector<Recommendation>& rows, ReportFormat f) {
+  return format_rows(rows, f, markdown, csv, json);
+}
+
+}  // namespace lmscope

@@ -26,6 +26,7 @@ struct OneStepSpec {
   Recompute recompute = Recompute::none;
   std::int64_t rows = 4, micro = 4, ctx = 32;  // rows sequences in micro-batches of micro
   double lr = 1e-3;
+  std::size_t logit_chunk_bytes = Transformer::kLogitChunkBytes;
 };
 
 inline std::vector<float> host_floats(Backend& be, const Tensor& t) {
@@ -37,6 +38,7 @@ inline std::vector<float> host_floats(Backend& be, const Tensor& t) {
 inline OneStep one_step(Backend& be, const OneStepSpec& s) {
   Transformer model(s.model, be, DType::f32, s.compute, s.attention);
   model.set_recompute(s.recompute);
+  model.set_logit_chunk_bytes(s.logit_chunk_bytes);
   model.init_parameters(6);
   const std::int64_t n = s.rows * s.ctx;
   std::vector<std::int32_t> ids(static_cast<std::size_t>(n)), targets(static_cast<std::size_t>(n));

@@ -125,9 +125,15 @@ class Backend {
   virtual void swiglu_backward(const Tensor& a, const Tensor& b, const Tensor& dout, const Tensor& da,
                                const Tensor& db) = 0;
 
-  // logits [N, V], targets [N] i32 -> loss [1] = mean cross-entropy; lse [N] saved.
-  virtual void cross_entropy_forward(const Tensor& logits, const Tensor& targets, const Tensor& lse,
-                                     const Tensor& loss) = 0;
+  // logits [N, V], targets [N] i32 -> loss [1] = scale · the rows' summed cross-entropy, added to
+  // what loss holds when accumulate (a loss over row chunks); lse [N] saved.
+  virtual void cross_entropy_forward(const Tensor& logits, const Tensor& targets, const Tensor& lse, const Tensor& loss,
+                                     double scale, bool accumulate) = 0;
+  // The mean over the rows.
+  void cross_entropy_forward(const Tensor& logits, const Tensor& targets, const Tensor& lse, const Tensor& loss) {
+    cross_entropy_forward(logits, targets, lse, loss, 1.0 / static_cast<double>(logits.numel() / logits.dim(-1)),
+                          false);
+  }
   // dlogits = (softmax(logits) − onehot(targets)) · scale; dlogits may alias logits.
   virtual void cross_entropy_backward(const Tensor& logits, const Tensor& targets, const Tensor& lse,
                                       const Tensor& dlogits, double scale) = 0;

@@ -203,12 +203,13 @@ class CudaBackend final : public Backend {
     cuda::swiglu_backward(a.data, b.data, dout.data, da.data, db.data, elem(a), a.numel(), stream_);
   }
 
-  void cross_entropy_forward(const Tensor& logits, const Tensor& targets, const Tensor& lse,
-                             const Tensor& loss) override {
+  using Backend::cross_entropy_forward;
+  void cross_entropy_forward(const Tensor& logits, const Tensor& targets, const Tensor& lse, const Tensor& loss,
+                             double scale, bool accumulate) override {
     const std::int64_t v = logits.dim(-1), n = logits.numel() / v;
     Allocation row_loss = scratch::cuda_cross_entropy(alloc_, n);
     cuda::cross_entropy_forward(logits.data, elem(logits), i32(targets), f32(lse), f32(row_loss), f32(loss), n, v,
-                                stream_);
+                                static_cast<float>(scale), accumulate, stream_);
   }
   void cross_entropy_backward(const Tensor& logits, const Tensor& targets, const Tensor& lse, const Tensor& dlogits,
                               double scale) override {

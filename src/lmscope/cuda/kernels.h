@@ -41,9 +41,10 @@ void softmax_forward(const void* scores, void* probs, Elem e, std::int64_t rows,
                      float scale, bool causal, cudaStream_t s);
 void softmax_backward(const void* probs, const void* dprobs, void* dscores, Elem e, std::int64_t rows, std::int64_t tk,
                       float scale, cudaStream_t s);
-// row_loss: scratch [n] for per-row losses, reduced in a fixed order into *loss.
+// row_loss: scratch [n] for per-row losses, reduced in a fixed order; *loss = scale · their sum, added
+// to *loss when accumulate.
 void cross_entropy_forward(const void* logits, Elem e, const std::int32_t* targets, float* lse, float* row_loss,
-                           float* loss, std::int64_t n, std::int64_t v, cudaStream_t s);
+                           float* loss, std::int64_t n, std::int64_t v, float scale, bool accumulate, cudaStream_t s);
 void cross_entropy_backward(const void* logits, const std::int32_t* targets, const float* lse, void* dlogits, Elem e,
                             std::int64_t n, std::int64_t v, float scale, cudaStream_t s);
 

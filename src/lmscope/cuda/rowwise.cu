@@ -129,11 +129,11 @@ __global__ void cross_entropy_rows_kernel(const T* logits, const std::int32_t* t
 }
 
 // One block, a fixed order: the loss is the same bit for bit on every run.
-__global__ void loss_mean_kernel(const float* values, float* out, std::int64_t n) {
+__global__ void loss_sum_kernel(const float* values, float* out, std::int64_t n, float scale, bool accumulate) {
   float acc = 0;
   for (std::int64_t i = threadIdx.x; i < n; i += blockDim.x) acc += values[i];
   acc = block_sum(acc);
-  if (threadIdx.x == 0) *out = acc / static_cast<float>(n);
+  if (threadIdx.x == 0) *out = (accumulate ? *out : 0.0f) + acc * scale;
 }
 
 template <typename T>
@@ -215,15 +215,15 @@ void softmax_backward(const void* probs, const void* dprobs, void* dscores, Elem
 }
 
 void cross_entropy_forward(const void* logits, Elem e, const std::int32_t* targets, float* lse, float* row_loss,
-                           float* loss, std::int64_t n, std::int64_t v, cudaStream_t s) {
+                           float* loss, std::int64_t n, std::int64_t v, float scale, bool accumulate, cudaStream_t s) {
   with_elem(e, [&](auto t) {
     using T = typename decltype(t)::type;
     cross_entropy_rows_kernel<T>
         <<<static_cast<unsigned>(n), 256, 0, s>>>(static_cast<const T*>(logits), targets, lse, row_loss, v);
   });
   check_launch("cross_entropy_rows_kernel");
-  loss_mean_kernel<<<1, 1024, 0, s>>>(row_loss, loss, n);
-  check_launch("loss_mean_kernel");
+  loss_sum_kernel<<<1, 1024, 0, s>>>(row_loss, loss, n, scale, accumulate);
+  check_launch("loss_sum_kernel");
 }
 
 void cross_entropy_backward(const void* logits, const std::int32_t* targets, const float* lse, void* dlogits, Elem e,

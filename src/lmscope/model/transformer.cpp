@@ -58,7 +58,7 @@ Recompute parse_recompute(const std::string& s) {
 struct Transformer::Saved {
   std::vector<Layer> layers;
   Allocation x_final, rstd_final, n_final;
-  Allocation logits, lse;    // logits become their own gradient in backward
+  Allocation logits, lse;    // logits (unless made in chunks) become their own gradient in backward
   bool for_backward = true;  // false: an inference forward kept only the logits
 };
 
@@ -219,7 +219,7 @@ void Transformer::linear_backward_input(const Tensor& dy, const Tensor& w, const
 
 // dW [out, in] = dyᵀ · x, or += when accumulating micro-batches. Each weight is used once per
 // forward, so otherwise the gradient is overwritten.
-void Transformer::linear_backward_weight(const Tensor& dy, const Tensor& x, const Tensor& dw) {
+void Transformer::linear_backward_weight(const Tensor& dy, const Tensor& x, const Tensor& dw, bool add) {
   const std::int64_t in = dw.dim(1), out = dw.dim(0), n = dy.numel() / out;
   backend_.gemm({.trans_a = true,
                  .trans_b = false,
@@ -227,7 +227,7 @@ void Transformer::linear_backward_weight(const Tensor& dy, const Tensor& x, cons
                  .n = in,
                  .k = n,
                  .alpha = 1,
-                 .beta = accumulating_ ? 1.0f : 0.0f,
+                 .beta = add ? 1.0f : 0.0f,
                  .a = dy,
                  .b = x,
                  .c = dw,
@@ -345,11 +345,23 @@ void Transformer::forward(bool for_backward) {
   backend_.rmsnorm_forward(s.x_final, ln_final_->value, s.n_final, s.rstd_final, eps);
   done(s.x_final);
   done(s.rstd_final);
-  s.logits = act("lm_head.logits", -1, {N, config_.vocab});
-  linear(s.n_final, weight(lm_head_), s.logits);
-  done(s.n_final);
   s.lse = wide("loss.lse", -1, {N});
-  backend_.cross_entropy_forward(s.logits, targets_, s.lse, loss_);
+  const std::int64_t rows = for_backward ? logit_chunk_rows() : N;
+  if (rows >= N) {
+    s.logits = act("lm_head.logits", -1, {N, config_.vocab});
+    linear(s.n_final, weight(lm_head_), s.logits);
+    backend_.cross_entropy_forward(s.logits, targets_, s.lse, loss_);
+  } else {
+    // The logits in chunks of rows, each gone once its loss is summed; the backward makes them again.
+    for (std::int64_t r = 0; r < N; r += rows) {
+      const std::int64_t n = std::min(rows, N - r);
+      Allocation chunk = act("lm_head.logits", -1, {n, config_.vocab});
+      linear(s.n_final.tensor().rows(r, n), weight(lm_head_), chunk);
+      backend_.cross_entropy_forward(chunk, targets_.tensor().rows(r, n), s.lse.tensor().rows(r, n), loss_,
+                                     1.0 / static_cast<double>(N), r > 0);
+    }
+  }
+  done(s.n_final);
   done(s.lse);
   s.for_backward = for_backward;
   saved_.push_back(std::move(s));
@@ -359,7 +371,14 @@ double Transformer::read_loss() { return read_scalar(backend_, loss_); }
 
 const Tensor& Transformer::logits() const {
   LMSCOPE_CHECK(!saved_.empty(), "logits read without a forward");
+  LMSCOPE_CHECK(!saved_.back().logits.empty(), "the logits of this forward were made in chunks and not kept");
   return saved_.back().logits;
+}
+
+std::int64_t Transformer::logit_chunk_rows() const {
+  const std::int64_t row_bytes = config_.vocab * static_cast<std::int64_t>(dtype_size(compute_));
+  const std::int64_t rows = std::max<std::int64_t>(1, static_cast<std::int64_t>(logit_chunk_bytes_) / row_bytes);
+  return rows >= 128 ? rows / 128 * 128 : rows;
 }
 
 void Transformer::discard_activations() { saved_.clear(); }
@@ -381,14 +400,28 @@ void Transformer::backward(MicroBatch micro) {
   Saved s = std::move(saved_.back());
   saved_.clear();
 
-  // Loss and head: the logits buffer turns into dlogits in place.
-  backend_.cross_entropy_backward(s.logits, targets_, s.lse, s.logits, 1.0 / static_cast<double>(N * micro_batches));
-  s.lse.reset();
-  linear_backward_weight(s.logits, s.n_final, gradient(*lm_head_));
+  // Loss and head: each logits buffer turns into dlogits in place, a chunk at a time when the forward
+  // made them in chunks (then made again here from ln_final's output).
+  const double dlogits_scale = 1.0 / static_cast<double>(N * micro_batches);
   Allocation dn = act("grad.ln_final.out", -1, {N, d});
-  linear_backward_input(s.logits, weight(lm_head_), dn, 0.0f);
+  const std::int64_t rows = s.logits.empty() ? logit_chunk_rows() : N;
+  for (std::int64_t r = 0; r < N; r += rows) {
+    const std::int64_t n = std::min(rows, N - r);
+    Allocation chunk;
+    if (s.logits.empty()) {
+      chunk = act("lm_head.logits", -1, {n, config_.vocab});
+      linear(s.n_final.tensor().rows(r, n), weight(lm_head_), chunk);
+    } else {
+      chunk = std::move(s.logits);
+    }
+    const Tensor x = s.n_final.tensor().rows(r, n);
+    backend_.cross_entropy_backward(chunk, targets_.tensor().rows(r, n), s.lse.tensor().rows(r, n), chunk,
+                                    dlogits_scale);
+    linear_backward_weight(chunk, x, gradient(*lm_head_), accumulating_ || r > 0);
+    linear_backward_input(chunk, weight(lm_head_), dn.tensor().rows(r, n), 0.0f);
+  }
   drop_lowp_copies({lm_head_});
-  s.logits.reset();
+  s.lse.reset();
   s.n_final.reset();
   Allocation dx = wide("grad.residual", -1, {N, d});
   parameter_gradient(ln_final_, [&](const Tensor& dw) {

@@ -53,6 +53,11 @@ class Transformer {
   AttentionKind attention() const { return attention_; }
   Recompute recompute() const { return recompute_; }
   void set_recompute(Recompute r) { recompute_ = r; }
+  // A forward for a backward makes the logits in chunks of at most this many bytes (rows rounded down
+  // to a multiple of 128 where there are that many), keeping only their log-sum-exps; the backward
+  // makes each chunk again. 32 MiB by default: a chunk's GEMM still fills the GPU.
+  static constexpr std::size_t kLogitChunkBytes = std::size_t(32) << 20;
+  void set_logit_chunk_bytes(std::size_t bytes) { logit_chunk_bytes_ = bytes; }
   // Copies every master matmul weight into its low-precision copy (after loading or initialising).
   void refresh_lowp_copies();
   // p's low-precision copy, allocated (not filled) if it has none; an empty allocation when p has
@@ -84,7 +89,8 @@ class Transformer {
   void backward(MicroBatch micro = {});
   // Drops what forward saved, for forward-only runs.
   void discard_activations();
-  // Logits of the last forward [batch·ctx, vocab]; valid until backward or discard.
+  // Logits of the last forward [batch·ctx, vocab]; valid until backward or discard. A forward for a
+  // backward whose logits exceed the chunk bytes makes them in chunks and keeps none (throws).
   const Tensor& logits() const;
 
  private:
@@ -113,7 +119,13 @@ class Transformer {
   void drop_lowp_copies(std::initializer_list<Parameter*> done);
   void linear(const Tensor& x, const Tensor& w, const Tensor& y);
   void linear_backward_input(const Tensor& dy, const Tensor& w, const Tensor& dx, float beta);
-  void linear_backward_weight(const Tensor& dy, const Tensor& x, const Tensor& dw);
+  // add: into dw (gradient accumulation, or the LM head's chunks after the first).
+  void linear_backward_weight(const Tensor& dy, const Tensor& x, const Tensor& dw, bool add);
+  void linear_backward_weight(const Tensor& dy, const Tensor& x, const Tensor& dw) {
+    linear_backward_weight(dy, x, dw, accumulating_);
+  }
+  // Rows of logits per chunk in a forward for a backward: all of them when they fit the chunk bytes.
+  std::int64_t logit_chunk_rows() const;
   // A parameter gradient from an op that overwrites its output: into the gradient itself, or, when
   // accumulating, into scratch that is then added to it.
   template <typename Op>
@@ -125,6 +137,7 @@ class Transformer {
   DType dtype_, compute_;
   AttentionKind attention_;
   Recompute recompute_ = Recompute::none;
+  std::size_t logit_chunk_bytes_ = kLogitChunkBytes;
   std::vector<Parameter> params_;
   struct LayerParams {
     Parameter *wq, *wk, *wv, *wo, *ln1, *w1, *w2, *w3, *ln2;

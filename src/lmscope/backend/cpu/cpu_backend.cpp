@@ -329,8 +329,9 @@ class CpuBackend final : public Backend {
     });
   }
 
-  void cross_entropy_forward(const Tensor& logits, const Tensor& targets, const Tensor& lse,
-                             const Tensor& loss) override {
+  using Backend::cross_entropy_forward;
+  void cross_entropy_forward(const Tensor& logits, const Tensor& targets, const Tensor& lse, const Tensor& loss,
+                             double scale, bool accumulate) override {
     const std::int64_t V = logits.dim(-1), N = logits.numel() / V;
     expect_shape(targets, Shape{N}, "cross-entropy targets");
     dispatch(logits.dtype, "cross_entropy_forward", [&](auto z) {
@@ -348,7 +349,8 @@ class CpuBackend final : public Backend {
         lse.as<T>()[n] = l;
         total += static_cast<double>(l - x[tg[n]]);
       }
-      loss.as<T>()[0] = static_cast<T>(total / static_cast<double>(N));
+      const double before = accumulate ? static_cast<double>(loss.as<T>()[0]) : 0.0;
+      loss.as<T>()[0] = static_cast<T>(before + total * scale);
     });
   }
 

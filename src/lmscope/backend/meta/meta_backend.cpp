@@ -92,7 +92,8 @@ class MetaBackend final : public Backend {
 
   void swiglu_forward(const Tensor&, const Tensor&, const Tensor&) override {}
   void swiglu_backward(const Tensor&, const Tensor&, const Tensor&, const Tensor&, const Tensor&) override {}
-  void cross_entropy_forward(const Tensor& logits, const Tensor&, const Tensor&, const Tensor&) override {
+  using Backend::cross_entropy_forward;
+  void cross_entropy_forward(const Tensor& logits, const Tensor&, const Tensor&, const Tensor&, double, bool) override {
     if (on_cuda()) const Allocation row_loss = scratch::cuda_cross_entropy(alloc_, logits.numel() / logits.dim(-1));
   }
   void cross_entropy_backward(const Tensor&, const Tensor&, const Tensor&, const Tensor&, double) override {}

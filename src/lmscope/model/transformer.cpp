@@ -377,6 +377,8 @@ const Tensor& Transformer::logits() const {
 
 std::int64_t Transformer::logit_chunk_rows() const {
   const std::int64_t row_bytes = config_.vocab * static_cast<std::int64_t>(dtype_size(compute_));
+  const std::int64_t n = batch_ * ctx_;
+  if (n * row_bytes <= kLogitChunksBeforeChunking * static_cast<std::int64_t>(logit_chunk_bytes_)) return n;
   const std::int64_t rows = std::max<std::int64_t>(1, static_cast<std::int64_t>(logit_chunk_bytes_) / row_bytes);
   return rows >= 128 ? rows / 128 * 128 : rows;
 }

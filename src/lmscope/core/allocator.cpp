@@ -115,21 +115,24 @@ Allocation Allocator::allocate(Shape shape, DType dtype, AllocTag tag, std::sour
 void* Allocator::raw_allocate(std::size_t bytes, const AllocTag& tag, const Shape& shape, DType dtype) {
   std::set<FreeBlock>& free = bytes < kSmallRequest ? small_free_ : large_free_;
   if (auto it = free.lower_bound(FreeBlock{bytes, 0, 0, 0}); it != free.end()) return take(free, it, bytes);
-  void* p = new_segment(bytes, tag, dtype);
+  void* p = new_segment(bytes, true, tag, dtype);
+  if (!p) p = new_segment(bytes, false, tag, dtype);
   if (!p) {
     release_cache();
-    p = new_segment(bytes, tag, dtype);
+    p = new_segment(bytes, false, tag, dtype);
   }
   if (!p) throw_oom(bytes, tag, shape, dtype);
   return p;
 }
 
-void* Allocator::new_segment(std::size_t bytes, const AllocTag& tag, DType dtype) {
+void* Allocator::new_segment(std::size_t bytes, bool grown, const AllocTag& tag, DType dtype) {
   const bool small = bytes < kSmallRequest;
-  // A large segment is at least an eighth of what is held already (up to 1 GiB): buffers of
-  // neighbouring segments never merge, and few large segments let what the backward frees (the
-  // activations, the weight copies) merge into blocks the gradients it makes fit in.
-  const std::size_t want = small ? kSegmentUnit : std::max(bytes, std::min(kLargeSegmentCap, reserved_ / 8));
+  // A large segment is at least an eighth of what is held already (up to 1 GiB) when grown: buffers
+  // of neighbouring segments never merge, and few large segments let what the backward frees (the
+  // activations, the weight copies) merge into blocks the gradients it makes fit in. Near the
+  // device's end the request's own size is tried next.
+  const std::size_t want =
+      small ? kSegmentUnit : std::max(bytes, grown ? std::min(kLargeSegmentCap, reserved_ / 8) : 0);
   const std::size_t size = (want + kSegmentUnit - 1) / kSegmentUnit * kSegmentUnit;
   void* p = segment_allocate(size);
   if (!p) return nullptr;

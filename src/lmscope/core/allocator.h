@@ -163,7 +163,8 @@ class Allocator {
     }
   };
   std::set<FreeBlock>& pool(const Segment& s) { return s.small ? small_free_ : large_free_; }
-  void* new_segment(std::size_t bytes, const AllocTag& tag, DType dtype);
+  // A segment for a request of `bytes`, grown to Allocator's usual size or just the request's.
+  void* new_segment(std::size_t bytes, bool grown, const AllocTag& tag, DType dtype);
   void* take(std::set<FreeBlock>& pool, std::set<FreeBlock>::iterator it, std::size_t bytes);
   Segment& segment_of(std::uintptr_t p);
 

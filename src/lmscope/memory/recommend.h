@@ -6,7 +6,7 @@
 // one split, recomputing more only adds work, so the least recomputation that fits is that split's
 // fastest; a split into more micro-batches is a candidate only where it needs less recomputation
 // than every coarser one. What the candidates then cost depends on the shape (docs/memory.md:
-// two micro-batches cost 21% at 2.7B ctx 256 and 5% at ctx 1024, full recompute 17% and 26%), so
+// two micro-batches cost 23% at 2.7B ctx 256 and 6% at ctx 1024, full recompute 16% and 26%), so
 // with `measure` each runs for real and the fastest is named; without, the coarsest split is named
 // and the table says the choice was not timed.
 #pragma once

@@ -14,11 +14,13 @@
 #   lean     the leaner step against PyTorch: the 20-cell bf16 train grid's peaks (allocated and
 #            held), and its step times beside those of the build in $LMSCOPE_BEFORE (if set), in one
 #            process per cell pair
+#   copies   transient bf16 weight copies: their GPU test, and what they save and cost against kept
+#            ones, cell by cell in one process each
 #   recommend  plan --recommend --measure: the fastest way to train each preset at ctx 1024..8192
 #            with 4 sequences per step, every candidate timed
-#   scripts/gpu_memory.sh [tests] [seeds] [context] [plan] [diet] [lean] [recommend]
+#   scripts/gpu_memory.sh [tests] [seeds] [context] [plan] [diet] [lean] [copies] [recommend]
 set -uo pipefail
-STAGES=${*:-tests seeds context plan diet lean recommend}
+STAGES=${*:-tests seeds context plan diet lean copies recommend}
 want() { [[ " $STAGES " == *" $1 "* ]]; }
 source "$(dirname "$0")/gpu_env.sh"
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$OUT/memory-gpu.txt"
@@ -122,6 +124,22 @@ if [[ -n "${LMSCOPE_BEFORE:-}" ]]; then
     done
   done | tee "$OUT/lean-speed.md"
 fi
+fi
+
+if want copies; then
+"$B/tests/lmscope_gpu_tests" --gtest_filter='MemoryDietOnGpu.Transient*' >"$OUT/copies-tests.log" 2>&1
+echo "== copies tests exit $?"; grep -E "transient copies:|Failure|FAILED|PASSED" "$OUT/copies-tests.log" | head
+# Step time and peak, kept against transient, in one process per cell; then cells that fit only
+# with transient copies (by the plan: xl at ctx 4096 without recompute).
+for cell in "small --ctx 256" "large --ctx 1024" "2.7B --ctx 256" "2.7B --ctx 1024" "2.7B --ctx 2048 --recompute full"; do
+  "$B/lmscope" bench --device cuda --warmup 3 --steps 10 --batch 4 --precision bf16 --attention flash \
+    --weight-copies kept,transient --model $cell 2>/dev/null | grep "^|"
+done | awk 'NR == 1 || !/^\| model/' | tee "$OUT/copies-cost.md"
+$L --model small,large,2.7B --ctx 1024 --precision bf16 --mode inference,train --weight-copies kept,transient \
+  --format csv --out "$OUT/copies-memory.csv" >/dev/null 2>&1
+cut -d, -f1,6,9,12,20 "$OUT/copies-memory.csv" | tee "$OUT/copies-memory.txt"
+"$B/lmscope" bench --device cuda --warmup 2 --steps 3 --batch 4 --precision bf16 --attention flash --model xl \
+  --ctx 4096 --weight-copies transient 2>/dev/null | grep "^|" | tee "$OUT/copies-fits.md"
 fi
 
 if want recommend; then

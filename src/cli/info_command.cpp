@@ -33,6 +33,8 @@ class InfoCommand : public Command {
     app->add_option("--precision", precision_, "fp32, tf32 or bf16, for the dry runs")->capture_default_str();
     app->add_option("--device", device_, "cpu or cuda, the device the dry runs stand for")->capture_default_str();
     app->add_option("--recompute", recompute_, recompute_help(false) + ", for the dry runs")->capture_default_str();
+    app->add_option("--weight-copies", weight_copies_, weight_copies_help(false) + ", for the dry runs")
+        ->capture_default_str();
     app->add_option("--memory-limit", memory_limit_, memory_limit_help());
   }
 
@@ -99,12 +101,13 @@ class InfoCommand : public Command {
   std::string format_ = "md", attention_ = "flash";
   bool dry_run_ = false;
   std::int64_t batch_ = 4;
-  std::string precision_ = "fp32", device_ = "cuda", memory_limit_, recompute_ = "none";
+  std::string precision_ = "fp32", device_ = "cuda", memory_limit_, recompute_ = "none", weight_copies_ = "kept";
 
   // One step of every mode at --batch and --ctx on the shape-only backend; none without --dry-run.
   std::vector<MemoryRow> dry_run_steps(const ModelConfig& c, AttentionKind attention) const {
     if (!dry_run_) {
-      for (const char* flag : {"--batch", "--precision", "--device", "--recompute", "--memory-limit"})
+      for (const char* flag :
+           {"--batch", "--precision", "--device", "--recompute", "--weight-copies", "--memory-limit"})
         if (app->count(flag) > 0) user_error("{} chooses the dry runs; add --dry-run", flag);
       return {};
     }
@@ -114,9 +117,13 @@ class InfoCommand : public Command {
       user_error("unknown --precision '{}' (use fp32, tf32 or bf16)", precision_);
     const std::size_t limit = memory_limit_.empty() ? 0 : parse_memory_size("--memory-limit", memory_limit_);
     const Recompute recompute = parse_recompute(recompute_);
+    const WeightCopies weight_copies = parse_weight_copies(weight_copies_);
+    if (weight_copies == WeightCopies::transient && compute_dtype(precision_) == DType::f32)
+      user_error("{}", kTransientNeedsBf16);
     std::vector<MemoryRow> rows;
     for (BenchMode mode : {BenchMode::inference, BenchMode::forward, BenchMode::forward_backward, BenchMode::train}) {
-      const BenchSpec cell{c, device_, precision_, attention, mode, batch_, ctx_, 1, 1, 0, false, recompute};
+      const BenchSpec cell{c, device_, precision_, attention, mode,      batch_, ctx_,
+                           1, 1,       0,          false,     recompute, 1,      weight_copies};
       rows.push_back(memory_row(record_memory(MemorySpec{cell, true, limit}), 1));
     }
     return rows;

@@ -20,6 +20,7 @@ void MemoryCellFlags::add_to(CLI::App& app, bool with_dry_run_flags) {
   app.add_option("--attention", attention, "flash or naive (comma list sweeps)")->capture_default_str();
   app.add_option("--recompute", recompute, recompute_help(true))->capture_default_str();
   app.add_option("--grad-accum", grad_accum, grad_accum_help(true))->capture_default_str();
+  app.add_option("--weight-copies", weight_copies, weight_copies_help(true))->capture_default_str();
   app.add_option("--warmup", warmup, warmup_help)->capture_default_str();
   app.add_option("--seed", seed_, seed_help)->capture_default_str();
   if (!with_dry_run_flags) return;
@@ -55,6 +56,8 @@ std::vector<MemorySpec> MemoryCellFlags::resolve() const {
   std::vector<Recompute> recomputes;
   for (const auto& r : split_list(recompute)) recomputes.push_back(parse_recompute(r));
   const auto accums = parse_positive_list("--grad-accum", grad_accum);
+  std::vector<WeightCopies> copies;
+  for (const auto& c : split_list(weight_copies)) copies.push_back(parse_weight_copies(c));
   if (warmup < 0) user_error("--warmup must be non-negative, got {}", warmup);
   const std::size_t limit = memory_limit();
   if (always_dry_ && !dry_run_) user_error("this command always runs dry; --dry-run=false is not possible");
@@ -66,19 +69,24 @@ std::vector<MemorySpec> MemoryCellFlags::resolve() const {
         for (auto a : attentions)
           for (auto md : modes)
             for (auto rc : recomputes)
-              for (auto k : accums) {
-                // Only a backward accumulates: a mode without one runs once, as one micro-batch.
-                if (!has_backward(md) && k != accums.front()) continue;
-                for (auto b : batches)
-                  for (auto t : ctxs) {
-                    MemorySpec s;
-                    s.cell = BenchSpec{
-                        m, d, p, a, md, b, t, warmup, 1, seed_, false, rc, has_backward(md) ? static_cast<int>(k) : 1};
-                    s.dry_run = dry_run_;
-                    s.memory_limit = limit;
-                    cells.push_back(s);
-                  }
-              }
+              for (auto wc : copies)
+                for (auto k : accums) {
+                  // Only a backward accumulates: a mode without one runs once, as one micro-batch.
+                  if (!has_backward(md) && k != accums.front()) continue;
+                  // Only mixed precision has copies to make transient.
+                  if (wc == WeightCopies::transient && compute_dtype(p) == DType::f32) continue;
+                  for (auto b : batches)
+                    for (auto t : ctxs) {
+                      MemorySpec s;
+                      s.cell = BenchSpec{
+                          m, d, p, a, md, b, t, warmup, 1, seed_, false, rc, has_backward(md) ? static_cast<int>(k) : 1,
+                          wc};
+                      s.dry_run = dry_run_;
+                      s.memory_limit = limit;
+                      cells.push_back(s);
+                    }
+                }
+  if (cells.empty()) user_error("{}", kTransientNeedsBf16);
   return cells;
 }
 

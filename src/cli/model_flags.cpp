@@ -99,6 +99,14 @@ std::string recompute_help(bool list) {
          (list ? " (comma list sweeps)" : "");
 }
 
+std::string weight_copies_help(bool list) {
+  return std::string(
+             "Under bf16, where the bf16 copies of the matmul weights live: kept (from step to step, AdamW "
+             "refreshing them) or transient (cast where each layer uses them and freed at once, in the forward and "
+             "again in the backward: the copies' memory saved for two casts of every weight)") +
+         (list ? " (comma list sweeps)" : "");
+}
+
 std::string grad_accum_help(bool list) {
   return std::string(
              "Micro-batches of --batch sequences per optimizer step, their gradients summed (the step's batch is "

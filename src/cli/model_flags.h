@@ -32,6 +32,11 @@ std::vector<std::int64_t> parse_positive_list(const std::string& flag, const std
 std::vector<std::string> split_list(const std::string& text);
 // --recompute's help (a comma list sweeps where `list`).
 std::string recompute_help(bool list);
+// --weight-copies' help (a comma list sweeps where `list`).
+std::string weight_copies_help(bool list);
+// Why --weight-copies transient without bf16 is refused.
+inline constexpr const char* kTransientNeedsBf16 =
+    "--weight-copies transient needs --precision bf16: under fp32 and tf32 the weights have no copies";
 // --grad-accum's help (a comma list sweeps where `list`).
 std::string grad_accum_help(bool list);
 // "80GiB", "81920MiB", "80GB" (10^9), "85899345920" (bytes) -> bytes; UserError otherwise.

@@ -79,8 +79,8 @@ class PlanCommand : public Command {
   int run_recommend() {
     if (split_list(cells_.batch).size() != 1)
       user_error("plan --recommend takes one --batch (the sequences of each step), got '{}'", cells_.batch);
-    if (cells_.recompute != "none" || cells_.grad_accum != "1")
-      user_error("plan --recommend chooses --recompute and --grad-accum itself; leave them out");
+    if (cells_.recompute != "none" || cells_.grad_accum != "1" || cells_.weight_copies != "kept")
+      user_error("plan --recommend chooses --recompute, --grad-accum and --weight-copies itself; leave them out");
     if (measure_steps_ < 1) user_error("--measure-steps must be at least 1, got {}", measure_steps_);
     const std::vector<MemorySpec> cells = cells_.resolve();
     for (const MemorySpec& m : cells)

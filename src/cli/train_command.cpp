@@ -52,6 +52,7 @@ class TrainCommand : public Command {
         ->capture_default_str();
     app->add_option("--recompute", recompute_, recompute_help(false))->capture_default_str();
     app->add_option("--grad-accum", grad_accum_, grad_accum_help(false))->capture_default_str();
+    app->add_option("--weight-copies", weight_copies_, weight_copies_help(false))->capture_default_str();
   }
 
   int run() override {
@@ -61,6 +62,9 @@ class TrainCommand : public Command {
     if (steps_ < 0) user_error("--steps must be non-negative, got {}", steps_);
     const AttentionKind attention = parse_attention(attention_);
     const Recompute recompute = parse_recompute(recompute_);
+    const WeightCopies weight_copies = parse_weight_copies(weight_copies_);
+    if (weight_copies == WeightCopies::transient && compute_dtype(precision_) == DType::f32)
+      user_error("{}", kTransientNeedsBf16);
     if (grad_accum_ <= 0) user_error("--grad-accum must be positive, got {}", grad_accum_);
     if (print_every_ <= 0) user_error("--print-every must be positive, got {}", print_every_);
     if (sample_ != "random" && sample_ != "sequential")
@@ -85,6 +89,7 @@ class TrainCommand : public Command {
     std::unique_ptr<Backend> backend = make_backend(device_.empty() ? default_device() : device_, precision_);
     Transformer model(c, *backend, DType::f32, compute_dtype(precision_), attention);
     model.set_recompute(recompute);
+    model.set_weight_copies(weight_copies);
     if (init_.empty())
       model.init_parameters(seed_);
     else
@@ -136,7 +141,7 @@ class TrainCommand : public Command {
  private:
   ModelFlags model_;
   std::string data_, init_, save_, log_, device_, precision_ = "fp32", schedule_ = "constant", sample_ = "random",
-                                                  attention_ = "flash", recompute_ = "none";
+                                                  attention_ = "flash", recompute_ = "none", weight_copies_ = "kept";
   std::int64_t steps_ = 0, batch_ = 4, ctx_ = 256, print_every_ = 10;
   int grad_accum_ = 1;
   std::uint64_t seed_ = 0;

@@ -112,6 +112,28 @@ class MemoryDiet(unittest.TestCase):
         # Run for real on the H100 (docs/memory.md): 53.03 GiB allocated at the peak.
         self.assertAlmostEqual(full["peak_bytes"] / 2**30, 53.03, delta=0.005)
 
+    def test_transient_copies_hold_at_most_one_layers_copies(self):
+        r = run("memory", "--dry-run", "--model", "2.7B", "--ctx", "1024", "--precision", "bf16",
+                "--weight-copies", "kept,transient", "--format", "json")
+        self.assertEqual(r.returncode, 0, r.stderr)
+        kept, transient = json.loads(r.stdout)
+        self.assertEqual((kept["weight_copies"], transient["weight_copies"]), ("kept", "transient"))
+        info = run("info", "--model", "2.7B", "--format", "json")
+        self.assertEqual(info.returncode, 0, info.stderr)
+        info = json.loads(info.stdout)
+        m = info["model"]
+        layer = 4 * m["d_model"] ** 2 + 3 * m["d_model"] * m["d_ff"]  # one layer's matmul weights
+        # The transient step's peak holds the fp32 masters and at most one layer's bf16 copies ...
+        self.assertLessEqual(transient["peak_by_kind"]["parameter"], 4 * info["parameters"] + 2 * layer)
+        # ... the kept one's every copy but the LM head's and a layer's, which its backward has freed.
+        saved = kept["peak_bytes"] - transient["peak_bytes"]
+        self.assertGreaterEqual(saved, 2 * (info["matmul_parameters"] - layer - m["vocab"] * m["d_model"]))
+        for cmd in (["memory", "--dry-run"], ["info", "--dry-run"]):
+            r = run(*cmd, "--model", "small", "--precision", "fp32", "--weight-copies", "transient")
+            self.assertEqual(r.returncode, 2, cmd)
+            self.assertIn("--weight-copies transient needs --precision bf16", r.stderr)
+            self.assertEqual(len(r.stderr.strip().splitlines()), 1, r.stderr)
+
     def test_accumulation_holds_one_micro_batch(self):
         rows = {}
         for batch, accum in (("8", "1"), ("2", "4")):
@@ -221,6 +243,24 @@ class Recommend(unittest.TestCase):
         self.assertTrue(all(t is not None and t > 0 for t in times), times)
         self.assertEqual(times[rec["chosen"]], min(times))
 
+    def test_transient_copies_where_they_save_recomputation(self):
+        # xl at ctx 4096 on an H100: kept copies need selective recompute or two micro-batches;
+        # transient ones fit the plain step, and are named first.
+        r = run("plan", "--recommend", "--model", "xl", "--precision", "bf16", "--attention", "flash", "--ctx", "4096",
+                "--batch", "4", "--format", "json")
+        self.assertEqual(r.returncode, 0, r.stderr)
+        (rec,) = json.loads(r.stdout)
+        ways = [(c["recompute"], c["weight_copies"], c["grad_accum"]) for c in rec["candidates"]]
+        self.assertEqual(ways, [("none", "transient", 1), ("selective", "kept", 1), ("none", "kept", 2)])
+        self.assertEqual(rec["chosen"], 0)
+        for recompute, copies, accum in ways + [("none", "kept", 1)]:
+            row = dry_memory("--model", "xl", "--precision", "bf16", "--ctx", "4096", "--batch", str(4 // accum),
+                             "--grad-accum", str(accum), "--recompute", recompute, "--weight-copies", copies)
+            self.assertEqual(row["status"] == "ok", (recompute, copies, accum) in ways, row["status"])
+        md = run("plan", "--recommend", "--model", "xl", "--precision", "bf16", "--attention", "flash", "--ctx", "4096",
+                 "--batch", "4")
+        self.assertIn("`--weight-copies transient`", md.stdout)
+
     def test_what_fits_as_is_and_what_fits_nowhere(self):
         small, huge = self.recommend("--ctx", "64,4096")
         self.assertEqual([(c["recompute"], c["grad_accum"]) for c in small["candidates"]], [("none", 1)])
@@ -235,7 +275,8 @@ class Recommend(unittest.TestCase):
 
     def test_bad_inputs_end_in_one_sentence(self):
         for args, says in ((["--measure"], "--measure times the candidates of --recommend"),
-                           (["--recommend", "--recompute", "full"], "chooses --recompute and --grad-accum itself"),
+                           (["--recommend", "--recompute", "full"], "chooses --recompute, --grad-accum and --weight-copies"),
+                           (["--recommend", "--weight-copies", "transient"], "and --weight-copies itself"),
                            (["--recommend", "--mode", "inference"], "for steps with a backward"),
                            (["--recommend", "--batch", "2,4"], "takes one --batch"),
                            (["--recommend", "--measure", "--measure-steps", "0"], "--measure-steps must be")):

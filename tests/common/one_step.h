@@ -1,6 +1,6 @@
-// One training step of a seeded model, taken whole or as micro-batches, with a recompute mode:
-// its loss, every gradient and every parameter after AdamW, copied to the host. What the tests of
-// recomputation and accumulation compare, on the CPU and on the GPU.
+// Training steps of a seeded model, each taken whole or as micro-batches, with a recompute mode and
+// a place for the weight copies: the last step's loss and gradients and every parameter after its
+// AdamW, copied to the host. What the tests of the memory diet compare, on the CPU and on the GPU.
 #pragma once
 
 #include "lmscope/core/rng.h"
@@ -24,6 +24,8 @@ struct OneStepSpec {
   std::optional<DType> compute;
   AttentionKind attention = AttentionKind::flash;
   Recompute recompute = Recompute::none;
+  WeightCopies weight_copies = WeightCopies::kept;
+  int steps = 1;  // on the same batch; a second step reads the copies the first one's AdamW wrote
   std::int64_t rows = 4, micro = 4, ctx = 32;  // rows sequences in micro-batches of micro
   double lr = 1e-3;
   std::size_t logit_chunk_bytes = Transformer::kLogitChunkBytes;
@@ -38,6 +40,7 @@ inline std::vector<float> host_floats(Backend& be, const Tensor& t) {
 inline OneStep one_step(Backend& be, const OneStepSpec& s) {
   Transformer model(s.model, be, DType::f32, s.compute, s.attention);
   model.set_recompute(s.recompute);
+  model.set_weight_copies(s.weight_copies);
   model.set_logit_chunk_bytes(s.logit_chunk_bytes);
   model.init_parameters(6);
   const std::int64_t n = s.rows * s.ctx;
@@ -50,16 +53,19 @@ inline OneStep one_step(Backend& be, const OneStepSpec& s) {
   AdamW opt(model, OptimizerConfig{});
   OneStep out;
   const int k = static_cast<int>(s.rows / s.micro);
-  for (int i = 0; i < k; ++i) {
-    const std::int64_t at = i * s.micro * s.ctx;
-    model.set_batch(s.micro, s.ctx, ids.data() + at, targets.data() + at);
-    model.forward();
-    if (i == 0) out.saved_bytes = be.allocator().current_bytes(MemKind::activation);
-    model.backward({i, k});
-    out.loss += model.read_loss() / k;
+  for (int step = 0; step < s.steps; ++step) {
+    out = OneStep{};
+    for (int i = 0; i < k; ++i) {
+      const std::int64_t at = i * s.micro * s.ctx;
+      model.set_batch(s.micro, s.ctx, ids.data() + at, targets.data() + at);
+      model.forward();
+      if (i == 0) out.saved_bytes = be.allocator().current_bytes(MemKind::activation);
+      model.backward({i, k});
+      out.loss += model.read_loss() / k;
+    }
+    for (Parameter& p : model.parameters()) out.grads.push_back(host_floats(be, p.grad));
+    opt.step(s.lr);
   }
-  for (Parameter& p : model.parameters()) out.grads.push_back(host_floats(be, p.grad));
-  opt.step(s.lr);
   for (Parameter& p : model.parameters()) out.params.push_back(host_floats(be, p.value));
   return out;
 }

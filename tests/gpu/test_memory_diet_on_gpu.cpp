@@ -1,8 +1,8 @@
-// The memory diet on the GPU: recomputation and gradient accumulation give the results of the
-// plain step. Not bit for bit: the embedding's and the RMSNorms' weight gradients sum their rows with
-// atomics, in whichever order the blocks arrive, so two runs of the same step differ in their last
-// bits already; the bounds below are that run-to-run noise's order (fp32) and bf16's. Skipped
-// without a GPU.
+// The memory diet on the GPU: recomputation, gradient accumulation and transient weight copies give
+// the results of the plain step. Not bit for bit: the embedding's and the RMSNorms' weight gradients
+// sum their rows with atomics, in whichever order the blocks arrive, so two runs of the same step
+// differ in their last bits already; the bounds below are that run-to-run noise's order (fp32) and
+// bf16's. Skipped without a GPU.
 #include "../common/one_step.h"
 
 #include "lmscope/backend/backend.h"
@@ -47,6 +47,25 @@ TEST(MemoryDietOnGpu, RecomputationGivesThePlainStepsGradients) {
       EXPECT_LT(other.saved_bytes, none.saved_bytes);
     }
   }
+}
+
+// Copies cast where they are used are the copies AdamW writes when they are kept: two steps (the
+// second reads what the first's AdamW wrote) end within the run-to-run noise of the kept ones.
+TEST(MemoryDietOnGpu, TransientWeightCopiesStepAsKeptOnes) {
+  if (list_gpus().empty()) GTEST_SKIP() << "no CUDA GPU visible";
+  auto be = make_backend("cuda", "bf16");
+  OneStepSpec spec = gpu_step(DType::bf16);
+  spec.steps = 2;
+  spec.micro = 2;  // and with micro-batches, where kept copies live across the step's backwards
+  const OneStep kept = one_step(*be, spec), again = one_step(*be, spec);
+  spec.weight_copies = WeightCopies::transient;
+  const OneStep transient = one_step(*be, spec);
+  const double noise = largest_relative_difference(again.params, kept.params),
+               diff = largest_relative_difference(transient.params, kept.params);
+  std::printf("transient copies: loss %.9g against %.9g, parameters within %.3g (the same steps twice: %.3g)\n",
+              transient.loss, kept.loss, diff, noise);
+  EXPECT_NEAR(transient.loss, kept.loss, 1e-6 * kept.loss);
+  EXPECT_LT(diff, 10 * noise + 1e-7);
 }
 
 TEST(MemoryDietOnGpu, AccumulatedMicroBatchesStepAsOneBatch) {

@@ -103,8 +103,9 @@ TEST(MemoryOnGpu, DryRunRecordsWhatTheGpuRecordsAndTheDriverAgrees) {
   EXPECT_GT(compared, 50);
 }
 
-// Recomputation and gradient accumulation allocate differently; the dry run follows each.
-TEST(MemoryOnGpu, DryRunRecordsEveryRecomputeAndAccumulationMode) {
+// Recomputation, gradient accumulation and transient weight copies allocate differently; the dry
+// run follows each.
+TEST(MemoryOnGpu, DryRunRecordsEveryRecomputeAccumulationAndCopiesMode) {
   if (list_gpus().empty()) GTEST_SKIP() << "no CUDA GPU visible";
   int compared = 0;
   struct Cell {
@@ -114,6 +115,7 @@ TEST(MemoryOnGpu, DryRunRecordsEveryRecomputeAndAccumulationMode) {
     AttentionKind attention;
     Recompute recompute;
     int grad_accum;
+    WeightCopies weight_copies = WeightCopies::kept;
   };
   std::vector<Cell> cells;
   for (const char* model : {"small", "large", "2.7B"})
@@ -122,12 +124,19 @@ TEST(MemoryOnGpu, DryRunRecordsEveryRecomputeAndAccumulationMode) {
   cells.push_back({"medium", 1024, "fp32", AttentionKind::naive, Recompute::selective, 1});
   cells.push_back({"medium", 1024, "fp32", AttentionKind::naive, Recompute::full, 2});
   cells.push_back({"xl", 1024, "bf16", AttentionKind::flash, Recompute::none, 3});
+  for (const char* model : {"medium", "2.7B"})
+    for (Recompute r : {Recompute::none, Recompute::full})
+      cells.push_back({model, 1024, "bf16", AttentionKind::flash, r, 1, WeightCopies::transient});
+  cells.push_back({"xl", 4096, "bf16", AttentionKind::flash, Recompute::none, 1, WeightCopies::transient});
+  cells.push_back({"large", 2048, "bf16", AttentionKind::naive, Recompute::selective, 2, WeightCopies::transient});
   for (const Cell& c : cells) {
     MemorySpec spec;
-    spec.cell = BenchSpec{preset(c.model), "cuda",      c.precision, c.attention, BenchMode::train, 4, c.ctx, 1, 1, 0,
-                          false,           c.recompute, c.grad_accum};
-    const std::string cell = fmt::format("{} ctx {} {} {} {} recompute, {} micro-batches", c.model, c.ctx, c.precision,
-                                         attention_name(c.attention), recompute_name(c.recompute), c.grad_accum);
+    spec.cell =
+        BenchSpec{preset(c.model), "cuda",      c.precision,  c.attention,    BenchMode::train, 4, c.ctx, 1, 1, 0,
+                  false,           c.recompute, c.grad_accum, c.weight_copies};
+    const std::string cell = fmt::format("{} ctx {} {} {} {} recompute, {} micro-batches, {} copies", c.model, c.ctx,
+                                         c.precision, attention_name(c.attention), recompute_name(c.recompute),
+                                         c.grad_accum, weight_copies_name(c.weight_copies));
     const MemoryRecord gpu = record_memory(spec);
     MemorySpec dry_spec = spec;
     dry_spec.dry_run = true;
@@ -143,7 +152,7 @@ TEST(MemoryOnGpu, DryRunRecordsEveryRecomputeAndAccumulationMode) {
     std::printf("%s: peak %zu, equal\n", cell.c_str(), g.peak);
     ++compared;
   }
-  EXPECT_GT(compared, 10);
+  EXPECT_GT(compared, 15);
 }
 
 }  // namespace

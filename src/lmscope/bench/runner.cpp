@@ -30,6 +30,7 @@ std::string mode_label(const BenchSpec& s) {
   std::string label = bench_mode_name(s.mode);
   if (s.recompute != Recompute::none) label += fmt::format(", {} recompute", recompute_name(s.recompute));
   if (s.grad_accum > 1 && has_backward(s.mode)) label += fmt::format(", {} micro-batches", s.grad_accum);
+  if (s.weight_copies == WeightCopies::transient) label += ", transient copies";
   return label;
 }
 
@@ -78,6 +79,7 @@ void run_cell(const BenchSpec& spec, BenchResult& r, const BenchProgress& progre
   std::unique_ptr<Backend> backend = make_backend(spec.device, spec.precision);
   Transformer model(spec.model, *backend, DType::f32, compute_dtype(spec.precision), spec.attention);
   model.set_recompute(spec.recompute);
+  model.set_weight_copies(spec.weight_copies);
   model.init_parameters(spec.seed);
   const std::int64_t n = spec.batch * spec.ctx;
   std::vector<std::int32_t> ids(static_cast<std::size_t>(n)), targets(static_cast<std::size_t>(n));

@@ -33,10 +33,12 @@ struct BenchSpec {
   bool profile = false;  // trace every kernel of the measured steps (a backend with a KernelTracer)
   Recompute recompute = Recompute::none;
   int grad_accum = 1;  // micro-batches of `batch` sequences per step (train and forward-backward)
+  WeightCopies weight_copies = WeightCopies::kept;  // matters under mixed precision only
 };
 
-// The mode as tables show it: "train", with ", selective recompute" where something is recomputed
-// and ", 4 micro-batches" where gradients are accumulated.
+// The mode as tables show it: "train", with ", selective recompute" where something is recomputed,
+// ", 4 micro-batches" where gradients are accumulated and ", transient copies" where the bf16 weight
+// copies are transient.
 std::string mode_label(const BenchSpec& s);
 
 // The datasheet peak of a GPU for a precision (bf16/tf32 dense tensor cores, fp32 CUDA cores),

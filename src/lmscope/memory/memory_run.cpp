@@ -32,6 +32,7 @@ void run_steps(const MemorySpec& spec, MemoryRecord& r, Backend& backend, std::o
   const BenchSpec& c = spec.cell;
   model.emplace(c.model, backend, DType::f32, compute_dtype(c.precision), c.attention);
   model->set_recompute(c.recompute);
+  model->set_weight_copies(c.weight_copies);
   // What memory a step takes does not depend on the weights' values: a constant is as good as a
   // seeded draw, and costs nothing at 2.7B (the draw takes the host tens of seconds).
   for (Parameter& p : model->parameters()) backend.fill(p.value, 0.02);

@@ -4,7 +4,9 @@
 
 #include <nlohmann/json.hpp>
 
+#include <algorithm>
 #include <map>
+#include <tuple>
 
 namespace lmscope {
 
@@ -13,32 +15,48 @@ Recommendation recommend(const RecommendSpec& spec) {
   LMSCOPE_CHECK(has_backward(c.mode) && c.batch >= 1, "recommendations are for steps with a backward");
   Recommendation out;
   out.spec = spec;
-  int least = 3;  // the least recomputation (enum order) a coarser split fits with; 3: none fits
-  for (std::int64_t k = 1; k <= c.batch && least > 0; k *= 2) {
+  // Transient copies exist only where there are copies: under mixed precision.
+  std::vector<WeightCopies> copies{WeightCopies::kept};
+  if (compute_dtype(c.precision) != DType::f32) copies.push_back(WeightCopies::transient);
+  // A way no cheaper on either count than one already found (by a coarser split, or by this one with
+  // kept copies) is never faster.
+  auto dominated = [&](Recompute r, WeightCopies w) {
+    for (const Candidate& o : out.candidates)
+      if (o.spec.recompute <= r && o.spec.weight_copies <= w) return true;
+    return false;
+  };
+  for (std::int64_t k = 1; k <= c.batch && !dominated(Recompute::none, WeightCopies::kept); k *= 2) {
     if (c.batch % k != 0) break;
-    for (Recompute r : {Recompute::none, Recompute::selective, Recompute::full}) {
-      if (static_cast<int>(r) >= least) break;  // no less work than a coarser split: never faster
-      BenchSpec s = c;
-      s.batch = c.batch / k;
-      s.grad_accum = static_cast<int>(k);
-      s.recompute = r;
-      const MemoryRecord rec = record_memory(MemorySpec{s, true, spec.memory_limit}, false);
-      if (out.device_name.empty()) {
-        out.device_name = rec.device_name;
-        out.limit = device_limit(rec);
+    for (WeightCopies w : copies)
+      for (Recompute r : {Recompute::none, Recompute::selective, Recompute::full}) {
+        if (dominated(r, w)) break;  // and so is every way that recomputes more
+        BenchSpec s = c;
+        s.batch = c.batch / k;
+        s.grad_accum = static_cast<int>(k);
+        s.recompute = r;
+        s.weight_copies = w;
+        const MemoryRecord rec = record_memory(MemorySpec{s, true, spec.memory_limit}, false);
+        if (out.device_name.empty()) {
+          out.device_name = rec.device_name;
+          out.limit = device_limit(rec);
+        }
+        if (rec.outcome == MemoryOutcome::failed) {
+          out.failure = rec.status;
+          out.candidates.clear();
+          return out;
+        }
+        if (!rec.ok()) continue;
+        const MemoryAnalysis a = analyze_memory(rec, 1);
+        out.candidates.push_back(Candidate{s, a.peak, device_need(rec, a), std::nullopt, "ok"});
+        break;
       }
-      if (rec.outcome == MemoryOutcome::failed) {
-        out.failure = rec.status;
-        return out;
-      }
-      if (!rec.ok()) continue;
-      const MemoryAnalysis a = analyze_memory(rec, 1);
-      out.candidates.push_back(Candidate{s, a.peak, device_need(rec, a), std::nullopt, "ok"});
-      least = static_cast<int>(r);
-      break;
-    }
   }
   if (out.candidates.empty()) return out;
+  // Untimed, the coarsest split with the least recomputation is named, transient copies before more
+  // recomputation (two casts of the weights against a pass over the activations).
+  std::stable_sort(out.candidates.begin(), out.candidates.end(), [](const Candidate& a, const Candidate& b) {
+    return std::tie(a.spec.grad_accum, a.spec.recompute) < std::tie(b.spec.grad_accum, b.spec.recompute);
+  });
   out.chosen = 0;
   if (!spec.measure) return out;
   for (std::size_t i = 0; i < out.candidates.size(); ++i) {
@@ -59,19 +77,25 @@ namespace {
 
 std::string gib(std::size_t b) { return fmt::format("{:.2f}", static_cast<double>(b) / (1024.0 * 1024 * 1024)); }
 
-// "selective recompute, 2 micro-batches of 2": how to run it, in words.
+// "selective recompute, transient copies, 2 micro-batches of 2": how to run it, in words.
 std::string way(const BenchSpec& s) {
-  const std::string r =
+  std::string r =
       s.recompute == Recompute::none ? "no recompute" : recompute_name(s.recompute) + std::string(" recompute");
+  if (s.weight_copies == WeightCopies::transient) r += ", transient copies";
   return s.grad_accum == 1 ? fmt::format("{}, one batch of {}", r, s.batch)
                            : fmt::format("{}, {} micro-batches of {}", r, s.grad_accum, s.batch);
 }
 
-// The flags that run it: "--recompute full --grad-accum 2 --batch 2".
+// The flags that run it: "--recompute full --weight-copies transient --grad-accum 2 --batch 2".
 std::string flags(const BenchSpec& s) {
-  std::string f = s.recompute == Recompute::none ? "" : fmt::format("--recompute {}", recompute_name(s.recompute));
-  if (s.grad_accum > 1) f += fmt::format("{}--grad-accum {} --batch {}", f.empty() ? "" : " ", s.grad_accum, s.batch);
-  return f.empty() ? "(as is)" : f;
+  std::vector<std::string> f;
+  if (s.recompute != Recompute::none) f.push_back(fmt::format("--recompute {}", recompute_name(s.recompute)));
+  if (s.weight_copies != WeightCopies::kept)
+    f.push_back(fmt::format("--weight-copies {}", weight_copies_name(s.weight_copies)));
+  if (s.grad_accum > 1) f.push_back(fmt::format("--grad-accum {} --batch {}", s.grad_accum, s.batch));
+  std::string joined;
+  for (const std::string& part : f) joined += (joined.empty() ? "" : " ") + part;
+  return joined.empty() ? "(as is)" : joined;
 }
 
 std::string timing(const Candidate& c) {
@@ -87,7 +111,8 @@ std::string markdown(const std::vector<Recommendation>& rows) {
   const BenchSpec& c = rows.front().spec.cell;
   std::string out = fmt::format(
       "The fastest way to run a {} step of the sequences named, found by dry runs: per split into micro-batches, "
-      "the least recomputation that fits; {}.\n",
+      "the least recomputation that fits, with the weights' bf16 copies kept and, where that saves recomputation, "
+      "transient; {}.\n",
       bench_mode_name(c.mode),
       rows.front().spec.measure ? "each candidate then timed on the device, the fastest named"
                                 : "the coarsest split named (not timed: --measure times every candidate)");
@@ -120,18 +145,19 @@ std::string markdown(const std::vector<Recommendation>& rows) {
 std::string csv(const std::vector<Recommendation>& rows) {
   std::string out =
       "model,device,device_name,memory_limit_bytes,precision,attention,ctx,sequences_per_step,recompute,grad_accum,"
-      "micro_batch,peak_bytes,device_need_bytes,step_ms,status,chosen\n";
+      "micro_batch,weight_copies,peak_bytes,device_need_bytes,step_ms,status,chosen\n";
   for (const Recommendation& r : rows) {
     const BenchSpec& s = r.spec.cell;
     if (r.candidates.empty())
-      out += fmt::format("{},{},{},{},{},{},{},{},,,,,,,{},\n", csv_field(s.model.name), s.device,
+      out += fmt::format("{},{},{},{},{},{},{},{},,,,,,,,{},\n", csv_field(s.model.name), s.device,
                          csv_field(r.device_name), r.limit, s.precision, attention_name(s.attention), s.ctx, s.batch,
                          csv_field(r.failure.empty() ? "nothing fits" : r.failure));
     for (std::size_t i = 0; i < r.candidates.size(); ++i) {
       const Candidate& c = r.candidates[i];
-      out += fmt::format("{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{}\n", csv_field(s.model.name), s.device,
+      out += fmt::format("{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{}\n", csv_field(s.model.name), s.device,
                          csv_field(r.device_name), r.limit, s.precision, attention_name(s.attention), s.ctx, s.batch,
-                         recompute_name(c.spec.recompute), c.spec.grad_accum, c.spec.batch, c.peak, c.need,
+                         recompute_name(c.spec.recompute), c.spec.grad_accum, c.spec.batch,
+                         weight_copies_name(c.spec.weight_copies), c.peak, c.need,
                          c.step_ms ? fmt::format("{:.3f}", *c.step_ms) : "", csv_field(c.status),
                          static_cast<int>(i) == r.chosen ? 1 : 0);
     }
@@ -161,6 +187,7 @@ std::string json(const std::vector<Recommendation>& rows) {
       j["candidates"].push_back({{"recompute", recompute_name(c.spec.recompute)},
                                  {"grad_accum", c.spec.grad_accum},
                                  {"micro_batch", c.spec.batch},
+                                 {"weight_copies", weight_copies_name(c.spec.weight_copies)},
                                  {"peak_bytes", c.peak},
                                  {"device_need_bytes", c.need},
                                  {"step_ms", c.step_ms ? nlohmann::ordered_json(*c.step_ms) : nullptr},

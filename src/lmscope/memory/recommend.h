@@ -1,14 +1,16 @@
 // lmscope plan --recommend: for a model, precision and attention, a context and a number of
 // sequences per optimizer step, the fastest way to train it within the memory budget.
 //
-// The ways are the recompute modes (none, selective, full) times the ways of splitting the step's
-// sequences into micro-batches (1, 2, 4, ... of them, --grad-accum). Dry runs say which fit. Within
-// one split, recomputing more only adds work, so the least recomputation that fits is that split's
-// fastest; a split into more micro-batches is a candidate only where it needs less recomputation
-// than every coarser one. What the candidates then cost depends on the shape (docs/memory.md:
-// two micro-batches cost 23% at 2.7B ctx 256 and 6% at ctx 1024, full recompute 16% and 26%), so
-// with `measure` each runs for real and the fastest is named; without, the coarsest split is named
-// and the table says the choice was not timed.
+// The ways are the recompute modes (none, selective, full), times where the bf16 weight copies live
+// under mixed precision (kept, or transient: cast per layer where used), times the ways of splitting
+// the step's sequences into micro-batches (1, 2, 4, ... of them, --grad-accum). Dry runs say which
+// fit. Recomputing more, making the copies transient and splitting finer each only add work, so a
+// way is a candidate only where it fits and no candidate found before it (a coarser split, or this
+// split with kept copies) is cheaper or equal on both other counts. What the candidates then cost
+// depends on the shape (docs/memory.md: two micro-batches cost 23% at 2.7B ctx 256 and 6% at ctx
+// 1024, full recompute 16% and 26%), so with `measure` each runs for real and the fastest is named;
+// without, the coarsest split with the least recomputation is named and the table says the choice
+// was not timed.
 #pragma once
 
 #include "lmscope/bench/report.h"

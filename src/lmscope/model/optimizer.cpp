@@ -56,8 +56,8 @@ void AdamW::step(double lr) {
   be.global_norm(grads, grad_norm_);
   ++t_;
   AdamWArgs args{lr, config_.beta1, config_.beta2, config_.eps, config_.weight_decay, t_, config_.clip};
-  // Each gradient goes once read; the low-precision copy AdamW writes takes its place, so the copies
-  // never sit beside every gradient.
+  // Each gradient goes once read; the low-precision copy AdamW writes (when the copies are kept)
+  // takes its place, so the copies never sit beside every gradient.
   auto& params = model_.parameters();
   for (std::size_t i = 0; i < params.size(); ++i) {
     const Allocation& copy = model_.lowp_copy(params[i]);

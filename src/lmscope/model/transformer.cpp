@@ -20,19 +20,21 @@ struct Transformer::Layer {
 };
 
 // Which of a layer's activations a forward keeps (the layer's input is kept whenever a backward
-// follows). Set by the recompute mode; an inference forward keeps nothing, and the backward's rerun
-// of a layer under full recompute keeps everything.
+// follows), and whether it keeps the low-precision weight copies it used. Set by the recompute mode
+// and the copies' mode; an inference forward keeps no activations, and the backward's rerun of a
+// layer under full recompute keeps everything (its backward comes next and frees the copies).
 struct Transformer::Keep {
   bool input = true, statistics = true, norm_outputs = true, attention = true, residual = true, ffn_products = true,
-       gate = true;
-  static Keep for_forward(bool for_backward, Recompute r) {
-    if (!for_backward || r == Recompute::full) {
-      Keep none{false, false, false, false, false, false, false};
-      none.input = for_backward;
-      return none;
-    }
+       gate = true, weight_copies = true;
+  static Keep for_forward(bool for_backward, Recompute r, WeightCopies c) {
     Keep k;
-    if (r == Recompute::selective) k.norm_outputs = k.gate = false;
+    if (!for_backward || r == Recompute::full) {
+      k = Keep{false, false, false, false, false, false, false, true};
+      k.input = for_backward;
+    } else if (r == Recompute::selective) {
+      k.norm_outputs = k.gate = false;
+    }
+    k.weight_copies = c == WeightCopies::kept;
     return k;
   }
 };
@@ -55,6 +57,14 @@ Recompute parse_recompute(const std::string& s) {
   user_error("unknown --recompute '{}' (use none, selective or full)", s);
 }
 
+const char* weight_copies_name(WeightCopies c) { return c == WeightCopies::kept ? "kept" : "transient"; }
+
+WeightCopies parse_weight_copies(const std::string& s) {
+  for (WeightCopies c : {WeightCopies::kept, WeightCopies::transient})
+    if (s == weight_copies_name(c)) return c;
+  user_error("unknown --weight-copies '{}' (use kept or transient)", s);
+}
+
 struct Transformer::Saved {
   std::vector<Layer> layers;
   Allocation x_final, rstd_final, n_final;
@@ -72,9 +82,6 @@ Transformer::Transformer(const ModelConfig& config, Backend& backend, DType dtyp
     p.value = backend_.allocator().allocate(p.spec.shape, dtype_, {MemKind::parameter, p.spec.name, p.spec.layer});
     by_name[p.spec.name] = &p;
   }
-  // The copies after every master, side by side: those the backward frees merge into blocks the
-  // gradients it makes can use.
-  for (Parameter& p : params_) lowp_copy(p);
   for (int i = 0; i < config_.layers; ++i) {
     auto at = [&](const char* s) { return by_name.at("layers." + std::to_string(i) + "." + s); };
     layer_params_.push_back({at("attn.q_proj.weight"), at("attn.k_proj.weight"), at("attn.v_proj.weight"),
@@ -103,12 +110,24 @@ void Transformer::init_parameters(std::uint64_t seed) {
   refresh_lowp_copies();
 }
 
+void Transformer::set_weight_copies(WeightCopies c) {
+  weight_copies_ = c;
+  if (c == WeightCopies::transient)
+    for (Parameter& p : params_) p.value_lowp.reset();
+}
+
+// Kept copies are made here, after the masters and side by side (initialising or loading comes
+// right after construction): those the backward frees merge into blocks its gradients can use.
 void Transformer::refresh_lowp_copies() {
   for (Parameter& p : params_)
     if (Allocation& copy = lowp_copy(p); !copy.empty()) backend_.cast(p.value, copy);
 }
 
 Allocation& Transformer::lowp_copy(Parameter& p) {
+  return weight_copies_ == WeightCopies::kept ? make_lowp_copy(p) : p.value_lowp;
+}
+
+Allocation& Transformer::make_lowp_copy(Parameter& p) {
   if (p.value_lowp.empty() && p.spec.matmul && compute_ != dtype_)
     p.value_lowp = backend_.allocator().allocate(
         p.spec.shape, compute_,
@@ -125,12 +144,17 @@ const Tensor& Transformer::gradient(Parameter& p) {
 const Tensor& Transformer::weight(Parameter* p) {
   if (!p->value_lowp.empty() || !p->spec.matmul || compute_ == dtype_)
     return p->value_lowp.empty() ? p->value.tensor() : p->value_lowp.tensor();
-  backend_.cast(p->value, lowp_copy(*p));
+  backend_.cast(p->value, make_lowp_copy(*p));
   return p->value_lowp;
 }
 
 void Transformer::drop_lowp_copies(std::initializer_list<Parameter*> done) {
-  if (last_micro_batch_)
+  if (last_micro_batch_ || weight_copies_ == WeightCopies::transient)
+    for (Parameter* p : done) p->value_lowp.reset();
+}
+
+void Transformer::drop_lowp_copies_after_forward(bool keep_copies, std::initializer_list<Parameter*> done) {
+  if (!keep_copies)
     for (Parameter* p : done) p->value_lowp.reset();
 }
 
@@ -272,6 +296,7 @@ Allocation Transformer::layer_forward(int l, Allocation x, Layer& L, const Keep&
   Parameter* weights[3] = {P.wq, P.wk, P.wv};
   for (int i = 0; i < 3; ++i) {
     linear(L.n1, weight(weights[i]), proj);
+    drop_lowp_copies_after_forward(keep.weight_copies, {weights[i]});
     *heads[i] = act(names[i], l, {B, H, T, dk});
     backend_.split_heads(proj.tensor().view({B, T, H, dk}), *heads[i], i < 2 ? theta : 0.0);
   }
@@ -289,6 +314,7 @@ Allocation Transformer::layer_forward(int l, Allocation x, Layer& L, const Keep&
   }
   Allocation attn_out = act("attn.out", l, {N, d});
   linear(L.o, weight(P.wo), attn_out);
+  drop_lowp_copies_after_forward(keep.weight_copies, {P.wo});
   drop_unless(keep.attention, L.o);
   L.h = wide("attn.residual", l, {N, d});
   backend_.add(L.x, attn_out, L.h);
@@ -303,6 +329,7 @@ Allocation Transformer::layer_forward(int l, Allocation x, Layer& L, const Keep&
   L.b = act("ffn.w3_out", l, {N, f});
   linear(L.n2, weight(P.w1), L.a);
   linear(L.n2, weight(P.w3), L.b);
+  drop_lowp_copies_after_forward(keep.weight_copies, {P.w1, P.w3});
   drop_unless(keep.norm_outputs, L.n2);
   L.gate = act("ffn.gate", l, {N, f});
   backend_.swiglu_forward(L.a, L.b, L.gate);
@@ -310,6 +337,7 @@ Allocation Transformer::layer_forward(int l, Allocation x, Layer& L, const Keep&
   drop_unless(keep.ffn_products, L.b);
   Allocation ffn_out = act("ffn.out", l, {N, d});
   linear(L.gate, weight(P.w2), ffn_out);
+  drop_lowp_copies_after_forward(keep.weight_copies, {P.w2});
   drop_unless(keep.gate, L.gate);
   Allocation out = wide("ffn.residual", l, {N, d});
   backend_.add(L.h, ffn_out, out);
@@ -323,7 +351,7 @@ void Transformer::forward(bool for_backward) {
   discard_activations();
   // Without a backward to come, each buffer goes as soon as it has been read, as under PyTorch's
   // no_grad; the layer's record then holds nothing once its output is made.
-  const Keep keep = Keep::for_forward(for_backward, recompute_);
+  const Keep keep = Keep::for_forward(for_backward, recompute_, weight_copies_);
   auto done = [&](Allocation& a) {
     if (!for_backward) a.reset();
   };
@@ -361,6 +389,7 @@ void Transformer::forward(bool for_backward) {
                                      1.0 / static_cast<double>(N), r > 0);
     }
   }
+  drop_lowp_copies_after_forward(keep.weight_copies, {lm_head_});
   done(s.n_final);
   done(s.lse);
   s.for_backward = for_backward;

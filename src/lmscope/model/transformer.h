@@ -23,6 +23,17 @@ enum class Recompute { none, selective, full };
 const char* recompute_name(Recompute r);
 Recompute parse_recompute(const std::string& s);  // throws UserError
 
+// Where the low-precision (bf16) copies of the matmul weights live under mixed precision
+// (--weight-copies). kept: beside the fp32 masters from step to step; AdamW writes each anew as it
+// updates the master, and the backward frees each after its last use so they never sit beside every
+// gradient. transient: cast from the master where a layer uses it and freed right after, in the
+// forward and again in the backward, so at most one layer's copies exist at a time: less memory
+// (the copies are 2 bytes a weight, 6.3 GiB at 2.7B) for two casts of every weight a micro-batch.
+// The copies are the same values either way, so are the gradients and the step.
+enum class WeightCopies { kept, transient };
+const char* weight_copies_name(WeightCopies c);
+WeightCopies parse_weight_copies(const std::string& s);  // throws UserError
+
 // Micro-batch `index` of the `count` whose gradients one optimizer step sums (--grad-accum).
 struct MicroBatch {
   int index = 0, count = 1;
@@ -53,6 +64,9 @@ class Transformer {
   AttentionKind attention() const { return attention_; }
   Recompute recompute() const { return recompute_; }
   void set_recompute(Recompute r) { recompute_ = r; }
+  WeightCopies weight_copies() const { return weight_copies_; }
+  // Before the weights are initialised or loaded (refresh_lowp_copies makes kept copies).
+  void set_weight_copies(WeightCopies c);
   // A forward for a backward whose logits would take more than 8 chunks makes them in chunks of at
   // most this many bytes (rows rounded down to a multiple of 128 where there are that many), keeping
   // only their log-sum-exps; the backward makes each chunk again, one more LM-head GEMM. 32 MiB by
@@ -61,10 +75,11 @@ class Transformer {
   static constexpr std::size_t kLogitChunkBytes = std::size_t(32) << 20;
   static constexpr int kLogitChunksBeforeChunking = 8;
   void set_logit_chunk_bytes(std::size_t bytes) { logit_chunk_bytes_ = bytes; }
-  // Copies every master matmul weight into its low-precision copy (after loading or initialising).
+  // Copies every master matmul weight into its low-precision copy (after loading or initialising),
+  // each allocated if missing; with transient copies, frees any there are instead.
   void refresh_lowp_copies();
-  // p's low-precision copy, allocated (not filled) if it has none; an empty allocation when p has
-  // no such copy (not a matmul weight, or no mixed precision).
+  // p's low-precision copy as AdamW keeps it, allocated (not filled) if missing; an empty allocation
+  // when p has none to keep (not a matmul weight, no mixed precision, or transient copies).
   Allocation& lowp_copy(Parameter& p);
   // p's gradient, allocated (not filled) if the backward has not made it yet.
   const Tensor& gradient(Parameter& p);
@@ -117,9 +132,13 @@ class Transformer {
                            std::source_location where = std::source_location::current());
   // The matmul operand of a weight: its low-precision copy, cast from the master when missing.
   const Tensor& weight(Parameter* p);
+  // p's low-precision copy, allocated (not filled) if missing, whatever the copies' mode.
+  Allocation& make_lowp_copy(Parameter& p);
   // Frees the low-precision copies of weights whose last use in this backward is behind (each right
-  // after its input-gradient GEMM), in the step's last micro-batch.
+  // after its input-gradient GEMM): in the step's last micro-batch, or in every one when transient.
   void drop_lowp_copies(std::initializer_list<Parameter*> done);
+  // The same in a forward whose copies are transient (keep_copies false).
+  void drop_lowp_copies_after_forward(bool keep_copies, std::initializer_list<Parameter*> done);
   void linear(const Tensor& x, const Tensor& w, const Tensor& y);
   void linear_backward_input(const Tensor& dy, const Tensor& w, const Tensor& dx, float beta);
   // add: into dw (gradient accumulation, or the LM head's chunks after the first).
@@ -141,6 +160,7 @@ class Transformer {
   DType dtype_, compute_;
   AttentionKind attention_;
   Recompute recompute_ = Recompute::none;
+  WeightCopies weight_copies_ = WeightCopies::kept;
   std::size_t logit_chunk_bytes_ = kLogitChunkBytes;
   std::vector<Parameter> params_;
   struct LayerParams {

@@ -13,6 +13,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstring>
 
 namespace lmscope::test {
 namespace {
@@ -311,6 +312,40 @@ TEST_F(Bf16VsCpu, RowOps) {
     Allocation ab = bf16(a), bb = bf16(b), ob = bf16_output({N, d});
     gpu->swiglu_forward(ab, bb, ob);
     expect_close_bf16(ob, o, "bf16 swiglu");
+  }
+}
+
+// Casts round to nearest even, in 16-byte packs and in the tail, and where a pointer is off a pack's
+// alignment; widening back is exact.
+TEST_F(Bf16VsCpu, CastsRoundToNearestEvenAtAnyAlignment) {
+  const std::int64_t n = 1027;  // 256 packs of 4 and a tail of 3
+  auto x = random({n + 1}, 3.0);
+  Allocation narrow = bf16_output({n + 1});
+  auto wide = output({n + 1});
+  auto round = [](double v) {  // fp32 to bf16 to fp32 on the host, round to nearest even
+    const float f = static_cast<float>(v);
+    std::uint32_t u;
+    std::memcpy(&u, &f, 4);
+    u = (u + 0x7FFFu + ((u >> 16) & 1u)) & 0xFFFF0000u;
+    float r;
+    std::memcpy(&r, &u, 4);
+    return static_cast<double>(r);
+  };
+  const std::vector<double> in = download(*gpu, x.gpu);
+  for (std::int64_t offset : {0, 1}) {
+    auto at = [&](const Tensor& t) {
+      return Tensor{static_cast<char*>(t.data) + offset * static_cast<std::int64_t>(dtype_size(t.dtype)), t.dtype, {n}};
+    };
+    gpu->fill(narrow, NAN);
+    gpu->fill(wide.gpu, NAN);
+    gpu->cast(at(x.gpu), at(narrow));
+    gpu->cast(at(narrow), at(wide.gpu));
+    const std::vector<double> a = download(*gpu, narrow), b = download(*gpu, wide.gpu);
+    for (std::int64_t i = 0; i < n; ++i) {
+      const double want = round(in[offset + i]);
+      ASSERT_EQ(a[offset + i], want) << "offset " << offset << ", element " << i;
+      ASSERT_EQ(b[offset + i], want) << "offset " << offset << ", element " << i << " widened";
+    }
   }
 }
 

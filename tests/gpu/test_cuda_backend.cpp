@@ -322,16 +322,20 @@ TEST_F(Bf16VsCpu, CastsRoundToNearestEvenAtAnyAlignment) {
   auto x = random({n + 1}, 3.0);
   Allocation narrow = bf16_output({n + 1});
   auto wide = output({n + 1});
-  auto round = [](double v) {  // fp32 to bf16 to fp32 on the host, round to nearest even
+  auto round = [](double v) {  // fp32 to bf16 on the host, round to nearest even: the bf16's bits
     const float f = static_cast<float>(v);
     std::uint32_t u;
     std::memcpy(&u, &f, 4);
-    u = (u + 0x7FFFu + ((u >> 16) & 1u)) & 0xFFFF0000u;
-    float r;
-    std::memcpy(&r, &u, 4);
-    return static_cast<double>(r);
+    return static_cast<std::uint16_t>((u + 0x7FFFu + ((u >> 16) & 1u)) >> 16);
+  };
+  auto widen = [](std::uint16_t bits) {
+    const std::uint32_t u = std::uint32_t{bits} << 16;
+    float f;
+    std::memcpy(&f, &u, 4);
+    return static_cast<double>(f);
   };
   const std::vector<double> in = download(*gpu, x.gpu);
+  std::vector<std::uint16_t> narrow_bits(static_cast<std::size_t>(n + 1));
   for (std::int64_t offset : {0, 1}) {
     auto at = [&](const Tensor& t) {
       return Tensor{static_cast<char*>(t.data) + offset * static_cast<std::int64_t>(dtype_size(t.dtype)), t.dtype, {n}};
@@ -340,11 +344,12 @@ TEST_F(Bf16VsCpu, CastsRoundToNearestEvenAtAnyAlignment) {
     gpu->fill(wide.gpu, NAN);
     gpu->cast(at(x.gpu), at(narrow));
     gpu->cast(at(narrow), at(wide.gpu));
-    const std::vector<double> a = download(*gpu, narrow), b = download(*gpu, wide.gpu);
+    gpu->copy_to_host(narrow_bits.data(), narrow);
+    const std::vector<double> widened = download(*gpu, wide.gpu);
     for (std::int64_t i = 0; i < n; ++i) {
-      const double want = round(in[offset + i]);
-      ASSERT_EQ(a[offset + i], want) << "offset " << offset << ", element " << i;
-      ASSERT_EQ(b[offset + i], want) << "offset " << offset << ", element " << i << " widened";
+      const std::uint16_t want = round(in[offset + i]);
+      ASSERT_EQ(narrow_bits[offset + i], want) << "offset " << offset << ", element " << i;
+      ASSERT_EQ(widened[offset + i], widen(want)) << "offset " << offset << ", element " << i << " widened";
     }
   }
 }

@@ -1,8 +1,8 @@
 // lmscope plan: for a memory budget, what fits before anything runs: per model, device, precision
 // and attention, the peak and FLOPs per token at a reference shape and the largest context and
 // batch whose step fits, all from dry runs (no GPU needed). With --recommend, per context instead:
-// the fastest way (recompute mode and micro-batches) to train --batch sequences per step that fits,
-// timed on the device with --measure.
+// the fastest way (recompute mode, kept or transient bf16 copies, micro-batches) to train --batch
+// sequences per step that fits, timed on the device with --measure.
 #include "commands.h"
 #include "memory_flags.h"
 #include "model_flags.h"
@@ -32,7 +32,8 @@ class PlanCommand : public Command {
         ->capture_default_str();
     app->add_flag("--recommend", recommend_,
                   "Per model, precision, attention and context (--ctx takes a list here): the fastest recompute "
-                  "mode and split of the --batch sequences into micro-batches whose step fits");
+                  "mode, place of the bf16 weight copies and split of the --batch sequences into micro-batches "
+                  "whose step fits");
     app->add_flag("--measure", measure_,
                   "With --recommend: time each candidate on the device (--measure-steps steps after the warm-up) "
                   "and name the fastest");

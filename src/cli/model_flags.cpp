@@ -68,10 +68,10 @@ std::size_t parse_memory_size(const std::string& flag, const std::string& text) 
   user_error("{} takes a size such as 80GiB, 81920MiB or 85899345920 (bytes), and '{}' is not one", flag, text);
 }
 
-std::vector<ModelConfig> ModelFlags::resolve() const {
+std::vector<ModelConfig> ModelFlags::resolve(const std::optional<ModelConfig>& base) const {
   std::vector<ModelConfig> out;
   for (const std::string& name : split_list(model_)) {
-    ModelConfig c = preset(name);
+    ModelConfig c = base ? *base : preset(name);
     const bool reshaped = d_model_ || d_ff_ || layers_ || heads_;
     if (d_model_) c.d_model = *d_model_;
     if (d_ff_) c.d_ff = *d_ff_;
@@ -86,8 +86,8 @@ std::vector<ModelConfig> ModelFlags::resolve() const {
   return out;
 }
 
-ModelConfig ModelFlags::resolve_one() const {
-  auto all = resolve();
+ModelConfig ModelFlags::resolve_one(const std::optional<ModelConfig>& base) const {
+  auto all = resolve(base);
   if (all.size() != 1) user_error("--model takes one preset here, got '{}'", model_);
   return all[0];
 }

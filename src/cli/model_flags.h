@@ -15,9 +15,10 @@ class ModelFlags {
  public:
   // allow_list: --model takes a comma-separated list (bench sweeps).
   void add_to(CLI::App& app, bool allow_list);
-  // One config per name in --model (default small), overrides applied, each validated.
-  std::vector<ModelConfig> resolve() const;
-  ModelConfig resolve_one() const;
+  // One config per name in --model (default small), overrides applied, each validated. With a
+  // base, the overrides apply to it instead of the preset (a resumed run's model).
+  std::vector<ModelConfig> resolve(const std::optional<ModelConfig>& base = std::nullopt) const;
+  ModelConfig resolve_one(const std::optional<ModelConfig>& base = std::nullopt) const;
   // Before add_to: what --model is when not given (a comma list where add_to allows one).
   void set_default(std::string models) { model_ = std::move(models); }
 

@@ -1,152 +1,210 @@
 // lmscope train: the assignment's training loop: batches from a token file, forward, backward,
-// gradient clipping and AdamW under a constant or cosine schedule; JSON-lines log; safetensors out.
+// gradient clipping and AdamW under a constant or cosine schedule; JSON-lines log; safetensors out;
+// full checkpoints (io/checkpoint.h) every --save-every steps, at the end and on SIGINT/SIGTERM,
+// --resume from the newest complete one, and held-out loss every --eval-every steps.
 #include "commands.h"
 #include "model_flags.h"
+#include "train_settings.h"
 
 #include "lmscope/backend/backend.h"
+#include "lmscope/io/checkpoint.h"
+#include "lmscope/io/durable_file.h"
 #include "lmscope/io/safetensors.h"
 #include "lmscope/io/token_data.h"
 #include "lmscope/model/optimizer.h"
 
 #include <nlohmann/json.hpp>
 
+#include <atomic>
 #include <chrono>
 #include <cmath>
+#include <csignal>
 #include <fstream>
+#include <optional>
 
 namespace lmscope::cli {
 namespace {
+
+// The signal that asked the run to stop, 0 while none has. The handler only records it (and puts
+// the default back, so a second one stops the process at once); the loop saves at the step's end.
+std::atomic<int> stop_signal{0};
+extern "C" void record_stop_signal(int sig) {
+  stop_signal.store(sig);
+  std::signal(sig, SIG_DFL);
+}
+
+// Mean loss over the first `batches` windows of the held-out data (the same each time), from
+// forwards that keep nothing for a backward.
+double held_out_loss(Transformer& model, const TokenData& data, const TrainSettings& s) {
+  BatchSampler sampler(data, s.batch, s.ctx, true, 0);
+  std::vector<std::int32_t> ids(static_cast<std::size_t>(s.batch * s.ctx)), targets(ids.size());
+  double sum = 0;
+  for (std::int64_t b = 0; b < s.eval_batches; ++b) {
+    sampler.next(ids.data(), targets.data());
+    model.set_batch(s.batch, s.ctx, ids.data(), targets.data());
+    model.forward(false);
+    sum += model.read_loss();
+    model.discard_activations();
+  }
+  return sum / static_cast<double>(s.eval_batches);
+}
+
+// A log resumed at `step`: the lines of later steps (written before the stop, to be written again)
+// dropped, the rest kept; then opened for appending.
+std::ofstream open_log(const std::string& path, std::optional<std::int64_t> resumed_at) {
+  if (resumed_at && std::ifstream(path)) {
+    std::ifstream in(path);
+    std::string kept, line;
+    while (std::getline(in, line)) {
+      const auto j = nlohmann::json::parse(line, nullptr, false);
+      if (!j.is_discarded() && j.contains("step") && j["step"].get<std::int64_t>() <= *resumed_at) kept += line + "\n";
+    }
+    write_file_durably(path, kept);
+  }
+  std::ofstream log(path, resumed_at ? std::ios::app : std::ios::trunc);
+  if (!log) user_error("cannot write the log file '{}'", path);
+  return log;
+}
 
 class TrainCommand : public Command {
  public:
   explicit TrainCommand(CLI::App& parent) {
     app = parent.add_subcommand("train", "Train the model on a token file");
     model_.add_to(*app, false);
-    app->add_option("--data", data_, "Token file: raw uint16 (.bin) or .npy (uint16/int32/int64)")->required();
-    app->add_option("--init", init_, "Start from these weights (safetensors, PyTorch names)");
-    app->add_option("--save", save_, "Write the trained weights here (safetensors)");
-    app->add_option("--steps", steps_, "Optimizer steps")->required();
-    app->add_option("--batch", batch_, "Sequences per step")->capture_default_str();
-    app->add_option("--ctx", ctx_, "Tokens per sequence")->capture_default_str();
-    app->add_option("--lr", opt_.lr, "Learning rate (the maximum, with cosine)")->capture_default_str();
-    app->add_option("--lr-schedule", schedule_, "constant or cosine")->capture_default_str();
-    app->add_option("--warmup-iters", sched_.warmup_iters, "Cosine schedule: linear warm-up iterations")
-        ->capture_default_str();
-    app->add_option("--cosine-iters", sched_.cosine_iters, "Cosine schedule: iteration where lr reaches --min-lr");
-    app->add_option("--min-lr", sched_.lr_min, "Cosine schedule: final learning rate")->capture_default_str();
-    app->add_option("--beta1", opt_.beta1)->capture_default_str();
-    app->add_option("--beta2", opt_.beta2)->capture_default_str();
-    app->add_option("--eps", opt_.eps)->capture_default_str();
-    app->add_option("--weight-decay", opt_.weight_decay)->capture_default_str();
-    app->add_option("--clip", opt_.clip, "Global gradient-norm limit, 0 = off")->capture_default_str();
-    app->add_option("--seed", seed_, "Seed for initialisation and random batches")->capture_default_str();
-    app->add_option("--sample", sample_, "random (seeded offsets) or sequential (row b of step s at (s·B+b)·ctx)")
-        ->capture_default_str();
-    app->add_option("--log", log_, "Write one JSON object per step here");
-    app->add_option("--print-every", print_every_, "Print a progress line every N steps")->capture_default_str();
-    app->add_option("--device", device_, "cpu or cuda (default: cuda when a GPU is visible)");
-    app->add_option("--precision", precision_,
-                    "fp32, or on CUDA tf32 or bf16 (mixed: fp32 master weights and optimizer state)")
-        ->capture_default_str();
-    app->add_option("--attention", attention_, "flash (FlashAttention-2) or naive (scores kept in memory)")
-        ->capture_default_str();
-    app->add_option("--recompute", recompute_, recompute_help(false))->capture_default_str();
-    app->add_option("--grad-accum", grad_accum_, grad_accum_help(false))->capture_default_str();
-    app->add_option("--weight-copies", weight_copies_, weight_copies_help(false))->capture_default_str();
+    s_.add_to(*app);
   }
 
   int run() override {
-    const ModelConfig c = model_.resolve_one();
-    if (batch_ <= 0) user_error("--batch must be positive, got {}", batch_);
-    if (ctx_ <= 0) user_error("--ctx must be positive, got {}", ctx_);
-    if (steps_ < 0) user_error("--steps must be non-negative, got {}", steps_);
-    const AttentionKind attention = parse_attention(attention_);
-    const Recompute recompute = parse_recompute(recompute_);
-    const WeightCopies weight_copies = parse_weight_copies(weight_copies_);
-    if (weight_copies == WeightCopies::transient && compute_dtype(precision_) == DType::f32)
-      user_error("{}", kTransientNeedsBf16);
-    if (grad_accum_ <= 0) user_error("--grad-accum must be positive, got {}", grad_accum_);
-    if (print_every_ <= 0) user_error("--print-every must be positive, got {}", print_every_);
-    if (sample_ != "random" && sample_ != "sequential")
-      user_error("unknown --sample '{}' (use random or sequential)", sample_);
-    if (schedule_ != "constant" && schedule_ != "cosine")
-      user_error("unknown --lr-schedule '{}' (use constant or cosine)", schedule_);
-    sched_.cosine = schedule_ == "cosine";
-    sched_.lr_max = opt_.lr;
-    if (sched_.cosine && sched_.cosine_iters == 0) sched_.cosine_iters = steps_;
-    sched_.validate();
-    opt_.validate();
+    std::optional<FoundCheckpoint> resumed;
+    if (!s_.resume.empty()) {
+      resumed = find_checkpoint(s_.resume);
+      for (const std::string& why : resumed->passed_over) fmt::print(stderr, "lmscope: warning: passed over {}\n", why);
+      // Shape flags apply to the checkpoint's model unless --model names a preset to start from.
+      const ModelConfig theirs = checkpoint_model(resumed->state.config, s_.resume);
+      s_.model = model_.resolve_one(app->count("--model") > 0 ? std::nullopt : std::optional(theirs));
+      for (const std::string& change : s_.take_from_checkpoint(*app, resumed->state.config, model_given()))
+        fmt::print("note: {}\n", change);
+    } else {
+      s_.model = model_.resolve_one();
+    }
+    s_.validate(*app);
+    const ModelConfig& c = s_.model;
 
-    TokenData data(data_);
+    TokenData data(s_.data);
     data.check_vocabulary(c.vocab);
-    BatchSampler sampler(data, batch_, ctx_, sample_ == "sequential", seed_);
+    std::optional<TokenData> val;
+    if (!s_.val_data.empty()) {
+      val.emplace(s_.val_data);
+      val->check_vocabulary(c.vocab);
+    }
+    BatchSampler sampler(data, s_.batch, s_.ctx, s_.sample == "sequential", s_.seed);
+
+    std::unique_ptr<Backend> backend = make_backend(s_.device, s_.precision);
+    Transformer model(c, *backend, DType::f32, compute_dtype(s_.precision), parse_attention(s_.attention));
+    model.set_recompute(parse_recompute(s_.recompute));
+    model.set_weight_copies(parse_weight_copies(s_.weight_copies));
+    std::int64_t start = 0;
+    AdamW opt(model, s_.optimizer);
+    if (resumed) {
+      load_checkpoint(*resumed, model, opt);
+      sampler.restore(resumed->state.sampler);
+      start = resumed->state.step;
+    } else if (s_.init.empty()) {
+      model.init_parameters(s_.seed);
+    } else {
+      load_parameters(model, s_.init);
+    }
     std::ofstream log;
-    if (!log_.empty()) {
-      log.open(log_);
-      if (!log) user_error("cannot write the log file '{}'", log_);
+    if (!s_.log.empty()) log = open_log(s_.log, resumed ? std::optional(start) : std::nullopt);
+    if (!s_.checkpoint_dir.empty()) {
+      std::signal(SIGINT, record_stop_signal);
+      std::signal(SIGTERM, record_stop_signal);
     }
 
-    std::unique_ptr<Backend> backend = make_backend(device_.empty() ? default_device() : device_, precision_);
-    Transformer model(c, *backend, DType::f32, compute_dtype(precision_), attention);
-    model.set_recompute(recompute);
-    model.set_weight_copies(weight_copies);
-    if (init_.empty())
-      model.init_parameters(seed_);
-    else
-      load_parameters(model, init_);
-    AdamW opt(model, opt_);
-    fmt::print("training {} ({} parameters) on {}: {} tokens in '{}', {} steps of {}{}x{} tokens\n", c.name,
-               c.parameter_count(), backend->name(), data.size(), data_, steps_,
-               grad_accum_ > 1 ? fmt::format("{} micro-batches of ", grad_accum_) : "", batch_, ctx_);
+    const std::size_t micro = static_cast<std::size_t>(s_.batch * s_.ctx);
+    const std::size_t tokens_per_step = micro * static_cast<std::size_t>(s_.grad_accum);
+    fmt::print("training {} ({} parameters) on {}: {} tokens in '{}', {} steps of {}{}x{} tokens{}\n", c.name,
+               c.parameter_count(), backend->name(), data.size(), s_.data, s_.steps,
+               s_.grad_accum > 1 ? fmt::format("{} micro-batches of ", s_.grad_accum) : "", s_.batch, s_.ctx,
+               resumed ? fmt::format(", resumed at step {} from '{}'", start, resumed->path) : "");
+    auto save_checkpoint = [&](std::int64_t step) {
+      const std::string path =
+          write_checkpoint(s_.checkpoint_dir, model, opt,
+                           CheckpointState{step, opt.steps_taken(), sampler.position(), s_.to_json()}, s_.keep);
+      fmt::print("saved checkpoint '{}'\n", path);
+    };
 
-    const std::size_t micro = static_cast<std::size_t>(batch_ * ctx_), n = micro * grad_accum_;  // tokens
     std::vector<std::int32_t> ids(micro), targets(micro);
-    const auto start = std::chrono::steady_clock::now();
-    for (std::int64_t it = 0; it < steps_; ++it) {
+    const auto t0 = std::chrono::steady_clock::now();
+    std::int64_t last_saved = resumed ? start : -1;
+    for (std::int64_t it = start; it < s_.steps; ++it) {
       // The step's loss is the mean of its micro-batches' (each the mean over its tokens).
       double loss = 0;
-      for (int k = 0; k < grad_accum_; ++k) {
+      for (int k = 0; k < s_.grad_accum; ++k) {
         sampler.next(ids.data(), targets.data());
-        model.set_batch(batch_, ctx_, ids.data(), targets.data());
+        model.set_batch(s_.batch, s_.ctx, ids.data(), targets.data());
         model.forward();
-        model.backward({k, grad_accum_});
-        loss += model.read_loss() / grad_accum_;
+        model.backward({k, s_.grad_accum});
+        loss += model.read_loss() / s_.grad_accum;
       }
-      const double lr = sched_.at(it);
+      const double lr = s_.schedule.at(it);
       opt.step(lr);
       const double norm = opt.last_grad_norm();
-      const double elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-      if (!std::isfinite(loss)) user_error("the loss became {} at step {}; lower --lr or enable --clip", loss, it + 1);
+      const std::int64_t step = it + 1;
+      if (!std::isfinite(loss)) user_error("the loss became {} at step {}; lower --lr or enable --clip", loss, step);
+      std::optional<double> val_loss;
+      if (val && ((s_.eval_every > 0 && step % s_.eval_every == 0) || step == s_.steps))
+        val_loss = held_out_loss(model, *val, s_);
+      const double elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      const double done = static_cast<double>(step - start);
       if (log.is_open()) {
-        nlohmann::ordered_json j{{"step", it + 1},
+        nlohmann::ordered_json j{{"step", step},
                                  {"loss", loss},
                                  {"lr", lr},
                                  {"grad_norm", norm},
-                                 {"tokens", static_cast<std::int64_t>(n) * (it + 1)},
+                                 {"tokens", static_cast<std::int64_t>(tokens_per_step) * step},
                                  {"elapsed_s", elapsed}};
+        if (val_loss) {
+          j["val_loss"] = *val_loss;
+          j["val_perplexity"] = std::exp(*val_loss);
+        }
         log << j.dump() << "\n" << std::flush;
       }
-      if ((it + 1) % print_every_ == 0 || it == 0 || it + 1 == steps_)
-        fmt::print("step {:>6}/{}  loss {:.4f}  lr {:.3e}  grad norm {:.3f}  {:.2f} s/step  {:.0f} tokens/s\n", it + 1,
-                   steps_, loss, lr, norm, elapsed / static_cast<double>(it + 1),
-                   static_cast<double>(n) * static_cast<double>(it + 1) / elapsed);
+      if (step % s_.print_every == 0 || it == start || step == s_.steps || val_loss)
+        fmt::print("step {:>6}/{}  loss {:.4f}{}  lr {:.3e}  grad norm {:.3f}  {:.2f} s/step  {:.0f} tokens/s\n", step,
+                   s_.steps, loss,
+                   val_loss ? fmt::format("  val loss {:.4f} (perplexity {:.2f})", *val_loss, std::exp(*val_loss)) : "",
+                   lr, norm, elapsed / done, static_cast<double>(tokens_per_step) * done / elapsed);
+      if (!s_.checkpoint_dir.empty() && (step % s_.save_every == 0 || step == s_.steps)) {
+        save_checkpoint(step);
+        last_saved = step;
+      }
+      if (const int sig = stop_signal.load()) {
+        if (last_saved != step) save_checkpoint(step);
+        fmt::print("stopped by {} after step {}; resume with --resume {}\n", sig == SIGINT ? "SIGINT" : "SIGTERM", step,
+                   s_.checkpoint_dir);
+        return 128 + sig;
+      }
     }
-    if (!save_.empty()) {
-      save_parameters(model, save_);
-      fmt::print("saved weights to '{}'\n", save_);
+    if (start >= s_.steps)
+      fmt::print("the checkpoint is at step {}, --steps is {}: nothing to train\n", start, s_.steps);
+    if (!s_.save.empty()) {
+      save_parameters(model, s_.save);
+      fmt::print("saved weights to '{}'\n", s_.save);
     }
     return 0;
   }
 
  private:
+  // Whether any flag choosing the model's shape was given.
+  bool model_given() const {
+    for (const char* f : {"--model", "--d-model", "--d-ff", "--layers", "--heads", "--vocab", "--rope-theta"})
+      if (app->count(f) > 0) return true;
+    return false;
+  }
+
   ModelFlags model_;
-  std::string data_, init_, save_, log_, device_, precision_ = "fp32", schedule_ = "constant", sample_ = "random",
-                                                  attention_ = "flash", recompute_ = "none", weight_copies_ = "kept";
-  std::int64_t steps_ = 0, batch_ = 4, ctx_ = 256, print_every_ = 10;
-  int grad_accum_ = 1;
-  std::uint64_t seed_ = 0;
-  OptimizerConfig opt_;
-  LrSchedule sched_;
+  TrainSettings s_;
 };
 
 }  // namespace

@@ -193,7 +193,7 @@ class Cli(unittest.TestCase):
         self.assertUserError(run("train", *TINY, "--data", self.data, "--steps", "1", "--device", "cpu",
                                  "--precision", "tf32"), "the CPU backend computes in fp32 only")
         self.assertUserError(run("train", *TINY, "--data", self.data, "--steps", "1", "--precision", "fp8"),
-                             "unknown precision 'fp8'")
+                             "unknown --precision 'fp8'")
 
     def test_bad_data(self):
         big = self.path("big_ids.npy")

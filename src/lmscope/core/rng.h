@@ -12,6 +12,8 @@ namespace lmscope {
 class Rng {
  public:
   explicit Rng(std::uint64_t seed) : state_(seed) {}
+  // The whole state: Rng(state()) continues where this one stands (checkpoints save it).
+  std::uint64_t state() const { return state_; }
   // An independent stream for a named purpose ("layers.3.attn.q_proj.weight", "batches").
   static Rng stream(std::uint64_t seed, std::string_view name) {
     std::uint64_t h = 1469598103934665603ull;  // FNV-1a of the name, mixed with the seed

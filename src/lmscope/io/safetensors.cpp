@@ -145,34 +145,37 @@ std::vector<double> SafetensorsFile::read(const SafetensorsEntry& e) const {
   return out;
 }
 
-void write_safetensors(const std::string& path, const std::vector<NamedTensorData>& tensors,
-                       const std::map<std::string, std::string>& metadata) {
+FileDigest write_safetensors(const std::string& path, const std::vector<TensorSource>& tensors,
+                             const std::map<std::string, std::string>& metadata) {
   nlohmann::ordered_json header;
   if (!metadata.empty()) header["__metadata__"] = metadata;
   std::size_t offset = 0;
   for (const auto& t : tensors) {
-    LMSCOPE_CHECK(static_cast<std::int64_t>(t.values.size()) == shape_numel(t.shape), "tensor {} size", t.name);
-    const std::size_t bytes = t.values.size() * 4;
+    const std::size_t bytes = static_cast<std::size_t>(shape_numel(t.shape)) * 4;
     header[t.name] = {{"dtype", "F32"}, {"shape", t.shape}, {"data_offsets", {offset, offset + bytes}}};
     offset += bytes;
   }
   std::string h = header.dump();
   h.append((8 - h.size() % 8) % 8, ' ');  // pad so the data section is 8-byte aligned
-  const std::string tmp = path + ".partial";
-  {
-    std::ofstream f(tmp, std::ios::binary);
-    if (!f) user_error("cannot write '{}': {}", path, std::strerror(errno));
-    unsigned char len[8];
-    for (int i = 0; i < 8; ++i)
-      len[i] = static_cast<unsigned char>((static_cast<std::uint64_t>(h.size()) >> (8 * i)) & 0xff);
-    f.write(reinterpret_cast<const char*>(len), 8);
-    f.write(h.data(), static_cast<std::streamsize>(h.size()));
-    for (const auto& t : tensors)
-      f.write(reinterpret_cast<const char*>(t.values.data()), static_cast<std::streamsize>(t.values.size() * 4));
-    if (!f.flush()) user_error("writing '{}' failed: {}", path, std::strerror(errno));
+  DurableFile f(path);
+  unsigned char len[8];
+  for (int i = 0; i < 8; ++i)
+    len[i] = static_cast<unsigned char>((static_cast<std::uint64_t>(h.size()) >> (8 * i)) & 0xff);
+  f.write(len, 8);
+  f.write(h.data(), h.size());
+  for (const auto& t : tensors) {
+    const std::vector<float> v = t.values();
+    LMSCOPE_CHECK(static_cast<std::int64_t>(v.size()) == shape_numel(t.shape), "tensor {} size", t.name);
+    f.write(v.data(), v.size() * 4);
   }
-  if (std::rename(tmp.c_str(), path.c_str()) != 0)
-    user_error("cannot move '{}' into place: {}", path, std::strerror(errno));
+  return f.commit();
+}
+
+FileDigest write_safetensors(const std::string& path, const std::vector<NamedTensorData>& tensors,
+                             const std::map<std::string, std::string>& metadata) {
+  std::vector<TensorSource> sources;
+  for (const auto& t : tensors) sources.push_back({t.name, t.shape, [&t] { return t.values; }});
+  return write_safetensors(path, sources, metadata);
 }
 
 void load_parameters(Transformer& model, const std::string& path) {
@@ -196,23 +199,31 @@ void load_parameters(Transformer& model, const std::string& path) {
   model.refresh_lowp_copies();
 }
 
-void save_parameters(Transformer& model, const std::string& path) {
-  std::vector<NamedTensorData> out;
-  for (Parameter& p : model.parameters()) {
-    std::vector<double> v = download(model.backend(), p.value);
-    NamedTensorData t{p.spec.name, p.spec.shape, std::vector<float>(v.begin(), v.end())};
-    out.push_back(std::move(t));
-  }
-  const ModelConfig& c = model.config();
-  write_safetensors(path, out,
-                    {{"format", "pt"},
-                     {"producer", "lmscope"},
-                     {"vocab_size", std::to_string(c.vocab)},
-                     {"d_model", std::to_string(c.d_model)},
-                     {"d_ff", std::to_string(c.d_ff)},
-                     {"num_layers", std::to_string(c.layers)},
-                     {"num_heads", std::to_string(c.heads)},
-                     {"rope_theta", fmt::format("{}", c.rope_theta)}});
+std::vector<float> host_f32(Backend& backend, const Tensor& t) {
+  const std::vector<double> v = download(backend, t);
+  return std::vector<float>(v.begin(), v.end());
+}
+
+std::vector<TensorSource> parameter_sources(Transformer& model) {
+  std::vector<TensorSource> out;
+  for (Parameter& p : model.parameters())
+    out.push_back({p.spec.name, p.spec.shape, [&model, &p] { return host_f32(model.backend(), p.value); }});
+  return out;
+}
+
+std::map<std::string, std::string> model_metadata(const ModelConfig& c) {
+  return {{"format", "pt"},
+          {"producer", "lmscope"},
+          {"vocab_size", std::to_string(c.vocab)},
+          {"d_model", std::to_string(c.d_model)},
+          {"d_ff", std::to_string(c.d_ff)},
+          {"num_layers", std::to_string(c.layers)},
+          {"num_heads", std::to_string(c.heads)},
+          {"rope_theta", fmt::format("{}", c.rope_theta)}};
+}
+
+FileDigest save_parameters(Transformer& model, const std::string& path) {
+  return write_safetensors(path, parameter_sources(model), model_metadata(model.config()));
 }
 
 }  // namespace lmscope

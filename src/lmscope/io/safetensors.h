@@ -4,7 +4,10 @@
 #pragma once
 
 #include "lmscope/core/tensor.h"
+#include "lmscope/io/durable_file.h"
+#include "lmscope/model/config.h"
 
+#include <functional>
 #include <map>
 #include <memory>
 #include <string>
@@ -12,6 +15,7 @@
 
 namespace lmscope {
 
+class Backend;
 class Transformer;
 
 struct SafetensorsEntry {
@@ -51,13 +55,28 @@ struct NamedTensorData {
   std::vector<float> values;
 };
 
-// Writes F32 tensors; the file appears complete or not at all (written aside, then renamed).
-void write_safetensors(const std::string& path, const std::vector<NamedTensorData>& tensors,
-                       const std::map<std::string, std::string>& metadata = {});
+// An F32 tensor to write, its values fetched only when its turn comes (a checkpoint of 2.7B never
+// holds more than one tensor on the host).
+struct TensorSource {
+  std::string name;
+  Shape shape;
+  std::function<std::vector<float>()> values;
+};
+
+// Writes F32 tensors; the file appears complete or not at all (DurableFile). Returns its digest.
+FileDigest write_safetensors(const std::string& path, const std::vector<TensorSource>& tensors,
+                             const std::map<std::string, std::string>& metadata = {});
+FileDigest write_safetensors(const std::string& path, const std::vector<NamedTensorData>& tensors,
+                             const std::map<std::string, std::string>& metadata = {});
 
 // The model's parameters by their PyTorch names. Loading checks that the file holds exactly the
 // model's tensors with their shapes; a name prefixed "_orig_mod." (torch.compile) is accepted.
 void load_parameters(Transformer& model, const std::string& path);
-void save_parameters(Transformer& model, const std::string& path);
+FileDigest save_parameters(Transformer& model, const std::string& path);
+// The tensors save_parameters writes, for writers of other files beside them (checkpoints).
+std::vector<TensorSource> parameter_sources(Transformer& model);
+std::map<std::string, std::string> model_metadata(const ModelConfig& c);
+// A tensor's values on the host as F32, for a TensorSource.
+std::vector<float> host_f32(Backend& backend, const Tensor& t);
 
 }  // namespace lmscope

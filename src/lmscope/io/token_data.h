@@ -38,6 +38,17 @@ class BatchSampler {
  public:
   BatchSampler(const TokenData& data, std::int64_t batch, std::int64_t ctx, bool sequential, std::uint64_t seed);
   void next(std::int32_t* inputs, std::int32_t* targets);
+  // Where sampling stands: the random stream's state and the batches drawn. A sampler restored to
+  // it draws what the saved one would have drawn next.
+  struct Position {
+    std::uint64_t rng_state = 0;
+    std::int64_t batches = 0;
+  };
+  Position position() const { return {rng_.state(), step_}; }
+  void restore(const Position& p) {
+    rng_ = Rng(p.rng_state);
+    step_ = p.batches;
+  }
 
  private:
   const TokenData& data_;

@@ -26,6 +26,11 @@ class AdamW {
   // One update from the gradients now held by the model, at learning rate lr; frees them.
   void step(double lr);
   std::int64_t steps_taken() const { return t_; }
+  // The moments of parameter i (the model's order), and the step count, as a checkpoint saves and
+  // restores them.
+  const Allocation& first_moment(std::size_t i) const { return m_.at(i); }
+  const Allocation& second_moment(std::size_t i) const { return v_.at(i); }
+  void set_steps_taken(std::int64_t t) { t_ = t; }
   // The global gradient norm of the last step, before clipping (reads the backend).
   double last_grad_norm();
 

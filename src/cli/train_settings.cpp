@@ -1,0 +1,226 @@
+#include "train_settings.h"
+
+#include "model_flags.h"
+
+#include "lmscope/backend/backend.h"
+#include "lmscope/bench/report.h"
+#include "lmscope/core/error.h"
+#include "lmscope/model/attention.h"
+#include "lmscope/model/transformer.h"
+
+#include <fmt/format.h>
+
+namespace lmscope::cli {
+namespace {
+
+// A flag's value from the checkpoint's configuration (under the flag's name without dashes, '-'
+// as '_') when the flag was not given; when given with another value, a sentence saying so.
+template <typename T>
+void take(const CLI::App& app, const nlohmann::json& saved, const char* flag, T& value,
+          std::vector<std::string>& changes) {
+  std::string key(flag + 2);
+  for (char& c : key)
+    if (c == '-') c = '_';
+  if (!saved.contains(key)) return;
+  const T old = saved.at(key).get<T>();
+  if (app.count(flag) == 0)
+    value = old;
+  else if (value != old)
+    changes.push_back(
+        fmt::format("{} is {} here and was {} in the checkpoint's run; going on with {}", flag, value, old, value));
+}
+
+ModelConfig model_from_json(const nlohmann::json& j) {
+  ModelConfig c;  // validated by the model flags' resolution or the Transformer
+  c.name = j.at("name").get<std::string>();
+  c.d_model = j.at("d_model").get<std::int64_t>();
+  c.d_ff = j.at("d_ff").get<std::int64_t>();
+  c.layers = j.at("layers").get<std::int64_t>();
+  c.heads = j.at("heads").get<std::int64_t>();
+  c.vocab = j.at("vocab").get<std::int64_t>();
+  c.rope_theta = j.at("rope_theta").get<double>();
+  return c;
+}
+
+std::string shape_words(const ModelConfig& c) {
+  return fmt::format("d_model {}, d_ff {}, {} layers, {} heads, vocabulary {}, RoPE theta {}", c.d_model, c.d_ff,
+                     c.layers, c.heads, c.vocab, c.rope_theta);
+}
+
+}  // namespace
+
+ModelConfig checkpoint_model(const nlohmann::json& saved, const std::string& dir) {
+  try {
+    return model_from_json(saved.at("model"));
+  } catch (const nlohmann::json::exception& e) {
+    user_error("the configuration in the checkpoint in '{}' cannot be read ({})", dir, e.what());
+  }
+}
+
+void TrainSettings::add_to(CLI::App& app) {
+  app.add_option("--data", data, "Token file: raw uint16 (.bin) or .npy (uint16/int32/int64)");
+  app.add_option("--init", init, "Start from these weights (safetensors, PyTorch names)");
+  app.add_option("--save", save, "Write the trained weights here (safetensors)");
+  app.add_option("--steps", steps, "Optimizer steps (in all, counting those before a --resume)");
+  app.add_option("--batch", batch, "Sequences per micro-batch")->capture_default_str();
+  app.add_option("--ctx", ctx, "Tokens per sequence")->capture_default_str();
+  app.add_option("--lr", optimizer.lr, "Learning rate (the maximum, with cosine)")->capture_default_str();
+  app.add_option("--lr-schedule", lr_schedule, "constant or cosine")->capture_default_str();
+  app.add_option("--warmup-iters", schedule.warmup_iters, "Cosine schedule: linear warm-up iterations")
+      ->capture_default_str();
+  app.add_option("--cosine-iters", schedule.cosine_iters, "Cosine schedule: iteration where lr reaches --min-lr");
+  app.add_option("--min-lr", schedule.lr_min, "Cosine schedule: final learning rate")->capture_default_str();
+  app.add_option("--beta1", optimizer.beta1)->capture_default_str();
+  app.add_option("--beta2", optimizer.beta2)->capture_default_str();
+  app.add_option("--eps", optimizer.eps)->capture_default_str();
+  app.add_option("--weight-decay", optimizer.weight_decay)->capture_default_str();
+  app.add_option("--clip", optimizer.clip, "Global gradient-norm limit, 0 = off")->capture_default_str();
+  app.add_option("--seed", seed, "Seed for initialisation and random batches")->capture_default_str();
+  app.add_option("--sample", sample, "random (seeded offsets) or sequential (row b of step s at (s·B+b)·ctx)")
+      ->capture_default_str();
+  app.add_option("--log", log, "Write one JSON object per step here (a resumed run keeps the lines up to its step)");
+  app.add_option("--print-every", print_every, "Print a progress line every N steps")->capture_default_str();
+  app.add_option("--device", device, "cpu or cuda (default: cuda when a GPU is visible)");
+  app.add_option("--precision", precision,
+                 "fp32, or on CUDA tf32 or bf16 (mixed: fp32 master weights and optimizer state)")
+      ->capture_default_str();
+  app.add_option("--attention", attention, "flash (FlashAttention-2) or naive (scores kept in memory)")
+      ->capture_default_str();
+  app.add_option("--recompute", recompute, recompute_help(false))->capture_default_str();
+  app.add_option("--grad-accum", grad_accum, grad_accum_help(false))->capture_default_str();
+  app.add_option("--weight-copies", weight_copies, weight_copies_help(false))->capture_default_str();
+  app.add_option("--checkpoint-dir", checkpoint_dir,
+                 "Write full checkpoints here (weights, AdamW state, step, sampling position, configuration): every "
+                 "--save-every steps, at the end, and on SIGINT or SIGTERM");
+  app.add_option("--save-every", save_every, "With --checkpoint-dir: a checkpoint every N steps");
+  app.add_option("--keep", keep, "With --checkpoint-dir: keep the newest K checkpoints (default: all)");
+  app.add_option("--resume", resume,
+                 "Go on from the newest complete checkpoint in this directory (flags not given take its values)");
+  app.add_option("--val-data", val_data, "Held-out token file: log its mean loss and perplexity");
+  app.add_option("--eval-every", eval_every, "With --val-data: every N steps (default: after the last step)");
+  app.add_option("--eval-batches", eval_batches, "With --val-data: batches of --batch sequences evaluated")
+      ->capture_default_str();
+}
+
+void TrainSettings::validate(const CLI::App& app) {
+  if (data.empty()) user_error("--data is required (the token file to train on)");
+  if (resume.empty() && app.count("--steps") == 0) user_error("--steps is required");
+  if (!resume.empty() && !init.empty()) user_error("--init and --resume both choose the starting weights; give one");
+  if (batch <= 0) user_error("--batch must be positive, got {}", batch);
+  if (ctx <= 0) user_error("--ctx must be positive, got {}", ctx);
+  if (steps < 0) user_error("--steps must be non-negative, got {}", steps);
+  if (grad_accum <= 0) user_error("--grad-accum must be positive, got {}", grad_accum);
+  if (print_every <= 0) user_error("--print-every must be positive, got {}", print_every);
+  if (sample != "random" && sample != "sequential")
+    user_error("unknown --sample '{}' (use random or sequential)", sample);
+  if (lr_schedule != "constant" && lr_schedule != "cosine")
+    user_error("unknown --lr-schedule '{}' (use constant or cosine)", lr_schedule);
+  if (precision != "fp32" && precision != "tf32" && precision != "bf16")
+    user_error("unknown --precision '{}' (use fp32, tf32 or bf16)", precision);
+  parse_attention(attention);
+  parse_recompute(recompute);
+  if (parse_weight_copies(weight_copies) == WeightCopies::transient && compute_dtype(precision) == DType::f32)
+    user_error("{}", kTransientNeedsBf16);
+  if (checkpoint_dir.empty() && (app.count("--save-every") > 0 || app.count("--keep") > 0))
+    user_error("--save-every and --keep need --checkpoint-dir");
+  if (app.count("--save-every") > 0 && save_every <= 0)
+    user_error("--save-every must be positive, got {} (leave it out to save only at the end)", save_every);
+  if (app.count("--keep") > 0 && keep <= 0) user_error("--keep must be positive, got {}", keep);
+  if (val_data.empty() && (app.count("--eval-every") > 0 || app.count("--eval-batches") > 0))
+    user_error("--eval-every and --eval-batches need --val-data");
+  if (app.count("--eval-every") > 0 && eval_every <= 0) user_error("--eval-every must be positive, got {}", eval_every);
+  if (eval_batches <= 0) user_error("--eval-batches must be positive, got {}", eval_batches);
+  if (device.empty()) device = default_device();
+  schedule.cosine = lr_schedule == "cosine";
+  schedule.lr_max = optimizer.lr;
+  if (schedule.cosine && schedule.cosine_iters == 0) schedule.cosine_iters = steps;
+  schedule.validate();
+  optimizer.validate();
+}
+
+nlohmann::ordered_json TrainSettings::to_json() const {
+  return {{"model", model_json(model)},
+          {"precision", precision},
+          {"device", device},
+          {"attention", attention},
+          {"recompute", recompute},
+          {"weight_copies", weight_copies},
+          {"data", data},
+          {"val_data", val_data},
+          {"steps", steps},
+          {"batch", batch},
+          {"ctx", ctx},
+          {"grad_accum", grad_accum},
+          {"sample", sample},
+          {"seed", seed},
+          {"lr", optimizer.lr},
+          {"lr_schedule", lr_schedule},
+          {"warmup_iters", schedule.warmup_iters},
+          {"cosine_iters", schedule.cosine_iters},
+          {"min_lr", schedule.lr_min},
+          {"beta1", optimizer.beta1},
+          {"beta2", optimizer.beta2},
+          {"eps", optimizer.eps},
+          {"weight_decay", optimizer.weight_decay},
+          {"clip", optimizer.clip},
+          {"checkpoint_dir", checkpoint_dir},
+          {"save_every", save_every},
+          {"keep", keep},
+          {"eval_every", eval_every},
+          {"eval_batches", eval_batches},
+          {"print_every", print_every}};
+}
+
+std::vector<std::string> TrainSettings::take_from_checkpoint(const CLI::App& app, const nlohmann::json& saved,
+                                                             bool model_given) {
+  try {
+    const ModelConfig theirs = checkpoint_model(saved, resume);
+    if (!model_given) {
+      model = theirs;
+    } else if (model.d_model != theirs.d_model || model.d_ff != theirs.d_ff || model.layers != theirs.layers ||
+               model.heads != theirs.heads || model.vocab != theirs.vocab || model.rope_theta != theirs.rope_theta) {
+      user_error("the checkpoint in '{}' is of another model ({}) than the one asked for ({})", resume,
+                 shape_words(theirs), shape_words(model));
+    }
+    const std::string their_precision = saved.at("precision").get<std::string>();
+    if (app.count("--precision") > 0 && precision != their_precision)
+      user_error("the checkpoint in '{}' was trained in {}, and a run cannot go on from it in {}", resume,
+                 their_precision, precision);
+    precision = their_precision;
+    std::vector<std::string> changes;
+    take(app, saved, "--device", device, changes);
+    take(app, saved, "--attention", attention, changes);
+    take(app, saved, "--recompute", recompute, changes);
+    take(app, saved, "--weight-copies", weight_copies, changes);
+    take(app, saved, "--data", data, changes);
+    take(app, saved, "--val-data", val_data, changes);
+    take(app, saved, "--steps", steps, changes);
+    take(app, saved, "--batch", batch, changes);
+    take(app, saved, "--ctx", ctx, changes);
+    take(app, saved, "--grad-accum", grad_accum, changes);
+    take(app, saved, "--sample", sample, changes);
+    take(app, saved, "--seed", seed, changes);
+    take(app, saved, "--lr", optimizer.lr, changes);
+    take(app, saved, "--lr-schedule", lr_schedule, changes);
+    take(app, saved, "--warmup-iters", schedule.warmup_iters, changes);
+    take(app, saved, "--cosine-iters", schedule.cosine_iters, changes);
+    take(app, saved, "--min-lr", schedule.lr_min, changes);
+    take(app, saved, "--beta1", optimizer.beta1, changes);
+    take(app, saved, "--beta2", optimizer.beta2, changes);
+    take(app, saved, "--eps", optimizer.eps, changes);
+    take(app, saved, "--weight-decay", optimizer.weight_decay, changes);
+    take(app, saved, "--clip", optimizer.clip, changes);
+    take(app, saved, "--save-every", save_every, changes);
+    take(app, saved, "--keep", keep, changes);
+    take(app, saved, "--eval-every", eval_every, changes);
+    take(app, saved, "--eval-batches", eval_batches, changes);
+    take(app, saved, "--print-every", print_every, changes);
+    // The run goes on writing checkpoints where it resumed from, unless told otherwise.
+    if (app.count("--checkpoint-dir") == 0) checkpoint_dir = resume;
+    return changes;
+  } catch (const nlohmann::json::exception& e) {
+    user_error("the configuration in the checkpoint in '{}' cannot be read ({})", resume, e.what());
+  }
+}
+
+}  // namespace lmscope::cli

@@ -1,0 +1,47 @@
+// Everything `lmscope train` is told: its flags, their checks, the configuration a checkpoint keeps
+// (to_json), and how a resumed run takes that configuration back: a flag not given takes the
+// checkpoint's value; one given with another value goes on and is reported, except the model's shape,
+// vocabulary and precision, which a checkpoint cannot change (UserError).
+#pragma once
+
+#include "lmscope/model/config.h"
+#include "lmscope/model/optimizer.h"
+
+#include <CLI/CLI.hpp>
+#include <nlohmann/json.hpp>
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace lmscope::cli {
+
+struct TrainSettings {
+  ModelConfig model;  // set by the command from its model flags (or the checkpoint)
+  std::string data, val_data, init, save, log, checkpoint_dir, resume;
+  std::int64_t steps = 0, batch = 4, ctx = 256, print_every = 10;
+  std::int64_t save_every = 0;  // 0: at the end and on SIGINT/SIGTERM only
+  std::int64_t keep = 0;        // 0: keep every checkpoint
+  std::int64_t eval_every = 0;  // 0: after the last step only
+  std::int64_t eval_batches = 10;
+  int grad_accum = 1;
+  std::uint64_t seed = 0;
+  std::string sample = "random", device, precision = "fp32", attention = "flash", recompute = "none",
+              weight_copies = "kept", lr_schedule = "constant";
+  OptimizerConfig optimizer;
+  LrSchedule schedule;
+
+  void add_to(CLI::App& app);
+  // Checks every value (UserError naming the first bad one) and fills in what follows from the
+  // others: the device when none was named, the schedule from --lr-schedule and --steps.
+  void validate(const CLI::App& app);
+  nlohmann::ordered_json to_json() const;
+  // Takes a checkpoint's configuration: values of flags not given on `app`. Returns what differs,
+  // in sentences. model_given: whether any model flag was given (then `model` must match).
+  std::vector<std::string> take_from_checkpoint(const CLI::App& app, const nlohmann::json& saved, bool model_given);
+};
+
+// The model a checkpoint's configuration names; UserError if it cannot be read.
+ModelConfig checkpoint_model(const nlohmann::json& saved, const std::string& dir);
+
+}  // namespace lmscope::cli

@@ -1,0 +1,185 @@
+#include "lmscope/io/checkpoint.h"
+
+#include "lmscope/backend/backend.h"
+#include "lmscope/io/durable_file.h"
+#include "lmscope/io/safetensors.h"
+#include "lmscope/model/optimizer.h"
+
+#include <algorithm>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <sstream>
+
+namespace lmscope {
+namespace {
+
+namespace fs = std::filesystem;
+
+constexpr const char* kFormat = "lmscope-checkpoint";
+constexpr int kVersion = 1;
+constexpr const char* kModelFile = "model.safetensors";
+constexpr const char* kOptimizerFile = "optimizer.safetensors";
+constexpr const char* kStateFile = "state.json";
+constexpr const char* kPartialPrefix = ".partial-";
+
+std::string step_dir_name(std::int64_t step) { return fmt::format("step-{:08d}", step); }
+
+// The step a directory name "step-00000100" stands for; -1 for any other name.
+std::int64_t step_of(const std::string& name) {
+  if (name.size() != 13 || name.rfind("step-", 0) != 0) return -1;
+  std::int64_t step = 0;
+  for (char c : name.substr(5)) {
+    if (c < '0' || c > '9') return -1;
+    step = step * 10 + (c - '0');
+  }
+  return step;
+}
+
+// The checkpoints in dir, newest first.
+std::vector<std::pair<std::int64_t, fs::path>> checkpoints_in(const fs::path& dir) {
+  std::vector<std::pair<std::int64_t, fs::path>> out;
+  for (const auto& e : fs::directory_iterator(dir))
+    if (const std::int64_t s = step_of(e.path().filename().string()); s >= 0 && e.is_directory())
+      out.emplace_back(s, e.path());
+  std::sort(out.begin(), out.end(), [](const auto& a, const auto& b) { return a.first > b.first; });
+  return out;
+}
+
+std::string hex(std::uint64_t v) { return fmt::format("{:016x}", v); }
+
+std::uint64_t from_hex(const std::string& s) {
+  std::size_t used = 0;
+  const std::uint64_t v = std::stoull(s, &used, 16);
+  if (used != s.size()) throw std::invalid_argument("not hexadecimal");
+  return v;
+}
+
+nlohmann::ordered_json digest_json(const FileDigest& d) { return {{"bytes", d.bytes}, {"crc32", d.crc32}}; }
+
+// Why the checkpoint at `dir` is not complete, or "" when it is; its state when it is.
+std::string check(const fs::path& dir, CheckpointState& state) {
+  const fs::path state_path = dir / kStateFile;
+  if (!fs::exists(state_path)) return fmt::format("it has no {}", kStateFile);
+  nlohmann::json j;
+  try {
+    std::ifstream in(state_path);
+    j = nlohmann::json::parse(in);
+    if (j.at("format").get<std::string>() != kFormat)
+      return fmt::format("{} is not an lmscope checkpoint's", kStateFile);
+    if (j.at("version").get<int>() != kVersion)
+      return fmt::format("it is of version {}, and this lmscope reads version {}", j.at("version").get<int>(),
+                         kVersion);
+    state.step = j.at("step").get<std::int64_t>();
+    state.adamw_steps = j.at("adamw_steps").get<std::int64_t>();
+    state.sampler.rng_state = from_hex(j.at("sampler").at("rng_state").get<std::string>());
+    state.sampler.batches = j.at("sampler").at("batches").get<std::int64_t>();
+    state.config = j.at("config");
+    for (const char* file : {kModelFile, kOptimizerFile}) {
+      const auto& want = j.at("files").at(file);
+      const fs::path p = dir / file;
+      if (!fs::exists(p)) return fmt::format("{} is missing", file);
+      const FileDigest expected{want.at("bytes").get<std::uint64_t>(), want.at("crc32").get<std::uint32_t>()};
+      const FileDigest found = digest_of_file(p.string());
+      if (found.bytes != expected.bytes)
+        return fmt::format("{} holds {} bytes, not the {} written (truncated?)", file, found.bytes, expected.bytes);
+      if (found.crc32 != expected.crc32) return fmt::format("{} does not match its CRC-32 (damaged)", file);
+    }
+  } catch (const nlohmann::json::exception& e) {
+    return fmt::format("its {} cannot be read ({})", kStateFile, e.what());
+  } catch (const std::invalid_argument&) {
+    return fmt::format("its {} holds a malformed sampler state", kStateFile);
+  } catch (const std::out_of_range&) {
+    return fmt::format("its {} holds a malformed sampler state", kStateFile);
+  }
+  return "";
+}
+
+}  // namespace
+
+std::string write_checkpoint(const std::string& dir, Transformer& model, const AdamW& opt, const CheckpointState& state,
+                             int keep) {
+  const fs::path root(dir);
+  std::error_code ec;
+  fs::create_directories(root, ec);
+  if (ec || !fs::is_directory(root)) user_error("cannot make the checkpoint directory '{}': {}", dir, ec.message());
+  const fs::path final_dir = root / step_dir_name(state.step);
+  const fs::path partial = root / (kPartialPrefix + step_dir_name(state.step));
+  fs::remove_all(partial);
+  fs::create_directory(partial, ec);
+  if (ec) user_error("cannot make '{}': {}", partial.string(), ec.message());
+
+  const FileDigest weights = save_parameters(model, (partial / kModelFile).string());
+  std::vector<TensorSource> moments;
+  auto& params = model.parameters();
+  for (std::size_t i = 0; i < params.size(); ++i) {
+    const Parameter& p = params[i];
+    moments.push_back({p.spec.name + ".exp_avg", p.spec.shape,
+                       [&model, &opt, i] { return host_f32(model.backend(), opt.first_moment(i)); }});
+    moments.push_back({p.spec.name + ".exp_avg_sq", p.spec.shape,
+                       [&model, &opt, i] { return host_f32(model.backend(), opt.second_moment(i)); }});
+  }
+  const FileDigest optimizer =
+      write_safetensors((partial / kOptimizerFile).string(), moments, {{"producer", "lmscope"}});
+  nlohmann::ordered_json j;
+  j["format"] = kFormat;
+  j["version"] = kVersion;
+  j["step"] = state.step;
+  j["adamw_steps"] = state.adamw_steps;
+  j["sampler"] = {{"rng_state", hex(state.sampler.rng_state)}, {"batches", state.sampler.batches}};
+  j["config"] = state.config;
+  j["files"] = {{kModelFile, digest_json(weights)}, {kOptimizerFile, digest_json(optimizer)}};
+  write_file_durably((partial / kStateFile).string(), j.dump(2) + "\n");
+  sync_directory(partial.string());
+
+  // A checkpoint of the same step (a run resumed before it and saving it again) gives way.
+  fs::remove_all(final_dir);
+  fs::rename(partial, final_dir, ec);
+  if (ec) user_error("cannot move '{}' into place: {}", final_dir.string(), ec.message());
+  sync_directory(root.string());
+
+  for (const auto& e : fs::directory_iterator(root))
+    if (e.path().filename().string().rfind(kPartialPrefix, 0) == 0) fs::remove_all(e.path());
+  if (keep > 0) {
+    const auto all = checkpoints_in(root);
+    for (std::size_t i = static_cast<std::size_t>(keep); i < all.size(); ++i) fs::remove_all(all[i].second);
+  }
+  return final_dir.string();
+}
+
+FoundCheckpoint find_checkpoint(const std::string& dir) {
+  if (!fs::is_directory(dir)) user_error("the checkpoint directory '{}' does not exist", dir);
+  FoundCheckpoint found;
+  for (const auto& [step, path] : checkpoints_in(dir)) {
+    const std::string why = check(path, found.state);
+    if (why.empty()) {
+      found.path = path.string();
+      return found;
+    }
+    found.passed_over.push_back(fmt::format("'{}': {}", path.string(), why));
+  }
+  if (found.passed_over.empty()) user_error("'{}' holds no checkpoint (no step-* directory)", dir);
+  user_error("'{}' holds no complete checkpoint; the newest, {}", dir, found.passed_over.front());
+}
+
+void load_checkpoint(const FoundCheckpoint& c, Transformer& model, AdamW& opt) {
+  load_parameters(model, (fs::path(c.path) / kModelFile).string());
+  const std::string path = (fs::path(c.path) / kOptimizerFile).string();
+  SafetensorsFile file(path);
+  auto& params = model.parameters();
+  for (std::size_t i = 0; i < params.size(); ++i) {
+    const Parameter& p = params[i];
+    for (const auto& [suffix, moment] :
+         {std::pair{".exp_avg", &opt.first_moment(i)}, std::pair{".exp_avg_sq", &opt.second_moment(i)}}) {
+      const SafetensorsEntry* e = file.find(p.spec.name + suffix);
+      if (!e) user_error("'{}' lacks AdamW's '{}{}'", path, p.spec.name, suffix);
+      if (e->shape != p.spec.shape)
+        user_error("'{}{}' in '{}' has shape {}, but the model needs {}", p.spec.name, suffix, path,
+                   shape_str(e->shape), shape_str(p.spec.shape));
+      upload(model.backend(), *moment, file.read(*e));
+    }
+  }
+  opt.set_steps_taken(c.state.adamw_steps);
+}
+
+}  // namespace lmscope

@@ -1,0 +1,51 @@
+// Training checkpoints (train --checkpoint-dir, --resume): one directory per saved step,
+// DIR/step-00000100/, holding
+//   model.safetensors      the weights by their PyTorch names (what --init and PyTorch load)
+//   optimizer.safetensors  AdamW's moments, "<name>.exp_avg" and "<name>.exp_avg_sq" (PyTorch's names)
+//   state.json             the step, AdamW's step count, where sampling stands, the run's
+//                          configuration, and each file's size and CRC-32
+// Each file is written durably (durable_file.h) into DIR/.partial-step-00000100/, which is then
+// renamed into place and DIR flushed: a checkpoint is there whole or not at all, whenever the
+// process dies. A reader takes the newest one whose files match state.json, naming any newer one
+// it had to pass over.
+#pragma once
+
+#include "lmscope/io/token_data.h"
+
+#include <nlohmann/json.hpp>
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace lmscope {
+
+class AdamW;
+class Transformer;
+
+struct CheckpointState {
+  std::int64_t step = 0;         // optimizer steps completed
+  std::int64_t adamw_steps = 0;  // AdamW's t (bias correction)
+  BatchSampler::Position sampler;
+  nlohmann::ordered_json config;  // the run's configuration, as train writes it
+};
+
+// Writes the checkpoint of state.step into dir (made if missing), then removes all but the newest
+// `keep` (0 keeps all) and any partial one a dead run left. Returns the checkpoint's path.
+std::string write_checkpoint(const std::string& dir, Transformer& model, const AdamW& opt, const CheckpointState& state,
+                             int keep);
+
+struct FoundCheckpoint {
+  std::string path;
+  CheckpointState state;
+  std::vector<std::string> passed_over;  // newer ones, each "path: why it is not complete"
+};
+
+// The newest complete checkpoint in dir. UserError when dir is missing or holds none complete.
+FoundCheckpoint find_checkpoint(const std::string& dir);
+
+// The weights and AdamW's moments and step count of a found checkpoint, into a model and optimizer
+// of its shape (UserError naming the first tensor that differs).
+void load_checkpoint(const FoundCheckpoint& c, Transformer& model, AdamW& opt);
+
+}  // namespace lmscope

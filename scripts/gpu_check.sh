@@ -17,6 +17,13 @@ if [[ "${LMSCOPE_SKIP_GPU_TESTS:-}" != 1 ]]; then
   echo "== compute-sanitizer memcheck exit $? ($(grep -c 'OK \]' "$OUT/sanitizer.log") tests ok): $(tail -1 "$OUT/sanitizer.log")"
 fi
 
+# --training: the training-run tests (checkpoints, kill and resume, held-out loss) on the GPU: a run
+# killed and resumed must equal the run never stopped, bit for bit, on CUDA too.
+if [[ "${1:-}" == "--training" ]]; then
+  LMSCOPE="$B/lmscope" LMSCOPE_TRAIN_DEVICE=cuda $PY tests/cli/test_train_cli.py -v >"$OUT/training-cuda.log" 2>&1
+  echo "== training runs on cuda exit $?"; grep -E "ok$|FAIL|Error|Ran" "$OUT/training-cuda.log"
+fi
+
 # --grid PRECISION MODELS CTXS [MODES] [ATTENTION]: lmscope and PyTorch over the same cells, batch 4,
 # 5 warm-up and 10 measured steps (MODES default train; ATTENTION naive, or flash against PyTorch's
 # SDPA). LMSCOPE_SKIP_GPU_TESTS=1 skips the tests before it.

@@ -19,7 +19,8 @@ import numpy as np
 
 LMSCOPE = os.environ["LMSCOPE"]
 STEPS = 80
-RUN = ["--device", "cpu", "--vocab", "50", "--d-model", "32", "--d-ff", "64", "--layers", "2", "--heads", "2",
+DEVICE = os.environ.get("LMSCOPE_TRAIN_DEVICE", "cpu")  # the GPU machine runs the same tests on cuda
+RUN = ["--device", DEVICE, "--vocab", "50", "--d-model", "32", "--d-ff", "64", "--layers", "2", "--heads", "2",
        "--batch", "4", "--ctx", "32", "--lr", "3e-3", "--lr-schedule", "cosine", "--warmup-iters", "5",
        "--steps", str(STEPS), "--save-every", "10", "--print-every", "20"]
 

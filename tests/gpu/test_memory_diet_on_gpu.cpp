@@ -1,8 +1,9 @@
 // The memory diet on the GPU: recomputation, gradient accumulation and transient weight copies give
-// the results of the plain step. Not bit for bit: the embedding's and the RMSNorms' weight gradients
-// sum their rows with atomics, in whichever order the blocks arrive, so two runs of the same step
-// differ in their last bits already; the bounds below are that run-to-run noise's order (fp32) and
-// bf16's. Skipped without a GPU.
+// the results of the plain step, and the same step twice gives the same bits: no kernel of a step
+// sums in an order that varies (the embedding's and RMSNorms' weight gradients and the global norm
+// reduce in a fixed order), which is what lets a resumed run equal the run never stopped.
+// Recomputation and accumulation sum in other orders than the plain step, so their bounds are
+// fp32's and bf16's. Skipped without a GPU.
 #include "../common/one_step.h"
 
 #include "lmscope/backend/backend.h"
@@ -11,6 +12,7 @@
 #include <gtest/gtest.h>
 
 #include <cstdio>
+#include <cstring>
 
 namespace lmscope::test {
 namespace {
@@ -26,6 +28,23 @@ OneStepSpec gpu_step(std::optional<DType> compute) {
   s.rows = s.micro = 4;
   s.ctx = 64;
   return s;
+}
+
+TEST(MemoryDietOnGpu, TheSameStepsTwiceGiveTheSameBits) {
+  if (list_gpus().empty()) GTEST_SKIP() << "no CUDA GPU visible";
+  for (const char* precision : {"fp32", "bf16"}) {
+    auto be = make_backend("cuda", precision);
+    OneStepSpec spec = gpu_step(std::string(precision) == "bf16" ? std::optional(DType::bf16) : std::nullopt);
+    spec.steps = 3;
+    const OneStep a = one_step(*be, spec), b = one_step(*be, spec);
+    EXPECT_EQ(std::memcmp(&a.loss, &b.loss, sizeof(double)), 0) << precision;
+    for (std::size_t i = 0; i < a.grads.size(); ++i) {
+      EXPECT_EQ(std::memcmp(a.grads[i].data(), b.grads[i].data(), a.grads[i].size() * sizeof(float)), 0)
+          << precision << ": gradient " << i;
+      EXPECT_EQ(std::memcmp(a.params[i].data(), b.params[i].data(), a.params[i].size() * sizeof(float)), 0)
+          << precision << ": parameter " << i;
+    }
+  }
 }
 
 TEST(MemoryDietOnGpu, RecomputationGivesThePlainStepsGradients) {

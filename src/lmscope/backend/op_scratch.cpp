@@ -52,8 +52,9 @@ Allocation cuda_cross_entropy(Allocator& mem, std::int64_t rows) {
   return mem.allocate({rows}, DType::f32, {MemKind::workspace, "cross_entropy.row_loss", -1});
 }
 
-Allocation cuda_global_norm(Allocator& mem) {
-  return mem.allocate({1}, DType::f64, {MemKind::workspace, "global_norm.sum", -1});
+Allocation cuda_global_norm(Allocator& mem, std::size_t tensors) {
+  return mem.allocate({static_cast<std::int64_t>(tensors) * kGlobalNormBlocks}, DType::f64,
+                      {MemKind::workspace, "global_norm.partials", -1});
 }
 
 std::pair<const Tensor*, bool> RopeTables::get(Allocator& mem, std::int64_t t, std::int64_t dk, double theta) {

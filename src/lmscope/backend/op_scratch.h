@@ -26,7 +26,9 @@ cuda::FlashAttentionPlan cuda_flash_backward_plan(const cuda::FlashKernelFacts& 
 Allocation cuda_flash_forward(Allocator& mem, const cuda::FlashAttentionPlan& plan);
 CudaFlashBackward cuda_flash_backward(Allocator& mem, const cuda::FlashAttentionPlan& plan, const AttentionShape& s);
 Allocation cuda_cross_entropy(Allocator& mem, std::int64_t rows);  // per-row losses [rows] f32
-Allocation cuda_global_norm(Allocator& mem);                       // the f64 sum of squares
+// The global norm's f64 partial sums, kGlobalNormBlocks per tensor (cuda::sum_squares).
+inline constexpr std::int64_t kGlobalNormBlocks = 256;
+Allocation cuda_global_norm(Allocator& mem, std::size_t tensors);
 
 // RoPE's (cos, sin) table [t, dk/2, 2] f32 per (t, dk, theta), made on a shape's first use and kept.
 class RopeTables {

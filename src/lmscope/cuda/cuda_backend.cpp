@@ -220,11 +220,17 @@ class CudaBackend final : public Backend {
   }
 
   void global_norm(std::span<const Tensor> tensors, const Tensor& out) override {
-    if (norm_sum_.empty()) norm_sum_ = scratch::cuda_global_norm(alloc_);
-    double* sum = norm_sum_.tensor().as<double>();
-    LMSCOPE_CUDA_CHECK(cudaMemsetAsync(sum, 0, sizeof(double), stream_));
-    for (const Tensor& t : tensors) cuda::sum_squares(f32(t), t.numel(), sum, stream_);
-    cuda::sqrt_to_float(sum, f32(out), stream_);
+    static_assert(scratch::kGlobalNormBlocks == cuda::kNormBlocks);
+    // Sized by the number of tensors: made again (from the allocator, so the dry run follows) when it changes.
+    if (norm_sum_.empty() ||
+        norm_sum_.tensor().numel() != static_cast<std::int64_t>(tensors.size()) * scratch::kGlobalNormBlocks) {
+      norm_sum_.reset();
+      norm_sum_ = scratch::cuda_global_norm(alloc_, tensors.size());
+    }
+    double* partials = norm_sum_.tensor().as<double>();
+    for (std::size_t i = 0; i < tensors.size(); ++i)
+      cuda::sum_squares(f32(tensors[i]), tensors[i].numel(), partials + i * cuda::kNormBlocks, stream_);
+    cuda::sum_partials_sqrt(partials, static_cast<std::int64_t>(tensors.size()) * cuda::kNormBlocks, f32(out), stream_);
   }
 
   void adamw(const Tensor& p, const Tensor& g, const Tensor& m, const Tensor& v, const AdamWArgs& a,

@@ -133,7 +133,10 @@ __global__ void adamw_kernel(float* p, const float* g, float* m, float* v, std::
   }
 }
 
-__global__ void sum_squares_kernel(const float* x, std::int64_t n, std::int64_t n4, double* sum) {
+// The global norm in a fixed order, so the same gradients give the same norm bit for bit (a resumed
+// run equals the run never stopped): kNormBlocks blocks per tensor, each writing its partial sum to
+// its own slot, then one block adding the slots in index order.
+__global__ void sum_squares_kernel(const float* x, std::int64_t n, std::int64_t n4, double* partials) {
   float acc = 0;
   GRID_STRIDE(i, n4) {
     const float4 v = reinterpret_cast<const float4*>(x)[i];
@@ -141,10 +144,21 @@ __global__ void sum_squares_kernel(const float* x, std::int64_t n, std::int64_t 
   }
   GRID_STRIDE(j, n - 4 * n4) acc += x[4 * n4 + j] * x[4 * n4 + j];
   acc = block_sum(acc);
-  if (threadIdx.x == 0) atomicAdd(sum, static_cast<double>(acc));
+  if (threadIdx.x == 0) partials[blockIdx.x] = static_cast<double>(acc);
 }
 
-__global__ void sqrt_kernel(const double* sum, float* out) { *out = static_cast<float>(sqrt(*sum)); }
+__global__ void sum_partials_sqrt_kernel(const double* partials, std::int64_t count, float* out) {
+  __shared__ double sums[kBlock];
+  double acc = 0;
+  for (std::int64_t i = threadIdx.x; i < count; i += kBlock) acc += partials[i];
+  sums[threadIdx.x] = acc;
+  __syncthreads();
+  for (int half = kBlock / 2; half > 0; half /= 2) {
+    if (threadIdx.x < half) sums[threadIdx.x] += sums[threadIdx.x + half];
+    __syncthreads();
+  }
+  if (threadIdx.x == 0) *out = static_cast<float>(sqrt(sums[0]));
+}
 
 }  // namespace
 
@@ -225,15 +239,15 @@ void adamw(float* p, const float* g, float* m, float* v, std::int64_t n, float b
   check_launch("adamw_kernel");
 }
 
-void sum_squares(const float* x, std::int64_t n, double* sum, cudaStream_t s) {
+void sum_squares(const float* x, std::int64_t n, double* partials, cudaStream_t s) {
   const std::int64_t n4 = aligned16({x}) ? n / 4 : 0;
-  sum_squares_kernel<<<std::min(grid_for(n4 > 0 ? n4 : n, kBlock), 1024u), kBlock, 0, s>>>(x, n, n4, sum);
+  sum_squares_kernel<<<kNormBlocks, kBlock, 0, s>>>(x, n, n4, partials);
   check_launch("sum_squares_kernel");
 }
 
-void sqrt_to_float(const double* sum, float* out, cudaStream_t s) {
-  sqrt_kernel<<<1, 1, 0, s>>>(sum, out);
-  check_launch("sqrt_kernel");
+void sum_partials_sqrt(const double* partials, std::int64_t count, float* out, cudaStream_t s) {
+  sum_partials_sqrt_kernel<<<1, kBlock, 0, s>>>(partials, count, out);
+  check_launch("sum_partials_sqrt_kernel");
 }
 
 }  // namespace lmscope::cuda

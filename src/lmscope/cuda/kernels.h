@@ -24,9 +24,11 @@ void swiglu_backward(const void* a, const void* b, const void* dout, void* da, v
 // refresh in the same pass, or nullptr.
 void adamw(float* p, const float* g, float* m, float* v, std::int64_t n, float beta1, float beta2, float eps,
            float alpha, float decay, const float* grad_norm, float max_norm, void* lowp, cudaStream_t s);
-// accumulates Σx² of x into *sum (double, zeroed by the caller).
-void sum_squares(const float* x, std::int64_t n, double* sum, cudaStream_t s);
-void sqrt_to_float(const double* sum, float* out, cudaStream_t s);
+// The global norm, deterministic: sum_squares writes kNormBlocks partial sums of x² (one per block)
+// at `partials`; sum_partials_sqrt adds `count` of them in a fixed order into √Σ.
+inline constexpr int kNormBlocks = 256;
+void sum_squares(const float* x, std::int64_t n, double* partials, cudaStream_t s);
+void sum_partials_sqrt(const double* partials, std::int64_t count, float* out, cudaStream_t s);
 
 // rowwise.cu (x, weights, rstd, lse and the losses are fp32; the rest has the storage named)
 void embedding_forward(const std::int32_t* ids, const float* table, float* out, std::int64_t n, std::int64_t d,

@@ -13,11 +13,17 @@ __global__ void embedding_forward_kernel(const std::int32_t* ids, const float* t
   for (std::int64_t j = threadIdx.x; j < d; j += blockDim.x) out[row * d + j] = table[src + j];
 }
 
+// Deterministic, so a resumed run equals the run never stopped bit for bit: block b owns the table
+// rows [b·rows, (b+1)·rows) and adds the tokens that land in them in token order, its threads over
+// the columns; no row is written by two blocks, and no atomics. Each block reads every id (from L2).
 __global__ void embedding_backward_kernel(const std::int32_t* ids, const float* dout, float* dtable, std::int64_t n,
-                                          std::int64_t d) {
-  for (std::int64_t i = blockIdx.x * std::int64_t{blockDim.x} + threadIdx.x; i < n * d;
-       i += std::int64_t{gridDim.x} * blockDim.x)
-    atomicAdd(&dtable[std::int64_t{ids[i / d]} * d + i % d], dout[i]);
+                                          std::int64_t d, std::int64_t rows) {
+  const std::int64_t first = blockIdx.x * rows, last = first + rows;
+  for (std::int64_t t = 0; t < n; ++t) {
+    const std::int64_t id = ids[t];
+    if (id < first || id >= last) continue;
+    for (std::int64_t j = threadIdx.x; j < d; j += blockDim.x) dtable[id * d + j] += dout[t * d + j];
+  }
 }
 
 template <typename TO>
@@ -43,17 +49,24 @@ __global__ void rmsnorm_backward_dx_kernel(const TD* dout, const float* x, const
     dx[base + j] = r * w[j] * ld(dout[base + j]) - x[base + j] * c;
 }
 
-// dw[j] = Σ_rows dy·x·r: each thread sums one column over a chunk of rows, then one atomic.
-constexpr int kRowsPerChunk = 64;
+// dw[j] = Σ_rows dy·x·r, in a fixed order (deterministic, no atomics): a block takes 32 columns,
+// its thread (column, g) sums rows g, g + 32, ... of its column, then thread g = 0 adds the 32 sums
+// in order.
+constexpr int kDwColumns = 32, kDwRowGroups = 32;
 template <typename TD>
 __global__ void rmsnorm_backward_dw_kernel(const TD* dout, const float* x, const float* rstd, float* dw, std::int64_t n,
                                            std::int64_t d) {
-  const std::int64_t j = blockIdx.x * std::int64_t{blockDim.x} + threadIdx.x;
-  if (j >= d) return;
-  const std::int64_t r0 = blockIdx.y * std::int64_t{kRowsPerChunk}, r1 = min(n, r0 + kRowsPerChunk);
+  __shared__ float sums[kDwRowGroups][kDwColumns + 1];
+  const std::int64_t j = blockIdx.x * std::int64_t{kDwColumns} + threadIdx.x;
   float acc = 0;
-  for (std::int64_t r = r0; r < r1; ++r) acc += ld(dout[r * d + j]) * x[r * d + j] * rstd[r];
-  atomicAdd(&dw[j], acc);
+  if (j < d)
+    for (std::int64_t r = threadIdx.y; r < n; r += kDwRowGroups) acc += ld(dout[r * d + j]) * x[r * d + j] * rstd[r];
+  sums[threadIdx.y][threadIdx.x] = acc;
+  __syncthreads();
+  if (threadIdx.y != 0 || j >= d) return;
+  float total = 0;
+  for (int g = 0; g < kDwRowGroups; ++g) total += sums[g][threadIdx.x];
+  dw[j] = total;
 }
 
 // Softmax rows are short (T keys) and many (B·h·T), so a warp takes a row: shuffles instead of
@@ -157,7 +170,9 @@ void embedding_forward(const std::int32_t* ids, const float* table, float* out, 
 void embedding_backward(const std::int32_t* ids, const float* dout, float* dtable, std::int64_t n, std::int64_t v,
                         std::int64_t d, bool accumulate, cudaStream_t s) {
   if (!accumulate) fill(dtable, Elem::f32, v * d, 0.0f, s);
-  embedding_backward_kernel<<<grid_for(n * d, 256), 256, 0, s>>>(ids, dout, dtable, n, d);
+  constexpr std::int64_t kBlocks = 1024;  // several per SM; each walks all n ids
+  const std::int64_t rows = (v + kBlocks - 1) / kBlocks;
+  embedding_backward_kernel<<<static_cast<unsigned>((v + rows - 1) / rows), 256, 0, s>>>(ids, dout, dtable, n, d, rows);
   check_launch("embedding_backward_kernel");
 }
 
@@ -172,14 +187,14 @@ void rmsnorm_forward(const float* x, const float* w, void* out, Elem eout, float
 
 void rmsnorm_backward(const void* dout, Elem edout, const float* x, const float* w, const float* rstd, float* dx,
                       float* dw, std::int64_t n, std::int64_t d, cudaStream_t s) {
-  fill(dw, Elem::f32, d, 0.0f, s);
   with_elem(edout, [&](auto t) {
     using T = typename decltype(t)::type;
     const T* dy = static_cast<const T*>(dout);
     rmsnorm_backward_dx_kernel<T><<<static_cast<unsigned>(n), 256, 0, s>>>(dy, x, w, rstd, dx, d);
     check_launch("rmsnorm_backward_dx_kernel");
-    dim3 grid(static_cast<unsigned>((d + 255) / 256), static_cast<unsigned>((n + kRowsPerChunk - 1) / kRowsPerChunk));
-    rmsnorm_backward_dw_kernel<T><<<grid, 256, 0, s>>>(dy, x, rstd, dw, n, d);
+    rmsnorm_backward_dw_kernel<T>
+        <<<static_cast<unsigned>((d + kDwColumns - 1) / kDwColumns), dim3(kDwColumns, kDwRowGroups), 0, s>>>(
+            dy, x, rstd, dw, n, d);
   });
   check_launch("rmsnorm_backward_dw_kernel");
 }

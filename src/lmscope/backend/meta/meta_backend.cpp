@@ -97,8 +97,13 @@ class MetaBackend final : public Backend {
     if (on_cuda()) const Allocation row_loss = scratch::cuda_cross_entropy(alloc_, logits.numel() / logits.dim(-1));
   }
   void cross_entropy_backward(const Tensor&, const Tensor&, const Tensor&, const Tensor&, double) override {}
-  void global_norm(std::span<const Tensor>, const Tensor&) override {
-    if (on_cuda() && norm_sum_.empty()) norm_sum_ = scratch::cuda_global_norm(alloc_);
+  void global_norm(std::span<const Tensor> tensors, const Tensor&) override {
+    // As the CUDA backend does: made again when the number of tensors changes.
+    if (on_cuda() && (norm_sum_.empty() || norm_sum_.tensor().numel() != static_cast<std::int64_t>(tensors.size()) *
+                                                                             scratch::kGlobalNormBlocks)) {
+      norm_sum_.reset();
+      norm_sum_ = scratch::cuda_global_norm(alloc_, tensors.size());
+    }
   }
   void adamw(const Tensor&, const Tensor&, const Tensor&, const Tensor&, const AdamWArgs&, const Tensor&,
              const Tensor&) override {}

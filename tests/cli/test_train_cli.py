@@ -2,7 +2,8 @@
 (SIGKILL) at a random step and resumed ends with the losses, AdamW state and weights of the run
 never stopped, bit for bit; SIGTERM saves the step before stopping; a damaged or truncated newest
 checkpoint is passed over with a warning; bad inputs end in one sentence and exit 2.
-Run by ctest with LMSCOPE pointing at the built program."""
+Run by ctest with LMSCOPE pointing at the built program; LMSCOPE_TRAIN_DEVICE=cuda and
+LMSCOPE_TRAIN_PRECISION=bf16 run the same tests on the GPU (scripts/gpu_check.sh --training)."""
 import glob
 import json
 import math
@@ -20,7 +21,10 @@ import numpy as np
 LMSCOPE = os.environ["LMSCOPE"]
 STEPS = 80
 DEVICE = os.environ.get("LMSCOPE_TRAIN_DEVICE", "cpu")  # the GPU machine runs the same tests on cuda
+PRECISION = os.environ.get("LMSCOPE_TRAIN_PRECISION", "fp32")  # and in bf16 there
+OTHER_PRECISION = "fp32" if PRECISION == "bf16" else "bf16"
 RUN = ["--device", DEVICE, "--vocab", "50", "--d-model", "32", "--d-ff", "64", "--layers", "2", "--heads", "2",
+       "--precision", PRECISION,
        "--batch", "4", "--ctx", "32", "--lr", "3e-3", "--lr-schedule", "cosine", "--warmup-iters", "5",
        "--steps", str(STEPS), "--save-every", "10", "--print-every", "20"]
 
@@ -42,6 +46,12 @@ def read_log(path):
     return rows
 
 
+def logged_steps(path):
+    """The complete lines of a log a killed run may have left with its last line half written."""
+    with open(path) as f:
+        return sum(1 for line in f if line.endswith("\n"))
+
+
 def read_bytes(path):
     with open(path, "rb") as f:
         return f.read()
@@ -61,10 +71,12 @@ class Checkpoints(unittest.TestCase):
         rng.integers(0, 50, size=3000, dtype=np.uint16).tofile(cls.val)
         # The run never stopped, every other run is compared with.
         cls.ref = cls.train_args("ref")
-        began = time.monotonic()
         r = run("train", *cls.ref)
-        cls.ref_seconds = time.monotonic() - began
         assert r.returncode == 0, r.stderr
+        with open(cls.path("ref.jsonl")) as f:
+            elapsed = [json.loads(line)["elapsed_s"] for line in f]
+        # How long the steps after the first checkpoint take: the window a stop is sent in.
+        cls.window_seconds = elapsed[-1] - elapsed[9]
         cls.ref_log = read_log(cls.path("ref.jsonl"))
         cls.ref_weights = read_bytes(cls.path("ref.safetensors"))
 
@@ -98,17 +110,20 @@ class Checkpoints(unittest.TestCase):
 
     def stopped_run(self, name, stop):
         """Starts the run `name`, waits for its first checkpoint, then calls stop(process) after a
-        random part of the time the rest takes; the process's result, or None if it ended first."""
+        random part of the time the rest takes; the process's result, or None if it ended first or
+        the stop came after its last step (then the run had nothing left to lose)."""
         p = start("train", *self.train_args(name))
         while not checkpoints(self.path(name)):
             self.assertIsNone(p.poll(), "the run ended before its first checkpoint")
             time.sleep(0.002)
-        time.sleep(random.uniform(0, 0.8 * self.ref_seconds))
+        time.sleep(random.uniform(0, 0.9 * self.window_seconds))
         if p.poll() is not None:
             p.communicate()
             return None
         stop(p)
         out, err = p.communicate(timeout=60)
+        if logged_steps(self.path(name + ".jsonl")) == STEPS:
+            return None
         return p.returncode, out, err
 
     def test_the_reference_run_checkpoints_evaluates_and_logs(self):
@@ -126,7 +141,7 @@ class Checkpoints(unittest.TestCase):
         # The weights are what --save writes and --init reads.
         self.assertEqual(read_bytes(os.path.join(checkpoints(self.path("ref"))[-1], "model.safetensors")),
                          self.ref_weights)
-        r = run("train", *RUN[:12], "--data", self.data, "--steps", "1", "--init",
+        r = run("train", *RUN[:14], "--data", self.data, "--steps", "1", "--init",
                 os.path.join(checkpoints(self.path("ref"))[0], "model.safetensors"))
         self.assertEqual(r.returncode, 0, r.stderr)
 
@@ -141,7 +156,7 @@ class Checkpoints(unittest.TestCase):
             name = f"killed{attempt}"
             if self.stopped_run(name, lambda p: p.send_signal(signal.SIGKILL)) is None:
                 continue  # it finished before the kill: draw again
-            self.assertLess(len(read_log(self.path(name + ".jsonl"))), STEPS)
+            self.assertLess(logged_steps(self.path(name + ".jsonl")), STEPS)
             r = self.resume(name)
             self.assertIn("resumed at step", r.stdout)
             self.assertSameAsTheRunNeverStopped(name)
@@ -156,7 +171,7 @@ class Checkpoints(unittest.TestCase):
                 continue
             code, out, err = result
             self.assertEqual(code, 128 + signal.SIGTERM, err)
-            stopped_at = len(read_log(self.path(name + ".jsonl")))
+            stopped_at = logged_steps(self.path(name + ".jsonl"))
             self.assertIn(f"stopped by SIGTERM after step {stopped_at}", out)
             self.assertEqual(os.path.basename(checkpoints(self.path(name))[-1]), f"step-{stopped_at:08d}")
             self.resume(name)
@@ -204,7 +219,7 @@ class Checkpoints(unittest.TestCase):
         cases = [
             (["--resume", self.path("absent")], "does not exist"),
             (["--resume", ref, "--d-model", "16"], "is of another model"),
-            (["--resume", ref, "--precision", "bf16"], "was trained in fp32"),
+            (["--resume", ref, "--precision", OTHER_PRECISION], f"was trained in {PRECISION}"),
             (["--resume", ref, "--init", self.path("ref.safetensors")], "give one"),
             ([*RUN[:-4], "--data", self.data, "--checkpoint-dir", self.path("x"), "--save-every", "0"],
              "--save-every must be positive"),

@@ -12,6 +12,7 @@
 
 #include <gtest/gtest.h>
 
+#include <array>
 #include <cmath>
 #include <cstring>
 
@@ -71,19 +72,22 @@ class CudaVsCpu : public ::testing::Test {
 constexpr double kFp32 = 1e-5;
 
 TEST_F(CudaVsCpu, RmsNorm) {
-  const std::int64_t N = 37, d = 203;
-  auto x = random({N, d}), w = random({d}), dy = random({N, d});
-  auto y = output({N, d}), r = output({N}), dx = output({N, d}), dw = output({d});
-  for (Backend* b : {cpu.get(), gpu.get()}) {
-    const bool c = b == cpu.get();
-    b->rmsnorm_forward(c ? x.cpu : x.gpu, c ? w.cpu : w.gpu, c ? y.cpu : y.gpu, c ? r.cpu : r.gpu, 1e-5);
-    b->rmsnorm_backward(c ? dy.cpu : dy.gpu, c ? x.cpu : x.gpu, c ? w.cpu : w.gpu, c ? r.cpu : r.gpu,
-                        c ? dx.cpu : dx.gpu, c ? dw.cpu : dw.gpu);
+  // Fewer rows than the dw kernel's row groups; then rows for every block of a cluster.
+  for (auto [N, d] : {std::array<std::int64_t, 2>{37, 203}, {1000, 203}}) {
+    SCOPED_TRACE(N);
+    auto x = random({N, d}), w = random({d}), dy = random({N, d});
+    auto y = output({N, d}), r = output({N}), dx = output({N, d}), dw = output({d});
+    for (Backend* b : {cpu.get(), gpu.get()}) {
+      const bool c = b == cpu.get();
+      b->rmsnorm_forward(c ? x.cpu : x.gpu, c ? w.cpu : w.gpu, c ? y.cpu : y.gpu, c ? r.cpu : r.gpu, 1e-5);
+      b->rmsnorm_backward(c ? dy.cpu : dy.gpu, c ? x.cpu : x.gpu, c ? w.cpu : w.gpu, c ? r.cpu : r.gpu,
+                          c ? dx.cpu : dx.gpu, c ? dw.cpu : dw.gpu);
+    }
+    expect_close(y, kFp32, "rmsnorm out");
+    expect_close(r, kFp32, "rmsnorm rstd");
+    expect_close(dx, kFp32, "rmsnorm dx");
+    expect_close(dw, kFp32, "rmsnorm dw");
   }
-  expect_close(y, kFp32, "rmsnorm out");
-  expect_close(r, kFp32, "rmsnorm rstd");
-  expect_close(dx, kFp32, "rmsnorm dx");
-  expect_close(dw, kFp32, "rmsnorm dw");
 }
 
 TEST_F(CudaVsCpu, HeadsWithRope) {
@@ -141,18 +145,21 @@ TEST_F(CudaVsCpu, CrossEntropy) {
 }
 
 TEST_F(CudaVsCpu, Embedding) {
-  const std::int64_t V = 17, d = 45, N = 301;  // many repeated ids
-  auto table = random({V, d}), dy = random({N, d}), y = output({N, d}), dt = output({V, d});
-  auto t = ids(N, V);
-  cpu->embedding_forward(t.cpu, table.cpu, y.cpu);
-  gpu->embedding_forward(t.gpu, table.gpu, y.gpu);
-  cpu->embedding_backward(t.cpu, dy.cpu, dt.cpu, false);
-  gpu->embedding_backward(t.gpu, dy.gpu, dt.gpu, false);
-  expect_close(y, kFp32, "embedding");
-  expect_close(dt, kFp32, "embedding backward");
-  cpu->embedding_backward(t.cpu, dy.cpu, dt.cpu, true);  // gradient accumulation adds a second time
-  gpu->embedding_backward(t.gpu, dy.gpu, dt.gpu, true);
-  expect_close(dt, kFp32, "embedding backward, accumulated");
+  // Many repeated ids in few rows (a block per row); then more rows than blocks, several tiles of ids.
+  for (auto [V, d, N] : {std::array<std::int64_t, 3>{17, 45, 301}, {5003, 64, 2000}}) {
+    SCOPED_TRACE(V);
+    auto table = random({V, d}), dy = random({N, d}), y = output({N, d}), dt = output({V, d});
+    auto t = ids(N, V);
+    cpu->embedding_forward(t.cpu, table.cpu, y.cpu);
+    gpu->embedding_forward(t.gpu, table.gpu, y.gpu);
+    cpu->embedding_backward(t.cpu, dy.cpu, dt.cpu, false);
+    gpu->embedding_backward(t.gpu, dy.gpu, dt.gpu, false);
+    expect_close(y, kFp32, "embedding");
+    expect_close(dt, kFp32, "embedding backward");
+    cpu->embedding_backward(t.cpu, dy.cpu, dt.cpu, true);  // gradient accumulation adds a second time
+    gpu->embedding_backward(t.gpu, dy.gpu, dt.gpu, true);
+    expect_close(dt, kFp32, "embedding backward, accumulated");
+  }
 }
 
 TEST_F(CudaVsCpu, GemmEveryTranspositionAndBatch) {

@@ -5,6 +5,8 @@
 #include "lmscope/cuda/reduce.cuh"
 #include "lmscope/cuda/storage.cuh"
 
+#include <cooperative_groups.h>
+
 namespace lmscope::cuda {
 namespace {
 
@@ -15,14 +17,36 @@ __global__ void embedding_forward_kernel(const std::int32_t* ids, const float* t
 
 // Deterministic, so a resumed run equals the run never stopped bit for bit: block b owns the table
 // rows [b·rows, (b+1)·rows) and adds the tokens that land in them in token order, its threads over
-// the columns; no row is written by two blocks, and no atomics. Each block reads every id (from L2).
-__global__ void embedding_backward_kernel(const std::int32_t* ids, const float* dout, float* dtable, std::int64_t n,
-                                          std::int64_t d, std::int64_t rows) {
+// the columns; no row is written by two blocks, and no atomics. The block reads the ids a tile at a
+// time, one per thread (coalesced, from L2), and lists the tile's hits in order in shared memory
+// (ballot and prefix count), so no thread walks the ids one dependent load after another.
+constexpr int kEmbeddingThreads = 256, kEmbeddingWarps = kEmbeddingThreads / 32;
+__global__ void __launch_bounds__(kEmbeddingThreads)
+    embedding_backward_kernel(const std::int32_t* ids, const float* dout, float* dtable, std::int64_t n, std::int64_t d,
+                              std::int64_t rows) {
+  __shared__ std::int32_t hits[kEmbeddingThreads];
+  __shared__ int warp_hits[kEmbeddingWarps];
   const std::int64_t first = blockIdx.x * rows, last = first + rows;
-  for (std::int64_t t = 0; t < n; ++t) {
-    const std::int64_t id = ids[t];
-    if (id < first || id >= last) continue;
-    for (std::int64_t j = threadIdx.x; j < d; j += blockDim.x) dtable[id * d + j] += dout[t * d + j];
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  for (std::int64_t tile = 0; tile < n; tile += kEmbeddingThreads) {
+    const std::int64_t t = tile + threadIdx.x;
+    const std::int64_t id = t < n ? std::int64_t{ids[t]} : -1;
+    const bool hit = id >= first && id < last;
+    const unsigned mask = __ballot_sync(0xffffffffu, hit);
+    if (lane == 0) warp_hits[warp] = __popc(mask);
+    __syncthreads();
+    int before = 0, total = 0;
+    for (int w = 0; w < kEmbeddingWarps; ++w) {
+      before += w < warp ? warp_hits[w] : 0;
+      total += warp_hits[w];
+    }
+    if (hit) hits[before + __popc(mask & ((1u << lane) - 1))] = static_cast<std::int32_t>(threadIdx.x);
+    __syncthreads();
+    for (int k = 0; k < total; ++k) {
+      const std::int64_t tk = tile + hits[k], row = ids[tk];
+      for (std::int64_t j = threadIdx.x; j < d; j += blockDim.x) dtable[row * d + j] += dout[tk * d + j];
+    }
+    __syncthreads();
   }
 }
 
@@ -50,23 +74,57 @@ __global__ void rmsnorm_backward_dx_kernel(const TD* dout, const float* x, const
 }
 
 // dw[j] = Σ_rows dy·x·r, in a fixed order (deterministic, no atomics): a block takes 32 columns,
-// its thread (column, g) sums rows g, g + 32, ... of its column, then thread g = 0 adds the 32 sums
-// in order.
-constexpr int kDwColumns = 32, kDwRowGroups = 32;
-template <typename TD>
-__global__ void rmsnorm_backward_dw_kernel(const TD* dout, const float* x, const float* rstd, float* dw, std::int64_t n,
-                                           std::int64_t d) {
+// its thread (column, g) sums rows g, g + 32·RANKS, ... of its column, then thread g = 0 adds the 32
+// sums in order. d/32 blocks alone leave most SMs idle (24 of 132 at d 768), so on Hopper RANKS = 8
+// blocks of a cluster share a column tile's rows, and rank 0 adds their sums from distributed shared
+// memory in rank order: eight times the blocks, and no scratch memory to account for.
+constexpr int kDwColumns = 32, kDwRowGroups = 32, kDwClusterRanks = 8;
+template <typename TD, int RANKS>
+__global__ void __launch_bounds__(kDwColumns* kDwRowGroups)
+    rmsnorm_backward_dw_kernel(const TD* dout, const float* x, const float* rstd, float* dw, std::int64_t n,
+                               std::int64_t d) {
   __shared__ float sums[kDwRowGroups][kDwColumns + 1];
+  __shared__ float block_sums[kDwColumns];
   const std::int64_t j = blockIdx.x * std::int64_t{kDwColumns} + threadIdx.x;
   float acc = 0;
   if (j < d)
-    for (std::int64_t r = threadIdx.y; r < n; r += kDwRowGroups) acc += ld(dout[r * d + j]) * x[r * d + j] * rstd[r];
+    for (std::int64_t r = blockIdx.y * kDwRowGroups + threadIdx.y; r < n; r += kDwRowGroups * RANKS)
+      acc += ld(dout[r * d + j]) * x[r * d + j] * rstd[r];
   sums[threadIdx.y][threadIdx.x] = acc;
   __syncthreads();
-  if (threadIdx.y != 0 || j >= d) return;
-  float total = 0;
-  for (int g = 0; g < kDwRowGroups; ++g) total += sums[g][threadIdx.x];
-  dw[j] = total;
+  if (threadIdx.y == 0) {
+    float total = 0;
+    for (int g = 0; g < kDwRowGroups; ++g) total += sums[g][threadIdx.x];
+    block_sums[threadIdx.x] = total;
+  }
+  if constexpr (RANKS == 1) {
+    if (threadIdx.y == 0 && j < d) dw[j] = block_sums[threadIdx.x];
+  } else {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    cooperative_groups::cluster_group cluster = cooperative_groups::this_cluster();
+    cluster.sync();
+    if (cluster.block_rank() == 0 && threadIdx.y == 0 && j < d) {
+      float total = 0;
+      for (int b = 0; b < RANKS; ++b) total += *cluster.map_shared_rank(&block_sums[threadIdx.x], b);
+      dw[j] = total;
+    }
+    cluster.sync();  // the other blocks' shared memory lives until rank 0 has read it
+#endif
+  }
+}
+
+// Whether this GPU runs this binary's clustered dw kernel: compute capability 9 or more, and code
+// for it built in (a build for sm_80 alone runs its PTX, which has no clusters).
+bool dw_clusters() {
+  static const bool ok = [] {
+    int device = 0, major = 0;
+    cudaFuncAttributes attr{};
+    return cudaGetDevice(&device) == cudaSuccess &&
+           cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device) == cudaSuccess && major >= 9 &&
+           cudaFuncGetAttributes(&attr, rmsnorm_backward_dw_kernel<float, kDwClusterRanks>) == cudaSuccess &&
+           attr.ptxVersion >= 90;
+  }();
+  return ok;
 }
 
 // Softmax rows are short (T keys) and many (B·h·T), so a warp takes a row: shuffles instead of
@@ -170,9 +228,10 @@ void embedding_forward(const std::int32_t* ids, const float* table, float* out, 
 void embedding_backward(const std::int32_t* ids, const float* dout, float* dtable, std::int64_t n, std::int64_t v,
                         std::int64_t d, bool accumulate, cudaStream_t s) {
   if (!accumulate) fill(dtable, Elem::f32, v * d, 0.0f, s);
-  constexpr std::int64_t kBlocks = 1024;  // several per SM; each walks all n ids
+  constexpr std::int64_t kBlocks = 1024;  // several per SM; each reads all n ids
   const std::int64_t rows = (v + kBlocks - 1) / kBlocks;
-  embedding_backward_kernel<<<static_cast<unsigned>((v + rows - 1) / rows), 256, 0, s>>>(ids, dout, dtable, n, d, rows);
+  embedding_backward_kernel<<<static_cast<unsigned>((v + rows - 1) / rows), kEmbeddingThreads, 0, s>>>(
+      ids, dout, dtable, n, d, rows);
   check_launch("embedding_backward_kernel");
 }
 
@@ -192,9 +251,27 @@ void rmsnorm_backward(const void* dout, Elem edout, const float* x, const float*
     const T* dy = static_cast<const T*>(dout);
     rmsnorm_backward_dx_kernel<T><<<static_cast<unsigned>(n), 256, 0, s>>>(dy, x, w, rstd, dx, d);
     check_launch("rmsnorm_backward_dx_kernel");
-    rmsnorm_backward_dw_kernel<T>
-        <<<static_cast<unsigned>((d + kDwColumns - 1) / kDwColumns), dim3(kDwColumns, kDwRowGroups), 0, s>>>(
-            dy, x, rstd, dw, n, d);
+    const auto tiles = static_cast<unsigned>((d + kDwColumns - 1) / kDwColumns);
+    if (!dw_clusters()) {
+      rmsnorm_backward_dw_kernel<T, 1><<<tiles, dim3(kDwColumns, kDwRowGroups), 0, s>>>(dy, x, rstd, dw, n, d);
+      return;
+    }
+    cudaLaunchAttribute cluster{};
+    cluster.id = cudaLaunchAttributeClusterDimension;
+    cluster.val.clusterDim.x = 1;
+    cluster.val.clusterDim.y = kDwClusterRanks;
+    cluster.val.clusterDim.z = 1;
+    cudaLaunchConfig_t config{};
+    config.gridDim = dim3(tiles, kDwClusterRanks);
+    config.blockDim = dim3(kDwColumns, kDwRowGroups);
+    config.stream = s;
+    config.attrs = &cluster;
+    config.numAttrs = 1;
+    const cudaError_t err =
+        cudaLaunchKernelEx(&config, rmsnorm_backward_dw_kernel<T, kDwClusterRanks>, dy, x, rstd, dw, n, d);
+    if (err != cudaSuccess)
+      throw std::runtime_error(std::string("CUDA launch of rmsnorm_backward_dw_kernel failed: ") +
+                               cudaGetErrorString(err));
   });
   check_launch("rmsnorm_backward_dw_kernel");
 }

@@ -175,7 +175,7 @@ class TrainCommand : public Command {
                    s_.steps, loss,
                    val_loss ? fmt::format("  val loss {:.4f} (perplexity {:.2f})", *val_loss, std::exp(*val_loss)) : "",
                    lr, norm, elapsed / done, static_cast<double>(tokens_per_step) * done / elapsed);
-      if (!s_.checkpoint_dir.empty() && (step % s_.save_every == 0 || step == s_.steps)) {
+      if (!s_.checkpoint_dir.empty() && ((s_.save_every > 0 && step % s_.save_every == 0) || step == s_.steps)) {
         save_checkpoint(step);
         last_saved = step;
       }

@@ -214,6 +214,11 @@ class Checkpoints(unittest.TestCase):
                          [f"step-{STEPS:08d}", f"step-{STEPS + 5:08d}"])
         self.assertFalse(glob.glob(os.path.join(self.path("kept"), ".partial-*")))
 
+    def test_without_save_every_it_saves_at_the_end_only(self):
+        r = run("train", *RUN[:-6], "--data", self.data, "--steps", "7", "--checkpoint-dir", self.path("end"))
+        self.assertEqual(r.returncode, 0, r.stderr)
+        self.assertEqual([os.path.basename(c) for c in checkpoints(self.path("end"))], ["step-00000007"])
+
     def test_bad_inputs_end_in_one_sentence_and_exit_2(self):
         ref = self.path("ref")
         cases = [

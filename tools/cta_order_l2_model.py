@@ -1,5 +1,5 @@
 """A model of the flash kernels' CTA order and L2 (tile_order.h), as step 44 of
-docs/flash-attention.md used it to predict the DRAM traffic of CTA groups before measuring them.
+docs/log/flash-attention.md used it to predict the DRAM traffic of CTA groups before measuring them.
 
 CTAs start in block order on `slots` places (one per SM at d 128), each walking its inner tiles at
 one tile per time step (causal: key block r of the backward walks query tiles 2r..; query block r of

@@ -13,7 +13,8 @@
 // dK/dV pass with fp32 atomics (fast, order varies) or by its own pass over key tiles (deterministic).
 // Tiles cut into parts add or combine their parts in order (parts.cuh).
 // The headers are one translation unit with this file, included in the order below.
-// docs/flash-attention.md has the floors, the measurements and why the code is shaped so.
+// docs/flash-attention.md has the floors, the measurements and why the code is shaped so; the steps
+// comments cite (step N) are entries of docs/log/flash-attention.md, each with its date and commit.
 #include "lmscope/cuda/launch_check.cuh"
 #include "lmscope/cuda/storage.cuh"
 #include "lmscope/cuda/tile_order.h"

@@ -62,7 +62,7 @@ FlashAttentionPlan flash_attention_plan(const FlashKernelFacts& gpu, Elem e, int
                                         std::int64_t tk, bool causal, bool deterministic);
 // The faster of the two (FlashDq::fastest): atomics where the Hopper dK/dV kernel runs, whose bulk
 // reductions cost less than a second pass over S and dP; its own pass on mma.sync, whose fp32
-// atomics cost more (measured: docs/flash-attention.md, steps 22-24, 32-33 and 37).
+// atomics cost more (measured: docs/log/flash-attention.md, steps 22-24, 32-33 and 37).
 FlashAttentionPlan flash_attention_fastest_plan(const FlashKernelFacts& gpu, Elem e, int d, std::int64_t n,
                                                 std::int64_t tq, std::int64_t tk, bool causal);
 

@@ -5,7 +5,7 @@
 // grows with the number of tiles it sees (the last query tile sees every key tile, the first key tile
 // every query tile), so if the heaviest tiles of the last sequences start last, the final wave waits
 // on a few long CTAs while most SMs idle (at batch 8 and seq 4096 the attention took 1.2-1.5x as long
-// that way: step 23 in docs/flash-attention.md). So tiles are ranked by work, 0 the heaviest, and
+// that way: step 23 in docs/log/flash-attention.md). So tiles are ranked by work, 0 the heaviest, and
 // sequences go in groups that start rank by rank: rank 0 of every sequence of the group, then rank 1,
 // and so on (longest first, the classic list-scheduling rule). A group holds as many sequences as
 // keep what their CTAs stream (K and V, or Q and dO) in part of L2, and never fewer than give the GPU
@@ -23,7 +23,7 @@
 // a second each), ranks 0, 132, 264, ... (the heaviest of each round) share an SM, which then has
 // 1.26x the average work with four rounds, 1.5x with two. So every other round is taken in reverse
 // (`fold`), pairing each SM's heavy tiles with light ones. Measured on the H100 (step 26 in
-// docs/flash-attention.md): the Hopper forward at d 64, batch 1, seq 32768 (two rounds) went from
+// docs/log/flash-attention.md): the Hopper forward at d 64, batch 1, seq 32768 (two rounds) went from
 // 0.500 to 0.421 ms, less than this model's 1.5x, so the dealing is only roughly round by round.
 #pragma once
 
@@ -81,7 +81,7 @@ LMSCOPE_HOST_DEVICE inline TileRange part_of(int begin, int end, int part, int p
 // Sequences per group (see above) for n sequences of `tiles` tiles whose CTAs stream `streamed` bytes
 // each: as many as fit in kL2GroupBytes (half the H100's 50 MB L2), at least kMinGroupCtas CTAs
 // (about two waves of one CTA per SM on 132 SMs). With 1,024 (before step 44 in
-// docs/flash-attention.md) batch 8 at seq 16384 ran all eight sequences at once, and ncu counted
+// docs/log/flash-attention.md) batch 8 at seq 16384 ran all eight sequences at once, and ncu counted
 // 2.5-3x the DRAM traffic of groups of three (backward 1.0 against 0.43 GB): no slower at ncu's
 // locked clock, but 1.5% slower in fwd+bwd held at the 700 W power cap.
 constexpr long long kL2GroupBytes = 24ll << 20, kMinGroupCtas = 256;
@@ -95,7 +95,7 @@ inline int tile_group(long long n, long long tiles, long long streamed) {
 // faster). Parts double while the heaviest part is more than `shares` slots' shares of the work,
 // and while a part keeps kMinPartTiles inner tiles. Splitting costs: each part loads its own outer
 // tile and writes fp32 results that a second kernel reads back, which weighs most in the forward
-// (the least work per tile). Measured on the H100 (docs/flash-attention.md, step 25): at batch 8
+// (the least work per tile). Measured on the H100 (docs/log/flash-attention.md, step 25): at batch 8
 // and seq 1024, four shares, two parts made the forward slower and the backward 1.3-1.7x faster; at
 // batch 1 and seq 8192, eight shares and more, parts made both two to three times faster.
 //

@@ -133,7 +133,7 @@ __device__ __forceinline__ void tma_load_2d(void* dst, const CUtensorMap& map, i
 }
 // One 16-byte shared store. Written out because the compiler splits a float4 store of wgmma
 // accumulators into four 4-byte stores, which at 16 bytes per lane also conflict 4 ways (step 24
-// in docs/flash-attention.md: the backward's dQ staging cost 0.4 ms at d 64 that way).
+// in docs/log/flash-attention.md: the backward's dQ staging cost 0.4 ms at d 64 that way).
 __device__ __forceinline__ void store_shared_v4(float* p, float a, float b, float c, float d) {
   asm volatile("st.shared.v4.f32 [%0], {%1, %2, %3, %4};\n" ::"r"(smem_addr(p)), "f"(a), "f"(b), "f"(c), "f"(d)
                : "memory");
@@ -247,7 +247,7 @@ __device__ __forceinline__ std::uint64_t two_panels(std::uint64_t desc, int pane
 
 // acc[p] += a[64 × 16] · panel p of an N-major b (TileOf's N-column panels, panel 0 at b, each next
 // one panel_bytes further): one product per panel, or for two 64-column panels one n128 product
-// (two_panels; half the instructions, each A fragment read once: step 42 in docs/flash-attention.md).
+// (two_panels; half the instructions, each A fragment read once: step 42 in docs/log/flash-attention.md).
 template <int PANELS, int N>
 __device__ __forceinline__ void mma_rs_panels(float (&acc)[PANELS][N / 8][4], const unsigned (&a)[4], std::uint64_t b,
                                               int panel_bytes) {

@@ -117,7 +117,7 @@ __device__ __forceinline__ void mma_ab(float (&c)[N / 8][4], const unsigned (&a)
 // are zeros.
 // The trip count is fixed at compile time so that the loop unrolls (bounded by tid it compiled to a
 // generic loop with remainder branches). Beyond 6 passes it unrolls by 4: the d 128 dQ kernel,
-// fully unrolled, reached 254 registers and ran 4% slower (docs/flash-attention.md, step 15).
+// fully unrolled, reached 254 registers and ran 4% slower (docs/log/flash-attention.md, step 15).
 template <int D, int ROWS, int THREADS>
 __device__ __forceinline__ void load_tile(bf16* tile, const bf16* src, int r0, int total, int tid) {
   constexpr int kChunks = D / 8, kTotal = ROWS * kChunks, kPasses = (kTotal + THREADS - 1) / THREADS;

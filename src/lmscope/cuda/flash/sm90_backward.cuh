@@ -17,7 +17,7 @@ namespace {
 // With ATOMIC_DQ both warpgroups also put dSᵀ in shared memory (two buffers), and dQ = dS·K over
 // the CTA's 128 keys (wgmma reading dS transposed) goes to a shared fp32 tile (two buffers), which one
 // thread hands to the copy engine: its bulk reduction adds the tile to dq_accum in L2 while the
-// warpgroups go on, and no thread waits on global memory (step 22 in docs/flash-attention.md: 8-byte
+// warpgroups go on, and no thread waits on global memory (step 22 in docs/log/flash-attention.md: 8-byte
 // atomics from every thread at the end of each tile made the backward 8% slower at d 64).
 // - d 128 (kDqAlternating, step 46): one warpgroup computes a tile's whole dQ, warpgroup r % 2 for
 //   tile r, into the registers that Sᵀ and dPᵀ held, while the other goes straight on to the next
@@ -360,7 +360,7 @@ __global__ void dq_from_tiles(const float* __restrict__ accum, bf16* __restrict_
 // dP = dO·Vᵀ (K-major B), then dQ += dS·K (N-major B), which runs on while the next tile's S and dP
 // are issued. At d 128 Q and dO sit in registers as A fragments. At d 32 and 64 wgmma reads them from
 // shared memory (at d 64 2% slower): with register fragments there, dq comes out wrong although the
-// PTX is right, and the cause is not found (docs/flash-attention.md, steps 16 and 20).
+// PTX is right, and the cause is not found (docs/log/flash-attention.md, steps 16 and 20).
 template <bool MASK>
 __device__ __forceinline__ void probabilities(float (&s)[8][4], const float (&lse2)[2], float scale_log2,
                                               const int (&row)[2], int k0, int t, int tq, int tk, bool causal) {

@@ -29,7 +29,7 @@ constexpr int key_value_ring_bytes() {
 // Keys per tile of the Hopper forward, and its K/V ring's slots: at d 128 tiles of 128 keys (S = Q·Kᵀ
 // as one n128 product per step of 16 channels since step 42), which spreads each tile's fixed work
 // (waits, row maxima, the ring) over twice the products: 7-10% faster from seq 8192, 1-3% slower at
-// 2048-4096 (step 35 in docs/flash-attention.md); 3 slots fit beside Q, 240 registers without spills.
+// 2048-4096 (step 35 in docs/log/flash-attention.md); 3 slots fit beside Q, 240 registers without spills.
 template <int D>
 constexpr int kForwardTileK = D == 128 ? 128 : kWgTileK;
 template <int D>
@@ -105,7 +105,7 @@ __device__ __forceinline__ void tma_tile(unsigned char* tile, const CUtensorMap&
 // refills: no `empty` arrivals (256 per tile on one word cost the d 32 backward 7%, step 46). Step j
 // of a kernel: wait(j), issue the products, advance(j), and release(j') once the products that read
 // tile j' are waited for. (Before TMA loads every thread copied its share of each tile by cp.async,
-// then waited, fenced and arrived on `full`: step 30 in docs/flash-attention.md.)
+// then waited, fenced and arrived on `full`: step 30 in docs/log/flash-attention.md.)
 template <int STAGES, int AHEAD, bool CTA_SYNC, typename Tiles>
 struct TmaRing {
   static_assert(AHEAD >= 1 && AHEAD <= STAGES - 1 && (!CTA_SYNC || AHEAD == STAGES - 1),

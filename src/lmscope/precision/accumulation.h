@@ -1,0 +1,35 @@
+// The seeds' accumulation experiment: add one small number (0.01) a thousand times into a sum held
+// in fp32, fp16 or bf16, and with the addend stored in a narrower format than the sum. It shows why
+// mixed precision keeps sums (softmax, norms, loss, gradients, optimizer state) in fp32.
+#pragma once
+
+#include "lmscope/precision/number_formats.h"
+
+#include <string>
+#include <vector>
+
+namespace lmscope {
+
+struct AccumulationCase {
+  const NumberFormat* accumulator;  // the format the running sum is held in
+  const NumberFormat* addend;       // the format the addend is stored in (then converted exactly)
+};
+
+struct AccumulationResult {
+  AccumulationCase how;
+  double addend_stored = 0;  // the addend as its format holds it
+  double sum = 0;            // after every addition
+  double exact = 0;          // count · addend, in decimal
+  double spacing = 0;        // between the accumulator's numbers at the sum
+  int stalled_at = 0;        // the first addition that left the sum unchanged, 0 if none did
+  double stalled_sum = 0;    // the sum it stopped at
+};
+
+// The seeds' cases (fp32, fp16, fp32 += fp16) and their bf16 counterparts.
+std::vector<AccumulationCase> accumulation_cases();
+
+// Adds `addend` `count` times, each addition rounded to the accumulator's format (the exact sum of
+// two such numbers fits a double, so rounding it once is the format's own addition).
+AccumulationResult accumulate(const AccumulationCase& how, double addend, int count);
+
+}  // namespace lmscope

@@ -22,5 +22,6 @@ std::unique_ptr<Command> add_attention_command(CLI::App& parent);
 std::unique_ptr<Command> add_memory_command(CLI::App& parent);
 std::unique_ptr<Command> add_plan_command(CLI::App& parent);
 std::unique_ptr<Command> add_precision_command(CLI::App& parent);
+std::unique_ptr<Command> add_report_command(CLI::App& parent);
 
 }  // namespace lmscope::cli

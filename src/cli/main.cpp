@@ -21,6 +21,7 @@ int main(int argc, char** argv) {
   commands.push_back(lmscope::cli::add_memory_command(app));
   commands.push_back(lmscope::cli::add_plan_command(app));
   commands.push_back(lmscope::cli::add_precision_command(app));
+  commands.push_back(lmscope::cli::add_report_command(app));
   // Every command there is, for the messages below.
   std::string names;
   for (std::size_t i = 0; i < commands.size(); ++i)

@@ -12,7 +12,9 @@ constexpr double kPlotW = kWidth - kLeft - kRight, kPlotH = kHeight - kTop - kBo
 // Bottom to top: what lives through the step first, what comes and goes last.
 constexpr MemKind kStackOrder[] = {MemKind::parameter, MemKind::optimizer_state, MemKind::gradient,
                                    MemKind::input,     MemKind::workspace,       MemKind::activation};
-const char* kind_colour(MemKind k) {
+}  // namespace
+
+const char* mem_kind_colour(MemKind k) {
   switch (k) {
     case MemKind::parameter:
       return "#4c72b0";
@@ -29,6 +31,8 @@ const char* kind_colour(MemKind k) {
   }
   return "#999";
 }
+
+namespace {
 const char* phase_fill(Phase p) {
   switch (p) {
     case Phase::forward:
@@ -84,7 +88,7 @@ std::string memory_timeline_svg(const MemoryRecord& record, const MemoryAnalysis
   const int layers = record.spec.cell.model.layers;
   std::vector<Band> bands;
   if (stack == TimelineStack::kind) {
-    for (MemKind k : kStackOrder) bands.push_back({mem_kind_name(k), kind_colour(k), {}});
+    for (MemKind k : kStackOrder) bands.push_back({mem_kind_name(k), mem_kind_colour(k), {}});
   } else {
     bands.push_back({"everything but activations", "#9aa5b1", {}});
     bands.push_back({"activations outside layers", "#55a868", {}});

@@ -11,6 +11,8 @@
 namespace lmscope {
 
 enum class TimelineStack { kind, layer };
+// The colour each kind has in the timeline (#rrggbb), for pictures that should match it.
+const char* mem_kind_colour(MemKind k);
 std::string memory_timeline_svg(const MemoryRecord& record, const MemoryAnalysis& analysis, TimelineStack stack);
 
 }  // namespace lmscope

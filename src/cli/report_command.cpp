@@ -1,0 +1,71 @@
+// lmscope report: one self-contained HTML page from result files of bench, memory and attention
+// (--format json) and memory timelines (memory --svg): the seeds' tables and plots in one place.
+#include "commands.h"
+#include "model_flags.h"
+#include "sweep_output.h"
+
+#include "lmscope/core/error.h"
+#include "lmscope/report/html_report.h"
+
+#include <fmt/format.h>
+
+#include <fstream>
+#include <sstream>
+
+namespace lmscope::cli {
+namespace {
+
+// An SVG file to inline in the page: its <svg> element, without an XML prolog or doctype.
+std::string svg_element(const std::string& path) {
+  std::ifstream in(path);
+  if (!in) user_error("cannot read the timeline '{}'", path);
+  std::stringstream text;
+  text << in.rdbuf();
+  const std::string s = text.str();
+  const auto begin = s.find("<svg"), end = s.rfind("</svg>");
+  if (begin == std::string::npos || end == std::string::npos || end < begin)
+    user_error("'{}' is not an SVG picture (what lmscope memory --svg writes)", path);
+  return s.substr(begin, end + 6 - begin);
+}
+
+class ReportCommand : public Command {
+ public:
+  explicit ReportCommand(CLI::App& parent) {
+    app = parent.add_subcommand("report",
+                                "One self-contained HTML page from result files: tables, step time against context "
+                                "and model size, time by phase and kernel category, memory, attention");
+    app->add_option("--bench", bench_, "lmscope bench --format json results (comma list)");
+    app->add_option("--memory", memory_, "lmscope memory --format json results (comma list)");
+    app->add_option("--attention", attention_, "lmscope attention --format json results (comma list)");
+    app->add_option("--timeline", timelines_, "lmscope memory --svg pictures to include (comma list)");
+    app->add_option("--title", title_, "The page's title")->capture_default_str();
+    app->add_option("--out", out_, "The HTML file to write")->capture_default_str();
+  }
+
+  int run() override {
+    if (bench_.empty() && memory_.empty() && attention_.empty() && timelines_.empty())
+      user_error("nothing to report: give --bench, --memory, --attention or --timeline files");
+    report::ReportInputs in;
+    in.title = title_;
+    const auto files = [](const std::string& list) {
+      return list.empty() ? std::vector<std::string>{} : split_list(list);
+    };
+    for (const std::string& f : files(bench_)) in.bench.push_back({f, report::read_bench_file(f)});
+    for (const std::string& f : files(memory_)) in.memory.push_back({f, report::read_memory_file(f)});
+    for (const std::string& f : files(attention_)) in.attention.push_back({f, report::read_attention_file(f)});
+    for (const std::string& f : files(timelines_)) in.timelines.emplace_back(f, svg_element(f));
+    const std::string html = report::html_report(in);
+    write_file(out_, html);
+    fmt::print("wrote {} ({:.1f} KiB)\n", out_, static_cast<double>(html.size()) / 1024);
+    return 0;
+  }
+
+ private:
+  std::string bench_, memory_, attention_, timelines_, title_ = "lmscope report", out_ = "report.html";
+};
+
+}  // namespace
+
+std::unique_ptr<Command> add_report_command(CLI::App& parent) { return std::make_unique<ReportCommand>(parent); }
+
+}  // namespace lmscope::cli

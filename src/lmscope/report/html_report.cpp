@@ -1,0 +1,248 @@
+#include "lmscope/report/html_report.h"
+
+#include "lmscope/memory/timeline_svg.h"
+#include "lmscope/report/svg_chart.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <map>
+#include <set>
+
+namespace lmscope::report {
+
+namespace {
+
+constexpr const char* kStyle = R"(<style>
+body { font-family: sans-serif; margin: 24px 40px; color: #222; max-width: 1200px; }
+h1 { font-size: 24px; } h2 { font-size: 20px; margin-top: 36px; border-bottom: 1px solid #ccc; }
+h3 { font-size: 16px; margin-top: 24px; }
+table { border-collapse: collapse; font-size: 13px; margin: 8px 0 16px; }
+th, td { border: 1px solid #d0d0d0; padding: 3px 8px; text-align: right; }
+th { background: #f3f3f3; } td.l, th.l { text-align: left; }
+tr.failed td { color: #a33; }
+figure { margin: 12px 0; } figcaption { font-size: 12px; color: #555; }
+p.note { font-size: 13px; color: #444; }
+.charts { display: flex; flex-wrap: wrap; gap: 12px; }
+</style>
+)";
+
+std::string ms(const std::map<std::string, Timing>& t, const char* phase) {
+  const auto it = t.find(phase);
+  if (it == t.end()) return "";
+  return fmt::format("{:.3f} ± {:.3f}", it->second.median, it->second.std);
+}
+
+double median(const std::map<std::string, Timing>& t, const char* phase) {
+  const auto it = t.find(phase);
+  return it == t.end() ? 0 : it->second.median;
+}
+
+std::string sources(const auto& named) {
+  std::string s;
+  for (const auto& n : named) s += (s.empty() ? "" : ", ") + fmt::format("<code>{}</code>", escape(n.file));
+  return fmt::format("<p class=\"note\">From {}.</p>\n", s);
+}
+
+// A chart goes in only when some series has two points to join, or a failure to mark.
+bool worth_drawing(const LineChart& c) {
+  for (const Series& s : c.series)
+    if (s.points.size() > 1 || (!s.points.empty() && !s.failed_x.empty())) return true;
+  return false;
+}
+
+// Series keyed by name, in the order names first come.
+struct SeriesSet {
+  std::vector<Series> series;
+  std::map<std::string, std::size_t> index;
+  Series& operator[](const std::string& name) {
+    if (!index.contains(name)) {
+      index[name] = series.size();
+      series.push_back({name, {}, {}});
+    }
+    return series[index[name]];
+  }
+};
+
+bool wide_range(const std::vector<Series>& series) {
+  double lo = 1e300, hi = 0;
+  for (const Series& s : series)
+    for (auto [x, y] : s.points)
+      if (y > 0) lo = std::min(lo, y), hi = std::max(hi, y);
+  return hi > 30 * lo;
+}
+
+std::string bench_section(const std::vector<Named<BenchRow>>& files) {
+  std::vector<const BenchRow*> rows;
+  for (const auto& f : files)
+    for (const BenchRow& r : f.rows) rows.push_back(&r);
+  std::string s = "<h2 id=\"bench\">Step time (lmscope bench)</h2>\n" + sources(files);
+  s += "<table><tr><th class=\"l\">model</th><th class=\"l\">device</th><th class=\"l\">precision</th>"
+       "<th class=\"l\">attention</th><th class=\"l\">mode</th><th>batch</th><th>ctx</th><th>forward ms</th>"
+       "<th>backward ms</th><th>optimizer ms</th><th>step ms</th><th>tokens/s</th><th>MFU</th><th>peak memory</th>"
+       "<th class=\"l\">status</th></tr>\n";
+  for (const BenchRow* r : rows) {
+    s += fmt::format(
+        "<tr{}><td class=\"l\">{}</td><td class=\"l\">{}{}</td><td class=\"l\">{}</td><td class=\"l\">{}</td>"
+        "<td class=\"l\">{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td>"
+        "<td>{}</td><td>{}</td><td class=\"l\">{}</td></tr>\n",
+        r->ok() ? "" : " class=\"failed\"", escape(r->model),
+        escape(r->device_name.empty() ? r->device : r->device_name), r->dry_run ? " (dry run)" : "",
+        escape(r->precision), escape(r->attention), escape(r->mode), r->batch, r->ctx, ms(r->ms, "forward"),
+        ms(r->ms, "backward"), ms(r->ms, "optimizer"), ms(r->ms, "step"),
+        r->tokens_per_s > 0 ? fmt::format("{:.0f}", r->tokens_per_s) : "",
+        r->mfu > 0 ? fmt::format("{:.1f}%", 100 * r->mfu) : "", r->peak_bytes > 0 ? bytes_label(r->peak_bytes) : "",
+        escape(r->status));
+  }
+  s += "</table>\n<div class=\"charts\">\n";
+
+  // Step time against context (a line per model and setting) and against model size (per context).
+  SeriesSet by_ctx, by_size;
+  std::set<std::string> models;
+  for (const BenchRow* r : rows) {
+    if (r->dry_run) continue;
+    const std::string setting = fmt::format("{} {} {} b{}", r->precision, r->attention, r->mode, r->batch);
+    Series& c = by_ctx[r->model + " " + setting];
+    Series& m = by_size[fmt::format("ctx {} {}", r->ctx, setting)];
+    if (r->ok() && r->ms.contains("step")) {
+      c.points.emplace_back(static_cast<double>(r->ctx), median(r->ms, "step"));
+      m.points.emplace_back(static_cast<double>(r->parameters) / 1e6, median(r->ms, "step"));
+      models.insert(r->model);
+    } else if (r->status.rfind("OOM", 0) == 0) {
+      c.failed_x.push_back(static_cast<double>(r->ctx));
+      m.failed_x.push_back(static_cast<double>(r->parameters) / 1e6);
+    }
+  }
+  LineChart ctx_chart{"Step time against context", "context (tokens)", "step ms (median)", true,
+                      wide_range(by_ctx.series),   by_ctx.series};
+  if (worth_drawing(ctx_chart)) s += svg_line_chart(ctx_chart);
+  LineChart size_chart{"Step time against model size", "parameters (millions)", "step ms (median)", true,
+                       wide_range(by_size.series),     by_size.series};
+  if (models.size() > 1 && worth_drawing(size_chart)) s += svg_line_chart(size_chart);
+
+  // Where a step's time goes: by phase, and by kernel category where the rows were profiled.
+  StackedBars phases{
+      "Where a step's time goes", "ms per step (medians)", {}, {"forward", "backward", "optimizer"}, {}, {}};
+  StackedBars kernels{"Kernel time by category (bench --profile)", "ms per step", {}, {}, {}, {}};
+  std::map<std::string, std::size_t> category;
+  for (const BenchRow* r : rows) {
+    if (!r->ok() || r->dry_run) continue;
+    phases.bars.push_back(r->cell());
+    phases.values.push_back({median(r->ms, "forward"), median(r->ms, "backward"), median(r->ms, "optimizer")});
+    if (r->kernel_ms.empty()) continue;
+    kernels.bars.push_back(r->cell());
+    std::vector<double> v(kernels.parts.size());
+    for (const auto& [phase, cats] : r->kernel_ms)
+      for (const auto& [cat, t] : cats) {
+        if (!category.contains(cat)) {
+          category[cat] = kernels.parts.size();
+          kernels.parts.push_back(cat);
+        }
+        v.resize(kernels.parts.size());
+        v[category[cat]] += t;
+      }
+    kernels.values.push_back(v);
+  }
+  if (!phases.bars.empty()) s += svg_stacked_bars(phases);
+  if (!kernels.bars.empty()) s += svg_stacked_bars(kernels);
+  return s + "</div>\n";
+}
+
+std::string memory_section(const std::vector<Named<MemoryRow>>& files,
+                           const std::vector<std::pair<std::string, std::string>>& timelines) {
+  std::string s = "<h2 id=\"memory\">Memory (lmscope memory)</h2>\n";
+  // The timeline's kinds, stacked in its order and drawn in its colours.
+  const MemKind kinds[] = {MemKind::parameter, MemKind::optimizer_state, MemKind::gradient,
+                           MemKind::input,     MemKind::workspace,       MemKind::activation};
+  if (!files.empty()) {
+    s += sources(files);
+    s += "<table><tr><th class=\"l\">cell</th><th class=\"l\">device</th><th>peak</th>";
+    for (MemKind k : kinds) s += fmt::format("<th>{}</th>", mem_kind_name(k));
+    s += "<th class=\"l\">status</th></tr>\n";
+    StackedBars bars{"Memory at the peak, by kind", "GiB", {}, {}, {}, {}};
+    for (MemKind k : kinds) {
+      bars.parts.push_back(mem_kind_name(k));
+      bars.colours.push_back(mem_kind_colour(k));
+    }
+    for (const auto& f : files)
+      for (const MemoryRow& r : f.rows) {
+        s += fmt::format("<tr{}><td class=\"l\">{}</td><td class=\"l\">{}{}</td><td>{}</td>",
+                         r.ok() ? "" : " class=\"failed\"", escape(r.cell()), escape(r.device),
+                         r.dry_run ? " (dry run)" : "", r.peak_bytes > 0 ? bytes_label(r.peak_bytes) : "");
+        std::vector<double> v;
+        for (MemKind k : kinds) {
+          const auto it = r.peak_by_kind.find(mem_kind_name(k));
+          const double b = it == r.peak_by_kind.end() ? 0 : it->second;
+          s += fmt::format("<td>{}</td>", bytes_label(b));
+          v.push_back(b / (1024.0 * 1024 * 1024));
+        }
+        s += fmt::format("<td class=\"l\">{}</td></tr>\n", escape(r.status));
+        if (r.peak_bytes > 0) {
+          bars.bars.push_back(r.cell());
+          bars.values.push_back(v);
+        }
+      }
+    s += "</table>\n";
+    if (!bars.bars.empty()) s += svg_stacked_bars(bars);
+  }
+  for (const auto& [file, svg] : timelines)
+    s += fmt::format("<figure>{}<figcaption>Active memory over one step: <code>{}</code></figcaption></figure>\n", svg,
+                     escape(file));
+  return s;
+}
+
+std::string attention_section(const std::vector<Named<AttentionRow>>& files) {
+  std::string s = "<h2 id=\"attention\">Attention (lmscope attention)</h2>\n" + sources(files);
+  s += "<table><tr><th class=\"l\">attention</th><th class=\"l\">device</th><th class=\"l\">precision</th>"
+       "<th>batch</th><th>seq</th><th>d</th><th>forward ms</th><th>backward ms</th><th>fwd+bwd ms</th>"
+       "<th>saved for backward</th><th class=\"l\">status</th></tr>\n";
+  SeriesSet time, saved;
+  for (const auto& f : files)
+    for (const AttentionRow& r : f.rows) {
+      s += fmt::format(
+          "<tr{}><td class=\"l\">{}</td><td class=\"l\">{}</td><td class=\"l\">{}</td><td>{}</td><td>{}</td>"
+          "<td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td class=\"l\">{}</td></tr>\n",
+          r.ok() ? "" : " class=\"failed\"", escape(r.attention), escape(r.device), escape(r.precision), r.batch, r.seq,
+          r.d, ms(r.ms, "forward"), ms(r.ms, "backward"), ms(r.ms, "forward_backward"),
+          r.saved_bytes > 0 ? bytes_label(r.saved_bytes) : "", escape(r.status));
+      const std::string name = fmt::format("{} {} d {} b{}", r.attention, r.precision, r.d, r.batch);
+      if (r.ok()) {
+        time[name].points.emplace_back(static_cast<double>(r.seq), median(r.ms, "forward_backward"));
+        saved[name].points.emplace_back(static_cast<double>(r.seq), r.saved_bytes / (1024.0 * 1024));
+      } else if (r.out_of_memory()) {
+        time[name].failed_x.push_back(static_cast<double>(r.seq));
+        saved[name].failed_x.push_back(static_cast<double>(r.seq));
+      }
+    }
+  s += "</table>\n";
+  // The out-of-memory frontier: per setting, the longest sequence that ran and the first that did not.
+  std::string frontier;
+  for (const Series& t : time.series) {
+    if (t.failed_x.empty()) continue;
+    double ran = 0;
+    for (auto [x, y] : t.points) ran = std::max(ran, x);
+    frontier += fmt::format("<li>{}: ran up to seq {:.0f}; out of memory from seq {:.0f}</li>\n", escape(t.name), ran,
+                            *std::min_element(t.failed_x.begin(), t.failed_x.end()));
+  }
+  if (!frontier.empty()) s += "<p class=\"note\">Where memory ran out:</p><ul class=\"note\">\n" + frontier + "</ul>\n";
+  s += "<div class=\"charts\">\n";
+  LineChart time_chart{"Attention forward + backward time", "sequence length", "ms (median)", true, true, time.series};
+  if (worth_drawing(time_chart)) s += svg_line_chart(time_chart);
+  LineChart saved_chart{"Memory saved for backward", "sequence length", "MiB", true, true, saved.series};
+  if (worth_drawing(saved_chart)) s += svg_line_chart(saved_chart);
+  return s + "</div>\n";
+}
+
+}  // namespace
+
+std::string html_report(const ReportInputs& in) {
+  std::string s = "<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">\n";
+  s += fmt::format("<title>{}</title>\n", escape(in.title)) + kStyle + "</head><body>\n";
+  s += fmt::format("<h1>{}</h1>\n", escape(in.title));
+  if (!in.bench.empty()) s += bench_section(in.bench);
+  if (!in.memory.empty() || !in.timelines.empty()) s += memory_section(in.memory, in.timelines);
+  if (!in.attention.empty()) s += attention_section(in.attention);
+  return s + "</body></html>\n";
+}
+
+}  // namespace lmscope::report

@@ -1,0 +1,54 @@
+// The result files lmscope report reads: what bench, memory and attention write with --format json,
+// each row reduced to what the report shows. A file of another kind, or not such JSON at all, is a
+// UserError that names it and says which command writes the kind expected.
+#pragma once
+
+#include <map>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace lmscope::report {
+
+// Median and sample standard deviation of a phase, in ms.
+struct Timing {
+  double median = 0, std = 0;
+};
+
+struct BenchRow {
+  std::string model, device, device_name, precision, attention, mode, status;
+  long long parameters = 0, batch = 0, ctx = 0;
+  bool dry_run = false;
+  std::map<std::string, Timing> ms;  // forward, backward, optimizer, step (those measured)
+  double tokens_per_s = 0, mfu = 0;
+  double peak_bytes = 0;
+  // With --profile: per phase, kernel time by category (ms per step).
+  std::map<std::string, std::map<std::string, double>> kernel_ms;
+  bool ok() const { return status == "ok"; }
+  std::string cell() const;  // "small ctx 256 bf16 flash train"
+};
+
+struct MemoryRow {
+  std::string model, device, precision, attention, mode, status;
+  long long batch = 0, ctx = 0;
+  bool dry_run = false;
+  double peak_bytes = 0;
+  std::map<std::string, double> peak_by_kind;  // parameter, gradient, ... -> bytes at the peak
+  bool ok() const { return status == "ok"; }
+  std::string cell() const;
+};
+
+struct AttentionRow {
+  std::string attention, device, precision, status;
+  long long batch = 0, seq = 0, d = 0;
+  std::map<std::string, Timing> ms;  // forward, backward, forward_backward
+  double saved_bytes = 0, peak_bytes = 0;
+  bool ok() const { return status == "ok"; }
+  bool out_of_memory() const { return status.rfind("OOM", 0) == 0; }
+};
+
+std::vector<BenchRow> read_bench_file(const std::string& path);
+std::vector<MemoryRow> read_memory_file(const std::string& path);
+std::vector<AttentionRow> read_attention_file(const std::string& path);
+
+}  // namespace lmscope::report

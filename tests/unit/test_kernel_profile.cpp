@@ -25,6 +25,11 @@ TEST(KernelNames, Categories) {
   EXPECT_STREQ(kernel_category("flash_backward_dq_tc<64>"), "attention");
   EXPECT_STREQ(kernel_category("softmax_forward_kernel<float>"), "attention");
   EXPECT_STREQ(kernel_category("rmsnorm_backward_dw_kernel<float>"), "RMSNorm");
+  EXPECT_STREQ(kernel_category("void lmscope::cuda::(anonymous namespace)::add_parts(const float *, int, long long, "
+                               "__nv_bfloat16 *)"),
+               "attention");
+  EXPECT_STREQ(kernel_category("combine_parts"), "attention");
+  EXPECT_STREQ(kernel_category("dq_from_tiles<64>"), "attention");
   EXPECT_STREQ(kernel_category("permute_heads_kernel<float>"), "RoPE/heads");
   EXPECT_STREQ(kernel_category("loss_mean_kernel"), "loss");
   EXPECT_STREQ(kernel_category("adamw_kernel"), "optimizer");

@@ -10,7 +10,8 @@
 // - CUDA cores (fp32 storage, or any head dim up to 128): the same tiling in plain fp32 arithmetic,
 //   four threads per row (cuda_core.cuh). This is what --precision fp32 means: no tensor cores.
 // Backward: delta = rowsum(dO∘O) first; then dK and dV per key tile; dQ either accumulated by the
-// dK/dV pass with fp32 atomics (fast, order varies) or by its own pass over key tiles (deterministic).
+// dK/dV pass with fp32 atomics (on Hopper, bulk reductions of whole tiles; fast, order varies) or by
+// its own pass over key tiles (deterministic).
 // Tiles cut into parts add or combine their parts in order (parts.cuh).
 // The headers are one translation unit with this file, included in the order below.
 // docs/flash-attention.md has the floors, the measurements and why the code is shaped so; the steps

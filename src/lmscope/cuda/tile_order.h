@@ -12,7 +12,7 @@
 // a few waves of CTAs to balance. The one short group, if the sequences do not divide, goes first,
 // away from the tail.
 //
-// When a call has too few tiles for the GPU (batch 1 up to a few thousand positions), the heaviest
+// When a call has too few tiles for the GPU (batch 1 up to about 16384 positions), the heaviest
 // tiles alone set the time: at batch 1 and seq 8192 the last query tile walks 128 key tiles while
 // the average SM has 63 to do. Then each tile's inner loop is cut into `parts` equal parts, one CTA
 // each, heaviest tile's parts first; the parts' results go to an fp32 workspace that a second kernel

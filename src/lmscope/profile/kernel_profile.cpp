@@ -15,7 +15,9 @@ const char* kernel_category(std::string_view name) {
   // Our own kernels are named for their op; cuBLASLt's carry one of these tags.
   if (has("[memset") || has("[memcpy")) return "memset/memcpy";
   if (has("gemm") || has("nvjet") || has("xmma") || has("cutlass") || has("cublas")) return "GEMM";
-  if (has("flash_") || has("softmax_")) return "attention";
+  // The flash kernels' helpers too: the parts' sums and the Hopper backward's dQ from its tiles.
+  if (has("flash_") || has("softmax_") || has("add_parts") || has("combine_parts") || has("dq_from_tiles"))
+    return "attention";
   if (has("rmsnorm_")) return "RMSNorm";
   if (has("permute_heads")) return "RoPE/heads";
   if (has("swiglu_")) return "SwiGLU";

@@ -19,7 +19,7 @@ h1 { font-size: 24px; } h2 { font-size: 20px; margin-top: 36px; border-bottom: 1
 h3 { font-size: 16px; margin-top: 24px; }
 table { border-collapse: collapse; font-size: 13px; margin: 8px 0 16px; }
 th, td { border: 1px solid #d0d0d0; padding: 3px 8px; text-align: right; }
-th { background: #f3f3f3; } td.l, th.l { text-align: left; }
+th { background: #f3f3f3; } td.l, th.l { text-align: left; } td:not(.l) { white-space: nowrap; }
 tr.failed td { color: #a33; }
 figure { margin: 12px 0; } figcaption { font-size: 12px; color: #555; }
 p.note { font-size: 13px; color: #444; }
@@ -72,25 +72,35 @@ bool wide_range(const std::vector<Series>& series) {
   return hi > 30 * lo;
 }
 
+std::string device_label(const BenchRow& r) { return r.device_name.empty() ? r.device : r.device_name; }
+
 std::string bench_section(const std::vector<Named<BenchRow>>& files) {
   std::vector<const BenchRow*> rows;
   for (const auto& f : files)
     for (const BenchRow& r : f.rows) rows.push_back(&r);
   std::string s = "<h2 id=\"bench\">Step time (lmscope bench)</h2>\n" + sources(files);
-  s += "<table><tr><th class=\"l\">model</th><th class=\"l\">device</th><th class=\"l\">precision</th>"
+  // One device for every row (the usual case) is said once, not in a column.
+  std::set<std::string> devices;
+  for (const BenchRow* r : rows) devices.insert(device_label(*r));
+  const bool one_device = devices.size() == 1;
+  s += fmt::format(
+      "<p class=\"note\">{}Times in ms: the median of the measured steps ± their standard deviation."
+      "</p>\n",
+      one_device ? fmt::format("Device: {}. ", escape(*devices.begin())) : "");
+  s += std::string("<table><tr><th class=\"l\">model</th>") + (one_device ? "" : "<th class=\"l\">device</th>") +
+       "<th class=\"l\">precision</th>"
        "<th class=\"l\">attention</th><th class=\"l\">mode</th><th>batch</th><th>ctx</th><th>forward ms</th>"
        "<th>backward ms</th><th>optimizer ms</th><th>step ms</th><th>tokens/s</th><th>MFU</th><th>peak memory</th>"
        "<th class=\"l\">status</th></tr>\n";
   for (const BenchRow* r : rows) {
     s += fmt::format(
-        "<tr{}><td class=\"l\">{}</td><td class=\"l\">{}{}</td><td class=\"l\">{}</td><td class=\"l\">{}</td>"
+        "<tr{}><td class=\"l\">{}</td>{}<td class=\"l\">{}</td><td class=\"l\">{}</td>"
         "<td class=\"l\">{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td>"
         "<td>{}</td><td>{}</td><td class=\"l\">{}</td></tr>\n",
-        r->ok() ? "" : " class=\"failed\"", escape(r->model),
-        escape(r->device_name.empty() ? r->device : r->device_name), r->dry_run ? " (dry run)" : "",
-        escape(r->precision), escape(r->attention), escape(r->mode), r->batch, r->ctx, ms(r->ms, "forward"),
-        ms(r->ms, "backward"), ms(r->ms, "optimizer"), ms(r->ms, "step"),
-        r->tokens_per_s > 0 ? fmt::format("{:.0f}", r->tokens_per_s) : "",
+        r->ok() ? "" : " class=\"failed\"", escape(r->model + (r->dry_run ? " (dry run)" : "")),
+        one_device ? "" : fmt::format("<td class=\"l\">{}</td>", escape(device_label(*r))), escape(r->precision),
+        escape(r->attention), escape(r->mode), r->batch, r->ctx, ms(r->ms, "forward"), ms(r->ms, "backward"),
+        ms(r->ms, "optimizer"), ms(r->ms, "step"), r->tokens_per_s > 0 ? fmt::format("{:.0f}", r->tokens_per_s) : "",
         r->mfu > 0 ? fmt::format("{:.1f}%", 100 * r->mfu) : "", r->peak_bytes > 0 ? bytes_label(r->peak_bytes) : "",
         escape(r->status));
   }
@@ -192,7 +202,8 @@ std::string memory_section(const std::vector<Named<MemoryRow>>& files,
 }
 
 std::string attention_section(const std::vector<Named<AttentionRow>>& files) {
-  std::string s = "<h2 id=\"attention\">Attention (lmscope attention)</h2>\n" + sources(files);
+  std::string s = "<h2 id=\"attention\">Attention (lmscope attention)</h2>\n" + sources(files) +
+                  "<p class=\"note\">Times in ms: the median of the timed passes ± their standard deviation.</p>\n";
   s += "<table><tr><th class=\"l\">attention</th><th class=\"l\">device</th><th class=\"l\">precision</th>"
        "<th>batch</th><th>seq</th><th>d</th><th>forward ms</th><th>backward ms</th><th>fwd+bwd ms</th>"
        "<th>saved for backward</th><th class=\"l\">status</th></tr>\n";

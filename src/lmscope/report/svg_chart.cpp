@@ -57,6 +57,7 @@ constexpr const char* kFont = "font-family=\"sans-serif\"";
 std::string number(double v) {
   if (v == 0) return "0";
   const double a = std::fabs(v);
+  if (v == std::round(v) && a < 1e9) return fmt::format("{:.0f}", v);  // 16384, not 1.638e+04
   if (a >= 1e5 || a < 1e-3) return fmt::format("{:.3g}", v);
   return fmt::format("{:.4g}", v);
 }

@@ -30,6 +30,9 @@ class BenchCommand : public Command {
     app->add_flag("--profile", profile_,
                   "Trace every kernel of the measured steps (CUDA, CUPTI): time by phase, op category and kernel, "
                   "and how long the GPU waited for launches");
+    app->add_option("--trace", trace_,
+                    "Write the measured steps of the one cell as a Chrome trace (ui.perfetto.dev, chrome://tracing): "
+                    "each step, phase, layer and op on the host thread, and the allocator's bytes as counters");
   }
 
   int run() override {
@@ -37,14 +40,19 @@ class BenchCommand : public Command {
     std::vector<MemorySpec> planned = cells_.resolve();
     if (steps_ <= 0) user_error("--steps must be positive, got {}", steps_);
     if (profile_ && cells_.dry_run()) user_error("--profile traces kernels, and a dry run runs none");
+    if (!trace_.empty() && cells_.dry_run()) user_error("--trace records a run, and a dry run runs nothing");
+    if (!trace_.empty() && planned.size() != 1)
+      user_error("--trace records one cell, and the flags make {}", planned.size());
     for (MemorySpec& s : planned) {
       if (profile_ && s.cell.device == "cpu") user_error("--profile traces GPU kernels; it needs --device cuda");
       s.cell.steps = steps_;
       s.cell.profile = profile_;
+      s.cell.trace = !trace_.empty();
     }
     const ReportFormat format = parse_report_format(format_);
-    if (!out_.empty()) write_file(out_, "");  // fail now, not after the sweep
-    warn_of_cells_that_cannot_fit(planned);   // a dry run's rows say it themselves
+    for (const std::string* path : {&out_, &trace_})
+      if (!path->empty()) write_file(*path, "");  // fail now, not after the sweep
+    warn_of_cells_that_cannot_fit(planned);       // a dry run's rows say it themselves
 
     SweepProgress shown;
     std::vector<BenchResult> rows;
@@ -54,6 +62,7 @@ class BenchCommand : public Command {
       auto progress = [&](int done, int total) { shown.step(done, total, done <= s.warmup ? " (warm-up)" : ""); };
       rows.push_back(cells_.dry_run() ? dry_run_cell(planned[i]) : run_bench_cell(s, progress));
       shown.finish(rows.back().status);
+      if (!trace_.empty() && !rows.back().trace.empty()) write_file(trace_, rows.back().trace);
       // Rewritten after every cell: an interrupted sweep keeps every row it finished.
       if (!out_.empty()) write_file(out_, format_bench(rows, format));
     }
@@ -64,7 +73,7 @@ class BenchCommand : public Command {
 
  private:
   MemoryCellFlags cells_;
-  std::string format_ = "md", out_;
+  std::string format_ = "md", out_, trace_;
   int steps_ = 10;
   bool profile_ = false;
 

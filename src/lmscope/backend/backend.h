@@ -12,6 +12,7 @@
 #pragma once
 
 #include "lmscope/core/allocator.h"
+#include "lmscope/core/ranges.h"
 #include "lmscope/profile/kernel_profile.h"
 
 #include <memory>
@@ -71,6 +72,10 @@ class Backend {
   virtual void clear_marks() = 0;
   // A recorder of the device's kernels from now on, or nullptr where the backend has none (CPU).
   virtual std::unique_ptr<KernelTracer> kernel_tracer() { return nullptr; }
+  // Who hears the ranges (step, phase, layer, op) the code running on this backend marks; none by
+  // default.
+  void set_range_listener(RangeListener* listener) { ranges_ = listener; }
+  RangeListener* range_listener() const { return ranges_; }
   // The device's memory as its driver reports it, after a synchronize; none where there is no such
   // report (the CPU, the dry run).
   virtual std::optional<DeviceMemory> device_memory() { return std::nullopt; }
@@ -145,6 +150,9 @@ class Backend {
   // lowp_copy, when not empty, receives the updated parameter in its own (lower) precision.
   virtual void adamw(const Tensor& param, const Tensor& grad, const Tensor& m, const Tensor& v, const AdamWArgs& args,
                      const Tensor& grad_norm, const Tensor& lowp_copy) = 0;
+
+ private:
+  RangeListener* ranges_ = nullptr;
 };
 
 // The sizes of a flash attention call, checked (UserError naming the first mismatch):

@@ -1,5 +1,7 @@
 #include "lmscope/bench/runner.h"
 
+#include "lmscope/profile/chrome_trace.h"
+
 #include "lmscope/backend/backend.h"
 #include "lmscope/core/rng.h"
 #include "lmscope/model/optimizer.h"
@@ -95,36 +97,65 @@ void run_cell(const BenchSpec& spec, BenchResult& r, const BenchProgress& progre
   // With spec.profile, a tracer records every kernel of the measured steps, tagged with its phase.
   std::vector<double> fwd, bwd, optim, step;
   std::unique_ptr<KernelTracer> tracer;
+  // With spec.trace, the ranges the runner and the model mark and every allocation of the measured
+  // steps.
+  Allocator& mem = backend->allocator();
+  std::unique_ptr<TraceRecorder> recorder;
+  std::size_t allocated_before = 0, reserved_before = 0;
   auto enter = [&](Phase p) {
     if (tracer) tracer->set_phase(p);
   };
   const int total = spec.warmup + spec.steps;
   const int micro_batches = has_backward(spec.mode) ? spec.grad_accum : 1;
+  std::vector<int> step_marks;
   for (int i = 0; i < total; ++i) {
     backend->synchronize();
     if (spec.profile && i == spec.warmup) {
       tracer = backend->kernel_tracer();
       if (!tracer) throw Unsupported(fmt::format("--profile traces GPU kernels; the {} backend has none", spec.device));
     }
-    const auto t0 = std::chrono::steady_clock::now();
-    // Each micro-batch's forward and backward; a phase's time is their sum.
-    std::vector<int> marks{backend->mark()};
-    for (int k = 0; k < micro_batches; ++k) {
-      enter(Phase::forward);
-      model.forward(spec.mode != BenchMode::inference);
-      marks.push_back(backend->mark());
-      enter(Phase::backward);
-      if (!has_backward(spec.mode))
-        model.discard_activations();
-      else
-        model.backward({k, micro_batches});
-      marks.push_back(backend->mark());
+    if (spec.trace && i == spec.warmup) {
+      recorder = std::make_unique<TraceRecorder>(mem);
+      backend->set_range_listener(recorder.get());
+      mem.clear_events();
+      mem.record_events(true);
+      allocated_before = mem.current_bytes();
+      reserved_before = mem.reserved_bytes();
     }
-    enter(Phase::optimizer);
-    if (opt) opt->step(1e-3);
-    marks.push_back(backend->mark());
-    backend->synchronize();
+    RangeListener* ranges = backend->range_listener();
+    const auto t0 = std::chrono::steady_clock::now();
+    {
+      ScopedRange whole(ranges, RangeLevel::step, "step", i - spec.warmup);
+      // Each micro-batch's forward and backward; a phase's time is their sum.
+      std::vector<int> marks{backend->mark()};
+      for (int k = 0; k < micro_batches; ++k) {
+        enter(Phase::forward);
+        {
+          ScopedRange r(ranges, RangeLevel::phase, "forward");
+          model.forward(spec.mode != BenchMode::inference);
+        }
+        marks.push_back(backend->mark());
+        enter(Phase::backward);
+        {
+          ScopedRange r(ranges, RangeLevel::phase, has_backward(spec.mode) ? "backward" : "discard");
+          if (!has_backward(spec.mode))
+            model.discard_activations();
+          else
+            model.backward({k, micro_batches});
+        }
+        marks.push_back(backend->mark());
+      }
+      enter(Phase::optimizer);
+      if (opt) {
+        ScopedRange r(ranges, RangeLevel::phase, "optimizer");
+        opt->step(1e-3);
+      }
+      marks.push_back(backend->mark());
+      backend->synchronize();
+      step_marks = std::move(marks);
+    }
     const double host_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+    const std::vector<int>& marks = step_marks;
     if (i >= spec.warmup) {
       double f = 0, b = 0;
       for (int k = 0; k < micro_batches; ++k) {
@@ -140,6 +171,15 @@ void run_cell(const BenchSpec& spec, BenchResult& r, const BenchProgress& progre
     if (progress) progress(i + 1, total);
   }
   if (tracer) r.kernels = summarize_kernels(tracer->finish(), spec.steps);
+  if (recorder) {
+    backend->set_range_listener(nullptr);
+    mem.record_events(false);
+    LMSCOPE_CHECK(recorder->all_closed(), "a traced range was never closed");
+    r.trace = chrome_trace_json(recorder->ranges(), mem.events(), allocated_before, reserved_before,
+                                {fmt::format("lmscope bench: {} {} {} {} batch {} ctx {}", spec.model.name, spec.device,
+                                             spec.precision, mode_label(spec), spec.batch, spec.ctx)});
+    mem.clear_events();
+  }
   const double loss = model.read_loss();
   if (!std::isfinite(loss)) throw std::runtime_error(fmt::format("the loss is {}", loss));
   r.peak_bytes = backend->allocator().peak_bytes();

@@ -34,6 +34,7 @@ struct BenchSpec {
   Recompute recompute = Recompute::none;
   int grad_accum = 1;  // micro-batches of `batch` sequences per step (train and forward-backward)
   WeightCopies weight_copies = WeightCopies::kept;  // matters under mixed precision only
+  bool trace = false;  // record the measured steps' ranges and memory as a Chrome trace (BenchResult::trace)
 };
 
 // The mode as tables show it: "train", with ", selective recompute" where something is recomputed,
@@ -63,6 +64,7 @@ struct BenchResult {
   double mfu = 0;           // model_tflops / peak_tflops
   std::size_t peak_bytes = 0;
   KernelProfile kernels;  // per measured step; steps == 0 unless spec.profile
+  std::string trace;      // with spec.trace: the Chrome trace-event JSON of the measured steps
   // Nothing ran: a dry run's row (bench --dry-run), with its peak_bytes and status and no times.
   bool dry_run = false;
   bool ok() const { return status == "ok"; }

@@ -213,8 +213,7 @@ void Allocator::release_cache() {
 
 void Allocator::record(MemAction action, std::size_t bytes, std::uintptr_t address, const AllocTag& tag,
                        const Shape& shape, DType dtype) {
-  const double t = std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - start_).count();
-  events_.push_back(MemEvent{action, bytes, address, tag, shape, dtype, phase_, t});
+  events_.push_back(MemEvent{action, bytes, address, tag, shape, dtype, phase_, now_us()});
 }
 
 void Allocator::throw_oom(std::size_t bytes, const AllocTag& tag, const Shape& shape, DType dtype) {

@@ -111,6 +111,10 @@ class Allocator {
   Phase phase() const { return phase_; }
 
   void record_events(bool on) { recording_ = on; }
+  // Microseconds on the clock its events are stamped with (host time since the allocator was made).
+  double now_us() const {
+    return std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - start_).count();
+  }
   const std::vector<MemEvent>& events() const { return events_; }
   void clear_events() { events_.clear(); }
 

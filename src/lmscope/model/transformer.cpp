@@ -284,12 +284,15 @@ Allocation Transformer::layer_forward(int l, Allocation x, Layer& L, const Keep&
                      dk = config_.d_head();
   const double theta = config_.rope_theta, eps = 1e-5;
   const LayerParams& P = layer_params_[l];
+  OpRanges op(backend_.range_listener());
+  op.next("ln1");
   L.x = std::move(x);
   L.rstd1 = wide("ln1.rstd", l, {N});
   L.n1 = act("ln1.out", l, {N, d});
   backend_.rmsnorm_forward(L.x, P.ln1->value, L.n1, L.rstd1, eps);
   drop_unless(keep.statistics, L.rstd1);
 
+  op.next("q, k, v projections and RoPE");
   Allocation proj = act("attn.proj", l, {N, d});
   Allocation* heads[3] = {&L.q, &L.k, &L.v};
   const char* names[3] = {"attn.q", "attn.k", "attn.v"};
@@ -303,6 +306,7 @@ Allocation Transformer::layer_forward(int l, Allocation x, Layer& L, const Keep&
   proj.reset();
   drop_unless(keep.norm_outputs, L.n1);
 
+  op.next("attention");
   {
     Allocation o_heads = act("attn.o_heads", l, {B, H, T, dk});
     const Shape flat{B * H, T, dk};
@@ -312,6 +316,7 @@ Allocation Transformer::layer_forward(int l, Allocation x, Layer& L, const Keep&
     L.o = act("attn.o", l, {N, d});
     backend_.merge_heads(o_heads, L.o.tensor().view({B, T, H, dk}), 0.0);
   }
+  op.next("output projection and residual");
   Allocation attn_out = act("attn.out", l, {N, d});
   linear(L.o, weight(P.wo), attn_out);
   drop_lowp_copies_after_forward(keep.weight_copies, {P.wo});
@@ -321,20 +326,24 @@ Allocation Transformer::layer_forward(int l, Allocation x, Layer& L, const Keep&
   attn_out.reset();
   drop_unless(keep.input, L.x);
 
+  op.next("ln2");
   L.rstd2 = wide("ln2.rstd", l, {N});
   L.n2 = act("ln2.out", l, {N, d});
   backend_.rmsnorm_forward(L.h, P.ln2->value, L.n2, L.rstd2, eps);
   drop_unless(keep.statistics, L.rstd2);
+  op.next("w1, w3");
   L.a = act("ffn.w1_out", l, {N, f});
   L.b = act("ffn.w3_out", l, {N, f});
   linear(L.n2, weight(P.w1), L.a);
   linear(L.n2, weight(P.w3), L.b);
   drop_lowp_copies_after_forward(keep.weight_copies, {P.w1, P.w3});
   drop_unless(keep.norm_outputs, L.n2);
+  op.next("SwiGLU");
   L.gate = act("ffn.gate", l, {N, f});
   backend_.swiglu_forward(L.a, L.b, L.gate);
   drop_unless(keep.ffn_products, L.a);
   drop_unless(keep.ffn_products, L.b);
+  op.next("w2 and residual");
   Allocation ffn_out = act("ffn.out", l, {N, d});
   linear(L.gate, weight(P.w2), ffn_out);
   drop_lowp_copies_after_forward(keep.weight_copies, {P.w2});
@@ -358,21 +367,29 @@ void Transformer::forward(bool for_backward) {
   const std::int64_t N = batch_ * ctx_, d = config_.d_model;
   const double eps = 1e-5;
   backend_.allocator().set_phase(Phase::forward);
+  RangeListener* ranges = backend_.range_listener();
   Saved s;
   Allocation x = wide("embedding", -1, {N, d});
-  backend_.embedding_forward(ids_, embedding_->value, x);
+  {
+    ScopedRange r(ranges, RangeLevel::op, "embedding");
+    backend_.embedding_forward(ids_, embedding_->value, x);
+  }
   for (int l = 0; l < config_.layers; ++l) {
+    ScopedRange r(ranges, RangeLevel::layer, "layer", l);
     Layer L;
     x = layer_forward(l, std::move(x), L, keep);
     if (for_backward) s.layers.push_back(std::move(L));
   }
 
+  OpRanges op(ranges);
+  op.next("ln_final");
   s.x_final = std::move(x);
   s.rstd_final = wide("ln_final.rstd", -1, {N});
   s.n_final = act("ln_final.out", -1, {N, d});
   backend_.rmsnorm_forward(s.x_final, ln_final_->value, s.n_final, s.rstd_final, eps);
   done(s.x_final);
   done(s.rstd_final);
+  op.next("lm_head and loss");
   s.lse = wide("loss.lse", -1, {N});
   const std::int64_t rows = for_backward ? logit_chunk_rows() : N;
   if (rows >= N) {
@@ -433,6 +450,9 @@ void Transformer::backward(MicroBatch micro) {
 
   // Loss and head: each logits buffer turns into dlogits in place, a chunk at a time when the forward
   // made them in chunks (then made again here from ln_final's output).
+  RangeListener* ranges = backend_.range_listener();
+  OpRanges head(ranges);
+  head.next("lm_head and loss");
   const double dlogits_scale = 1.0 / static_cast<double>(N * micro_batches);
   Allocation dn = act("grad.ln_final.out", -1, {N, d});
   const std::int64_t rows = s.logits.empty() ? logit_chunk_rows() : N;
@@ -454,6 +474,7 @@ void Transformer::backward(MicroBatch micro) {
   drop_lowp_copies({lm_head_});
   s.lse.reset();
   s.n_final.reset();
+  head.next("ln_final");
   Allocation dx = wide("grad.residual", -1, {N, d});
   parameter_gradient(ln_final_, [&](const Tensor& dw) {
     backend_.rmsnorm_backward(dn, s.x_final, ln_final_->value, s.rstd_final, dx, dw);
@@ -461,13 +482,17 @@ void Transformer::backward(MicroBatch micro) {
   s.x_final.reset();
   s.rstd_final.reset();
 
+  head.done();
   const double eps = 1e-5;
   for (int l = config_.layers - 1; l >= 0; --l) {
+    ScopedRange r(ranges, RangeLevel::layer, "layer", l);
     const LayerParams& P = layer_params_[l];
     Layer& L = s.layers[l];
     // Full recompute: the layer's forward again from its input, keeping everything this time; its
     // output is the next layer's input, which the backward no longer needs.
     if (recompute_ == Recompute::full) layer_forward(l, std::move(L.x), L, Keep{}).reset();
+    OpRanges op(ranges);
+    op.next("w2");
     // x_out = h + w2·(silu(w1·n2) ∘ w3·n2), n2 = ln2(h); dx holds d x_out.
     Allocation dx_scratch;
     const Tensor& dx_c = as_compute(dx, dx_scratch, "grad.residual.lowp", l);
@@ -481,11 +506,13 @@ void Transformer::backward(MicroBatch micro) {
     linear_backward_weight(dx_c, L.gate, gradient(*P.w2));
     L.gate.reset();
     dx_scratch.reset();
+    op.next("SwiGLU");
     Allocation da = act("grad.ffn.w1_out", l, {N, f}), db = act("grad.ffn.w3_out", l, {N, f});
     backend_.swiglu_backward(L.a, L.b, dgate, da, db);
     dgate.reset();
     L.a.reset();
     L.b.reset();
+    op.next("w1, w3");
     dn = act("grad.ln2.out", l, {N, d});
     linear_backward_input(da, weight(P.w1), dn, 0.0f);
     linear_backward_input(db, weight(P.w3), dn, 1.0f);
@@ -499,6 +526,7 @@ void Transformer::backward(MicroBatch micro) {
     da.reset();
     db.reset();
     L.n2.reset();
+    op.next("ln2 and residual");
     Allocation dh = wide("grad.attn.residual", l, {N, d});
     parameter_gradient(P.ln2,
                        [&](const Tensor& dw) { backend_.rmsnorm_backward(dn, L.h, P.ln2->value, L.rstd2, dh, dw); });
@@ -508,6 +536,7 @@ void Transformer::backward(MicroBatch micro) {
     L.h.reset();
     L.rstd2.reset();
 
+    op.next("output projection");
     // h = x + wo·merge(attention(q, k, v)); dh holds d h.
     Allocation dh_scratch;
     const Tensor& dh_c = as_compute(dh, dh_scratch, "grad.attn.residual.lowp", l);
@@ -525,6 +554,7 @@ void Transformer::backward(MicroBatch micro) {
     Allocation do_heads = act("grad.attn.o_heads", l, {B, H, T, dk});
     backend_.split_heads(d_o.tensor().view({B, T, H, dk}), do_heads, 0.0);
     d_o.reset();
+    op.next("attention");
     Allocation dq_heads = act("grad.attn.q", l, {B, H, T, dk}), dk_heads = act("grad.attn.k", l, {B, H, T, dk}),
                dv_heads = act("grad.attn.v", l, {B, H, T, dk});
     {
@@ -540,6 +570,7 @@ void Transformer::backward(MicroBatch micro) {
     L.k.reset();
     L.v.reset();
 
+    op.next("q, k, v projections and RoPE");
     if (L.n1.empty()) {  // selective: ln1's output again
       L.n1 = act("ln1.out", l, {N, d});
       backend_.rmsnorm_forward(L.x, P.ln1->value, L.n1, L.rstd1, eps);
@@ -557,6 +588,7 @@ void Transformer::backward(MicroBatch micro) {
     }
     dproj.reset();
     L.n1.reset();
+    op.next("ln1 and residual");
     dx = wide("grad.residual", l, {N, d});
     parameter_gradient(P.ln1,
                        [&](const Tensor& dw) { backend_.rmsnorm_backward(dn, L.x, P.ln1->value, L.rstd1, dx, dw); });
@@ -566,6 +598,7 @@ void Transformer::backward(MicroBatch micro) {
     L.x.reset();
     L.rstd1.reset();
   }
+  ScopedRange r(ranges, RangeLevel::op, "embedding");
   backend_.embedding_backward(ids_, dx, gradient(*embedding_), accumulating_);  // adds in place: no scratch
   accumulating_ = false;
 }

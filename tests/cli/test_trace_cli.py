@@ -1,0 +1,103 @@
+"""bench --trace end to end on the CPU: the file follows the trace-event format's rules as the viewers
+(ui.perfetto.dev, chrome://tracing) read it: complete events with times and durations, nested on
+their thread; every measured step holds its phases, every phase its layers and ops; the memory
+counters agree with the allocator's own peak. Bad inputs end in one sentence and exit 2.
+Run by ctest with LMSCOPE pointing at the built program."""
+import json
+import os
+import subprocess
+import tempfile
+import unittest
+
+LMSCOPE = os.environ["LMSCOPE"]
+LAYERS = 2
+CELL = ["bench", "--device", "cpu", "--model", "small", "--layers", str(LAYERS), "--vocab", "256", "--d-model", "64",
+        "--d-ff", "128", "--heads", "2", "--batch", "2", "--ctx", "32", "--warmup", "1"]
+
+
+def run(*args):
+    return subprocess.run([LMSCOPE, *args], capture_output=True, text=True, timeout=300)
+
+
+class Trace(unittest.TestCase):
+    def traced(self, *extra, steps=3):
+        with tempfile.TemporaryDirectory() as d:
+            path = os.path.join(d, "t.json")
+            r = run(*CELL, "--steps", str(steps), "--format", "json", "--trace", path, *extra)
+            self.assertEqual(r.returncode, 0, r.stderr)
+            with open(path) as f:
+                return json.load(f), json.loads(r.stdout)[0]
+
+    def nested(self, events):
+        """Complete events of one thread, each inside the one open when it began (the viewers' rule)."""
+        xs = sorted((e for e in events if e["ph"] == "X"), key=lambda e: (e["ts"], -e["dur"]))
+        stack, parent = [], {}
+        for e in xs:
+            self.assertGreaterEqual(e["dur"], 0, e)
+            while stack and stack[-1]["ts"] + stack[-1]["dur"] <= e["ts"]:
+                stack.pop()
+            if stack:
+                outer = stack[-1]
+                self.assertLessEqual(e["ts"] + e["dur"], outer["ts"] + outer["dur"], (e, outer))
+                parent[id(e)] = outer
+            stack.append(e)
+        return xs, parent
+
+    def test_steps_phases_layers_and_ops_nest(self):
+        trace, row = self.traced()
+        events = trace["traceEvents"]
+        names = {(e["name"], e["args"]["name"]) for e in events if e["ph"] == "M"}
+        self.assertIn(("thread_name", "host"), names)
+        self.assertTrue(any(n == "process_name" and "lmscope bench" in v for n, v in names))
+        xs, parent = self.nested(events)
+        steps = [e for e in xs if e["cat"] == "step"]
+        self.assertEqual([e["name"] for e in steps], ["step 0", "step 1", "step 2"])
+        levels = {"phase": "step", "layer": "phase", "op": ("layer", "phase")}
+        for e in xs:
+            if e["cat"] in levels:
+                self.assertIn(parent[id(e)]["cat"], levels[e["cat"]], e)
+        for s in steps:
+            inside = [e for e in xs if e["cat"] == "phase" and parent[id(e)] is s]
+            self.assertEqual([e["name"] for e in inside], ["forward", "backward", "optimizer"])
+        layers = [e for e in xs if e["cat"] == "layer"]
+        self.assertEqual(len(layers), 3 * 2 * LAYERS)  # forward and backward of each, every step
+        ops = [e for e in xs if e["cat"] == "op"]
+        self.assertIn("attention", {e["name"] for e in ops})
+        self.assertEqual(len([e for e in ops if e["name"] == "attention"]), 3 * 2 * LAYERS)
+
+    def test_memory_counters_agree_with_the_allocator(self):
+        trace, row = self.traced()
+        allocated = [e for e in trace["traceEvents"] if e["ph"] == "C" and e["name"] == "allocated"]
+        reserved = [e for e in trace["traceEvents"] if e["ph"] == "C" and e["name"] == "reserved"]
+        self.assertGreater(len(allocated), 10)
+        values = [e["args"]["bytes"] for e in allocated]
+        self.assertTrue(all(v >= 0 for v in values))
+        self.assertEqual(max(values), row["peak_bytes"])  # the steady step reaches the run's peak
+        self.assertEqual(values[0], values[-1])  # a train step gives back all it takes
+        self.assertGreaterEqual(min(e["args"]["bytes"] for e in reserved), max(values))
+
+    def test_micro_batches_each_have_their_phases(self):
+        trace, _ = self.traced("--grad-accum", "2", steps=1)
+        xs, parent = self.nested(trace["traceEvents"])
+        self.assertEqual([e["name"] for e in xs if e["cat"] == "phase"],
+                         ["forward", "backward", "forward", "backward", "optimizer"])
+
+    def test_bad_inputs_end_in_one_sentence_and_exit_2(self):
+        with tempfile.TemporaryDirectory() as d:
+            t = os.path.join(d, "t.json")
+            cases = [
+                (["--mode", "train,forward", "--trace", t], "--trace records one cell"),
+                (["--dry-run", "--trace", t], "a dry run runs nothing"),
+                (["--trace", "/nonexistent-dir/t.json"], "/nonexistent-dir/t.json"),
+            ]
+            for extra, says in cases:
+                r = run(*CELL, "--steps", "1", *extra)
+                with self.subTest(extra=extra):
+                    self.assertEqual(r.returncode, 2, (r.stdout, r.stderr))
+                    lines = r.stderr.strip().splitlines()
+                    self.assertEqual(len(lines), 1, r.stderr)
+                    self.assertIn(says, lines[0])
+
+
+if __name__ == "__main__":
+    unittest.main()

@@ -20,34 +20,54 @@
 namespace lmscope::cli {
 namespace {
 
+// Why a sum came out as it did, from what the run saw.
+std::string accumulation_why(const AccumulationResult& r, double addend, int count) {
+  const NumberFormat& acc = *r.how.accumulator;
+  const NumberFormat& add = *r.how.addend;
+  if (!std::isfinite(r.addend_stored))
+    return fmt::format("{} is past {}'s largest number ({:g}), so the addend is stored as infinity and so is the sum",
+                       addend, add.name, add.max_finite);
+  if (r.addend_stored == 0)
+    return fmt::format(
+        "{} is below half of {}'s smallest number ({:.4g}), so the addend is stored as 0 and adds "
+        "nothing",
+        addend, add.name, spacing_at(add, 0));
+  std::string why = fmt::format("the addend is stored as {:.10g}, so {} of them make {:.10g} ({:+.4g})",
+                                r.addend_stored, count, r.addend_stored * count, (r.addend_stored - addend) * count);
+  if (!std::isfinite(r.sum))
+    return why +
+           fmt::format("; the sum passes {}'s largest number ({:g}) and becomes infinity", acc.name, acc.max_finite);
+  if (r.stalled_at > 0)
+    return why + fmt::format(
+                     "; from addition {} on the sum stays at {:.6g}: there {}'s numbers are {:.4g} apart, and an "
+                     "addend of at most half of that rounds away (a tie to the even neighbour)",
+                     r.stalled_at, r.stalled_sum, acc.name, spacing_at(acc, r.stalled_sum));
+  if (std::fabs(r.sum - r.addend_stored * count) > r.spacing)
+    return why + fmt::format(
+                     "; each addition rounds the sum to {}, whose numbers near {:.4g} are {:.4g} apart, and "
+                     "those roundings add up to {:+.4g}",
+                     acc.name, r.sum, r.spacing, r.sum - r.addend_stored * count);
+  return why + "; the sum's own roundings stay below its spacing";
+}
+
 std::string accumulation_markdown(const std::vector<AccumulationResult>& results, double addend, int count) {
-  std::string s = fmt::format("## Adding {} {} times\n\n", addend, count);
+  std::string s = fmt::format("## Adding {} {} time{}\n\n", addend, count, count == 1 ? "" : "s");
   s += "| sum held in | addend stored in | addend as stored | sum | error | spacing of the sum's format there |\n";
   s += "|---|---|---:|---:|---:|---:|\n";
   for (const AccumulationResult& r : results)
     s += fmt::format("| {} | {} | {:.10g} | {:.10g} | {:+.4g} | {:.4g} |\n", r.how.accumulator->name,
                      r.how.addend->name, r.addend_stored, r.sum, r.sum - r.exact, r.spacing);
   s += "\nWhy:\n";
-  for (const AccumulationResult& r : results) {
-    s += fmt::format("- {} sum, {} addend: ", r.how.accumulator->name, r.how.addend->name);
-    const double stored_error = (r.addend_stored - addend) * count;
-    std::string why = fmt::format("the addend is stored as {:.10g}, so {} of them are {:.10g} ({:+.4g})",
-                                  r.addend_stored, count, r.addend_stored * count, stored_error);
-    if (r.stalled_at > 0)
-      why += fmt::format(
-          "; from addition {} on the sum stays at {:.6g}: there its numbers are {:.4g} apart, and an "
-          "addend under half of that rounds away",
-          r.stalled_at, r.stalled_sum, spacing_at(*r.how.accumulator, r.stalled_sum));
-    else if (std::fabs(r.sum - r.addend_stored * count) > r.spacing)
-      why += fmt::format(
-          "; each addition rounds the sum to its format, whose numbers near {:.4g} are {:.4g} apart, "
-          "and those roundings add up to {:+.4g}",
-          r.sum, r.spacing, r.sum - r.addend_stored * count);
-    else
-      why += "; the sum's own roundings are below its spacing";
-    s += why + ".\n";
-  }
+  for (const AccumulationResult& r : results)
+    s += fmt::format("- {} sum, {} addend: {}.\n", r.how.accumulator->name, r.how.addend->name,
+                     accumulation_why(r, addend, count));
   return s + "\n";
+}
+
+// JSON has no infinity: a number where there is one, its name ("inf", "-inf", "nan") otherwise.
+nlohmann::ordered_json json_number(double x) {
+  if (std::isfinite(x)) return x;
+  return std::isnan(x) ? "nan" : x > 0 ? "inf" : "-inf";
 }
 
 std::string dtypes_markdown(const std::vector<TensorDtypeRow>& rows, const std::vector<std::string>& precisions,
@@ -104,7 +124,8 @@ class PrecisionCommand : public Command {
       else
         user_error("unknown --study '{}' (use accumulation, dtypes, or both)", s);
     }
-    if (!(addend_ > 0) || !std::isfinite(addend_)) user_error("--addend must be a positive number, got {}", addend_);
+    if (!(addend_ > 0) || !std::isfinite(addend_))
+      user_error("--addend must be a positive, finite number, got {}", addend_);
     if (count_ <= 0 || count_ > 100'000'000) user_error("--count must be between 1 and 10^8, got {}", count_);
     const ReportFormat format = parse_report_format(format_);
     if (format == ReportFormat::csv) user_error("--format csv is not offered here (use md or json)");
@@ -130,11 +151,11 @@ class PrecisionCommand : public Command {
         const AccumulationResult& r = results.back();
         rows.push_back({{"accumulator", r.how.accumulator->name},
                         {"addend_format", r.how.addend->name},
-                        {"addend_stored", r.addend_stored},
-                        {"sum", r.sum},
+                        {"addend_stored", json_number(r.addend_stored)},
+                        {"sum", json_number(r.sum)},
                         {"exact", r.exact},
-                        {"error", r.sum - r.exact},
-                        {"spacing_at_sum", r.spacing},
+                        {"error", json_number(r.sum - r.exact)},
+                        {"spacing_at_sum", json_number(r.spacing)},
                         {"stalled_at", r.stalled_at}});
       }
       j["accumulation"] = {{"addend", addend_}, {"count", count_}, {"results", rows}};

@@ -23,8 +23,13 @@ std::string svg_element(const std::string& path) {
   text << in.rdbuf();
   const std::string s = text.str();
   const auto begin = s.find("<svg"), end = s.rfind("</svg>");
-  if (begin == std::string::npos || end == std::string::npos || end < begin)
-    user_error("'{}' is not an SVG picture (what lmscope memory --svg writes)", path);
+  // Only lmscope's own timelines go in: the page promises no scripts and nothing fetched.
+  const bool timeline = begin != std::string::npos && end != std::string::npos && end > begin &&
+                        s.find("Active memory: ") != std::string::npos;
+  if (!timeline) user_error("'{}' is not a memory timeline (what lmscope memory --svg writes)", path);
+  for (const char* active : {"<script", "javascript:", "<foreignObject", "href="})
+    if (s.find(active) != std::string::npos)
+      user_error("'{}' holds {}, which a memory timeline never does", path, active);
   return s.substr(begin, end + 6 - begin);
 }
 

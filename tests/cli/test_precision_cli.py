@@ -19,7 +19,8 @@ class Accumulation(unittest.TestCase):
     def test_every_sum_is_what_pytorch_gets(self):
         import torch
         dtypes = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
-        for addend, count in ((0.01, 1000), (0.1, 300), (3e-5, 2000)):
+        # The last two round differently straight from double than through fp32, as PyTorch stores them.
+        for addend, count in ((0.01, 1000), (0.1, 300), (3e-5, 2000), (1.0004882821813226, 3), (1.0039062509313226, 3)):
             r = run("--study", "accumulation", "--addend", str(addend), "--count", str(count), "--format", "json")
             self.assertEqual(r.returncode, 0, r.stderr)
             results = json.loads(r.stdout)["accumulation"]["results"]
@@ -39,6 +40,10 @@ class Accumulation(unittest.TestCase):
         self.assertIn("| fp16 | fp16 | 0.01000213623 | 9.953125 |", r.stdout)
         self.assertIn("| fp32 | fp16 | 0.01000213623 | 10.00213623 |", r.stdout)
         self.assertIn("from addition 351 on the sum stays at 4", r.stdout)
+        r = run("--study", "accumulation", "--addend", "70000", "--count", "2")
+        self.assertIn("70000 is past fp16's largest number (65504)", r.stdout)
+        r = run("--study", "accumulation", "--addend", "1e-8")
+        self.assertIn("so the addend is stored as 0 and adds nothing", r.stdout)
 
 
 class Dtypes(unittest.TestCase):
@@ -73,7 +78,8 @@ class BadInput(unittest.TestCase):
     def test_one_sentence_and_exit_2(self):
         cases = [
             (["--study", "speed"], "unknown --study 'speed'"),
-            (["--addend", "0"], "--addend must be a positive number"),
+            (["--addend", "0"], "--addend must be a positive, finite number"),
+            (["--addend", "1e400"], "--addend must be a positive, finite number"),
             (["--count", "0"], "--count must be between"),
             (["--precision", "fp8"], "unknown --precision 'fp8'"),
             (["--format", "csv"], "--format csv is not offered"),

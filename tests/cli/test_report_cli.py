@@ -172,6 +172,22 @@ class Report(unittest.TestCase):
             self.assertGreater(sum(1 for p in pixels if p == rgb), 200, hex_colour)
 
 
+class FailedRows(unittest.TestCase):
+    def test_rows_that_did_not_run_are_reported_not_refused(self):
+        with tempfile.TemporaryDirectory() as d:
+            memory, page = os.path.join(d, "m.json"), os.path.join(d, "r.html")
+            # bf16 on the CPU is unsupported: that row has a status and no peak.
+            r = run("memory", "--device", "cpu", "--model", "small", *TINY, "--ctx", "16", "--batch", "1",
+                    "--precision", "fp32,bf16", "--format", "json", "--out", memory)
+            self.assertEqual(r.returncode, 0, r.stderr)
+            r = run("report", "--memory", memory, "--out", page)
+            self.assertEqual(r.returncode, 0, r.stderr)
+            with open(page) as f:
+                text = f.read()
+            self.assertIn('<tr class="failed">', text)
+            self.assertIn("unsupported", text)
+
+
 class BadInput(unittest.TestCase):
     def test_one_sentence_and_exit_2(self):
         with tempfile.TemporaryDirectory() as d:
@@ -182,13 +198,26 @@ class BadInput(unittest.TestCase):
             notjson = os.path.join(d, "n.json")
             with open(notjson, "w") as f:
                 f.write("model,ctx\nsmall,8\n")
+            empty, norows, badrow = (os.path.join(d, n) for n in ("e.json", "r.json", "x.json"))
+            open(empty, "w").close()
+            with open(norows, "w") as f:
+                f.write("[]")
+            with open(bench) as f:
+                rows = json.load(f)
+            rows[0]["model"] = "small"  # a name where an object belongs
+            with open(badrow, "w") as f:
+                json.dump(rows, f)
             cases = [
                 ([], "nothing to report"),
                 (["--memory", bench], "is not a memory results file"),
                 (["--attention", bench], "is not an attention results file"),
                 (["--bench", notjson], "it is not JSON"),
                 (["--bench", os.path.join(d, "absent.json")], "cannot read"),
-                (["--timeline", bench], "is not an SVG picture"),
+                (["--bench", empty], "is empty"),
+                (["--bench", norows], "it has no rows"),
+                (["--bench", badrow], "a row's fields are not what they should be"),
+                (["--bench", d], "is a directory"),
+                (["--timeline", bench], "is not a memory timeline"),
                 (["--bench", bench, "--out", "/nonexistent-dir/r.html"], "/nonexistent-dir/r.html"),
             ]
             for args, says in cases:

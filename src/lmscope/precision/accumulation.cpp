@@ -12,7 +12,7 @@ std::vector<AccumulationCase> accumulation_cases() {
 
 AccumulationResult accumulate(const AccumulationCase& how, double addend, int count) {
   AccumulationResult r{how};
-  r.addend_stored = round_to(*how.addend, addend);
+  r.addend_stored = round_to(*how.addend, round_to(fp32_format(), addend));
   r.exact = addend * count;
   double sum = 0;
   for (int i = 1; i <= count; ++i) {

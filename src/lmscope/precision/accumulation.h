@@ -28,8 +28,10 @@ struct AccumulationResult {
 // The seeds' cases (fp32, fp16, fp32 += fp16) and their bf16 counterparts.
 std::vector<AccumulationCase> accumulation_cases();
 
-// Adds `addend` `count` times, each addition rounded to the accumulator's format (the exact sum of
-// two such numbers fits a double, so rounding it once is the format's own addition).
+// Adds `addend` `count` times, each addition rounded to the accumulator's format. The addend is
+// stored as PyTorch stores a Python float in a tensor of the format: rounded to fp32, then to the
+// format. Each addition is done in double and rounded once to the format: for formats of at most
+// 24 significant bits that equals the format's own correctly rounded addition (53 ≥ 2·24 + 2).
 AccumulationResult accumulate(const AccumulationCase& how, double addend, int count);
 
 }  // namespace lmscope

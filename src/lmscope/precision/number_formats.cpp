@@ -48,6 +48,9 @@ double round_to(const NumberFormat& f, double x) {
   return r;
 }
 
-double spacing_at(const NumberFormat& f, double x) { return quantum(f, x == 0 ? std::ldexp(1.0, f.min_exponent) : x); }
+double spacing_at(const NumberFormat& f, double x) {
+  if (!std::isfinite(x)) return INFINITY;
+  return quantum(f, x == 0 ? std::ldexp(1.0, f.min_exponent) : x);
+}
 
 }  // namespace lmscope

@@ -80,8 +80,11 @@ std::string bench_section(const std::vector<Named<BenchRow>>& files) {
     for (const BenchRow& r : f.rows) rows.push_back(&r);
   std::string s = "<h2 id=\"bench\">Step time (lmscope bench)</h2>\n" + sources(files);
   // One device for every row (the usual case) is said once, not in a column.
-  std::set<std::string> devices;
-  for (const BenchRow* r : rows) devices.insert(device_label(*r));
+  // (bench names the GPU only in rows that ran; a failed row's bare "cuda" is the same device.)
+  std::set<std::string> devices, named;
+  for (const BenchRow* r : rows) (r->device_name.empty() ? devices : named).insert(device_label(*r));
+  for (const std::string& n : named) devices.erase(n.substr(0, n.find(':')));
+  devices.insert(named.begin(), named.end());
   const bool one_device = devices.size() == 1;
   s += fmt::format(
       "<p class=\"note\">{}Times in ms: the median of the measured steps ± their standard deviation."
@@ -111,7 +114,8 @@ std::string bench_section(const std::vector<Named<BenchRow>>& files) {
   std::set<std::string> models;
   for (const BenchRow* r : rows) {
     if (r->dry_run) continue;
-    const std::string setting = fmt::format("{} {} {} b{}", r->precision, r->attention, r->mode, r->batch);
+    const std::string setting = fmt::format("{} {} {} b{}{}", r->precision, r->attention, r->mode, r->batch,
+                                            one_device ? "" : " on " + device_label(*r));
     Series& c = by_ctx[r->model + " " + setting];
     Series& m = by_size[fmt::format("ctx {} {}", r->ctx, setting)];
     if (r->ok() && r->ms.contains("step")) {
@@ -208,6 +212,20 @@ std::string attention_section(const std::vector<Named<AttentionRow>>& files) {
        "<th>batch</th><th>seq</th><th>d</th><th>forward ms</th><th>backward ms</th><th>fwd+bwd ms</th>"
        "<th>saved for backward</th><th class=\"l\">status</th></tr>\n";
   SeriesSet time, saved;
+  // What tells settings apart beyond impl, precision, d and batch, named only where it varies.
+  std::set<std::string> variants, devices;
+  for (const auto& f : files)
+    for (const AttentionRow& r : f.rows) {
+      variants.insert(fmt::format("{} {} {}", r.heads, r.causal, r.deterministic));
+      devices.insert(r.device);
+    }
+  const auto setting = [&](const AttentionRow& r) {
+    std::string name = fmt::format("{} {} d {} b{}", r.attention, r.precision, r.d, r.batch);
+    if (variants.size() > 1)
+      name += fmt::format(" h{}{}{}", r.heads, r.causal ? "" : " non-causal", r.deterministic ? "" : " atomic dq");
+    if (devices.size() > 1) name += " on " + r.device;
+    return name;
+  };
   for (const auto& f : files)
     for (const AttentionRow& r : f.rows) {
       s += fmt::format(
@@ -216,7 +234,7 @@ std::string attention_section(const std::vector<Named<AttentionRow>>& files) {
           r.ok() ? "" : " class=\"failed\"", escape(r.attention), escape(r.device), escape(r.precision), r.batch, r.seq,
           r.d, ms(r.ms, "forward"), ms(r.ms, "backward"), ms(r.ms, "forward_backward"),
           r.saved_bytes > 0 ? bytes_label(r.saved_bytes) : "", escape(r.status));
-      const std::string name = fmt::format("{} {} d {} b{}", r.attention, r.precision, r.d, r.batch);
+      const std::string name = setting(r);
       if (r.ok()) {
         time[name].points.emplace_back(static_cast<double>(r.seq), median(r.ms, "forward_backward"));
         saved[name].points.emplace_back(static_cast<double>(r.seq), r.saved_bytes / (1024.0 * 1024));
@@ -230,10 +248,19 @@ std::string attention_section(const std::vector<Named<AttentionRow>>& files) {
   std::string frontier;
   for (const Series& t : time.series) {
     if (t.failed_x.empty()) continue;
-    double ran = 0;
+    double ran = 0, failed = 0;
     for (auto [x, y] : t.points) ran = std::max(ran, x);
-    frontier += fmt::format("<li>{}: ran up to seq {:.0f}; out of memory from seq {:.0f}</li>\n", escape(t.name), ran,
-                            *std::min_element(t.failed_x.begin(), t.failed_x.end()));
+    for (double x : t.failed_x)  // the first failure beyond the longest that ran
+      if (x > ran && (failed == 0 || x < failed)) failed = x;
+    if (ran == 0)
+      frontier += fmt::format("<li>{}: nothing ran; out of memory from seq {:.0f}</li>\n", escape(t.name),
+                              *std::min_element(t.failed_x.begin(), t.failed_x.end()));
+    else if (failed > 0)
+      frontier += fmt::format("<li>{}: ran up to seq {:.0f}; out of memory from seq {:.0f}</li>\n", escape(t.name), ran,
+                              failed);
+    else
+      frontier +=
+          fmt::format("<li>{}: ran up to seq {:.0f}, out of memory at some shorter ones</li>\n", escape(t.name), ran);
   }
   if (!frontier.empty()) s += "<p class=\"note\">Where memory ran out:</p><ul class=\"note\">\n" + frontier + "</ul>\n";
   s += "<div class=\"charts\">\n";

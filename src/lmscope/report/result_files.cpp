@@ -5,6 +5,7 @@
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
+#include <filesystem>
 #include <fstream>
 #include <sstream>
 #include <string_view>
@@ -15,8 +16,13 @@ namespace {
 
 using nlohmann::json;
 
-// The file's rows: a JSON array of objects, each with every key of `needs`.
-json read_rows(const std::string& path, const char* kind, std::initializer_list<const char*> needs) {
+// The file's rows: a JSON array of objects, each with every key of `needs` and none of `refuses`
+// (the keys that tell another kind's rows apart). Calls read(row) for each, turning a row whose
+// fields have the wrong type into the same one-sentence refusal.
+template <typename Row, typename Read>
+std::vector<Row> read_rows(const std::string& path, const char* kind, std::initializer_list<const char*> needs,
+                           std::initializer_list<const char*> refuses, Read read) {
+  if (std::filesystem::is_directory(path)) user_error("'{}' is a directory, not {} results", path, kind);
   std::ifstream in(path);
   if (!in) user_error("cannot read the {} results '{}'", kind, path);
   std::stringstream text;
@@ -26,15 +32,31 @@ json read_rows(const std::string& path, const char* kind, std::initializer_list<
     user_error("'{}' is not {} {} results file (what lmscope {} --format json writes): {}", path, article, kind, kind,
                why);
   };
+  if (text.str().find_first_not_of(" \t\r\n") == std::string::npos)
+    user_error("'{}' is empty (did the run that writes it finish?)", path);
   json rows = json::parse(text.str(), nullptr, false);
   if (rows.is_discarded()) wrong("it is not JSON");
-  if (!rows.is_array() || rows.empty()) wrong("it is not a list of rows");
+  if (!rows.is_array()) wrong("it is not a list of rows");
+  if (rows.empty()) wrong("it has no rows");
+  std::vector<Row> out;
   for (const json& r : rows) {
     if (!r.is_object()) wrong("a row is not an object");
     for (const char* key : needs)
       if (!r.contains(key)) wrong(fmt::format("a row has no \"{}\"", key));
+    for (const char* key : refuses)
+      if (r.contains(key)) wrong(fmt::format("its rows have \"{}\", as another command's do", key));
+    try {
+      out.push_back(read(r));
+    } catch (const json::exception& e) {
+      wrong(fmt::format("a row's fields are not what they should be ({})", e.what()));
+    }
   }
-  return rows;
+  return out;
+}
+
+// A number that may be null (what JSON holds for a NaN or an infinity): 0 then.
+double number(const json& j, const char* key) {
+  return j.contains(key) && j[key].is_number() ? j[key].get<double>() : 0.0;
 }
 
 std::map<std::string, Timing> timings(const json& row) {
@@ -62,73 +84,76 @@ std::string MemoryRow::cell() const {
 }
 
 std::vector<BenchRow> read_bench_file(const std::string& path) {
-  std::vector<BenchRow> out;
-  for (const json& r : read_rows(path, "bench", {"model", "ctx", "batch", "mode", "status", "warmup", "steps"})) {
-    BenchRow b;
-    b.model = r["model"].value("name", "");
-    b.parameters = r["model"].value("parameters", 0LL);
-    b.device = r.value("device", "");
-    b.device_name = r.value("device_name", "");
-    b.precision = r.value("precision", "");
-    b.attention = r.value("attention", "");
-    b.mode = mode_words(r);
-    b.status = r.value("status", "");
-    b.batch = r.value("batch", 0LL);
-    b.ctx = r.value("ctx", 0LL);
-    b.dry_run = r.value("dry_run", false);
-    b.ms = timings(r);
-    b.tokens_per_s = r.value("tokens_per_s", 0.0);
-    b.mfu = r.value("mfu", 0.0);
-    b.peak_bytes = r.value("peak_bytes", 0.0);
-    if (r.contains("kernels") && r["kernels"].contains("phases"))
-      for (const json& ph : r["kernels"]["phases"])
-        if (ph.contains("categories"))
-          for (const json& c : ph["categories"])
-            b.kernel_ms[ph.value("phase", "")][c.value("category", "")] = c.value("ms", 0.0);
-    out.push_back(std::move(b));
-  }
-  return out;
+  return read_rows<BenchRow>(path, "bench", {"model", "ctx", "batch", "mode", "status", "steps"}, {"seq"},
+                             [](const json& r) {
+                               BenchRow b;
+                               b.model = r["model"].at("name").get<std::string>();
+                               b.parameters = r["model"].value("parameters", 0LL);
+                               b.device = r.value("device", "");
+                               b.device_name = r.value("device_name", "");
+                               b.precision = r.value("precision", "");
+                               b.attention = r.value("attention", "");
+                               b.mode = mode_words(r);
+                               b.status = r.at("status").get<std::string>();
+                               b.batch = r.at("batch").get<long long>();
+                               b.ctx = r.at("ctx").get<long long>();
+                               b.dry_run = r.value("dry_run", false);
+                               b.ms = timings(r);
+                               b.tokens_per_s = number(r, "tokens_per_s");
+                               b.mfu = number(r, "mfu");
+                               b.peak_bytes = number(r, "peak_bytes");
+                               if (r.contains("kernels") && r["kernels"].contains("phases"))
+                                 for (const json& ph : r["kernels"]["phases"])
+                                   if (ph.contains("categories"))
+                                     for (const json& c : ph["categories"])
+                                       b.kernel_ms[ph.value("phase", "")][c.value("category", "")] = number(c, "ms");
+                               return b;
+                             });
 }
 
 std::vector<MemoryRow> read_memory_file(const std::string& path) {
-  std::vector<MemoryRow> out;
-  for (const json& r : read_rows(path, "memory", {"model", "ctx", "batch", "mode", "status", "peak_by_kind"})) {
-    MemoryRow m;
-    m.model = r["model"].value("name", "");
-    m.device = r.value("device", "");
-    m.precision = r.value("precision", "");
-    m.attention = r.value("attention", "");
-    m.mode = mode_words(r);
-    m.status = r.value("status", "");
-    m.batch = r.value("batch", 0LL);
-    m.ctx = r.value("ctx", 0LL);
-    m.dry_run = r.value("dry_run", false);
-    m.peak_bytes = r.value("peak_bytes", 0.0);
-    for (const auto& [kind, bytes] : r["peak_by_kind"].items()) m.peak_by_kind[kind] = bytes.get<double>();
-    out.push_back(std::move(m));
-  }
-  return out;
+  // A failed row has no peak_by_kind; bench rows have "steps" and attention rows "seq".
+  return read_rows<MemoryRow>(path, "memory", {"model", "ctx", "batch", "mode", "status"}, {"steps", "seq"},
+                              [](const json& r) {
+                                MemoryRow m;
+                                m.model = r["model"].at("name").get<std::string>();
+                                m.device = r.value("device", "");
+                                m.precision = r.value("precision", "");
+                                m.attention = r.value("attention", "");
+                                m.mode = mode_words(r);
+                                m.status = r.at("status").get<std::string>();
+                                m.batch = r.at("batch").get<long long>();
+                                m.ctx = r.at("ctx").get<long long>();
+                                m.dry_run = r.value("dry_run", false);
+                                m.peak_bytes = number(r, "peak_bytes");
+                                if (r.contains("peak_by_kind"))
+                                  for (const auto& [kind, bytes] : r["peak_by_kind"].items())
+                                    m.peak_by_kind[kind] = bytes.get<double>();
+                                return m;
+                              });
 }
 
 std::vector<AttentionRow> read_attention_file(const std::string& path) {
-  std::vector<AttentionRow> out;
-  for (const json& r : read_rows(path, "attention", {"attention", "seq", "d", "batch", "status"})) {
-    AttentionRow a;
-    a.attention = r.value("attention", "");
-    a.device = r.value("device", "");
-    a.precision = r.value("precision", "");
-    a.status = r.value("status", "");
-    a.batch = r.value("batch", 0LL);
-    a.seq = r.value("seq", 0LL);
-    a.d = r.value("d", 0LL);
-    a.ms = timings(r);
-    if (r.contains("bytes")) {
-      a.saved_bytes = r["bytes"].value("saved_for_backward", 0.0);
-      a.peak_bytes = r["bytes"].value("peak", 0.0);
-    }
-    out.push_back(std::move(a));
-  }
-  return out;
+  return read_rows<AttentionRow>(path, "attention", {"attention", "seq", "d", "batch", "status"}, {"ctx"},
+                                 [](const json& r) {
+                                   AttentionRow a;
+                                   a.attention = r.at("attention").get<std::string>();
+                                   a.device = r.value("device", "");
+                                   a.precision = r.value("precision", "");
+                                   a.status = r.at("status").get<std::string>();
+                                   a.batch = r.at("batch").get<long long>();
+                                   a.heads = r.value("heads", 1LL);
+                                   a.seq = r.at("seq").get<long long>();
+                                   a.d = r.at("d").get<long long>();
+                                   a.causal = r.value("causal", true);
+                                   a.deterministic = r.value("deterministic", true);
+                                   a.ms = timings(r);
+                                   if (r.contains("bytes")) {
+                                     a.saved_bytes = number(r["bytes"], "saved_for_backward");
+                                     a.peak_bytes = number(r["bytes"], "peak");
+                                   }
+                                   return a;
+                                 });
 }
 
 }  // namespace lmscope::report

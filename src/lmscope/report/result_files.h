@@ -40,8 +40,9 @@ struct MemoryRow {
 
 struct AttentionRow {
   std::string attention, device, precision, status;
-  long long batch = 0, seq = 0, d = 0;
-  std::map<std::string, Timing> ms;  // forward, backward, forward_backward
+  long long batch = 0, heads = 1, seq = 0, d = 0;
+  bool causal = true, deterministic = true;  // deterministic: how dQ was summed
+  std::map<std::string, Timing> ms;          // forward, backward, forward_backward
   double saved_bytes = 0, peak_bytes = 0;
   bool ok() const { return status == "ok"; }
   bool out_of_memory() const { return status.rfind("OOM", 0) == 0; }

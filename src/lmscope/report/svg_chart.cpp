@@ -81,7 +81,7 @@ Axis make_axis(double lo, double hi, bool log, double base) {
     a.lo = std::floor(std::log(lo) / std::log(base));
     a.hi = std::ceil(std::log(hi) / std::log(base));
     if (a.hi <= a.lo) a.hi = a.lo + 1;
-    const int span = static_cast<int>(a.hi - a.lo), step = std::max(1, (span + 8) / 9);
+    const int span = static_cast<int>(std::min(a.hi - a.lo, 4096.0)), step = std::max(1, (span + 8) / 9);
     for (int e = static_cast<int>(a.lo); e <= static_cast<int>(a.hi); e += step) a.ticks.push_back(std::pow(base, e));
     return a;
   }
@@ -123,13 +123,15 @@ std::string legend(const std::vector<std::string>& names, int x, int y, bool mar
 
 std::string svg_line_chart(const LineChart& chart) {
   double xlo = std::numeric_limits<double>::infinity(), xhi = -xlo, ylo = xlo, yhi = -xlo;
+  // Only finite values are drawn, and on a log axis only positive ones.
   bool failures = false;
   for (const Series& s : chart.series) {
     for (auto [x, y] : s.points) {
-      if ((chart.log_x && x <= 0) || (chart.log_y && y <= 0)) continue;  // no place on a log axis
+      if (!std::isfinite(x) || !std::isfinite(y) || (chart.log_x && x <= 0) || (chart.log_y && y <= 0)) continue;
       xlo = std::min(xlo, x), xhi = std::max(xhi, x), ylo = std::min(ylo, y), yhi = std::max(yhi, y);
     }
     for (double x : s.failed_x) {
+      if (chart.log_x && !(x > 0)) continue;
       xlo = std::min(xlo, x), xhi = std::max(xhi, x);
       failures = true;
     }
@@ -177,7 +179,9 @@ std::string svg_line_chart(const LineChart& chart) {
     names.push_back(s.name);
     std::vector<std::pair<double, double>> pts;
     for (auto p : s.points)
-      if (!(chart.log_x && p.first <= 0) && !(chart.log_y && p.second <= 0)) pts.push_back(p);
+      if (std::isfinite(p.first) && std::isfinite(p.second) && !(chart.log_x && p.first <= 0) &&
+          !(chart.log_y && p.second <= 0))
+        pts.push_back(p);
     std::sort(pts.begin(), pts.end());
     std::string line;
     for (auto [x, y] : pts) line += fmt::format("{:.1f},{:.1f} ", px(x), py(y));
@@ -188,10 +192,11 @@ std::string svg_line_chart(const LineChart& chart) {
       svg += fmt::format("<circle cx=\"{:.1f}\" cy=\"{:.1f}\" r=\"3.5\" fill=\"{}\"><title>{}: {}, {}</title></circle>",
                          px(x), py(y), chart_colour(i), escape(s.name), number(x), number(y));
     for (double x : s.failed_x)
-      svg += fmt::format(
-          "<text x=\"{:.1f}\" y=\"{}\" {} font-size=\"15\" font-weight=\"bold\" fill=\"{}\" "
-          "text-anchor=\"middle\">✕<title>{}: out of memory at {}</title></text>",
-          px(x), kTop + kPlotH - 4, kFont, chart_colour(i), escape(s.name), number(x));
+      if (!log_x || x > 0)
+        svg += fmt::format(
+            "<text x=\"{:.1f}\" y=\"{}\" {} font-size=\"15\" font-weight=\"bold\" fill=\"{}\" "
+            "text-anchor=\"middle\">✕<title>{}: out of memory at {}</title></text>",
+            px(x), kTop + kPlotH - 4, kFont, chart_colour(i), escape(s.name), number(x));
     svg += "\n";
   }
   svg += legend(names, kLeft, kHeight + 6, failures);

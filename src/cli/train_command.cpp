@@ -4,9 +4,11 @@
 // --resume from the newest complete one, and held-out loss every --eval-every steps.
 #include "commands.h"
 #include "model_flags.h"
+#include "sweep_output.h"
 #include "train_settings.h"
 
 #include "lmscope/backend/backend.h"
+#include "lmscope/bench/trace_session.h"
 #include "lmscope/io/checkpoint.h"
 #include "lmscope/io/durable_file.h"
 #include "lmscope/io/safetensors.h"
@@ -88,6 +90,7 @@ class TrainCommand : public Command {
       s_.model = model_.resolve_one();
     }
     s_.validate(*app);
+    if (!s_.trace.empty()) write_file(s_.trace, "");  // fail now, not after the first steps
     const ModelConfig& c = s_.model;
 
     TokenData data(s_.data);
@@ -137,47 +140,75 @@ class TrainCommand : public Command {
     std::vector<std::int32_t> ids(micro), targets(micro);
     const auto t0 = std::chrono::steady_clock::now();
     std::int64_t last_saved = resumed ? start : -1;
+    // --trace: the first --trace-steps steps of this run, written as soon as they are done.
+    std::unique_ptr<TraceSession> trace;
+    if (!s_.trace.empty())
+      trace = std::make_unique<TraceSession>(
+          *backend, TraceLabels{fmt::format("lmscope train: {} {} {} batch {} ctx {}", c.name, backend->name(),
+                                            s_.precision, s_.batch, s_.ctx)});
     for (std::int64_t it = start; it < s_.steps; ++it) {
-      // The step's loss is the mean of its micro-batches' (each the mean over its tokens).
-      double loss = 0;
-      for (int k = 0; k < s_.grad_accum; ++k) {
-        sampler.next(ids.data(), targets.data());
-        model.set_batch(s_.batch, s_.ctx, ids.data(), targets.data());
-        model.forward();
-        model.backward({k, s_.grad_accum});
-        loss += model.read_loss() / s_.grad_accum;
-      }
-      const double lr = s_.schedule.at(it);
-      opt.step(lr);
-      const double norm = opt.last_grad_norm();
       const std::int64_t step = it + 1;
-      if (!std::isfinite(loss)) user_error("the loss became {} at step {}; lower --lr or enable --clip", loss, step);
-      std::optional<double> val_loss;
-      if (val && ((s_.eval_every > 0 && step % s_.eval_every == 0) || step == s_.steps))
-        val_loss = held_out_loss(model, *val, s_);
-      const double elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-      const double done = static_cast<double>(step - start);
-      if (log.is_open()) {
-        nlohmann::ordered_json j{{"step", step},
-                                 {"loss", loss},
-                                 {"lr", lr},
-                                 {"grad_norm", norm},
-                                 {"tokens", static_cast<std::int64_t>(tokens_per_step) * step},
-                                 {"elapsed_s", elapsed}};
-        if (val_loss) {
-          j["val_loss"] = *val_loss;
-          j["val_perplexity"] = std::exp(*val_loss);
+      {
+        RangeListener* ranges = backend->range_listener();
+        ScopedRange whole(ranges, RangeLevel::step, "step", static_cast<int>(step));
+        // The step's loss is the mean of its micro-batches' (each the mean over its tokens).
+        double loss = 0;
+        for (int k = 0; k < s_.grad_accum; ++k) {
+          sampler.next(ids.data(), targets.data());
+          model.set_batch(s_.batch, s_.ctx, ids.data(), targets.data());
+          {
+            ScopedRange r(ranges, RangeLevel::phase, "forward");
+            model.forward();
+          }
+          {
+            ScopedRange r(ranges, RangeLevel::phase, "backward");
+            model.backward({k, s_.grad_accum});
+          }
+          loss += model.read_loss() / s_.grad_accum;
         }
-        log << j.dump() << "\n" << std::flush;
+        const double lr = s_.schedule.at(it);
+        {
+          ScopedRange r(ranges, RangeLevel::phase, "optimizer");
+          opt.step(lr);
+        }
+        const double norm = opt.last_grad_norm();
+        if (!std::isfinite(loss)) user_error("the loss became {} at step {}; lower --lr or enable --clip", loss, step);
+        std::optional<double> val_loss;
+        if (val && ((s_.eval_every > 0 && step % s_.eval_every == 0) || step == s_.steps)) {
+          ScopedRange r(ranges, RangeLevel::phase, "held-out loss");
+          val_loss = held_out_loss(model, *val, s_);
+        }
+        const double elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+        const double done = static_cast<double>(step - start);
+        if (log.is_open()) {
+          nlohmann::ordered_json j{{"step", step},
+                                   {"loss", loss},
+                                   {"lr", lr},
+                                   {"grad_norm", norm},
+                                   {"tokens", static_cast<std::int64_t>(tokens_per_step) * step},
+                                   {"elapsed_s", elapsed}};
+          if (val_loss) {
+            j["val_loss"] = *val_loss;
+            j["val_perplexity"] = std::exp(*val_loss);
+          }
+          log << j.dump() << "\n" << std::flush;
+        }
+        if (step % s_.print_every == 0 || it == start || step == s_.steps || val_loss)
+          fmt::print(
+              "step {:>6}/{}  loss {:.4f}{}  lr {:.3e}  grad norm {:.3f}  {:.2f} s/step  {:.0f} tokens/s\n", step,
+              s_.steps, loss,
+              val_loss ? fmt::format("  val loss {:.4f} (perplexity {:.2f})", *val_loss, std::exp(*val_loss)) : "", lr,
+              norm, elapsed / done, static_cast<double>(tokens_per_step) * done / elapsed);
+        if (!s_.checkpoint_dir.empty() && ((s_.save_every > 0 && step % s_.save_every == 0) || step == s_.steps)) {
+          ScopedRange r(ranges, RangeLevel::phase, "checkpoint");
+          save_checkpoint(step);
+          last_saved = step;
+        }
       }
-      if (step % s_.print_every == 0 || it == start || step == s_.steps || val_loss)
-        fmt::print("step {:>6}/{}  loss {:.4f}{}  lr {:.3e}  grad norm {:.3f}  {:.2f} s/step  {:.0f} tokens/s\n", step,
-                   s_.steps, loss,
-                   val_loss ? fmt::format("  val loss {:.4f} (perplexity {:.2f})", *val_loss, std::exp(*val_loss)) : "",
-                   lr, norm, elapsed / done, static_cast<double>(tokens_per_step) * done / elapsed);
-      if (!s_.checkpoint_dir.empty() && ((s_.save_every > 0 && step % s_.save_every == 0) || step == s_.steps)) {
-        save_checkpoint(step);
-        last_saved = step;
+      if (trace && (step - start == s_.trace_steps || step == s_.steps || stop_signal.load())) {
+        write_file(s_.trace, trace->finish());
+        trace.reset();
+        fmt::print("wrote the trace of steps {} to {} to '{}'\n", start + 1, step, s_.trace);
       }
       if (const int sig = stop_signal.load()) {
         if (last_saved != step) save_checkpoint(step);

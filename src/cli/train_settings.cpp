@@ -80,6 +80,10 @@ void TrainSettings::add_to(CLI::App& app) {
       ->capture_default_str();
   app.add_option("--log", log, "Write one JSON object per step here (a resumed run keeps the lines up to its step)");
   app.add_option("--print-every", print_every, "Print a progress line every N steps")->capture_default_str();
+  app.add_option("--trace", trace,
+                 "Write this run's first --trace-steps steps as a Chrome trace (ui.perfetto.dev): each step, phase, "
+                 "layer and op, and the allocator's bytes");
+  app.add_option("--trace-steps", trace_steps, "With --trace: how many steps")->capture_default_str();
   app.add_option("--device", device, "cpu or cuda (default: cuda when a GPU is visible)");
   app.add_option("--precision", precision,
                  "fp32, or on CUDA tf32 or bf16 (mixed: fp32 master weights and optimizer state)")
@@ -111,6 +115,8 @@ void TrainSettings::validate(const CLI::App& app) {
   if (steps < 0) user_error("--steps must be non-negative, got {}", steps);
   if (grad_accum <= 0) user_error("--grad-accum must be positive, got {}", grad_accum);
   if (print_every <= 0) user_error("--print-every must be positive, got {}", print_every);
+  if (app.count("--trace-steps") > 0 && trace.empty()) user_error("--trace-steps needs --trace");
+  if (trace_steps <= 0) user_error("--trace-steps must be positive, got {}", trace_steps);
   if (sample != "random" && sample != "sequential")
     user_error("unknown --sample '{}' (use random or sequential)", sample);
   if (lr_schedule != "constant" && lr_schedule != "cosine")

@@ -24,6 +24,8 @@ struct TrainSettings {
   std::int64_t keep = 0;        // 0: keep every checkpoint
   std::int64_t eval_every = 0;  // 0: after the last step only
   std::int64_t eval_batches = 10;
+  std::string trace;             // --trace: a Chrome trace of this process's first steps (not a run setting)
+  std::int64_t trace_steps = 3;  // how many
   int grad_accum = 1;
   std::uint64_t seed = 0;
   std::string sample = "random", device, precision = "fp32", attention = "flash", recompute = "none",

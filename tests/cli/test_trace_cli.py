@@ -82,6 +82,27 @@ class Trace(unittest.TestCase):
         self.assertEqual([e["name"] for e in xs if e["cat"] == "phase"],
                          ["forward", "backward", "forward", "backward", "optimizer"])
 
+    def test_train_traces_its_first_steps_and_goes_on(self):
+        import numpy as np
+        with tempfile.TemporaryDirectory() as d:
+            data, val, path = (os.path.join(d, n) for n in ("t.bin", "v.bin", "t.json"))
+            rng = np.random.default_rng(0)
+            rng.integers(0, 256, size=5000, dtype=np.uint16).tofile(data)
+            rng.integers(0, 256, size=2000, dtype=np.uint16).tofile(val)
+            r = run("train", "--device", "cpu", *CELL[5:15], "--batch", "2", "--ctx", "32", "--data", data,
+                    "--val-data", val, "--eval-every", "1", "--eval-batches", "1", "--checkpoint-dir",
+                    os.path.join(d, "ck"), "--save-every", "1", "--steps", "5", "--trace", path, "--trace-steps", "2")
+            self.assertEqual(r.returncode, 0, r.stderr)
+            self.assertIn(f"wrote the trace of steps 1 to 2 to '{path}'", r.stdout)
+            self.assertIn("step      5/5", r.stdout)
+            with open(path) as f:
+                trace = json.load(f)
+        xs, parent = self.nested(trace["traceEvents"])
+        self.assertEqual([e["name"] for e in xs if e["cat"] == "step"], ["step 1", "step 2"])
+        self.assertEqual([e["name"] for e in xs if e["cat"] == "phase"],
+                         ["forward", "backward", "optimizer", "held-out loss", "checkpoint"] * 2)
+        self.assertEqual(len([e for e in xs if e["cat"] == "layer"]), 2 * (2 + 1) * LAYERS)  # + held-out forward
+
     def test_bad_inputs_end_in_one_sentence_and_exit_2(self):
         with tempfile.TemporaryDirectory() as d:
             t = os.path.join(d, "t.json")
@@ -92,6 +113,15 @@ class Trace(unittest.TestCase):
             ]
             for extra, says in cases:
                 r = run(*CELL, "--steps", "1", *extra)
+                with self.subTest(extra=extra):
+                    self.assertEqual(r.returncode, 2, (r.stdout, r.stderr))
+                    lines = r.stderr.strip().splitlines()
+                    self.assertEqual(len(lines), 1, r.stderr)
+                    self.assertIn(says, lines[0])
+            for extra, says in ((["--trace-steps", "2"], "--trace-steps needs --trace"),
+                                (["--trace", t, "--trace-steps", "0"], "--trace-steps must be positive"),
+                                (["--trace", "/nonexistent-dir/t.json"], "/nonexistent-dir/t.json")):
+                r = run("train", "--device", "cpu", "--data", t, "--steps", "1", *extra)
                 with self.subTest(extra=extra):
                     self.assertEqual(r.returncode, 2, (r.stdout, r.stderr))
                     lines = r.stderr.strip().splitlines()

@@ -1,6 +1,6 @@
 #include "lmscope/bench/runner.h"
 
-#include "lmscope/profile/chrome_trace.h"
+#include "lmscope/bench/trace_session.h"
 
 #include "lmscope/backend/backend.h"
 #include "lmscope/core/rng.h"
@@ -99,9 +99,7 @@ void run_cell(const BenchSpec& spec, BenchResult& r, const BenchProgress& progre
   std::unique_ptr<KernelTracer> tracer;
   // With spec.trace, the ranges the runner and the model mark and every allocation of the measured
   // steps.
-  Allocator& mem = backend->allocator();
-  std::unique_ptr<TraceRecorder> recorder;
-  std::size_t allocated_before = 0, reserved_before = 0;
+  std::unique_ptr<TraceSession> trace;
   auto enter = [&](Phase p) {
     if (tracer) tracer->set_phase(p);
   };
@@ -114,14 +112,10 @@ void run_cell(const BenchSpec& spec, BenchResult& r, const BenchProgress& progre
       tracer = backend->kernel_tracer();
       if (!tracer) throw Unsupported(fmt::format("--profile traces GPU kernels; the {} backend has none", spec.device));
     }
-    if (spec.trace && i == spec.warmup) {
-      recorder = std::make_unique<TraceRecorder>(mem);
-      backend->set_range_listener(recorder.get());
-      mem.clear_events();
-      mem.record_events(true);
-      allocated_before = mem.current_bytes();
-      reserved_before = mem.reserved_bytes();
-    }
+    if (spec.trace && i == spec.warmup)
+      trace = std::make_unique<TraceSession>(
+          *backend, TraceLabels{fmt::format("lmscope bench: {} {} {} {} batch {} ctx {}", spec.model.name, spec.device,
+                                            spec.precision, mode_label(spec), spec.batch, spec.ctx)});
     RangeListener* ranges = backend->range_listener();
     const auto t0 = std::chrono::steady_clock::now();
     {
@@ -171,15 +165,7 @@ void run_cell(const BenchSpec& spec, BenchResult& r, const BenchProgress& progre
     if (progress) progress(i + 1, total);
   }
   if (tracer) r.kernels = summarize_kernels(tracer->finish(), spec.steps);
-  if (recorder) {
-    backend->set_range_listener(nullptr);
-    mem.record_events(false);
-    LMSCOPE_CHECK(recorder->all_closed(), "a traced range was never closed");
-    r.trace = chrome_trace_json(recorder->ranges(), mem.events(), allocated_before, reserved_before,
-                                {fmt::format("lmscope bench: {} {} {} {} batch {} ctx {}", spec.model.name, spec.device,
-                                             spec.precision, mode_label(spec), spec.batch, spec.ctx)});
-    mem.clear_events();
-  }
+  if (trace) r.trace = trace->finish();
   const double loss = model.read_loss();
   if (!std::isfinite(loss)) throw std::runtime_error(fmt::format("the loss is {}", loss));
   r.peak_bytes = backend->allocator().peak_bytes();

@@ -3,16 +3,32 @@
 #include "lmscope/core/error.h"
 #include "lmscope/memory/memory_run.h"
 
-#include <regex>
+#include <cctype>
 #include <set>
+#include <string_view>
 
 namespace lmscope {
 
 namespace {
 // "layers.3.attn.q_proj.weight" -> "layers.{i}.attn.q_proj.weight": one row per tensor of a layer.
 std::string without_layer(const std::string& what) {
-  static const std::regex layer(R"(layers\.[0-9]+\.)");
-  return std::regex_replace(what, layer, "layers.{i}.");
+  static constexpr std::string_view kLayers = "layers.";
+  std::string out;
+  std::size_t i = 0;
+  while (i < what.size()) {
+    std::size_t digits = 0;
+    if (what.compare(i, kLayers.size(), kLayers) == 0)
+      while (i + kLayers.size() + digits < what.size() &&
+             std::isdigit(static_cast<unsigned char>(what[i + kLayers.size() + digits])))
+        ++digits;
+    if (digits > 0 && i + kLayers.size() + digits < what.size() && what[i + kLayers.size() + digits] == '.') {
+      out += "layers.{i}";
+      i += kLayers.size() + digits;
+    } else {
+      out += what[i++];
+    }
+  }
+  return out;
 }
 }  // namespace
 

@@ -24,13 +24,16 @@ std::string source_path(const char* file) {
 
 std::string buffer_source(const AllocTag& tag) { return fmt::format("{}:{}", source_path(tag.file), tag.line); }
 
-std::string op_name(const AllocTag& tag) {
-  std::string name = tag.what;
-  // "layers.7.attn.q_proj.weight" and "adamw.m.layers.7.ffn.w1.weight" lose their layer number.
+std::string without_layer_number(std::string name) {
   if (const std::size_t at = name.find("layers."); at != std::string::npos) {
     const std::size_t dot = name.find('.', at + 7);
     if (dot != std::string::npos) name = name.substr(0, at) + "layers.{i}" + name.substr(dot);
   }
+  return name;
+}
+
+std::string op_name(const AllocTag& tag) {
+  std::string name = without_layer_number(tag.what);
   if (tag.kind == MemKind::gradient) name += ".grad";
   return name;
 }

@@ -29,6 +29,8 @@ std::string buffer_name(const AllocTag& tag);
 std::string buffer_source(const AllocTag& tag);
 // The path of lmscope's source file from the compiler's name for it.
 std::string source_path(const char* file);
+// "layers.7.attn.q_proj.weight" -> "layers.{i}.attn.q_proj.weight" (also inside "adamw.m.layers.7...").
+std::string without_layer_number(std::string name);
 // The op-level name of a buffer, layers folded: "ffn.w1_out", "attn.q_proj.weight (grad)".
 std::string op_name(const AllocTag& tag);
 

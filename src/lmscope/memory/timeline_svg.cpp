@@ -1,5 +1,7 @@
 #include "lmscope/memory/timeline_svg.h"
 
+#include "lmscope/core/xml_escape.h"
+
 #include <algorithm>
 #include <cmath>
 
@@ -45,23 +47,6 @@ const char* phase_fill(Phase p) {
       return "#f4f4f4";
   }
   return "#fff";
-}
-
-std::string escape(const std::string& s) {
-  std::string out;
-  for (char c : s) {
-    if (c == '<')
-      out += "&lt;";
-    else if (c == '>')
-      out += "&gt;";
-    else if (c == '&')
-      out += "&amp;";
-    else if (c == '"')
-      out += "&quot;";
-    else
-      out += c;
-  }
-  return out;
 }
 
 // A round step for axis ticks: 1, 2 or 5 times a power of two's GiB... of 1024 for bytes.
@@ -135,13 +120,13 @@ std::string memory_timeline_svg(const MemoryRecord& record, const MemoryAnalysis
       "<rect width=\"{0}\" height=\"{1}\" fill=\"white\"/>\n",
       kWidth, kHeight);
   svg += fmt::format("<text x=\"{}\" y=\"22\" font-size=\"16\" font-weight=\"bold\">{}</text>\n", kLeft,
-                     escape(fmt::format("Active memory: {} {} {}, {} attention, batch {}, ctx {}", c.model.name,
-                                        c.precision, mode_label(c), attention_name(c.attention), c.batch, c.ctx)));
+                     xml_escape(fmt::format("Active memory: {} {} {}, {} attention, batch {}, ctx {}", c.model.name,
+                                            c.precision, mode_label(c), attention_name(c.attention), c.batch, c.ctx)));
   // The device on the second line: with a long step label the title would run off the picture.
   svg += fmt::format(
       "<text x=\"{}\" y=\"40\" fill=\"#555\">{}: one step after {} warm-up, {} allocation events; stacked by "
       "{}</text>\n",
-      kLeft, escape(record.device_name), c.warmup, n - 1, stack == TimelineStack::kind ? "kind" : "layer");
+      kLeft, xml_escape(record.device_name), c.warmup, n - 1, stack == TimelineStack::kind ? "kind" : "layer");
   // Phases, shaded behind the areas.
   for (std::size_t s = 0; s < n;) {
     std::size_t e = s;
@@ -181,7 +166,7 @@ std::string memory_timeline_svg(const MemoryRecord& record, const MemoryAnalysis
       lower += fmt::format("{:.1f},{:.1f} {:.1f},{:.1f} ", xe, y(below[s]), xs, y(below[s]));
     }
     svg += fmt::format("<polygon points=\"{}{}\" fill=\"{}\" stroke=\"none\"><title>{}</title></polygon>\n", upper,
-                       lower, b.colour, escape(b.label));
+                       lower, b.colour, xml_escape(b.label));
     for (std::size_t s = 0; s < n; ++s) below[s] += b.bytes[s];
   }
   svg += fmt::format("<rect x=\"{}\" y=\"{}\" width=\"{}\" height=\"{}\" fill=\"none\" stroke=\"#333\"/>\n", kLeft,
@@ -201,7 +186,8 @@ std::string memory_timeline_svg(const MemoryRecord& record, const MemoryAnalysis
       px, kTop + kPlotH, py);
   const bool left = px > kLeft + kPlotW * 0.6;
   svg += fmt::format("<text x=\"{:.1f}\" y=\"{:.1f}\" text-anchor=\"{}\" font-weight=\"bold\">{}</text>\n",
-                     left ? px - 8 : px + 8, std::max(py - 8, kTop + 30.0), left ? "end" : "start", escape(peak_label));
+                     left ? px - 8 : px + 8, std::max(py - 8, kTop + 30.0), left ? "end" : "start",
+                     xml_escape(peak_label));
   // Legend, top band first.
   double ly = kTop + 4;
   const double lx = kLeft + kPlotW + 20;
@@ -214,7 +200,8 @@ std::string memory_timeline_svg(const MemoryRecord& record, const MemoryAnalysis
     double at_peak = 0;
     if (peak_sample < band.bytes.size()) at_peak = band.bytes[peak_sample];
     svg += fmt::format("<rect x=\"{}\" y=\"{}\" width=\"12\" height=\"12\" fill=\"{}\"/>\n", lx, ly - 10, band.colour);
-    svg += fmt::format("<text x=\"{}\" y=\"{}\">{} {}</text>\n", lx + 18, ly, escape(band.label), human_bytes(at_peak));
+    svg += fmt::format("<text x=\"{}\" y=\"{}\">{} {}</text>\n", lx + 18, ly, xml_escape(band.label),
+                       human_bytes(at_peak));
     ly += 18;
   }
   svg += "</svg>\n";

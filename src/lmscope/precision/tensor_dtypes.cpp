@@ -1,36 +1,12 @@
 #include "lmscope/precision/tensor_dtypes.h"
 
 #include "lmscope/core/error.h"
+#include "lmscope/memory/memory_analysis.h"
 #include "lmscope/memory/memory_run.h"
 
-#include <cctype>
 #include <set>
-#include <string_view>
 
 namespace lmscope {
-
-namespace {
-// "layers.3.attn.q_proj.weight" -> "layers.{i}.attn.q_proj.weight": one row per tensor of a layer.
-std::string without_layer(const std::string& what) {
-  static constexpr std::string_view kLayers = "layers.";
-  std::string out;
-  std::size_t i = 0;
-  while (i < what.size()) {
-    std::size_t digits = 0;
-    if (what.compare(i, kLayers.size(), kLayers) == 0)
-      while (i + kLayers.size() + digits < what.size() &&
-             std::isdigit(static_cast<unsigned char>(what[i + kLayers.size() + digits])))
-        ++digits;
-    if (digits > 0 && i + kLayers.size() + digits < what.size() && what[i + kLayers.size() + digits] == '.') {
-      out += "layers.{i}";
-      i += kLayers.size() + digits;
-    } else {
-      out += what[i++];
-    }
-  }
-  return out;
-}
-}  // namespace
 
 std::vector<TensorDtypeRow> tensor_dtypes(const BenchSpec& cell, const std::vector<std::string>& precisions) {
   std::vector<TensorDtypeRow> rows;
@@ -46,7 +22,7 @@ std::vector<TensorDtypeRow> tensor_dtypes(const BenchSpec& cell, const std::vect
     std::map<std::pair<std::string, std::string>, std::set<std::string>> dtypes;
     for (const MemEvent& e : record.events) {
       if (e.action != MemAction::alloc) continue;
-      const std::pair key{std::string(mem_kind_name(e.tag.kind)), without_layer(e.tag.what)};
+      const std::pair key{std::string(mem_kind_name(e.tag.kind)), without_layer_number(e.tag.what)};
       if (!index.contains(key)) {
         index[key] = rows.size();
         rows.push_back({key.first, key.second, {}});

@@ -1,5 +1,6 @@
 #include "lmscope/report/html_report.h"
 
+#include "lmscope/core/xml_escape.h"
 #include "lmscope/memory/timeline_svg.h"
 #include "lmscope/report/svg_chart.h"
 
@@ -40,7 +41,7 @@ double median(const std::map<std::string, Timing>& t, const char* phase) {
 
 std::string sources(const auto& named) {
   std::string s;
-  for (const auto& n : named) s += (s.empty() ? "" : ", ") + fmt::format("<code>{}</code>", escape(n.file));
+  for (const auto& n : named) s += (s.empty() ? "" : ", ") + fmt::format("<code>{}</code>", xml_escape(n.file));
   return fmt::format("<p class=\"note\">From {}.</p>\n", s);
 }
 
@@ -89,7 +90,7 @@ std::string bench_section(const std::vector<Named<BenchRow>>& files) {
   s += fmt::format(
       "<p class=\"note\">{}Times in ms: the median of the measured steps ± their standard deviation."
       "</p>\n",
-      one_device ? fmt::format("Device: {}. ", escape(*devices.begin())) : "");
+      one_device ? fmt::format("Device: {}. ", xml_escape(*devices.begin())) : "");
   s += std::string("<table><tr><th class=\"l\">model</th>") + (one_device ? "" : "<th class=\"l\">device</th>") +
        "<th class=\"l\">precision</th>"
        "<th class=\"l\">attention</th><th class=\"l\">mode</th><th>batch</th><th>ctx</th><th>forward ms</th>"
@@ -100,12 +101,13 @@ std::string bench_section(const std::vector<Named<BenchRow>>& files) {
         "<tr{}><td class=\"l\">{}</td>{}<td class=\"l\">{}</td><td class=\"l\">{}</td>"
         "<td class=\"l\">{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td>"
         "<td>{}</td><td>{}</td><td class=\"l\">{}</td></tr>\n",
-        r->ok() ? "" : " class=\"failed\"", escape(r->model + (r->dry_run ? " (dry run)" : "")),
-        one_device ? "" : fmt::format("<td class=\"l\">{}</td>", escape(device_label(*r))), escape(r->precision),
-        escape(r->attention), escape(r->mode), r->batch, r->ctx, ms(r->ms, "forward"), ms(r->ms, "backward"),
-        ms(r->ms, "optimizer"), ms(r->ms, "step"), r->tokens_per_s > 0 ? fmt::format("{:.0f}", r->tokens_per_s) : "",
-        r->mfu > 0 ? fmt::format("{:.1f}%", 100 * r->mfu) : "", r->peak_bytes > 0 ? bytes_label(r->peak_bytes) : "",
-        escape(r->status));
+        r->ok() ? "" : " class=\"failed\"", xml_escape(r->model + (r->dry_run ? " (dry run)" : "")),
+        one_device ? "" : fmt::format("<td class=\"l\">{}</td>", xml_escape(device_label(*r))),
+        xml_escape(r->precision), xml_escape(r->attention), xml_escape(r->mode), r->batch, r->ctx, ms(r->ms, "forward"),
+        ms(r->ms, "backward"), ms(r->ms, "optimizer"), ms(r->ms, "step"),
+        r->tokens_per_s > 0 ? fmt::format("{:.0f}", r->tokens_per_s) : "",
+        r->mfu > 0 ? fmt::format("{:.1f}%", 100 * r->mfu) : "", r->peak_bytes > 0 ? human_bytes(r->peak_bytes) : "",
+        xml_escape(r->status));
   }
   s += "</table>\n<div class=\"charts\">\n";
 
@@ -181,16 +183,16 @@ std::string memory_section(const std::vector<Named<MemoryRow>>& files,
     for (const auto& f : files)
       for (const MemoryRow& r : f.rows) {
         s += fmt::format("<tr{}><td class=\"l\">{}</td><td class=\"l\">{}{}</td><td>{}</td>",
-                         r.ok() ? "" : " class=\"failed\"", escape(r.cell()), escape(r.device),
-                         r.dry_run ? " (dry run)" : "", r.peak_bytes > 0 ? bytes_label(r.peak_bytes) : "");
+                         r.ok() ? "" : " class=\"failed\"", xml_escape(r.cell()), xml_escape(r.device),
+                         r.dry_run ? " (dry run)" : "", r.peak_bytes > 0 ? human_bytes(r.peak_bytes) : "");
         std::vector<double> v;
         for (MemKind k : kinds) {
           const auto it = r.peak_by_kind.find(mem_kind_name(k));
           const double b = it == r.peak_by_kind.end() ? 0 : it->second;
-          s += fmt::format("<td>{}</td>", bytes_label(b));
+          s += fmt::format("<td>{}</td>", human_bytes(b));
           v.push_back(b / (1024.0 * 1024 * 1024));
         }
-        s += fmt::format("<td class=\"l\">{}</td></tr>\n", escape(r.status));
+        s += fmt::format("<td class=\"l\">{}</td></tr>\n", xml_escape(r.status));
         if (r.peak_bytes > 0) {
           bars.bars.push_back(r.cell());
           bars.values.push_back(v);
@@ -201,7 +203,7 @@ std::string memory_section(const std::vector<Named<MemoryRow>>& files,
   }
   for (const auto& [file, svg] : timelines)
     s += fmt::format("<figure>{}<figcaption>Active memory over one step: <code>{}</code></figcaption></figure>\n", svg,
-                     escape(file));
+                     xml_escape(file));
   return s;
 }
 
@@ -231,9 +233,9 @@ std::string attention_section(const std::vector<Named<AttentionRow>>& files) {
       s += fmt::format(
           "<tr{}><td class=\"l\">{}</td><td class=\"l\">{}</td><td class=\"l\">{}</td><td>{}</td><td>{}</td>"
           "<td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td class=\"l\">{}</td></tr>\n",
-          r.ok() ? "" : " class=\"failed\"", escape(r.attention), escape(r.device), escape(r.precision), r.batch, r.seq,
-          r.d, ms(r.ms, "forward"), ms(r.ms, "backward"), ms(r.ms, "forward_backward"),
-          r.saved_bytes > 0 ? bytes_label(r.saved_bytes) : "", escape(r.status));
+          r.ok() ? "" : " class=\"failed\"", xml_escape(r.attention), xml_escape(r.device), xml_escape(r.precision),
+          r.batch, r.seq, r.d, ms(r.ms, "forward"), ms(r.ms, "backward"), ms(r.ms, "forward_backward"),
+          r.saved_bytes > 0 ? human_bytes(r.saved_bytes) : "", xml_escape(r.status));
       const std::string name = setting(r);
       if (r.ok()) {
         time[name].points.emplace_back(static_cast<double>(r.seq), median(r.ms, "forward_backward"));
@@ -253,14 +255,14 @@ std::string attention_section(const std::vector<Named<AttentionRow>>& files) {
     for (double x : t.failed_x)  // the first failure beyond the longest that ran
       if (x > ran && (failed == 0 || x < failed)) failed = x;
     if (ran == 0)
-      frontier += fmt::format("<li>{}: nothing ran; out of memory from seq {:.0f}</li>\n", escape(t.name),
+      frontier += fmt::format("<li>{}: nothing ran; out of memory from seq {:.0f}</li>\n", xml_escape(t.name),
                               *std::min_element(t.failed_x.begin(), t.failed_x.end()));
     else if (failed > 0)
-      frontier += fmt::format("<li>{}: ran up to seq {:.0f}; out of memory from seq {:.0f}</li>\n", escape(t.name), ran,
-                              failed);
+      frontier += fmt::format("<li>{}: ran up to seq {:.0f}; out of memory from seq {:.0f}</li>\n", xml_escape(t.name),
+                              ran, failed);
     else
-      frontier +=
-          fmt::format("<li>{}: ran up to seq {:.0f}, out of memory at some shorter ones</li>\n", escape(t.name), ran);
+      frontier += fmt::format("<li>{}: ran up to seq {:.0f}, out of memory at some shorter ones</li>\n",
+                              xml_escape(t.name), ran);
   }
   if (!frontier.empty()) s += "<p class=\"note\">Where memory ran out:</p><ul class=\"note\">\n" + frontier + "</ul>\n";
   s += "<div class=\"charts\">\n";
@@ -275,8 +277,8 @@ std::string attention_section(const std::vector<Named<AttentionRow>>& files) {
 
 std::string html_report(const ReportInputs& in) {
   std::string s = "<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">\n";
-  s += fmt::format("<title>{}</title>\n", escape(in.title)) + kStyle + "</head><body>\n";
-  s += fmt::format("<h1>{}</h1>\n", escape(in.title));
+  s += fmt::format("<title>{}</title>\n", xml_escape(in.title)) + kStyle + "</head><body>\n";
+  s += fmt::format("<h1>{}</h1>\n", xml_escape(in.title));
   if (!in.bench.empty()) s += bench_section(in.bench);
   if (!in.memory.empty() || !in.timelines.empty()) s += memory_section(in.memory, in.timelines);
   if (!in.attention.empty()) s += attention_section(in.attention);

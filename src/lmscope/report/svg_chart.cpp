@@ -1,5 +1,7 @@
 #include "lmscope/report/svg_chart.h"
 
+#include "lmscope/core/xml_escape.h"
+
 #include <fmt/format.h>
 
 #include <algorithm>
@@ -13,39 +15,6 @@ const char* chart_colour(std::size_t i) {
   static const char* const kPalette[] = {"#4e79a7", "#f28e2b", "#e15759", "#76b7b2", "#59a14f",
                                          "#edc948", "#b07aa1", "#ff9da7", "#9c755f", "#bab0ac"};
   return kPalette[i % std::size(kPalette)];
-}
-
-std::string escape(std::string_view text) {
-  std::string out;
-  for (char c : text) {
-    switch (c) {
-      case '&':
-        out += "&amp;";
-        break;
-      case '<':
-        out += "&lt;";
-        break;
-      case '>':
-        out += "&gt;";
-        break;
-      case '"':
-        out += "&quot;";
-        break;
-      default:
-        out += c;
-    }
-  }
-  return out;
-}
-
-std::string bytes_label(double bytes) {
-  const char* const units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
-  int u = 0;
-  while (bytes >= 1024 && u < 4) {
-    bytes /= 1024;
-    ++u;
-  }
-  return u == 0 ? fmt::format("{:.0f} B", bytes) : fmt::format("{:.2f} {}", bytes, units[u]);
 }
 
 namespace {
@@ -100,7 +69,7 @@ std::string header(int width, int height, const std::string& title) {
       "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"{0}\" height=\"{1}\" viewBox=\"0 0 {0} {1}\" role=\"img\">"
       "<title>{2}</title><rect width=\"{0}\" height=\"{1}\" fill=\"#ffffff\"/>"
       "<text x=\"{3}\" y=\"22\" {4} font-size=\"15\" font-weight=\"bold\" fill=\"#222\">{2}</text>\n",
-      width, height, escape(title), kLeft, kFont);
+      width, height, xml_escape(title), kLeft, kFont);
 }
 
 std::string legend(const std::vector<std::string>& names, int x, int y, bool marks_failures,
@@ -111,7 +80,7 @@ std::string legend(const std::vector<std::string>& names, int x, int y, bool mar
     s += fmt::format("<rect x=\"{}\" y=\"{}\" width=\"12\" height=\"12\" fill=\"{}\"/>", x, yy - 10,
                      i < colours.size() ? colours[i].c_str() : chart_colour(i));
     s += fmt::format("<text x=\"{}\" y=\"{}\" {} font-size=\"12\" fill=\"#222\">{}</text>\n", x + 17, yy, kFont,
-                     escape(names[i]));
+                     xml_escape(names[i]));
   }
   if (marks_failures)
     s += fmt::format("<text x=\"{}\" y=\"{}\" {} font-size=\"12\" fill=\"#222\">✕ out of memory</text>\n", x,
@@ -167,11 +136,11 @@ std::string svg_line_chart(const LineChart& chart) {
   svg += fmt::format("<rect x=\"{}\" y=\"{}\" width=\"{}\" height=\"{}\" fill=\"none\" stroke=\"#888\"/>", kLeft, kTop,
                      kPlotW, kPlotH);
   svg += fmt::format("<text x=\"{}\" y=\"{}\" {} font-size=\"12\" fill=\"#222\" text-anchor=\"middle\">{}{}</text>\n",
-                     kLeft + kPlotW / 2, kHeight - 14, kFont, escape(chart.x_label), log_x ? " (log scale)" : "");
+                     kLeft + kPlotW / 2, kHeight - 14, kFont, xml_escape(chart.x_label), log_x ? " (log scale)" : "");
   svg += fmt::format(
       "<text x=\"16\" y=\"{}\" {} font-size=\"12\" fill=\"#222\" text-anchor=\"middle\" "
       "transform=\"rotate(-90 16 {})\">{}{}</text>\n",
-      kTop + kPlotH / 2, kFont, kTop + kPlotH / 2, escape(chart.y_label), log_y ? " (log scale)" : "");
+      kTop + kPlotH / 2, kFont, kTop + kPlotH / 2, xml_escape(chart.y_label), log_y ? " (log scale)" : "");
 
   std::vector<std::string> names;
   for (std::size_t i = 0; i < chart.series.size(); ++i) {
@@ -190,13 +159,13 @@ std::string svg_line_chart(const LineChart& chart) {
                          chart_colour(i));
     for (auto [x, y] : pts)
       svg += fmt::format("<circle cx=\"{:.1f}\" cy=\"{:.1f}\" r=\"3.5\" fill=\"{}\"><title>{}: {}, {}</title></circle>",
-                         px(x), py(y), chart_colour(i), escape(s.name), number(x), number(y));
+                         px(x), py(y), chart_colour(i), xml_escape(s.name), number(x), number(y));
     for (double x : s.failed_x)
       if (!log_x || x > 0)
         svg += fmt::format(
             "<text x=\"{:.1f}\" y=\"{}\" {} font-size=\"15\" font-weight=\"bold\" fill=\"{}\" "
             "text-anchor=\"middle\">✕<title>{}: out of memory at {}</title></text>",
-            px(x), kTop + kPlotH - 4, kFont, chart_colour(i), escape(s.name), number(x));
+            px(x), kTop + kPlotH - 4, kFont, chart_colour(i), xml_escape(s.name), number(x));
     svg += "\n";
   }
   svg += legend(names, kLeft, kHeight + 6, failures);
@@ -225,11 +194,11 @@ std::string svg_stacked_bars(const StackedBars& chart) {
                        px(t), bottom + 14, kFont, number(t));
   }
   svg += fmt::format("<text x=\"{}\" y=\"{}\" {} font-size=\"12\" fill=\"#222\" text-anchor=\"middle\">{}</text>\n",
-                     kLabelW + kBarsW / 2, bottom + 32, kFont, escape(chart.x_label));
+                     kLabelW + kBarsW / 2, bottom + 32, kFont, xml_escape(chart.x_label));
   for (int b = 0; b < n; ++b) {
     const int y = kTop + 14 + b * (kBarH + kGap);
     svg += fmt::format("<text x=\"{}\" y=\"{}\" {} font-size=\"12\" fill=\"#222\">{}</text>", kLabelW, y - 4, kFont,
-                       escape(chart.bars[b]));
+                       xml_escape(chart.bars[b]));
     double at = 0, total = 0;
     for (std::size_t p = 0; p < chart.parts.size() && p < chart.values[b].size(); ++p) {
       const double v = std::max(chart.values[b][p], 0.0);
@@ -237,7 +206,8 @@ std::string svg_stacked_bars(const StackedBars& chart) {
         svg += fmt::format(
             "<rect x=\"{:.1f}\" y=\"{}\" width=\"{:.1f}\" height=\"{}\" fill=\"{}\"><title>{}: {}</title></rect>",
             px(at), y, px(at + v) - px(at), kBarH,
-            p < chart.colours.size() ? chart.colours[p].c_str() : chart_colour(p), escape(chart.parts[p]), number(v));
+            p < chart.colours.size() ? chart.colours[p].c_str() : chart_colour(p), xml_escape(chart.parts[p]),
+            number(v));
       at += v;
       total += v;
     }

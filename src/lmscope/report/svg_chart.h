@@ -5,7 +5,6 @@
 #pragma once
 
 #include <string>
-#include <string_view>
 #include <utility>
 #include <vector>
 
@@ -36,9 +35,5 @@ std::string svg_stacked_bars(const StackedBars& chart);
 
 // The chart palette's colour i (cycled), as #rrggbb.
 const char* chart_colour(std::size_t i);
-// Text for HTML and SVG: & < > " escaped.
-std::string escape(std::string_view text);
-// 1.5 KiB, 20.3 MiB, 58.45 GiB.
-std::string bytes_label(double bytes);
 
 }  // namespace lmscope::report

@@ -74,12 +74,23 @@ std::string mode_words(const json& r) {
   return mode;
 }
 
+// The fields bench and memory rows share.
+void read_cell(const json& r, ModelCellRow& c) {
+  c.model = r["model"].at("name").get<std::string>();
+  c.device = r.value("device", "");
+  c.precision = r.value("precision", "");
+  c.attention = r.value("attention", "");
+  c.mode = mode_words(r);
+  c.status = r.at("status").get<std::string>();
+  c.batch = r.at("batch").get<long long>();
+  c.ctx = r.at("ctx").get<long long>();
+  c.dry_run = r.value("dry_run", false);
+  c.peak_bytes = number(r, "peak_bytes");
+}
+
 }  // namespace
 
-std::string BenchRow::cell() const {
-  return fmt::format("{} ctx {} b{} {} {} {}", model, ctx, batch, precision, attention, mode);
-}
-std::string MemoryRow::cell() const {
+std::string ModelCellRow::cell() const {
   return fmt::format("{} ctx {} b{} {} {} {}", model, ctx, batch, precision, attention, mode);
 }
 
@@ -87,21 +98,12 @@ std::vector<BenchRow> read_bench_file(const std::string& path) {
   return read_rows<BenchRow>(path, "bench", {"model", "ctx", "batch", "mode", "status", "steps"}, {"seq"},
                              [](const json& r) {
                                BenchRow b;
-                               b.model = r["model"].at("name").get<std::string>();
+                               read_cell(r, b);
                                b.parameters = r["model"].value("parameters", 0LL);
-                               b.device = r.value("device", "");
                                b.device_name = r.value("device_name", "");
-                               b.precision = r.value("precision", "");
-                               b.attention = r.value("attention", "");
-                               b.mode = mode_words(r);
-                               b.status = r.at("status").get<std::string>();
-                               b.batch = r.at("batch").get<long long>();
-                               b.ctx = r.at("ctx").get<long long>();
-                               b.dry_run = r.value("dry_run", false);
                                b.ms = timings(r);
                                b.tokens_per_s = number(r, "tokens_per_s");
                                b.mfu = number(r, "mfu");
-                               b.peak_bytes = number(r, "peak_bytes");
                                if (r.contains("kernels") && r["kernels"].contains("phases"))
                                  for (const json& ph : r["kernels"]["phases"])
                                    if (ph.contains("categories"))
@@ -116,16 +118,7 @@ std::vector<MemoryRow> read_memory_file(const std::string& path) {
   return read_rows<MemoryRow>(path, "memory", {"model", "ctx", "batch", "mode", "status"}, {"steps", "seq"},
                               [](const json& r) {
                                 MemoryRow m;
-                                m.model = r["model"].at("name").get<std::string>();
-                                m.device = r.value("device", "");
-                                m.precision = r.value("precision", "");
-                                m.attention = r.value("attention", "");
-                                m.mode = mode_words(r);
-                                m.status = r.at("status").get<std::string>();
-                                m.batch = r.at("batch").get<long long>();
-                                m.ctx = r.at("ctx").get<long long>();
-                                m.dry_run = r.value("dry_run", false);
-                                m.peak_bytes = number(r, "peak_bytes");
+                                read_cell(r, m);
                                 if (r.contains("peak_by_kind"))
                                   for (const auto& [kind, bytes] : r["peak_by_kind"].items())
                                     m.peak_by_kind[kind] = bytes.get<double>();

@@ -15,27 +15,27 @@ struct Timing {
   double median = 0, std = 0;
 };
 
-struct BenchRow {
-  std::string model, device, device_name, precision, attention, mode, status;
-  long long parameters = 0, batch = 0, ctx = 0;
-  bool dry_run = false;
-  std::map<std::string, Timing> ms;  // forward, backward, optimizer, step (those measured)
-  double tokens_per_s = 0, mfu = 0;
-  double peak_bytes = 0;
-  // With --profile: per phase, kernel time by category (ms per step).
-  std::map<std::string, std::map<std::string, double>> kernel_ms;
-  bool ok() const { return status == "ok"; }
-  std::string cell() const;  // "small ctx 256 bf16 flash train"
-};
-
-struct MemoryRow {
+// What bench and memory rows both say of their cell.
+struct ModelCellRow {
   std::string model, device, precision, attention, mode, status;
   long long batch = 0, ctx = 0;
   bool dry_run = false;
   double peak_bytes = 0;
-  std::map<std::string, double> peak_by_kind;  // parameter, gradient, ... -> bytes at the peak
   bool ok() const { return status == "ok"; }
-  std::string cell() const;
+  std::string cell() const;  // "small ctx 256 b4 bf16 flash train"
+};
+
+struct BenchRow : ModelCellRow {
+  std::string device_name;
+  long long parameters = 0;
+  std::map<std::string, Timing> ms;  // forward, backward, optimizer, step (those measured)
+  double tokens_per_s = 0, mfu = 0;
+  // With --profile: per phase, kernel time by category (ms per step).
+  std::map<std::string, std::map<std::string, double>> kernel_ms;
+};
+
+struct MemoryRow : ModelCellRow {
+  std::map<std::string, double> peak_by_kind;  // parameter, gradient, ... -> bytes at the peak
 };
 
 struct AttentionRow {

@@ -11,9 +11,15 @@ if [[ "${LMSCOPE_SKIP_GPU_TESTS:-}" != 1 ]]; then
   "$B/tests/lmscope_gpu_tests" >"$OUT/gpu-tests.log" 2>&1
   tail -5 "$OUT/gpu-tests.log"
   grep -E "Failed|failed" -A15 "$OUT/gpu-tests.log" | head -60
+  # NVTX as a profiler hears it (a process of its own: it points NVTX at CUPTI before any call).
+  "$B/tests/lmscope_nvtx_test" >"$OUT/nvtx-test.log" 2>&1
+  echo "== NVTX ranges test exit $?: $(tail -1 "$OUT/nvtx-test.log")"
+  # bench --trace and train --trace end to end on the GPU: kernels on stream tracks, launch arrows.
+  LMSCOPE="$B/lmscope" LMSCOPE_TRACE_DEVICE=cuda $PY tests/cli/test_trace_cli.py -v >"$OUT/trace-cuda.log" 2>&1
+  echo "== trace on cuda: exit $?"; grep -E "FAIL|Error|Ran" "$OUT/trace-cuda.log"
   # (CUPTI tracing cannot run under compute-sanitizer, which holds the same tools interface.)
   compute-sanitizer --tool memcheck --error-exitcode 9 "$B/tests/lmscope_gpu_tests" \
-    --gtest_filter='-*Training*:*OutOfMemory*:*Model*:*KernelTracer*:*CudaProfile*:*MemoryOnGpu*' >"$OUT/sanitizer.log" 2>&1
+    --gtest_filter='-*Training*:*OutOfMemory*:*Model*:*KernelTracer*:*CudaProfile*:*TraceOnGpu*:*MemoryOnGpu*' >"$OUT/sanitizer.log" 2>&1
   echo "== compute-sanitizer memcheck exit $? ($(grep -c 'OK \]' "$OUT/sanitizer.log") tests ok): $(tail -1 "$OUT/sanitizer.log")"
 fi
 

@@ -206,7 +206,7 @@ class TrainCommand : public Command {
         }
       }
       if (trace && (step - start == s_.trace_steps || step == s_.steps || stop_signal.load())) {
-        write_file(s_.trace, trace->finish());
+        write_file(s_.trace, trace->finish().json);
         trace.reset();
         fmt::print("wrote the trace of steps {} to {} to '{}'\n", start + 1, step, s_.trace);
       }

@@ -1,8 +1,9 @@
 """bench --trace end to end on the CPU: the file follows the trace-event format's rules as the viewers
 (ui.perfetto.dev, chrome://tracing) read it: complete events with times and durations, nested on
 their thread; every measured step holds its phases, every phase its layers and ops; the memory
-counters agree with the allocator's own peak. Bad inputs end in one sentence and exit 2.
-Run by ctest with LMSCOPE pointing at the built program."""
+counters agree with the allocator's own peak; on CUDA every kernel sits on its stream's track with an
+arrow from the host call that launched it. Bad inputs end in one sentence and exit 2.
+Run by ctest with LMSCOPE pointing at the built program; LMSCOPE_TRACE_DEVICE=cuda runs it on the GPU."""
 import json
 import os
 import subprocess
@@ -10,8 +11,9 @@ import tempfile
 import unittest
 
 LMSCOPE = os.environ["LMSCOPE"]
+DEVICE = os.environ.get("LMSCOPE_TRACE_DEVICE", "cpu")
 LAYERS = 2
-CELL = ["bench", "--device", "cpu", "--model", "small", "--layers", str(LAYERS), "--vocab", "256", "--d-model", "64",
+CELL = ["bench", "--device", DEVICE, "--model", "small", "--layers", str(LAYERS), "--vocab", "256", "--d-model", "64",
         "--d-ff", "128", "--heads", "2", "--batch", "2", "--ctx", "32", "--warmup", "1"]
 
 
@@ -28,9 +30,17 @@ class Trace(unittest.TestCase):
             with open(path) as f:
                 return json.load(f), json.loads(r.stdout)[0]
 
+    def host(self, events):
+        """The host thread's (pid, tid), named "host"."""
+        (track,) = [(e["pid"], e["tid"]) for e in events if e["ph"] == "M" and e["name"] == "thread_name"
+                    and e["args"]["name"] == "host"]
+        return track
+
     def nested(self, events):
-        """Complete events of one thread, each inside the one open when it began (the viewers' rule)."""
-        xs = sorted((e for e in events if e["ph"] == "X"), key=lambda e: (e["ts"], -e["dur"]))
+        """Complete events of the host thread, each inside the one open when it began (the viewers' rule)."""
+        pid, tid = self.host(events)
+        xs = sorted((e for e in events if e["ph"] == "X" and e["pid"] == pid and e["tid"] == tid),
+                    key=lambda e: (e["ts"], -e["dur"]))
         stack, parent = [], {}
         for e in xs:
             self.assertGreaterEqual(e["dur"], 0, e)
@@ -46,7 +56,7 @@ class Trace(unittest.TestCase):
     def test_steps_phases_layers_and_ops_nest(self):
         trace, row = self.traced()
         events = trace["traceEvents"]
-        names = {(e["name"], e["args"]["name"]) for e in events if e["ph"] == "M"}
+        names = {(e["name"], e["args"]["name"]) for e in events if e["ph"] == "M" and "name" in e["args"]}
         self.assertIn(("thread_name", "host"), names)
         self.assertTrue(any(n == "process_name" and "lmscope bench" in v for n, v in names))
         xs, parent = self.nested(events)
@@ -76,6 +86,34 @@ class Trace(unittest.TestCase):
         self.assertEqual(values[0], values[-1])  # a train step gives back all it takes
         self.assertGreaterEqual(min(e["args"]["bytes"] for e in reserved), max(values))
 
+    def test_device_work_is_on_stream_tracks_with_arrows_from_its_launch(self):
+        trace, _ = self.traced()
+        events = trace["traceEvents"]
+        xs, parent = self.nested(events)
+        work = [e for e in events if e["ph"] == "X" and e["cat"] in ("kernel", "gpu_memset", "gpu_memcpy")]
+        if DEVICE == "cpu":
+            self.assertEqual(work, [])
+            self.assertEqual([e for e in xs if e["cat"].startswith("cuda_")], [])
+            return
+        self.assertGreater(len(work), 50)
+        streams = {(e["pid"], e["tid"]) for e in events if e["ph"] == "M" and e["name"] == "thread_name"}
+        launches = {e["args"]["correlation"]: e for e in xs if e["cat"] in ("cuda_runtime", "cuda_driver")}
+        starts = {e["id"]: e for e in events if e["ph"] == "s"}
+        ends = {e["id"]: e for e in events if e["ph"] == "f"}
+        for k in work:
+            self.assertIn((k["pid"], k["tid"]), streams)
+            launch = launches[k["args"]["correlation"]]
+            self.assertLessEqual(launch["ts"], k["ts"])
+            self.assertEqual(starts[launch["args"]["correlation"]]["ts"], launch["ts"])
+            self.assertEqual(ends[launch["args"]["correlation"]]["ts"], k["ts"])
+            # Every launch of the measured steps is made inside one of the model's or runner's ranges.
+            self.assertIn(parent[id(launch)]["cat"], ("step", "phase", "layer", "op"))
+        attention = [k for k in work if k["args"].get("category") == "attention"]
+        self.assertTrue(attention)
+        for k in attention:  # launched by the attention op, forward or backward
+            op = parent[id(launches[k["args"]["correlation"]])]
+            self.assertEqual(op["name"], "attention", op)
+
     def test_micro_batches_each_have_their_phases(self):
         trace, _ = self.traced("--grad-accum", "2", steps=1)
         xs, parent = self.nested(trace["traceEvents"])
@@ -89,7 +127,7 @@ class Trace(unittest.TestCase):
             rng = np.random.default_rng(0)
             rng.integers(0, 256, size=5000, dtype=np.uint16).tofile(data)
             rng.integers(0, 256, size=2000, dtype=np.uint16).tofile(val)
-            r = run("train", "--device", "cpu", *CELL[5:15], "--batch", "2", "--ctx", "32", "--data", data,
+            r = run("train", "--device", DEVICE, *CELL[5:15], "--batch", "2", "--ctx", "32", "--data", data,
                     "--val-data", val, "--eval-every", "1", "--eval-batches", "1", "--checkpoint-dir",
                     os.path.join(d, "ck"), "--save-every", "1", "--steps", "5", "--trace", path, "--trace-steps", "2")
             self.assertEqual(r.returncode, 0, r.stderr)

@@ -12,7 +12,9 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <array>
+#include <chrono>
 #include <cmath>
 #include <cstring>
 
@@ -409,6 +411,12 @@ TEST_F(CudaVsCpu, OutOfMemoryIsReportedAndRecovered) {
 
 TEST_F(CudaVsCpu, KernelTracerSeesEveryKernelInItsPhase) {
   Twin x = random({37, 129});
+  auto steady_ns = [] {
+    return static_cast<std::uint64_t>(
+        std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now().time_since_epoch())
+            .count());
+  };
+  const std::uint64_t before = steady_ns();
   auto tracer = gpu->kernel_tracer();
   ASSERT_TRUE(tracer);
   tracer->set_phase(Phase::forward);
@@ -416,7 +424,9 @@ TEST_F(CudaVsCpu, KernelTracerSeesEveryKernelInItsPhase) {
   tracer->set_phase(Phase::optimizer);
   gpu->add(x.gpu, x.gpu, x.gpu);
   gpu->add(x.gpu, x.gpu, x.gpu);
-  const std::vector<KernelRecord> records = tracer->finish();
+  const DeviceActivity activity = tracer->finish();
+  const std::uint64_t after = steady_ns();
+  const std::vector<KernelRecord>& records = activity.work;
   ASSERT_EQ(records.size(), 3u);
   EXPECT_EQ(records[0].name, "fill_kernel<float>");
   EXPECT_EQ(records[0].phase, Phase::forward);
@@ -425,7 +435,20 @@ TEST_F(CudaVsCpu, KernelTracerSeesEveryKernelInItsPhase) {
     EXPECT_EQ(records[i].phase, Phase::optimizer);
     EXPECT_GE(records[i].start_ns, records[i - 1].end_ns);  // one stream: in order, no overlap
   }
-  for (const KernelRecord& r : records) EXPECT_LT(r.start_ns, r.end_ns);
+  for (const KernelRecord& r : records) {
+    EXPECT_LT(r.start_ns, r.end_ns);
+    // On the host's steady clock, within the traced stretch, after the call that launched it.
+    EXPECT_GE(r.start_ns, before);
+    EXPECT_LE(r.end_ns, after);
+    EXPECT_EQ(r.work, DeviceWork::kernel);
+    EXPECT_GT(r.grid[0] * r.block[0], 0u);
+    EXPECT_EQ(r.stream, records[0].stream);
+    auto launch = std::find_if(activity.launches.begin(), activity.launches.end(),
+                               [&](const LaunchRecord& l) { return l.correlation == r.correlation; });
+    ASSERT_NE(launch, activity.launches.end()) << r.name;
+    EXPECT_EQ(launch->api, "cudaLaunchKernel");
+    EXPECT_LE(launch->start_ns, r.start_ns);
+  }
   EXPECT_TRUE(gpu->kernel_tracer()) << "a finished tracer frees the way for the next";
 }
 

@@ -39,10 +39,18 @@ TEST(KernelNames, Categories) {
 }
 
 TEST(KernelSummary, PerStepTotalsByPhaseCategoryAndKernel) {
+  auto kernel = [](const char* name, Phase phase, std::uint64_t start, std::uint64_t end) {
+    KernelRecord r;
+    r.name = name;
+    r.phase = phase;
+    r.start_ns = start;
+    r.end_ns = end;
+    return r;
+  };
   const std::vector<KernelRecord> records = {
-      {"nvjet_a", Phase::forward, 0, 4000},       {"nvjet_a", Phase::forward, 5000, 9000},
-      {"nvjet_b", Phase::forward, 9000, 10000},   {"adamw_kernel", Phase::optimizer, 20000, 26000},
-      {"nvjet_a", Phase::backward, 30000, 32000}, {"add_kernel", Phase::forward, 10000, 10500},
+      kernel("nvjet_a", Phase::forward, 0, 4000),       kernel("nvjet_a", Phase::forward, 5000, 9000),
+      kernel("nvjet_b", Phase::forward, 9000, 10000),   kernel("adamw_kernel", Phase::optimizer, 20000, 26000),
+      kernel("nvjet_a", Phase::backward, 30000, 32000), kernel("add_kernel", Phase::forward, 10000, 10500),
   };
   const KernelProfile p = summarize_kernels(records, 2);
   ASSERT_EQ(p.steps, 2);

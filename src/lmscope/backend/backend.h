@@ -72,10 +72,13 @@ class Backend {
   virtual void clear_marks() = 0;
   // A recorder of the device's kernels from now on, or nullptr where the backend has none (CPU).
   virtual std::unique_ptr<KernelTracer> kernel_tracer() { return nullptr; }
-  // Who hears the ranges (step, phase, layer, op) the code running on this backend marks; none by
-  // default.
-  void set_range_listener(RangeListener* listener) { ranges_ = listener; }
-  RangeListener* range_listener() const { return ranges_; }
+  // Who hears the ranges (step, phase, layer, op) the code running on this backend marks: the
+  // listener set here (none by default) and the backend's own for its device's tools, if any.
+  void set_range_listener(RangeListener* listener) {
+    ranges_ = listener;
+    update_ranges();
+  }
+  RangeListener* range_listener() const { return active_ranges_; }
   // The device's memory as its driver reports it, after a synchronize; none where there is no such
   // report (the CPU, the dry run).
   virtual std::optional<DeviceMemory> device_memory() { return std::nullopt; }
@@ -151,8 +154,23 @@ class Backend {
   virtual void adamw(const Tensor& param, const Tensor& grad, const Tensor& m, const Tensor& v, const AdamWArgs& args,
                      const Tensor& grad_norm, const Tensor& lowp_copy) = 0;
 
+ protected:
+  // Ranges the backend reports to its device's profilers (NVTX on CUDA), heard beside the listener
+  // set with set_range_listener.
+  void set_device_ranges(std::unique_ptr<RangeListener> listener) {
+    device_ranges_ = std::move(listener);
+    update_ranges();
+  }
+
  private:
+  void update_ranges() {
+    tee_ = std::make_unique<RangeTee>(ranges_, device_ranges_.get());
+    active_ranges_ = ranges_ && device_ranges_ ? tee_.get() : ranges_ ? ranges_ : device_ranges_.get();
+  }
   RangeListener* ranges_ = nullptr;
+  std::unique_ptr<RangeListener> device_ranges_;
+  std::unique_ptr<RangeTee> tee_;
+  RangeListener* active_ranges_ = nullptr;
 };
 
 // The sizes of a flash attention call, checked (UserError naming the first mismatch):

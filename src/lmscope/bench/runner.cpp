@@ -96,10 +96,11 @@ void run_cell(const BenchSpec& spec, BenchResult& r, const BenchProgress& progre
   // for the host; the whole step by a host clock around a synchronised region, the seeds' method.
   // With spec.profile, a tracer records every kernel of the measured steps, tagged with its phase.
   std::vector<double> fwd, bwd, optim, step;
-  std::unique_ptr<KernelTracer> tracer;
-  // With spec.trace, the ranges the runner and the model mark and every allocation of the measured
-  // steps.
+  // With spec.trace, the ranges the runner and the model mark, every allocation and the device's
+  // work of the measured steps; its kernel tracer serves the profile too (one tracer at a time).
   std::unique_ptr<TraceSession> trace;
+  std::unique_ptr<KernelTracer> own_tracer;
+  KernelTracer* tracer = nullptr;
   auto enter = [&](Phase p) {
     if (tracer) tracer->set_phase(p);
   };
@@ -108,14 +109,18 @@ void run_cell(const BenchSpec& spec, BenchResult& r, const BenchProgress& progre
   std::vector<int> step_marks;
   for (int i = 0; i < total; ++i) {
     backend->synchronize();
-    if (spec.profile && i == spec.warmup) {
-      tracer = backend->kernel_tracer();
-      if (!tracer) throw Unsupported(fmt::format("--profile traces GPU kernels; the {} backend has none", spec.device));
-    }
-    if (spec.trace && i == spec.warmup)
+    if (spec.trace && i == spec.warmup) {
       trace = std::make_unique<TraceSession>(
           *backend, TraceLabels{fmt::format("lmscope bench: {} {} {} {} batch {} ctx {}", spec.model.name, spec.device,
                                             spec.precision, mode_label(spec), spec.batch, spec.ctx)});
+      tracer = trace->kernel_tracer();
+    }
+    if (spec.profile && i == spec.warmup && !tracer) {
+      own_tracer = backend->kernel_tracer();
+      if (!own_tracer)
+        throw Unsupported(fmt::format("--profile traces GPU kernels; the {} backend has none", spec.device));
+      tracer = own_tracer.get();
+    }
     RangeListener* ranges = backend->range_listener();
     const auto t0 = std::chrono::steady_clock::now();
     {
@@ -164,8 +169,13 @@ void run_cell(const BenchSpec& spec, BenchResult& r, const BenchProgress& progre
     backend->clear_marks();
     if (progress) progress(i + 1, total);
   }
-  if (tracer) r.kernels = summarize_kernels(tracer->finish(), spec.steps);
-  if (trace) r.trace = trace->finish();
+  if (trace) {
+    TraceSession::Result t = trace->finish();
+    r.trace = std::move(t.json);
+    if (spec.profile) r.kernels = summarize_kernels(t.device.work, spec.steps);
+  } else if (own_tracer) {
+    r.kernels = summarize_kernels(own_tracer->finish().work, spec.steps);
+  }
   const double loss = model.read_loss();
   if (!std::isfinite(loss)) throw std::runtime_error(fmt::format("the loss is {}", loss));
   r.peak_bytes = backend->allocator().peak_bytes();

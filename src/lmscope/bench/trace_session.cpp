@@ -9,7 +9,8 @@ TraceSession::TraceSession(Backend& backend, TraceLabels labels)
       labels_(std::move(labels)),
       recorder_(backend.allocator()),
       allocated_before_(backend.allocator().current_bytes()),
-      reserved_before_(backend.allocator().reserved_bytes()) {
+      reserved_before_(backend.allocator().reserved_bytes()),
+      kernels_(backend.kernel_tracer()) {
   Allocator& mem = backend_.allocator();
   mem.clear_events();
   mem.record_events(true);
@@ -23,16 +24,25 @@ TraceSession::~TraceSession() {
   backend_.allocator().clear_events();
 }
 
-std::string TraceSession::finish() {
+TraceSession::Result TraceSession::finish() {
   LMSCOPE_CHECK(recording_, "a trace finished twice");
   Allocator& mem = backend_.allocator();
   backend_.set_range_listener(nullptr);
   mem.record_events(false);
   recording_ = false;
   LMSCOPE_CHECK(recorder_.all_closed(), "a traced range was never closed");
-  std::string json = chrome_trace_json(recorder_.ranges(), mem.events(), allocated_before_, reserved_before_, labels_);
+  TraceContents t;
+  if (kernels_) t.device = kernels_->finish();
+  t.ranges = recorder_.ranges();
+  t.events = mem.events();
+  t.allocated_before = allocated_before_;
+  t.reserved_before = reserved_before_;
+  t.clock_origin_ns = mem.clock_origin_ns();
+  t.labels = labels_;
   mem.clear_events();
-  return json;
+  Result r{chrome_trace_json(t), {}};
+  r.device = std::move(t.device);
+  return r;
 }
 
 }  // namespace lmscope

@@ -115,6 +115,12 @@ class Allocator {
   double now_us() const {
     return std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - start_).count();
   }
+  // The same clock's zero, in nanoseconds since the steady clock's epoch (where device records'
+  // times count from: profile/kernel_profile.h).
+  std::uint64_t clock_origin_ns() const {
+    return static_cast<std::uint64_t>(
+        std::chrono::duration_cast<std::chrono::nanoseconds>(start_.time_since_epoch()).count());
+  }
   const std::vector<MemEvent>& events() const { return events_; }
   void clear_events() { events_.clear(); }
 

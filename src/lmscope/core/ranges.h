@@ -1,5 +1,6 @@
 // Named stretches of host time: a step, its phases, each layer and each op within one. The model and
-// the bench runner mark them; whoever listens (the Chrome trace recorder of bench --trace) sees them.
+// the bench runner mark them; whoever listens (the Chrome trace recorder of --trace, NVTX on CUDA when a
+// profiler is attached) sees them.
 // With no listener a mark costs one pointer test.
 #pragma once
 
@@ -17,6 +18,24 @@ class RangeListener {
   // A range opens inside the ones open; index ≥ 0 numbers it ("layer" 3, "step" 12).
   virtual void begin(RangeLevel level, const char* name, int index) = 0;
   virtual void end() = 0;
+};
+
+// Two listeners hearing the same ranges (a trace recorder and the device's profiler ranges).
+class RangeTee final : public RangeListener {
+ public:
+  RangeTee(RangeListener* first, RangeListener* second) : first_(first), second_(second) {}
+  void begin(RangeLevel level, const char* name, int index) override {
+    first_->begin(level, name, index);
+    second_->begin(level, name, index);
+  }
+  void end() override {
+    second_->end();
+    first_->end();
+  }
+
+ private:
+  RangeListener* first_;
+  RangeListener* second_;
 };
 
 // One range for the life of the object.

@@ -8,6 +8,7 @@
 #include "lmscope/cuda/gemm.h"
 #include "lmscope/cuda/kernel_tracer.h"
 #include "lmscope/cuda/kernels.h"
+#include "lmscope/cuda/nvtx_ranges.h"
 
 #include <algorithm>
 #include <cmath>
@@ -53,6 +54,7 @@ class CudaBackend final : public Backend {
     std::size_t free = 0, total = 0;
     LMSCOPE_CUDA_CHECK(cudaMemGetInfo(&free, &total));
     used_at_start_ = total - free;
+    if (cuda::nvtx_tool_attached()) set_device_ranges(cuda::make_nvtx_ranges());
   }
   ~CudaBackend() override {
     cudaStreamSynchronize(stream_);

@@ -3,7 +3,11 @@
 #include "lmscope/core/error.h"
 
 #include <fmt/format.h>
+#include <unistd.h>
 #include <nlohmann/json.hpp>
+
+#include <set>
+#include <utility>
 
 namespace lmscope {
 
@@ -19,32 +23,128 @@ void TraceRecorder::end() {
   open_.pop_back();
 }
 
-std::string chrome_trace_json(const std::vector<TraceRange>& ranges, const std::vector<MemEvent>& events,
-                              std::size_t allocated_before, std::size_t reserved_before, const TraceLabels& labels) {
-  using nlohmann::ordered_json;
-  constexpr int kPid = 1, kHostTid = 1;
+namespace {
+
+using nlohmann::ordered_json;
+
+const char* work_category(DeviceWork w) {
+  switch (w) {
+    case DeviceWork::kernel:
+      return "kernel";
+    case DeviceWork::memset:
+      return "gpu_memset";
+    case DeviceWork::memcpy:
+      return "gpu_memcpy";
+  }
+  return "kernel";
+}
+
+// The GPU's work: its processes and stream tracks, an event per record, and a flow from each
+// launching call on the host track to the work it enqueued.
+void add_device_activity(ordered_json& trace, const TraceContents& t, int host_pid, int host_tid) {
+  auto us = [&](std::uint64_t ns) { return (static_cast<double>(ns) - static_cast<double>(t.clock_origin_ns)) / 1e3; };
+  std::set<std::uint32_t> devices;
+  std::set<std::pair<std::uint32_t, std::uint32_t>> streams;
+  for (const KernelRecord& r : t.device.work) {
+    devices.insert(r.device);
+    streams.insert({r.device, r.stream});
+  }
+  for (std::uint32_t d : devices) {
+    const int pid = static_cast<int>(d);
+    trace.push_back(
+        {{"name", "process_name"}, {"ph", "M"}, {"pid", pid}, {"args", {{"name", fmt::format("GPU {}", d)}}}});
+    trace.push_back(
+        {{"name", "process_sort_index"}, {"ph", "M"}, {"pid", pid}, {"args", {{"sort_index", 5000000 + pid}}}});
+  }
+  for (auto [d, stream] : streams)
+    trace.push_back({{"name", "thread_name"},
+                     {"ph", "M"},
+                     {"pid", d},
+                     {"tid", stream},
+                     {"args", {{"name", fmt::format("stream {}", stream)}}}});
+
+  std::set<std::uint32_t> launched;  // correlation ids with device work
+  for (const KernelRecord& r : t.device.work) {
+    ordered_json args{
+        {"device", r.device}, {"stream", r.stream}, {"correlation", r.correlation}, {"phase", phase_name(r.phase)}};
+    if (r.work == DeviceWork::kernel) {
+      args["category"] = kernel_category(r.name);
+      args["grid"] = {r.grid[0], r.grid[1], r.grid[2]};
+      args["block"] = {r.block[0], r.block[1], r.block[2]};
+      args["registers per thread"] = r.registers;
+      args["shared memory"] = r.shared_bytes;
+    } else {
+      args["bytes"] = r.bytes;
+      if (r.work == DeviceWork::memcpy) args["kind"] = r.copy;
+    }
+    trace.push_back({{"name", r.name},
+                     {"cat", work_category(r.work)},
+                     {"ph", "X"},
+                     {"pid", r.device},
+                     {"tid", r.stream},
+                     {"ts", us(r.start_ns)},
+                     {"dur", (static_cast<double>(r.end_ns) - static_cast<double>(r.start_ns)) / 1e3},
+                     {"args", std::move(args)}});
+    // The arrow's head binds to the slice that encloses its time on the stream's track.
+    trace.push_back({{"name", "ac2g"},
+                     {"cat", "ac2g"},
+                     {"ph", "f"},
+                     {"bp", "e"},
+                     {"id", r.correlation},
+                     {"pid", r.device},
+                     {"tid", r.stream},
+                     {"ts", us(r.start_ns)}});
+    launched.insert(r.correlation);
+  }
+  for (const LaunchRecord& l : t.device.launches) {
+    trace.push_back({{"name", l.api},
+                     {"cat", l.driver ? "cuda_driver" : "cuda_runtime"},
+                     {"ph", "X"},
+                     {"pid", host_pid},
+                     {"tid", host_tid},
+                     {"ts", us(l.start_ns)},
+                     {"dur", (static_cast<double>(l.end_ns) - static_cast<double>(l.start_ns)) / 1e3},
+                     {"args", {{"correlation", l.correlation}}}});
+    if (launched.count(l.correlation))
+      trace.push_back({{"name", "ac2g"},
+                       {"cat", "ac2g"},
+                       {"ph", "s"},
+                       {"id", l.correlation},
+                       {"pid", host_pid},
+                       {"tid", host_tid},
+                       {"ts", us(l.start_ns)}});
+  }
+}
+
+}  // namespace
+
+std::string chrome_trace_json(const TraceContents& t) {
+  // As Kineto does: the host's process id, and its main thread's id (the same number on Linux).
+  const int pid = static_cast<int>(::getpid()), tid = pid;
   ordered_json trace = ordered_json::array();
-  trace.push_back({{"name", "process_name"}, {"ph", "M"}, {"pid", kPid}, {"args", {{"name", labels.process}}}});
+  trace.push_back({{"name", "process_name"}, {"ph", "M"}, {"pid", pid}, {"args", {{"name", t.labels.process}}}});
+  trace.push_back({{"name", "process_sort_index"}, {"ph", "M"}, {"pid", pid}, {"args", {{"sort_index", 0}}}});
   trace.push_back(
-      {{"name", "thread_name"}, {"ph", "M"}, {"pid", kPid}, {"tid", kHostTid}, {"args", {{"name", labels.thread}}}});
-  for (const TraceRange& r : ranges)
+      {{"name", "thread_name"}, {"ph", "M"}, {"pid", pid}, {"tid", tid}, {"args", {{"name", t.labels.thread}}}});
+  for (const TraceRange& r : t.ranges)
     trace.push_back({{"name", r.name},
                      {"cat", range_level_name(r.level)},
                      {"ph", "X"},
-                     {"pid", kPid},
-                     {"tid", kHostTid},
+                     {"pid", pid},
+                     {"tid", tid},
                      {"ts", r.start_us},
                      {"dur", r.end_us - r.start_us}});
+  add_device_activity(trace, t, pid, tid);
   // Counters: the bytes after each event, as the allocator counts them.
-  std::size_t allocated = allocated_before, reserved = reserved_before;
+  std::size_t allocated = t.allocated_before, reserved = t.reserved_before;
   auto counter = [&](const char* name, double ts, std::size_t bytes) {
-    trace.push_back({{"name", name}, {"ph", "C"}, {"pid", kPid}, {"ts", ts}, {"args", {{"bytes", bytes}}}});
+    trace.push_back({{"name", name}, {"ph", "C"}, {"pid", pid}, {"ts", ts}, {"args", {{"bytes", bytes}}}});
   };
-  if (!events.empty()) {
-    counter("allocated", events.front().time_us, allocated);
-    counter("reserved", events.front().time_us, reserved);
+  if (!t.events.empty()) {
+    counter("allocated", t.events.front().time_us, allocated);
+    counter("reserved", t.events.front().time_us, reserved);
   }
-  for (const MemEvent& e : events) {
+  for (const MemEvent& e : t.events) {
     switch (e.action) {
       case MemAction::alloc:
         allocated += e.bytes;

@@ -1,12 +1,17 @@
-// bench --trace: the measured steps as a Chrome trace-event file (the JSON that ui.perfetto.dev and
-// chrome://tracing open). The host thread's track holds the ranges the runner and the model mark
-// (each step, its phases, each layer, each op), nested as they ran; counter tracks hold the
-// allocator's bytes allocated and reserved after every event. Times are the allocator's clock, in
-// microseconds, so ranges and memory line up. GPU kernels are not in it yet.
+// bench --trace and train --trace: steps as a Chrome trace-event file (the JSON that ui.perfetto.dev
+// and chrome://tracing open), laid out as PyTorch's profiler (Kineto) lays out its traces:
+// - the host process: one thread's track with the ranges the runner and the model mark (each step,
+//   its phases, each layer, each op), nested as they ran, and inside them the CUDA runtime and driver
+//   calls made (cudaLaunchKernel, ...);
+// - one process per GPU ("GPU 0") with a track per stream ("stream 7") holding every kernel, memset
+//   and memcpy, and a flow arrow ("ac2g") from each launching call to the work it enqueued;
+// - counter tracks with the allocator's bytes allocated and reserved after every event.
+// Times are the allocator's clock in microseconds; device records share it (KernelRecord).
 #pragma once
 
 #include "lmscope/core/allocator.h"
 #include "lmscope/core/ranges.h"
+#include "lmscope/profile/kernel_profile.h"
 
 #include <string>
 #include <vector>
@@ -40,10 +45,18 @@ struct TraceLabels {
   std::string thread = "host";
 };
 
-// The trace-event JSON: metadata naming the process and thread, one complete event ("X") per range,
-// and the counters from `events` (the allocator's record over the same time) starting from
-// `allocated_before` and `reserved_before`, the bytes at the first event.
-std::string chrome_trace_json(const std::vector<TraceRange>& ranges, const std::vector<MemEvent>& events,
-                              std::size_t allocated_before, std::size_t reserved_before, const TraceLabels& labels);
+struct TraceContents {
+  std::vector<TraceRange> ranges;
+  // The allocator's record over the same time, and its bytes at the first event.
+  std::vector<MemEvent> events;
+  std::size_t allocated_before = 0, reserved_before = 0;
+  DeviceActivity device;              // empty where the backend has no tracer (CPU)
+  std::uint64_t clock_origin_ns = 0;  // Allocator::clock_origin_ns: device times count from it
+  TraceLabels labels;
+};
+
+// The trace-event JSON: metadata naming processes and threads, one complete event ("X") per range,
+// call and device record, flow events from calls to their device work, and the counters.
+std::string chrome_trace_json(const TraceContents& trace);
 
 }  // namespace lmscope

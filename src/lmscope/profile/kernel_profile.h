@@ -13,10 +13,36 @@
 
 namespace lmscope {
 
+enum class DeviceWork { kernel, memset, memcpy };
+
+// Times of records are nanoseconds on the host's steady clock (std::chrono::steady_clock's epoch),
+// the clock the allocator stamps its events with, so device work and host ranges line up.
 struct KernelRecord {
   std::string name;  // demangled, without namespaces and arguments: "rmsnorm_forward_kernel<__nv_bfloat16>"
   Phase phase = Phase::setup;
-  std::uint64_t start_ns = 0, end_ns = 0;  // device clock
+  std::uint64_t start_ns = 0, end_ns = 0;
+  DeviceWork work = DeviceWork::kernel;
+  std::uint32_t device = 0, stream = 0;
+  std::uint32_t correlation = 0;      // the launching call's (LaunchRecord::correlation)
+  std::uint32_t grid[3] = {0, 0, 0};  // kernels only
+  std::uint32_t block[3] = {0, 0, 0};
+  std::uint32_t registers = 0, shared_bytes = 0;  // per thread; static + dynamic per block
+  std::uint64_t bytes = 0;                        // memset and memcpy
+  std::string copy;                               // memcpy: "HtoD", "DtoH", "DtoD", ...
+};
+
+// A host call into the CUDA runtime or driver (cudaLaunchKernel, cuLaunchKernel, cudaMemsetAsync,
+// cudaEventRecord, ...) made while a tracer ran.
+struct LaunchRecord {
+  std::string api;  // "cudaLaunchKernel"
+  std::uint64_t start_ns = 0, end_ns = 0;
+  std::uint32_t correlation = 0;  // shared with the device work it enqueued, if any
+  bool driver = false;            // a driver call (cuLaunchKernel), else the runtime's
+};
+
+struct DeviceActivity {
+  std::vector<KernelRecord> work;      // in start order
+  std::vector<LaunchRecord> launches;  // in start order
 };
 
 class KernelTracer {
@@ -24,9 +50,8 @@ class KernelTracer {
   virtual ~KernelTracer() = default;
   // Work enqueued from now on (by this thread) belongs to phase p, until the next call.
   virtual void set_phase(Phase p) = 0;
-  // Waits for the device, stops recording and returns every record since the tracer was made,
-  // in start order.
-  virtual std::vector<KernelRecord> finish() = 0;
+  // Waits for the device, stops recording and returns every record since the tracer was made.
+  virtual DeviceActivity finish() = 0;
 };
 
 // What a kernel is for, from its name: "GEMM", "attention", "RMSNorm", "RoPE/heads", "SwiGLU",

@@ -24,9 +24,9 @@ if [[ "${LMSCOPE_SKIP_GPU_TESTS:-}" != 1 ]]; then
 fi
 
 # --training: the training-run tests (checkpoints, kill and resume, held-out loss) on the GPU: a run
-# killed and resumed must equal the run never stopped, bit for bit, on CUDA too, in fp32 and in bf16.
+# killed and resumed must equal the run never stopped, bit for bit, on CUDA too, in fp32, bf16 and fp16.
 if [[ "${1:-}" == "--training" ]]; then
-  for prec in fp32 bf16; do
+  for prec in fp32 bf16 fp16; do
     LMSCOPE="$B/lmscope" LMSCOPE_TRAIN_DEVICE=cuda LMSCOPE_TRAIN_PRECISION=$prec $PY tests/cli/test_train_cli.py -v \
       >"$OUT/training-cuda-$prec.log" 2>&1
     echo "== training runs on cuda, $prec: exit $?"; grep -E "ok$|FAIL|Error|Ran" "$OUT/training-cuda-$prec.log"

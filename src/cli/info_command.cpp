@@ -30,7 +30,7 @@ class InfoCommand : public Command {
                   "Also dry-run one step of every mode at --batch and --ctx: peaks per phase, what holds the train "
                   "step's peak, and whether each fits the device");
     app->add_option("--batch", batch_, "Batch size of the dry runs")->capture_default_str();
-    app->add_option("--precision", precision_, "fp32, tf32 or bf16, for the dry runs")->capture_default_str();
+    app->add_option("--precision", precision_, "fp32, tf32, bf16 or fp16, for the dry runs")->capture_default_str();
     app->add_option("--device", device_, "cpu or cuda, the device the dry runs stand for")->capture_default_str();
     app->add_option("--recompute", recompute_, recompute_help(false) + ", for the dry runs")->capture_default_str();
     app->add_option("--weight-copies", weight_copies_, weight_copies_help(false) + ", for the dry runs")
@@ -113,8 +113,7 @@ class InfoCommand : public Command {
     }
     if (batch_ <= 0) user_error("--batch must be positive, got {}", batch_);
     if (device_ != "cpu" && device_ != "cuda") user_error("unknown --device '{}' (use cpu or cuda)", device_);
-    if (precision_ != "fp32" && precision_ != "tf32" && precision_ != "bf16")
-      user_error("unknown --precision '{}' (use fp32, tf32 or bf16)", precision_);
+    check_precision(precision_);
     const std::size_t limit = memory_limit_.empty() ? 0 : parse_memory_size("--memory-limit", memory_limit_);
     const Recompute recompute = parse_recompute(recompute_);
     const WeightCopies weight_copies = parse_weight_copies(weight_copies_);

@@ -16,7 +16,7 @@ void MemoryCellFlags::add_to(CLI::App& app, bool with_dry_run_flags) {
                  "(comma list sweeps)")
       ->capture_default_str();
   app.add_option("--device", device, "cpu or cuda (comma list sweeps; default: cuda when a GPU is visible)");
-  app.add_option("--precision", precision, "fp32, tf32 or bf16 (comma list sweeps)")->capture_default_str();
+  app.add_option("--precision", precision, "fp32, tf32, bf16 or fp16 (comma list sweeps)")->capture_default_str();
   app.add_option("--attention", attention, "flash or naive (comma list sweeps)")->capture_default_str();
   app.add_option("--recompute", recompute, recompute_help(true))->capture_default_str();
   app.add_option("--grad-accum", grad_accum, grad_accum_help(true))->capture_default_str();
@@ -49,8 +49,7 @@ std::vector<MemorySpec> MemoryCellFlags::resolve() const {
   for (const auto& d : devices)
     if (d != "cpu" && d != "cuda") user_error("unknown --device '{}' (use cpu or cuda)", d);
   const auto precisions = split_list(precision);
-  for (const auto& p : precisions)
-    if (p != "fp32" && p != "tf32" && p != "bf16") user_error("unknown --precision '{}' (use fp32, tf32 or bf16)", p);
+  for (const auto& p : precisions) check_precision(p);
   std::vector<AttentionKind> attentions;
   for (const auto& a : split_list(attention)) attentions.push_back(parse_attention(a));
   std::vector<Recompute> recomputes;

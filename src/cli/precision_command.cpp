@@ -105,7 +105,7 @@ class PrecisionCommand : public Command {
     app->add_option("--addend", addend_, "Accumulation: the number added")->capture_default_str();
     app->add_option("--count", count_, "Accumulation: how many times")->capture_default_str();
     model_.add_to(*app, false);
-    app->add_option("--precision", precision_, "Dtypes: the precisions compared (comma list of fp32, tf32, bf16)")
+    app->add_option("--precision", precision_, "Dtypes: the precisions compared (comma list of fp32, tf32, bf16, fp16)")
         ->capture_default_str();
     app->add_option("--attention", attention_, "Dtypes: flash or naive")->capture_default_str();
     app->add_option("--ctx", ctx_, "Dtypes: tokens per sequence of the step")->capture_default_str();
@@ -130,8 +130,7 @@ class PrecisionCommand : public Command {
     const ReportFormat format = parse_report_format(format_);
     if (format == ReportFormat::csv) user_error("--format csv is not offered here (use md or json)");
     const std::vector<std::string> precisions = split_list(precision_);
-    for (const std::string& p : precisions)
-      if (p != "fp32" && p != "tf32" && p != "bf16") user_error("unknown --precision '{}' (use fp32, tf32 or bf16)", p);
+    for (const std::string& p : precisions) check_precision(p);
     if (ctx_ <= 0 || batch_ <= 0) user_error("--ctx and --batch must be positive");
     BenchSpec cell;
     cell.model = model_.resolve_one();
@@ -180,7 +179,8 @@ class PrecisionCommand : public Command {
 
  private:
   ModelFlags model_;
-  std::string study_ = "accumulation,dtypes", precision_ = "fp32,tf32,bf16", attention_ = "flash", format_ = "md", out_;
+  std::string study_ = "accumulation,dtypes", precision_ = "fp32,tf32,bf16,fp16", attention_ = "flash", format_ = "md",
+              out_;
   double addend_ = 0.01;
   int count_ = 1000;
   std::int64_t ctx_ = 128, batch_ = 1;

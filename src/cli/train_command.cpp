@@ -131,9 +131,11 @@ class TrainCommand : public Command {
                s_.grad_accum > 1 ? fmt::format("{} micro-batches of ", s_.grad_accum) : "", s_.batch, s_.ctx,
                resumed ? fmt::format(", resumed at step {} from '{}'", start, resumed->path) : "");
     auto save_checkpoint = [&](std::int64_t step) {
-      const std::string path =
-          write_checkpoint(s_.checkpoint_dir, model, opt,
-                           CheckpointState{step, opt.steps_taken(), sampler.position(), s_.to_json()}, s_.keep);
+      const std::string path = write_checkpoint(
+          s_.checkpoint_dir, model, opt,
+          CheckpointState{step, opt.steps_taken(), sampler.position(), s_.to_json(),
+                          opt.loss_scaler().on() ? std::optional(opt.loss_scaler().state()) : std::nullopt},
+          s_.keep);
       fmt::print("saved checkpoint '{}'\n", path);
     };
 
@@ -167,10 +169,12 @@ class TrainCommand : public Command {
           loss += model.read_loss() / s_.grad_accum;
         }
         const double lr = s_.schedule.at(it);
+        bool applied = true;
         {
           ScopedRange r(ranges, RangeLevel::phase, "optimizer");
-          opt.step(lr);
+          applied = opt.step(lr);
         }
+        const LossScaler& scaler = opt.loss_scaler();
         const double norm = opt.last_grad_norm();
         if (!std::isfinite(loss)) user_error("the loss became {} at step {}; lower --lr or enable --clip", loss, step);
         std::optional<double> val_loss;
@@ -191,14 +195,22 @@ class TrainCommand : public Command {
             j["val_loss"] = *val_loss;
             j["val_perplexity"] = std::exp(*val_loss);
           }
+          if (scaler.on()) {
+            j["loss_scale"] = opt.last_loss_scale();
+            j["skipped"] = !applied;
+          }
           log << j.dump() << "\n" << std::flush;
         }
         if (step % s_.print_every == 0 || it == start || step == s_.steps || val_loss)
           fmt::print(
-              "step {:>6}/{}  loss {:.4f}{}  lr {:.3e}  grad norm {:.3f}  {:.2f} s/step  {:.0f} tokens/s\n", step,
+              "step {:>6}/{}  loss {:.4f}{}  lr {:.3e}  grad norm {:.3f}{}  {:.2f} s/step  {:.0f} tokens/s\n", step,
               s_.steps, loss,
               val_loss ? fmt::format("  val loss {:.4f} (perplexity {:.2f})", *val_loss, std::exp(*val_loss)) : "", lr,
-              norm, elapsed / done, static_cast<double>(tokens_per_step) * done / elapsed);
+              norm,
+              scaler.on() ? fmt::format("  loss scale {:g}{} ({} skipped in all)", opt.last_loss_scale(),
+                                        applied ? "" : ", overflow: step skipped", scaler.skipped())
+                          : "",
+              elapsed / done, static_cast<double>(tokens_per_step) * done / elapsed);
         if (!s_.checkpoint_dir.empty() && ((s_.save_every > 0 && step % s_.save_every == 0) || step == s_.steps)) {
           ScopedRange r(ranges, RangeLevel::phase, "checkpoint");
           save_checkpoint(step);

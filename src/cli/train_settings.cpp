@@ -75,6 +75,12 @@ void TrainSettings::add_to(CLI::App& app) {
   app.add_option("--eps", optimizer.eps)->capture_default_str();
   app.add_option("--weight-decay", optimizer.weight_decay)->capture_default_str();
   app.add_option("--clip", optimizer.clip, "Global gradient-norm limit, 0 = off")->capture_default_str();
+  app.add_option("--loss-scale", optimizer.loss_scaling.initial,
+                 "fp16: the first loss scale (a power of two), halved at every step whose gradients overflow")
+      ->capture_default_str();
+  app.add_option("--loss-scale-interval", optimizer.loss_scaling.interval,
+                 "fp16: steps in a row without overflow before the loss scale doubles")
+      ->capture_default_str();
   app.add_option("--seed", seed, "Seed for initialisation and random batches")->capture_default_str();
   app.add_option("--sample", sample, "random (seeded offsets) or sequential (row b of step s at (s·B+b)·ctx)")
       ->capture_default_str();
@@ -86,7 +92,8 @@ void TrainSettings::add_to(CLI::App& app) {
   app.add_option("--trace-steps", trace_steps, "With --trace: how many steps")->capture_default_str();
   app.add_option("--device", device, "cpu or cuda (default: cuda when a GPU is visible)");
   app.add_option("--precision", precision,
-                 "fp32, or on CUDA tf32 or bf16 (mixed: fp32 master weights and optimizer state)")
+                 "fp32, or on CUDA tf32, bf16 or fp16 (mixed: fp32 master weights and optimizer state; fp16 with "
+                 "dynamic loss scaling)")
       ->capture_default_str();
   app.add_option("--attention", attention, "flash (FlashAttention-2) or naive (scores kept in memory)")
       ->capture_default_str();
@@ -121,8 +128,7 @@ void TrainSettings::validate(const CLI::App& app) {
     user_error("unknown --sample '{}' (use random or sequential)", sample);
   if (lr_schedule != "constant" && lr_schedule != "cosine")
     user_error("unknown --lr-schedule '{}' (use constant or cosine)", lr_schedule);
-  if (precision != "fp32" && precision != "tf32" && precision != "bf16")
-    user_error("unknown --precision '{}' (use fp32, tf32 or bf16)", precision);
+  check_precision(precision);
   parse_attention(attention);
   parse_recompute(recompute);
   if (parse_weight_copies(weight_copies) == WeightCopies::transient && compute_dtype(precision) == DType::f32)
@@ -169,6 +175,8 @@ nlohmann::ordered_json TrainSettings::to_json() const {
           {"eps", optimizer.eps},
           {"weight_decay", optimizer.weight_decay},
           {"clip", optimizer.clip},
+          {"loss_scale", optimizer.loss_scaling.initial},
+          {"loss_scale_interval", optimizer.loss_scaling.interval},
           {"checkpoint_dir", checkpoint_dir},
           {"save_every", save_every},
           {"keep", keep},
@@ -216,6 +224,8 @@ std::vector<std::string> TrainSettings::take_from_checkpoint(const CLI::App& app
     take(app, saved, "--eps", optimizer.eps, changes);
     take(app, saved, "--weight-decay", optimizer.weight_decay, changes);
     take(app, saved, "--clip", optimizer.clip, changes);
+    take(app, saved, "--loss-scale", optimizer.loss_scaling.initial, changes);
+    take(app, saved, "--loss-scale-interval", optimizer.loss_scaling.interval, changes);
     take(app, saved, "--save-every", save_every, changes);
     take(app, saved, "--keep", keep, changes);
     take(app, saved, "--eval-every", eval_every, changes);

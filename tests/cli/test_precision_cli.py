@@ -47,7 +47,7 @@ class Accumulation(unittest.TestCase):
 
 
 class Dtypes(unittest.TestCase):
-    def test_what_stays_fp32_under_bf16(self):
+    def test_what_stays_fp32_under_bf16_and_fp16(self):
         r = run("--study", "dtypes", "--d-model", "64", "--d-ff", "128", "--layers", "2", "--heads", "2",
                 "--ctx", "32", "--format", "json")
         self.assertEqual(r.returncode, 0, r.stderr)
@@ -57,12 +57,15 @@ class Dtypes(unittest.TestCase):
         for key in (("parameter", "layers.{i}.ffn.w1.weight"), ("gradient", "layers.{i}.ffn.w1.weight"),
                     ("optimizer_state", "adamw.m.layers.{i}.ffn.w1.weight"), ("workspace", "loss"),
                     ("activation", "ln1.rstd"), ("activation", "attn.lse")):
-            self.assertEqual(by[key], {"fp32": "f32", "tf32": "f32", "bf16": "f32"}, key)
-        # The matmuls' inputs and outputs are bf16 under bf16 only, and the weight copies exist only there.
-        self.assertEqual(by[("activation", "lm_head.logits")], {"fp32": "f32", "tf32": "f32", "bf16": "bf16"})
+            self.assertEqual(by[key], {"fp32": "f32", "tf32": "f32", "bf16": "f32", "fp16": "f32"}, key)
+        # The matmuls' inputs and outputs are 16-bit under bf16 and fp16 only, and the weight copies
+        # exist only there.
+        self.assertEqual(by[("activation", "lm_head.logits")],
+                         {"fp32": "f32", "tf32": "f32", "bf16": "bf16", "fp16": "f16"})
         self.assertEqual(by[("parameter", "layers.{i}.ffn.w1.weight (bf16 copy)")], {"bf16": "bf16"})
+        self.assertEqual(by[("parameter", "layers.{i}.ffn.w1.weight (f16 copy)")], {"fp16": "f16"})
         for t in tensors:
-            self.assertNotIn("bf16", t["dtype"].get("fp32", ""), t)
+            self.assertNotIn("16", t["dtype"].get("fp32", ""), t)
 
     def test_markdown_and_out_file(self):
         with tempfile.TemporaryDirectory() as tmp:

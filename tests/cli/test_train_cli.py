@@ -3,7 +3,9 @@
 never stopped, bit for bit; SIGTERM saves the step before stopping; a damaged or truncated newest
 checkpoint is passed over with a warning; bad inputs end in one sentence and exit 2.
 Run by ctest with LMSCOPE pointing at the built program; LMSCOPE_TRAIN_DEVICE=cuda and
-LMSCOPE_TRAIN_PRECISION=bf16 run the same tests on the GPU (scripts/gpu_check.sh --training)."""
+LMSCOPE_TRAIN_PRECISION=bf16 or fp16 run the same tests on the GPU (scripts/gpu_check.sh --training);
+in fp16 the loss scale's state is part of what a resumed run must equal, and overflowing steps are
+skipped and logged."""
 import glob
 import json
 import math
@@ -21,7 +23,7 @@ import numpy as np
 LMSCOPE = os.environ["LMSCOPE"]
 STEPS = 80
 DEVICE = os.environ.get("LMSCOPE_TRAIN_DEVICE", "cpu")  # the GPU machine runs the same tests on cuda
-PRECISION = os.environ.get("LMSCOPE_TRAIN_PRECISION", "fp32")  # and in bf16 there
+PRECISION = os.environ.get("LMSCOPE_TRAIN_PRECISION", "fp32")  # and in bf16 and fp16 there
 OTHER_PRECISION = "fp32" if PRECISION == "bf16" else "bf16"
 RUN = ["--device", DEVICE, "--vocab", "50", "--d-model", "32", "--d-ff", "64", "--layers", "2", "--heads", "2",
        "--precision", PRECISION,
@@ -234,6 +236,8 @@ class Checkpoints(unittest.TestCase):
              "--keep must be positive"),
             ([*RUN[:-4], "--data", self.data, "--eval-every", "5"], "need --val-data"),
             ([*RUN[:-4]], "--data is required"),
+            ([*RUN[:-4], "--data", self.data, "--loss-scale", "1000"], "--loss-scale must be a positive power of two"),
+            ([*RUN[:-4], "--data", self.data, "--loss-scale-interval", "0"], "--loss-scale-interval must be positive"),
         ]
         empty = self.path("empty")
         os.makedirs(empty, exist_ok=True)
@@ -244,6 +248,27 @@ class Checkpoints(unittest.TestCase):
             lines = r.stderr.strip().splitlines()
             self.assertEqual(len(lines), 1, r.stderr)
             self.assertIn(says, lines[0])
+
+    @unittest.skipUnless(PRECISION == "fp16", "loss scaling is fp16's")
+    def test_fp16_skips_overflowing_steps_and_logs_the_scale(self):
+        # 2^40 times the loss's gradient overflows fp16 (largest 65504): the first steps are skipped,
+        # each halving the scale, until the gradients fit.
+        log = self.path("fp16.jsonl")
+        r = run("train", *RUN[:-6], "--steps", "30", "--print-every", "1", "--data", self.data, "--log", log,
+                "--loss-scale", str(2 ** 40))
+        self.assertEqual(r.returncode, 0, r.stderr)
+        rows = read_log(log)
+        skipped = [row for row in rows if row["skipped"]]
+        self.assertGreater(len(skipped), 0)
+        self.assertEqual(rows[0]["loss_scale"], 2 ** 40)
+        for a, b in zip(rows, rows[1:]):
+            self.assertEqual(b["loss_scale"], a["loss_scale"] / 2 if a["skipped"] else a["loss_scale"])
+        for row in skipped:
+            self.assertIsNone(row["grad_norm"])  # not finite: JSON has no infinity
+        self.assertFalse(rows[-1]["skipped"])
+        self.assertLess(rows[-1]["loss"], rows[0]["loss"])
+        self.assertIn("overflow: step skipped", r.stdout)
+        self.assertIn(f"({len(skipped)} skipped in all)", r.stdout.strip().splitlines()[-1])
 
 
 if __name__ == "__main__":

@@ -9,6 +9,7 @@
 #include "lmscope/core/rng.h"
 #include "lmscope/model/optimizer.h"
 #include "lmscope/model/transformer.h"
+#include "lmscope/precision/number_formats.h"
 
 #include <gtest/gtest.h>
 
@@ -234,117 +235,107 @@ TEST_F(CudaVsCpu, TwentyTrainingStepsMatchTheCpu) {
   for (int i = 0; i < 20; ++i) EXPECT_LT(std::fabs(on_gpu[i] - on_cpu[i]) / on_cpu[i], 1e-4) << "step " << i + 1;
 }
 
-// ---- bf16 storage (fp32 arithmetic) against the fp32 CPU reference, within 1e-2 ----
-constexpr double kBf16 = 1e-2;
+// ---- bf16 and fp16 storage (fp32 arithmetic) against the fp32 CPU reference, within 1e-2 ----
+constexpr double kLowp = 1e-2;
 
-class Bf16VsCpu : public CudaVsCpu {
+class LowpVsCpu : public CudaVsCpu, public ::testing::WithParamInterface<DType> {
  protected:
-  // A bf16 copy of a twin's GPU side.
-  Allocation bf16(const Twin& t) {
-    Allocation a = gpu->allocator().allocate(t.gpu.tensor().shape, DType::bf16, {});
+  // A copy of a twin's GPU side in the 16-bit type under test.
+  Allocation lowp(const Twin& t) {
+    Allocation a = gpu->allocator().allocate(t.gpu.tensor().shape, GetParam(), {});
     gpu->cast(t.gpu, a);
     return a;
   }
-  Allocation bf16_output(const Shape& s) {
-    Allocation a = gpu->allocator().allocate(s, DType::bf16, {});
+  Allocation lowp_output(const Shape& s) {
+    Allocation a = gpu->allocator().allocate(s, GetParam(), {});
     gpu->fill(a, NAN);
     return a;
   }
-  // Widens a bf16 result into the twin's GPU side, then compares with the CPU side.
-  void expect_close_bf16(const Allocation& result, Twin& ref, const std::string& what) {
+  // Widens a 16-bit result into the twin's GPU side, then compares with the CPU side.
+  void expect_close_lowp(const Allocation& result, Twin& ref, const std::string& what) {
     gpu->cast(result, ref.gpu);
-    expect_close(ref, kBf16, what);
+    expect_close(ref, kLowp, what);
   }
 };
+INSTANTIATE_TEST_SUITE_P(Storage, LowpVsCpu, ::testing::Values(DType::bf16, DType::f16),
+                         [](const auto& info) { return std::string(dtype_name(info.param)); });
 
-TEST_F(Bf16VsCpu, Gemm) {
+TEST_P(LowpVsCpu, Gemm) {
   const std::int64_t M = 67, N = 45, K = 129;
   for (bool wide_out : {false, true}) {
     auto a = random({M, K}), b = random({N, K}), c = output({M, N});
     GemmArgs g{
         .trans_b = true, .m = M, .n = N, .k = K, .a = a.cpu, .b = b.cpu, .c = c.cpu, .lda = K, .ldb = K, .ldc = N};
     cpu->gemm(g);
-    Allocation ab = bf16(a), bb = bf16(b), cb = bf16_output({M, N});
+    Allocation ab = lowp(a), bb = lowp(b), cb = lowp_output({M, N});
     g.a = ab, g.b = bb, g.c = wide_out ? c.gpu.tensor() : cb.tensor();
     gpu->gemm(g);
     if (wide_out)
-      expect_close(c, kBf16, "bf16 gemm into f32");
+      expect_close(c, kLowp, "16-bit gemm into f32");
     else
-      expect_close_bf16(cb, c, "bf16 gemm into bf16");
+      expect_close_lowp(cb, c, "16-bit gemm into 16-bit");
   }
 }
 
-TEST_F(Bf16VsCpu, RowOps) {
+TEST_P(LowpVsCpu, RowOps) {
   const std::int64_t N = 37, d = 203, T = 40;  // T 40: softmax rows of whole 16-byte packs
-  {                                            // RMSNorm: f32 in, bf16 out; backward from a bf16 gradient into f32
+  {                                            // RMSNorm: f32 in, 16-bit out; backward from a 16-bit gradient into f32
     auto x = random({N, d}), w = random({d}), y = output({N, d}), r = output({N}), dy = random({N, d});
     auto dx = output({N, d}), dw = output({d});
     cpu->rmsnorm_forward(x.cpu, w.cpu, y.cpu, r.cpu, 1e-5);
     cpu->rmsnorm_backward(dy.cpu, x.cpu, w.cpu, r.cpu, dx.cpu, dw.cpu);
-    Allocation yb = bf16_output({N, d}), dyb = bf16(dy);
+    Allocation yb = lowp_output({N, d}), dyb = lowp(dy);
     gpu->rmsnorm_forward(x.gpu, w.gpu, yb, r.gpu, 1e-5);
     gpu->rmsnorm_backward(dyb, x.gpu, w.gpu, r.gpu, dx.gpu, dw.gpu);
-    expect_close_bf16(yb, y, "bf16 rmsnorm");
-    expect_close(dx, kBf16, "rmsnorm dx from a bf16 gradient");
-    expect_close(dw, kBf16, "rmsnorm dw from a bf16 gradient");
+    expect_close_lowp(yb, y, "16-bit rmsnorm");
+    expect_close(dx, kLowp, "rmsnorm dx from a 16-bit gradient");
+    expect_close(dw, kLowp, "rmsnorm dw from a 16-bit gradient");
   }
   {  // softmax
     auto s = random({3, T, T}, 3.0), dp = random({3, T, T}), p = output({3, T, T}), ds = output({3, T, T});
     cpu->softmax_forward(s.cpu, p.cpu, 0.125, true);
     cpu->softmax_backward(p.cpu, dp.cpu, ds.cpu, 0.125);
-    Allocation sb = bf16(s), pb = bf16_output({3, T, T}), dpb = bf16(dp), dsb = bf16_output({3, T, T});
+    Allocation sb = lowp(s), pb = lowp_output({3, T, T}), dpb = lowp(dp), dsb = lowp_output({3, T, T});
     gpu->softmax_forward(sb, pb, 0.125, true);
     gpu->softmax_backward(pb, dpb, dsb, 0.125);
-    expect_close_bf16(pb, p, "bf16 softmax");
-    expect_close_bf16(dsb, ds, "bf16 softmax backward");
+    expect_close_lowp(pb, p, "16-bit softmax");
+    expect_close_lowp(dsb, ds, "16-bit softmax backward");
   }
-  {  // cross-entropy from bf16 logits
+  {  // cross-entropy from 16-bit logits
     const std::int64_t V = 1237;
     auto x = random({N, V}, 2.0), lse = output({N}), loss = output({1}), dx = output({N, V});
     auto t = ids(N, V);
     cpu->cross_entropy_forward(x.cpu, t.cpu, lse.cpu, loss.cpu);
     cpu->cross_entropy_backward(x.cpu, t.cpu, lse.cpu, dx.cpu, 1.0 / N);
-    Allocation xb = bf16(x);
+    Allocation xb = lowp(x);
     gpu->cross_entropy_forward(xb, t.gpu, lse.gpu, loss.gpu);
     gpu->cross_entropy_backward(xb, t.gpu, lse.gpu, xb, 1.0 / N);
-    expect_close(loss, kBf16, "loss from bf16 logits");
-    expect_close_bf16(xb, dx, "bf16 dlogits");
+    expect_close(loss, kLowp, "loss from 16-bit logits");
+    expect_close_lowp(xb, dx, "16-bit dlogits");
   }
   {  // heads with RoPE, and SwiGLU
     auto x = random({2, T, 3, 16}), y = output({2, 3, T, 16});
     cpu->split_heads(x.cpu, y.cpu, 10000.0);
-    Allocation xb = bf16(x), yb = bf16_output({2, 3, T, 16});
+    Allocation xb = lowp(x), yb = lowp_output({2, 3, T, 16});
     gpu->split_heads(xb, yb, 10000.0);
-    expect_close_bf16(yb, y, "bf16 split_heads");
+    expect_close_lowp(yb, y, "16-bit split_heads");
     auto a = random({N, d}, 2.0), b = random({N, d}), o = output({N, d});
     cpu->swiglu_forward(a.cpu, b.cpu, o.cpu);
-    Allocation ab = bf16(a), bb = bf16(b), ob = bf16_output({N, d});
+    Allocation ab = lowp(a), bb = lowp(b), ob = lowp_output({N, d});
     gpu->swiglu_forward(ab, bb, ob);
-    expect_close_bf16(ob, o, "bf16 swiglu");
+    expect_close_lowp(ob, o, "16-bit swiglu");
   }
 }
 
 // Casts round to nearest even, in 16-byte packs and in the tail, and where a pointer is off a pack's
 // alignment; widening back is exact.
-TEST_F(Bf16VsCpu, CastsRoundToNearestEvenAtAnyAlignment) {
+TEST_P(LowpVsCpu, CastsRoundToNearestEvenAtAnyAlignment) {
   const std::int64_t n = 1027;  // 256 packs of 4 and a tail of 3
   auto x = random({n + 1}, 3.0);
-  Allocation narrow = bf16_output({n + 1});
+  Allocation narrow = lowp_output({n + 1});
   auto wide = output({n + 1});
-  auto round = [](double v) {  // fp32 to bf16 on the host, round to nearest even: the bf16's bits
-    const float f = static_cast<float>(v);
-    std::uint32_t u;
-    std::memcpy(&u, &f, 4);
-    return static_cast<std::uint16_t>((u + 0x7FFFu + ((u >> 16) & 1u)) >> 16);
-  };
-  auto widen = [](std::uint16_t bits) {
-    const std::uint32_t u = std::uint32_t{bits} << 16;
-    float f;
-    std::memcpy(&f, &u, 4);
-    return static_cast<double>(f);
-  };
+  const NumberFormat& format = GetParam() == DType::bf16 ? bf16_format() : fp16_format();
   const std::vector<double> in = download(*gpu, x.gpu);
-  std::vector<std::uint16_t> narrow_bits(static_cast<std::size_t>(n + 1));
   for (std::int64_t offset : {0, 1}) {
     auto at = [&](const Tensor& t) {
       return Tensor{static_cast<char*>(t.data) + offset * static_cast<std::int64_t>(dtype_size(t.dtype)), t.dtype, {n}};
@@ -353,30 +344,29 @@ TEST_F(Bf16VsCpu, CastsRoundToNearestEvenAtAnyAlignment) {
     gpu->fill(wide.gpu, NAN);
     gpu->cast(at(x.gpu), at(narrow));
     gpu->cast(at(narrow), at(wide.gpu));
-    gpu->copy_to_host(narrow_bits.data(), narrow);
     const std::vector<double> widened = download(*gpu, wide.gpu);
-    for (std::int64_t i = 0; i < n; ++i) {
-      const std::uint16_t want = round(in[offset + i]);
-      ASSERT_EQ(narrow_bits[offset + i], want) << "offset " << offset << ", element " << i;
-      ASSERT_EQ(widened[offset + i], widen(want)) << "offset " << offset << ", element " << i << " widened";
+    for (std::int64_t i = 0; i < n; ++i) {  // the fp32 value rounded on the host, widened exactly
+      const double want = round_to(format, static_cast<float>(in[offset + i]));
+      ASSERT_EQ(widened[offset + i], want) << "offset " << offset << ", element " << i;
     }
   }
 }
 
-TEST_F(Bf16VsCpu, AdamWRefreshesTheBf16Copy) {
+TEST_P(LowpVsCpu, AdamWRefreshesTheLowPrecisionCopy) {
   auto p = random({999}), g = random({999}), m = random({999}, 0.0), v = random({999}, 0.0), norm = output({1});
   gpu->fill(m.gpu, 0.0);
   gpu->fill(v.gpu, 0.0);
-  Allocation copy = bf16_output({999});
+  Allocation copy = lowp_output({999});
   gpu->global_norm(std::vector<Tensor>{g.gpu}, norm.gpu);
   gpu->adamw(p.gpu, g.gpu, m.gpu, v.gpu, AdamWArgs{.lr = 1e-2, .step = 1}, norm.gpu, copy);
   Twin widened{cpu->allocator().allocate({999}, DType::f32, {}), gpu->allocator().allocate({999}, DType::f32, {})};
   upload(*cpu, widened.cpu, download(*gpu, p.gpu));
-  expect_close_bf16(copy, widened, "bf16 copy of the updated parameter");
+  expect_close_lowp(copy, widened, "16-bit copy of the updated parameter");
 }
 
-// The criterion: bf16's loss curve within 2% of fp32's over 20 steps, both on the GPU.
-TEST_F(Bf16VsCpu, TrainingFollowsFp32) {
+// bf16's and fp16's loss curves within 2% of fp32's over 20 steps, all on the GPU (fp16 with the
+// optimizer's dynamic loss scaling).
+TEST_P(LowpVsCpu, TrainingFollowsFp32) {
   ModelConfig c;
   c.vocab = 503;
   c.d_model = 128;
@@ -388,9 +378,9 @@ TEST_F(Bf16VsCpu, TrainingFollowsFp32) {
   for (auto* v : {&x, &y})
     for (auto& t : *v) t = static_cast<std::int32_t>(rng.below(503));
   const auto fp32 = twenty_step_losses(*gpu, c, std::nullopt, B, T, x, y),
-             bf16 = twenty_step_losses(*gpu, c, DType::bf16, B, T, x, y);
+             low = twenty_step_losses(*gpu, c, GetParam(), B, T, x, y);
   EXPECT_LT(fp32.back(), fp32.front() - 0.5) << "the run must train";
-  for (int i = 0; i < 20; ++i) EXPECT_LT(std::fabs(bf16[i] - fp32[i]) / fp32[i], 0.02) << "step " << i + 1;
+  for (int i = 0; i < 20; ++i) EXPECT_LT(std::fabs(low[i] - fp32[i]) / fp32[i], 0.02) << "step " << i + 1;
 }
 
 TEST_F(CudaVsCpu, OutOfMemoryIsReportedAndRecovered) {

@@ -42,9 +42,13 @@ AttentionShape attention_shape(const Tensor& q, const Tensor& k, const Tensor& v
 
 double read_scalar(Backend& backend, const Tensor& t) { return download(backend, Tensor{t.data, t.dtype, {1}})[0]; }
 
+void check_precision(const std::string& precision) {
+  if (precision != "fp32" && precision != "tf32" && precision != "bf16" && precision != "fp16")
+    user_error("unknown --precision '{}' (use fp32, tf32, bf16 or fp16)", precision);
+}
+
 std::unique_ptr<Backend> make_backend(const std::string& device, const std::string& precision) {
-  if (precision != "fp32" && precision != "tf32" && precision != "bf16")
-    user_error("unknown precision '{}' (use fp32, tf32 or bf16)", precision);
+  check_precision(precision);
   if (device == "cpu") {
     if (precision != "fp32") throw Unsupported(fmt::format("the CPU backend computes in fp32 only, not {}", precision));
     return make_cpu_backend();
@@ -55,7 +59,9 @@ std::unique_ptr<Backend> make_backend(const std::string& device, const std::stri
   user_error("unknown device '{}' (use cpu or cuda)", device);
 }
 
-DType compute_dtype(const std::string& precision) { return precision == "bf16" ? DType::bf16 : DType::f32; }
+DType compute_dtype(const std::string& precision) {
+  return precision == "bf16" ? DType::bf16 : precision == "fp16" ? DType::f16 : DType::f32;
+}
 
 std::string default_device() { return list_gpus().empty() ? "cpu" : "cuda"; }
 

@@ -47,6 +47,8 @@ struct AdamWArgs {
   double lr = 1e-3, beta1 = 0.9, beta2 = 0.999, eps = 1e-8, weight_decay = 0.01;
   std::int64_t step = 1;  // t, from 1
   double max_norm = 0;    // global-norm clipping threshold; 0 = off
+  // Multiplies the gradient (and the norm clipping compares) first: 1/S undoes a loss scale S.
+  double grad_scale = 1.0;
 };
 
 // Device memory as its driver reports it (cudaMemGetInfo), beside what the allocator holds.
@@ -148,8 +150,9 @@ class Backend {
 
   // out [1] = sqrt(sum of squares over every tensor): the global gradient norm.
   virtual void global_norm(std::span<const Tensor> tensors, const Tensor& out) = 0;
-  // The assignment's AdamW on one parameter (MODEL.md), with its gradient scaled by
-  // min(1, max_norm/(norm+1e-6)) first when max_norm > 0 (norm read from grad_norm [1]).
+  // The assignment's AdamW on one parameter (MODEL.md), with its gradient multiplied by grad_scale
+  // and then by min(1, max_norm/(grad_scale·norm+1e-6)) when max_norm > 0 (norm read from
+  // grad_norm [1]).
   // lowp_copy, when not empty, receives the updated parameter in its own (lower) precision.
   virtual void adamw(const Tensor& param, const Tensor& grad, const Tensor& m, const Tensor& v, const AdamWArgs& args,
                      const Tensor& grad_norm, const Tensor& lowp_copy) = 0;
@@ -190,10 +193,12 @@ std::unique_ptr<Backend> make_cpu_backend(std::size_t memory_capacity = 0);
 // GEMM arithmetic of a CUDA backend: IEEE fp32 (tensor cores off) or tf32 tensor cores.
 enum class GemmMath { fp32, tf32 };
 std::unique_ptr<Backend> make_cuda_backend(GemmMath math);  // throws Unsupported without CUDA or a GPU
-// device "cpu" or "cuda", precision "fp32", "tf32" or "bf16"; throws UserError for an unknown
+// Throws UserError naming the choices unless precision is "fp32", "tf32", "bf16" or "fp16".
+void check_precision(const std::string& precision);
+// device "cpu" or "cuda", precision as check_precision takes it; throws UserError for an unknown
 // name, Unsupported for a combination this build cannot run.
 std::unique_ptr<Backend> make_backend(const std::string& device, const std::string& precision = "fp32");
-// The model's compute dtype for a precision name: bf16 for "bf16", else f32.
+// The model's compute dtype for a precision name: bf16 for "bf16", f16 for "fp16", else f32.
 DType compute_dtype(const std::string& precision);
 // The device a command uses when none is named.
 std::string default_device();

@@ -48,7 +48,7 @@ double peak_tflops(const std::string& device_name, const std::string& precision)
   // Dense tensor-core (bf16, tf32) and CUDA-core (fp32) peaks from NVIDIA's datasheets, TFLOP/s.
   struct Peak {
     const char* name;
-    double bf16, tf32, fp32;
+    double bf16, tf32, fp32;  // dense; fp16's tensor-core peak is bf16's on these cards
   };
   static const Peak peaks[] = {{"H100 80GB HBM3", 989.4, 494.7, 66.9},  // SXM5
                                {"H100 PCIe", 756.0, 378.0, 51.2},
@@ -56,7 +56,7 @@ double peak_tflops(const std::string& device_name, const std::string& precision)
                                {"A100", 312.0, 156.0, 19.5}};
   for (const Peak& p : peaks)
     if (device_name.find(p.name) != std::string::npos)
-      return precision == "bf16" ? p.bf16 : precision == "tf32" ? p.tf32 : p.fp32;
+      return precision == "bf16" || precision == "fp16" ? p.bf16 : precision == "tf32" ? p.tf32 : p.fp32;
   return 0;
 }
 

@@ -11,7 +11,7 @@
 
 namespace lmscope {
 
-enum class DType { f32, f64, bf16, i32 };
+enum class DType { f32, f64, bf16, f16, i32 };
 
 inline std::size_t dtype_size(DType t) {
   switch (t) {
@@ -20,6 +20,7 @@ inline std::size_t dtype_size(DType t) {
     case DType::f64:
       return 8;
     case DType::bf16:
+    case DType::f16:
       return 2;
     case DType::i32:
       return 4;
@@ -35,6 +36,8 @@ inline const char* dtype_name(DType t) {
       return "f64";
     case DType::bf16:
       return "bf16";
+    case DType::f16:
+      return "f16";
     case DType::i32:
       return "i32";
   }

@@ -21,7 +21,8 @@ namespace {
 cuda::Elem elem(const Tensor& t) {
   if (t.dtype == DType::f32) return cuda::Elem::f32;
   if (t.dtype == DType::bf16) return cuda::Elem::bf16;
-  throw Unsupported(fmt::format("the CUDA backend stores f32 and bf16, not {}", dtype_name(t.dtype)));
+  if (t.dtype == DType::f16) return cuda::Elem::f16;
+  throw Unsupported(fmt::format("the CUDA backend stores f32, bf16 and f16, not {}", dtype_name(t.dtype)));
 }
 float* f32(const Tensor& t) {
   LMSCOPE_CHECK(t.dtype == DType::f32, "this CUDA op takes f32 here, got {}", dtype_name(t.dtype));
@@ -237,12 +238,15 @@ class CudaBackend final : public Backend {
 
   void adamw(const Tensor& p, const Tensor& g, const Tensor& m, const Tensor& v, const AdamWArgs& a,
              const Tensor& grad_norm, const Tensor& lowp_copy) override {
-    LMSCOPE_CHECK(lowp_copy.empty() || lowp_copy.dtype == DType::bf16, "low-precision copies are bf16");
+    LMSCOPE_CHECK(lowp_copy.empty() || lowp_copy.dtype == DType::bf16 || lowp_copy.dtype == DType::f16,
+                  "low-precision copies are bf16 or f16");
     const double t = static_cast<double>(a.step);
     const double alpha = a.lr * std::sqrt(1.0 - std::pow(a.beta2, t)) / (1.0 - std::pow(a.beta1, t));
     cuda::adamw(f32(p), f32(g), f32(m), f32(v), p.numel(), static_cast<float>(a.beta1), static_cast<float>(a.beta2),
                 static_cast<float>(a.eps), static_cast<float>(alpha), static_cast<float>(a.lr * a.weight_decay),
-                a.max_norm > 0 ? f32(grad_norm) : nullptr, static_cast<float>(a.max_norm), lowp_copy.data, stream_);
+                a.max_norm > 0 ? f32(grad_norm) : nullptr, static_cast<float>(a.max_norm),
+                static_cast<float>(a.grad_scale), lowp_copy.data,
+                lowp_copy.empty() ? cuda::Elem::bf16 : elem(lowp_copy), stream_);
   }
 
  private:

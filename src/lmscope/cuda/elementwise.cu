@@ -102,9 +102,10 @@ __device__ __forceinline__ void adamw_update(float& p, float g, float& m, float&
   p -= c.decay * p;
 }
 
+template <typename L>
 __global__ void adamw_kernel(float* p, const float* g, float* m, float* v, std::int64_t n, std::int64_t n4,
-                             AdamWConsts c, const float* grad_norm, float max_norm, __nv_bfloat16* lowp) {
-  const float clip = grad_norm ? fminf(1.0f, max_norm / (*grad_norm + 1e-6f)) : 1.0f;
+                             AdamWConsts c, const float* grad_norm, float max_norm, float grad_scale, L* lowp) {
+  const float clip = (grad_norm ? fminf(1.0f, max_norm / (*grad_norm * grad_scale + 1e-6f)) : 1.0f) * grad_scale;
   GRID_STRIDE(i, n4) {
     float4 pi = reinterpret_cast<float4*>(p)[i], mi = reinterpret_cast<float4*>(m)[i],
            vi = reinterpret_cast<float4*>(v)[i];
@@ -116,11 +117,7 @@ __global__ void adamw_kernel(float* p, const float* g, float* m, float* v, std::
     reinterpret_cast<float4*>(p)[i] = pi;
     reinterpret_cast<float4*>(m)[i] = mi;
     reinterpret_cast<float4*>(v)[i] = vi;
-    if (lowp) {
-      __nv_bfloat162* out = reinterpret_cast<__nv_bfloat162*>(lowp) + 2 * i;
-      out[0] = __floats2bfloat162_rn(pi.x, pi.y);
-      out[1] = __floats2bfloat162_rn(pi.z, pi.w);
-    }
+    if (lowp) store<4>(lowp + 4 * i, {pi.x, pi.y, pi.z, pi.w});
   }
   GRID_STRIDE(j, n - 4 * n4) {
     const std::int64_t i = 4 * n4 + j;
@@ -129,7 +126,7 @@ __global__ void adamw_kernel(float* p, const float* g, float* m, float* v, std::
     p[i] = pi;
     m[i] = mi;
     v[i] = vi;
-    if (lowp) lowp[i] = __float2bfloat16(pi);
+    if (lowp) lowp[i] = st<L>(pi);
   }
 }
 
@@ -230,12 +227,19 @@ void swiglu_backward(const void* a, const void* b, const void* dout, void* da, v
 }
 
 void adamw(float* p, const float* g, float* m, float* v, std::int64_t n, float beta1, float beta2, float eps,
-           float alpha, float decay, const float* grad_norm, float max_norm, void* lowp, cudaStream_t s) {
+           float alpha, float decay, const float* grad_norm, float max_norm, float grad_scale, void* lowp, Elem elow,
+           cudaStream_t s) {
   const bool vec = aligned16({p, g, m, v}) && reinterpret_cast<std::uintptr_t>(lowp) % 8 == 0;
   const std::int64_t n4 = vec ? n / 4 : 0;
-  adamw_kernel<<<grid_for(n4 > 0 ? n4 : n, kBlock), kBlock, 0, s>>>(
-      p, g, m, v, n, n4, AdamWConsts{beta1, beta2, eps, alpha, decay}, grad_norm, max_norm,
-      static_cast<__nv_bfloat16*>(lowp));
+  const AdamWConsts c{beta1, beta2, eps, alpha, decay};
+  auto launch = [&](auto* copy) {
+    adamw_kernel<<<grid_for(n4 > 0 ? n4 : n, kBlock), kBlock, 0, s>>>(p, g, m, v, n, n4, c, grad_norm, max_norm,
+                                                                      grad_scale, copy);
+  };
+  if (elow == Elem::f16)
+    launch(static_cast<__half*>(lowp));
+  else
+    launch(static_cast<__nv_bfloat16*>(lowp));
   check_launch("adamw_kernel");
 }
 

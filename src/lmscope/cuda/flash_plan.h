@@ -9,7 +9,7 @@
 
 namespace lmscope::cuda {
 
-enum class Elem { f32, bf16 };
+enum class Elem { f32, bf16, f16 };
 
 // Tile rows the plan counts with; flash_attention.cu checks its kernels' constants against these.
 inline constexpr int kPlanSyncTile = 64;         // mma.sync kernels: queries and keys per CTA tile

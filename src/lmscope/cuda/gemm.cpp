@@ -24,7 +24,8 @@ namespace {
 cudaDataType_t cuda_type(DType t) {
   if (t == DType::f32) return CUDA_R_32F;
   if (t == DType::bf16) return CUDA_R_16BF;
-  throw Unsupported(fmt::format("the CUDA GEMM takes f32 or bf16, not {}", dtype_name(t)));
+  if (t == DType::f16) return CUDA_R_16F;
+  throw Unsupported(fmt::format("the CUDA GEMM takes f32, bf16 or f16, not {}", dtype_name(t)));
 }
 
 cublasLtMatrixLayout_t layout(DType type, std::uint64_t rows, std::uint64_t cols, std::int64_t ld, std::int64_t batch,
@@ -79,7 +80,7 @@ Gemm::Plan& Gemm::plan(const GemmArgs& g) {
 void Gemm::run(const GemmArgs& g) {
   LMSCOPE_CHECK(g.a.dtype == g.b.dtype, "GEMM operands of two types: {} and {}", dtype_name(g.a.dtype),
                 dtype_name(g.b.dtype));
-  LMSCOPE_CHECK(g.a.dtype == g.c.dtype || (g.a.dtype == DType::bf16 && g.c.dtype == DType::f32),
+  LMSCOPE_CHECK(g.a.dtype == g.c.dtype || (dtype_size(g.a.dtype) == 2 && g.c.dtype == DType::f32),
                 "GEMM of {} operands into {}", dtype_name(g.a.dtype), dtype_name(g.c.dtype));
   Plan& p = plan(g);
   LMSCOPE_CUBLAS_CHECK(cublasLtMatmul(handle_, p.desc, &g.alpha, g.b.data, p.a, g.a.data, p.b, &g.beta, g.c.data, p.c,

@@ -20,10 +20,12 @@ void swiglu_forward(const void* a, const void* b, void* out, Elem e, std::int64_
 void swiglu_backward(const void* a, const void* b, const void* dout, void* da, void* db, Elem e, std::int64_t n,
                      cudaStream_t s);
 // fp32 p, g, m, v. grad_norm: device pointer to the global norm (nullptr when max_norm <= 0);
-// alpha = the bias-corrected step size; decay = lr·weight_decay; lowp: a bf16 copy of p to
-// refresh in the same pass, or nullptr.
+// alpha = the bias-corrected step size; decay = lr·weight_decay; grad_scale multiplies g first (and
+// the norm the clipping compares); lowp: a copy of p in elow (bf16 or f16) to refresh in the same
+// pass, or nullptr.
 void adamw(float* p, const float* g, float* m, float* v, std::int64_t n, float beta1, float beta2, float eps,
-           float alpha, float decay, const float* grad_norm, float max_norm, void* lowp, cudaStream_t s);
+           float alpha, float decay, const float* grad_norm, float max_norm, float grad_scale, void* lowp, Elem elow,
+           cudaStream_t s);
 // The global norm, deterministic: sum_squares writes kNormBlocks partial sums of x² (one per block)
 // at `partials`; sum_partials_sqrt adds `count` of them in a fixed order into √Σ.
 inline constexpr int kNormBlocks = 256;

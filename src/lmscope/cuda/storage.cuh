@@ -4,6 +4,7 @@
 #include "lmscope/cuda/kernels.h"
 
 #include <cuda_bf16.h>
+#include <cuda_fp16.h>
 
 #include <cstdint>
 #include <initializer_list>
@@ -13,6 +14,7 @@ namespace lmscope::cuda {
 
 __device__ __forceinline__ float ld(float x) { return x; }
 __device__ __forceinline__ float ld(__nv_bfloat16 x) { return __bfloat162float(x); }
+__device__ __forceinline__ float ld(__half x) { return __half2float(x); }
 template <typename T>
 __device__ __forceinline__ T st(float x);
 template <>
@@ -22,6 +24,10 @@ __device__ __forceinline__ float st<float>(float x) {
 template <>
 __device__ __forceinline__ __nv_bfloat16 st<__nv_bfloat16>(float x) {
   return __float2bfloat16(x);  // round to nearest even
+}
+template <>
+__device__ __forceinline__ __half st<__half>(float x) {
+  return __float2half_rn(x);  // round to nearest even; beyond 65504, inf
 }
 
 // N consecutive elements moved as one load or store of N·sizeof(T) bytes (16 for the kernels'
@@ -64,6 +70,8 @@ void with_elem(Elem e, F&& f) {
     f(Tag<float>{});
   else if (e == Elem::bf16)
     f(Tag<__nv_bfloat16>{});
+  else if (e == Elem::f16)
+    f(Tag<__half>{});
   else
     throw std::logic_error("unknown storage type");
 }

@@ -75,6 +75,11 @@ std::string check(const fs::path& dir, CheckpointState& state) {
     state.sampler.rng_state = from_hex(j.at("sampler").at("rng_state").get<std::string>());
     state.sampler.batches = j.at("sampler").at("batches").get<std::int64_t>();
     state.config = j.at("config");
+    if (j.contains("loss_scaler")) {
+      const auto& s = j.at("loss_scaler");
+      state.loss_scaler = LossScaler::State{s.at("scale").get<double>(), s.at("good_steps").get<std::int64_t>(),
+                                            s.at("skipped").get<std::int64_t>()};
+    }
     for (const char* file : {kModelFile, kOptimizerFile}) {
       const auto& want = j.at("files").at(file);
       const fs::path p = dir / file;
@@ -128,6 +133,10 @@ std::string write_checkpoint(const std::string& dir, Transformer& model, const A
   j["adamw_steps"] = state.adamw_steps;
   j["sampler"] = {{"rng_state", hex(state.sampler.rng_state)}, {"batches", state.sampler.batches}};
   j["config"] = state.config;
+  if (state.loss_scaler) {
+    const LossScaler::State& s = *state.loss_scaler;
+    j["loss_scaler"] = {{"scale", s.scale}, {"good_steps", s.good_steps}, {"skipped", s.skipped}};
+  }
   j["files"] = {{kModelFile, digest_json(weights)}, {kOptimizerFile, digest_json(optimizer)}};
   write_file_durably((partial / kStateFile).string(), j.dump(2) + "\n");
   sync_directory(partial.string());
@@ -180,6 +189,7 @@ void load_checkpoint(const FoundCheckpoint& c, Transformer& model, AdamW& opt) {
     }
   }
   opt.set_steps_taken(c.state.adamw_steps);
+  if (c.state.loss_scaler) opt.restore_loss_scaler(*c.state.loss_scaler);
 }
 
 }  // namespace lmscope

@@ -11,10 +11,12 @@
 #pragma once
 
 #include "lmscope/io/token_data.h"
+#include "lmscope/model/loss_scaler.h"
 
 #include <nlohmann/json.hpp>
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -28,6 +30,8 @@ struct CheckpointState {
   std::int64_t adamw_steps = 0;  // AdamW's t (bias correction)
   BatchSampler::Position sampler;
   nlohmann::ordered_json config;  // the run's configuration, as train writes it
+  // fp16's loss scale and its counts of good and of skipped steps, where the optimizer scales
+  std::optional<LossScaler::State> loss_scaler;
 };
 
 // Writes the checkpoint of state.step into dir (made if missing), then removes all but the newest

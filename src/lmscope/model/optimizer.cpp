@@ -12,6 +12,7 @@ void OptimizerConfig::validate() const {
   if (!(eps > 0)) user_error("--eps must be positive, got {}", eps);
   if (!(weight_decay >= 0)) user_error("--weight-decay must be non-negative, got {}", weight_decay);
   if (!(clip >= 0)) user_error("--clip must be non-negative (0 turns clipping off), got {}", clip);
+  loss_scaling.validate();
 }
 
 void LrSchedule::validate() const {
@@ -31,8 +32,12 @@ double LrSchedule::at(std::int64_t it) const {
   return lr_min + 0.5 * (1.0 + std::cos(std::numbers::pi * progress)) * (lr_max - lr_min);
 }
 
-AdamW::AdamW(Transformer& model, const OptimizerConfig& config) : model_(model), config_(config) {
+AdamW::AdamW(Transformer& model, const OptimizerConfig& config)
+    : model_(model),
+      config_(config),
+      scaler_(config.loss_scaling, config.loss_scaling.force || model.compute_dtype() == DType::f16) {
   config_.validate();
+  model_.set_loss_scale(scaler_.scale());
   Backend& be = model_.backend();
   for (Parameter& p : model_.parameters()) {
     m_.push_back(be.allocator().allocate(p.spec.shape, model_.dtype(),
@@ -45,7 +50,7 @@ AdamW::AdamW(Transformer& model, const OptimizerConfig& config) : model_(model),
   grad_norm_ = be.allocator().allocate({1}, model_.dtype(), {MemKind::workspace, "adamw.grad_norm", -1});
 }
 
-void AdamW::step(double lr) {
+bool AdamW::step(double lr) {
   Backend& be = model_.backend();
   be.allocator().set_phase(Phase::optimizer);
   std::vector<Tensor> grads;
@@ -54,8 +59,18 @@ void AdamW::step(double lr) {
     grads.push_back(p.grad);
   }
   be.global_norm(grads, grad_norm_);
+  last_scale_ = scaler_.scale();
+  if (scaler_.on()) {
+    const bool apply = scaler_.update(std::isfinite(read_scalar(be, grad_norm_)));
+    model_.set_loss_scale(scaler_.scale());
+    if (!apply) {  // nothing changes but the scale; the next forward casts the weight copies anew
+      for (Parameter& p : model_.parameters()) p.grad.reset();
+      return false;
+    }
+  }
   ++t_;
-  AdamWArgs args{lr, config_.beta1, config_.beta2, config_.eps, config_.weight_decay, t_, config_.clip};
+  AdamWArgs args{lr, config_.beta1, config_.beta2,    config_.eps, config_.weight_decay,
+                 t_, config_.clip,  1.0 / last_scale_};
   // Each gradient goes once read; the low-precision copy AdamW writes (when the copies are kept)
   // takes its place, so the copies never sit beside every gradient.
   auto& params = model_.parameters();
@@ -64,8 +79,14 @@ void AdamW::step(double lr) {
     be.adamw(params[i].value, params[i].grad, m_[i], v_[i], args, grad_norm_, copy);
     params[i].grad.reset();
   }
+  return true;
 }
 
-double AdamW::last_grad_norm() { return read_scalar(model_.backend(), grad_norm_); }
+double AdamW::last_grad_norm() { return read_scalar(model_.backend(), grad_norm_) / last_scale_; }
+
+void AdamW::restore_loss_scaler(const LossScaler::State& s) {
+  scaler_.restore(s);
+  model_.set_loss_scale(scaler_.scale());
+}
 
 }  // namespace lmscope

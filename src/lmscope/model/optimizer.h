@@ -1,13 +1,15 @@
 // The assignment's AdamW with global-norm clipping, and its cosine learning-rate schedule.
 #pragma once
 
+#include "lmscope/model/loss_scaler.h"
 #include "lmscope/model/transformer.h"
 
 namespace lmscope {
 
 struct OptimizerConfig {
   double lr = 1e-3, beta1 = 0.9, beta2 = 0.999, eps = 1e-8, weight_decay = 0.01;
-  double clip = 1.0;  // global gradient-norm limit; 0 = off
+  double clip = 1.0;         // global gradient-norm limit; 0 = off
+  LossScaling loss_scaling;  // used when the model computes in fp16
   void validate() const;
 };
 
@@ -23,16 +25,22 @@ struct LrSchedule {
 class AdamW {
  public:
   AdamW(Transformer& model, const OptimizerConfig& config);
-  // One update from the gradients now held by the model, at learning rate lr; frees them.
-  void step(double lr);
+  // One update from the gradients now held by the model, at learning rate lr; frees them. With loss
+  // scaling, reads the gradients' norm (a wait for the device, as GradScaler's step makes) and
+  // skips the update when it is not finite; returns whether the update was made.
+  bool step(double lr);
   std::int64_t steps_taken() const { return t_; }
   // The moments of parameter i (the model's order), and the step count, as a checkpoint saves and
   // restores them.
   const Allocation& first_moment(std::size_t i) const { return m_.at(i); }
   const Allocation& second_moment(std::size_t i) const { return v_.at(i); }
   void set_steps_taken(std::int64_t t) { t_ = t; }
-  // The global gradient norm of the last step, before clipping (reads the backend).
+  // The global gradient norm of the last step, before clipping and without the loss scale (reads the
+  // backend); not finite for a skipped step.
   double last_grad_norm();
+  const LossScaler& loss_scaler() const { return scaler_; }
+  double last_loss_scale() const { return last_scale_; }  // the scale the last step's gradients carried
+  void restore_loss_scaler(const LossScaler::State& s);
 
  private:
   Transformer& model_;
@@ -40,6 +48,8 @@ class AdamW {
   std::vector<Allocation> m_, v_;
   Allocation grad_norm_;
   std::int64_t t_ = 0;
+  LossScaler scaler_;
+  double last_scale_ = 1.0;  // the loss scale the last step's gradients carry
 };
 
 }  // namespace lmscope

@@ -453,7 +453,7 @@ void Transformer::backward(MicroBatch micro) {
   RangeListener* ranges = backend_.range_listener();
   OpRanges head(ranges);
   head.next("lm_head and loss");
-  const double dlogits_scale = 1.0 / static_cast<double>(N * micro_batches);
+  const double dlogits_scale = loss_scale_ / static_cast<double>(N * micro_batches);
   Allocation dn = act("grad.ln_final.out", -1, {N, d});
   const std::int64_t rows = s.logits.empty() ? logit_chunk_rows() : N;
   for (std::int64_t r = 0; r < N; r += rows) {

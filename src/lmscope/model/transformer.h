@@ -105,6 +105,10 @@ class Transformer {
   // weight copies go with each layer's backward in the last micro-batch (AdamW writes them anew,
   // a forward without a step before it casts them again), so they never sit beside every gradient.
   void backward(MicroBatch micro = {});
+  // The loss scale S of mixed-precision training in fp16: backward starts from S times the loss's
+  // gradient, so small gradients stay above fp16's smallest numbers; the optimizer divides by S.
+  void set_loss_scale(double scale) { loss_scale_ = scale; }
+  double loss_scale() const { return loss_scale_; }
   // Drops what forward saved, for forward-only runs.
   void discard_activations();
   // Logits of the last forward [batch·ctx, vocab]; valid until backward or discard. A forward for a
@@ -115,6 +119,7 @@ class Transformer {
   struct Layer;
   struct Saved;
   struct Keep;
+  double loss_scale_ = 1.0;
   // One layer's forward from its input x (moved into L.x), filling L with what `keep` keeps; returns
   // the layer's output.
   Allocation layer_forward(int l, Allocation x, Layer& L, const Keep& keep);

@@ -394,8 +394,9 @@ class CpuBackend final : public Backend {
     if (a.max_norm > 0) {
       double norm = 0;
       dispatch(grad_norm.dtype, "adamw", [&](auto z) { norm = static_cast<double>(grad_norm.as<decltype(z)>()[0]); });
-      clip = std::min(1.0, a.max_norm / (norm + 1e-6));
+      clip = std::min(1.0, a.max_norm / (norm * a.grad_scale + 1e-6));
     }
+    clip *= a.grad_scale;
     const double t = static_cast<double>(a.step);
     const double alpha = a.lr * std::sqrt(1.0 - std::pow(a.beta2, t)) / (1.0 - std::pow(a.beta1, t));
     dispatch(param.dtype, "adamw", [&](auto z) {

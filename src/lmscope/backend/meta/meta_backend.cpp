@@ -110,7 +110,9 @@ class MetaBackend final : public Backend {
 
  private:
   bool on_cuda() const { return target_.device == "cuda"; }
-  static cuda::Elem elem(const Tensor& t) { return t.dtype == DType::bf16 ? cuda::Elem::bf16 : cuda::Elem::f32; }
+  static cuda::Elem elem(const Tensor& t) {
+    return t.dtype == DType::bf16 ? cuda::Elem::bf16 : t.dtype == DType::f16 ? cuda::Elem::f16 : cuda::Elem::f32;
+  }
   void rope(std::int64_t t, std::int64_t dk, double theta) {
     if (on_cuda()) rope_tables_.get(alloc_, t, dk, theta);
   }
@@ -150,8 +152,7 @@ DryRunTarget dry_run_target(const std::string& device, std::size_t memory_limit)
 }
 
 std::unique_ptr<Backend> make_meta_backend(const DryRunTarget& target, const std::string& precision) {
-  if (precision != "fp32" && precision != "tf32" && precision != "bf16")
-    user_error("unknown precision '{}' (use fp32, tf32 or bf16)", precision);
+  check_precision(precision);
   if (target.device == "cpu" && precision != "fp32")
     throw Unsupported(fmt::format("the CPU backend computes in fp32 only, not {}", precision));
   return std::make_unique<MetaBackend>(target);

@@ -1,0 +1,109 @@
+// Dynamic loss scaling: the scale's rules (GradScaler's), a scaled run equal bit for bit to the run
+// without it (powers of two scale and unscale exactly, the clipping included), and a step whose
+// gradients overflow skipped without touching the weights, the moments or AdamW's step count. On the
+// CPU in fp32 with scaling forced on; fp16 itself runs on CUDA (tests/gpu).
+#include "lmscope/core/rng.h"
+#include "lmscope/model/optimizer.h"
+#include "lmscope/model/transformer.h"
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <vector>
+
+namespace lmscope {
+namespace {
+
+TEST(LossScaler, HalvesOnOverflowAndDoublesAfterTheInterval) {
+  LossScaler s({.force = true, .initial = 1024, .interval = 3}, true);
+  EXPECT_EQ(s.scale(), 1024);
+  EXPECT_FALSE(s.update(false));
+  EXPECT_EQ(s.scale(), 512);
+  EXPECT_TRUE(s.update(true));
+  EXPECT_TRUE(s.update(true));
+  EXPECT_EQ(s.scale(), 512);
+  EXPECT_TRUE(s.update(true));  // the third good step in a row
+  EXPECT_EQ(s.scale(), 1024);
+  EXPECT_TRUE(s.update(true));
+  EXPECT_FALSE(s.update(false));  // an overflow starts the count again
+  EXPECT_EQ(s.scale(), 512);
+  EXPECT_EQ(s.state().good_steps, 0);
+  EXPECT_EQ(s.skipped(), 2);
+  LossScaler off({}, false);
+  EXPECT_EQ(off.scale(), 1);
+  EXPECT_TRUE(off.update(false));
+}
+
+TEST(LossScaler, RefusesScalesThatAreNotPowersOfTwo) {
+  EXPECT_THROW(LossScaling{.initial = 1000}.validate(), UserError);
+  EXPECT_THROW(LossScaling{.initial = 0}.validate(), UserError);
+  EXPECT_THROW(LossScaling{.interval = 0}.validate(), UserError);
+  EXPECT_NO_THROW(LossScaling{.initial = 0.25}.validate());
+}
+
+ModelConfig small_model() {
+  ModelConfig c;
+  c.name = "scaled";
+  c.vocab = 37;
+  c.d_model = 16;
+  c.d_ff = 24;
+  c.layers = 2;
+  c.heads = 2;
+  return c;
+}
+
+struct TrainedRun {
+  std::vector<double> losses;
+  std::vector<std::vector<double>> params;
+  std::int64_t adamw_steps = 0, skipped = 0;
+};
+
+// `steps` steps of AdamW (clipping on, tight enough to bite) on one random batch.
+TrainedRun train(const LossScaling& scaling, int steps) {
+  auto be = make_cpu_backend();
+  Transformer model(small_model(), *be);
+  model.init_parameters(3);
+  Rng rng(5);
+  std::vector<std::int32_t> ids(2 * 9), targets(2 * 9);
+  for (auto& t : ids) t = static_cast<std::int32_t>(rng.below(37));
+  for (auto& t : targets) t = static_cast<std::int32_t>(rng.below(37));
+  model.set_batch(2, 9, ids.data(), targets.data());
+  AdamW opt(model, {.lr = 1e-2, .clip = 0.5, .loss_scaling = scaling});
+  TrainedRun r;
+  for (int i = 0; i < steps; ++i) {
+    model.forward();
+    r.losses.push_back(model.read_loss());
+    model.backward();
+    opt.step(1e-2);
+  }
+  for (Parameter& p : model.parameters()) r.params.push_back(download(*be, p.value));
+  r.adamw_steps = opt.steps_taken();
+  r.skipped = opt.loss_scaler().skipped();
+  return r;
+}
+
+TEST(LossScaler, AScaledRunEqualsTheUnscaledOneBitForBit) {
+  const TrainedRun plain = train({}, 6);
+  const TrainedRun scaled = train({.force = true, .initial = 4096, .interval = 2}, 6);  // grows twice too
+  EXPECT_EQ(scaled.skipped, 0);
+  EXPECT_EQ(scaled.losses, plain.losses);
+  EXPECT_EQ(scaled.params, plain.params);
+}
+
+TEST(LossScaler, AnOverflowingStepChangesNothingButTheScale) {
+  // 2^135 times the loss's gradient is past fp32's range (2^128): skipped steps, each halving the
+  // scale, until the gradients fit; then training goes on.
+  const TrainedRun start = train({}, 0);
+  const TrainedRun first = train({.force = true, .initial = std::ldexp(1.0, 135)}, 1);
+  EXPECT_EQ(first.skipped, 1);
+  EXPECT_EQ(first.adamw_steps, 0);
+  EXPECT_EQ(first.params, start.params);
+  const TrainedRun later = train({.force = true, .initial = std::ldexp(1.0, 135)}, 40);
+  EXPECT_GT(later.skipped, 0);
+  EXPECT_EQ(later.adamw_steps, 40 - later.skipped);
+  EXPECT_GT(later.adamw_steps, 0);
+  EXPECT_LT(later.losses.back(), later.losses.front());
+}
+
+}  // namespace
+}  // namespace lmscope

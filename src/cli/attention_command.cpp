@@ -31,7 +31,7 @@ class AttentionCommand : public Command {
     app->add_option("--suite", suite_, "seeds (batch 8, seq to 16384) or scaling (batch 1, seq to 65536)")
         ->capture_default_str();
     app->add_option("--attention", kinds_, "naive, flash or both (comma list)")->capture_default_str();
-    app->add_option("--precision", precisions_, "fp32, bf16 or both (comma list)")->capture_default_str();
+    app->add_option("--precision", precisions_, "fp32, bf16, fp16 (comma list)")->capture_default_str();
     app->add_option("--batch", batch_, "Batch size(s) (default: the suite's)");
     app->add_option("--heads", heads_, "Heads per sequence (the seeds use none: 1)")->capture_default_str();
     app->add_option("--seq", seq_, "Sequence length(s) (default: the suite's)");
@@ -64,7 +64,7 @@ class AttentionCommand : public Command {
     for (const auto& k : split_list(kinds_)) kinds.push_back(parse_attention(k));
     const auto precisions = split_list(precisions_);
     for (const auto& p : precisions)
-      if (p != "fp32" && p != "bf16") user_error("unknown --precision '{}' (use fp32 or bf16)", p);
+      if (p != "fp32" && p != "bf16" && p != "fp16") user_error("unknown --precision '{}' (use fp32, bf16 or fp16)", p);
     if (heads_ <= 0) user_error("--heads must be positive, got {}", heads_);
     if (warmup_ < 0) user_error("--warmup must be non-negative, got {}", warmup_);
     if (iters_ <= 0) user_error("--iters must be positive, got {}", iters_);

@@ -1,4 +1,4 @@
-// FlashAttention-2 on the GPU: both paths (tensor cores for bf16, CUDA cores for fp32 and other head
+// FlashAttention-2 on the GPU: both paths (tensor cores for bf16 and fp16, CUDA cores for fp32 and other head
 // dims) against attention evaluated from its definition, both dq strategies, and the whole model
 // with flash against the model with naive attention. Skipped where no GPU is visible.
 #include "../common/attention_reference.h"
@@ -88,16 +88,18 @@ TEST_F(FlashOnGpu, Fp32MatchesTheDefinition) {
     }
 }
 
-TEST_F(FlashOnGpu, Bf16MatchesTheDefinitionWithEitherDqStrategy) {
+// bf16 and fp16 alike (fp16 on the mma.sync kernels only, the Hopper ones taking bf16).
+TEST_F(FlashOnGpu, SixteenBitMatchesTheDefinitionWithEitherDqStrategy) {
   std::uint64_t seed = 200;
-  for (const Case& c : kCases)
-    for (bool causal : {true, false})
-      for (FlashDq dq : kBothDqSums) {
-        const AttentionProblem p(c.n, c.tq, c.tk, c.d, causal, seed++, true);
-        expect_matches(
-            run(p, DType::bf16, dq), p, 1e-2,
-            fmt::format("bf16 n {} tq {} tk {} d {} causal {} dq {}", c.n, c.tq, c.tk, c.d, causal, name(dq)));
-      }
+  for (DType type : {DType::bf16, DType::f16})
+    for (const Case& c : kCases)
+      for (bool causal : {true, false})
+        for (FlashDq dq : kBothDqSums) {
+          const AttentionProblem p(c.n, c.tq, c.tk, c.d, causal, seed++, true);
+          expect_matches(run(p, type, dq), p, 1e-2,
+                         fmt::format("{} n {} tq {} tk {} d {} causal {} dq {}", dtype_name(type), c.n, c.tq, c.tk, c.d,
+                                     causal, name(dq)));
+        }
 }
 
 // The Hopper kernels (wgmma) run only with 128-row tiles for 7/8 of the SMs or more (queries forward, keys
@@ -169,6 +171,7 @@ TEST_F(FlashOnGpu, TilesCutIntoPartsMatchTheDefinition) {
           }
         }
         expect_matches(run(p, DType::bf16, dq), p, 1e-2, what);
+        expect_matches(run(p, DType::f16, dq), p, 1e-2, "f16 " + what);  // on mma.sync, its parts as planned
       }
     }
   }

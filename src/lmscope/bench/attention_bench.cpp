@@ -29,8 +29,8 @@ PhaseStats time_passes(Backend& be, int warmup, int passes, double max_seconds, 
 }
 
 void run(const AttentionBenchSpec& s, AttentionBenchResult& r, const BenchProgress& progress) {
-  if (s.precision != "fp32" && s.precision != "bf16")
-    throw UserError(fmt::format("attention precision is fp32 or bf16, not '{}'", s.precision));
+  if (s.precision != "fp32" && s.precision != "bf16" && s.precision != "fp16")
+    throw UserError(fmt::format("attention precision is fp32, bf16 or fp16, not '{}'", s.precision));
   std::unique_ptr<Backend> be = make_backend(s.device, s.precision);
   Allocator& mem = be->allocator();
   const DType dtype = compute_dtype(s.precision);

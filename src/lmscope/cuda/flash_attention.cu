@@ -69,7 +69,15 @@ bool with_tc_head_dim(int d, F&& f) {
 }
 
 bool tensor_core_path(Elem e, int d) {
-  return e == Elem::bf16 && with_tc_head_dim(d, [](auto) {});
+  return (e == Elem::bf16 || e == Elem::f16) && with_tc_head_dim(d, [](auto) {});
+}
+// Calls f(Tag<E>{}) with E the 16-bit type the tensor-core kernels take for e (bf16 or half).
+template <typename F>
+void with_tensor_core_elem(Elem e, F&& f) {
+  if (e == Elem::f16)
+    f(Tag<half>{});
+  else
+    f(Tag<bf16>{});
 }
 
 // Dynamic shared memory of each tensor-core kernel.
@@ -226,10 +234,11 @@ FlashKernelFacts read_kernel_facts() {
       constexpr int D = decltype(dc)::value;
       FlashResidency r;
       r.d = D;
-      r.forward_tc = resident_ctas(flash_forward_tc<D, false>, kThreads, forward_tc_smem<D>());
-      r.dkdv_tc = resident_ctas(flash_backward_dkdv_tc<D, false, false>, kThreads, dkdv_tc_smem<D>());
-      r.dkdv_tc_atomic = resident_ctas(flash_backward_dkdv_tc<D, true, false>, kThreads, dkdv_tc_smem<D>());
-      r.dq_tc = resident_ctas(flash_backward_dq_tc<D, false>, kThreads, dq_tc_smem<D>());
+      // The fp16 kernels are the bf16 ones with another mma and conversions: the same residency.
+      r.forward_tc = resident_ctas(flash_forward_tc<bf16, D, false>, kThreads, forward_tc_smem<D>());
+      r.dkdv_tc = resident_ctas(flash_backward_dkdv_tc<bf16, D, false, false>, kThreads, dkdv_tc_smem<D>());
+      r.dkdv_tc_atomic = resident_ctas(flash_backward_dkdv_tc<bf16, D, true, false>, kThreads, dkdv_tc_smem<D>());
+      r.dq_tc = resident_ctas(flash_backward_dq_tc<bf16, D, false>, kThreads, dq_tc_smem<D>());
       if constexpr (kHopperHeadDim<D>)
         if (facts.hopper) {
           r.forward_wgmma = resident_ctas(flash_forward_wgmma<D, false>, kWgThreads, forward_wgmma_smem<D>());
@@ -248,9 +257,10 @@ void check_head_dim(int d) {
   if (d < 1 || d > kSimtMaxD) throw std::invalid_argument("flash attention supports head dims 1 to 128");
 }
 
-// out (bf16) = the sum of `parts` fp32 slices of `slice` elements at `from`.
+// out (E) = the sum of `parts` fp32 slices of `slice` elements at `from`.
+template <typename E>
 void add_parts_into(void* out, const float* from, int parts, long long slice, cudaStream_t s) {
-  add_parts<<<static_cast<unsigned>((slice / 4 + 255) / 256), 256, 0, s>>>(from, parts, slice, static_cast<bf16*>(out));
+  add_parts<<<static_cast<unsigned>((slice / 4 + 255) / 256), 256, 0, s>>>(from, parts, slice, static_cast<E*>(out));
   check_launch("add_parts");
 }
 
@@ -273,34 +283,37 @@ void flash_attention_forward(const void* q, const void* k, const void* v, void* 
                              const FlashAttentionPlan& plan, float* workspace, cudaStream_t s) {
   check_head_dim(d);
   const float scale_log2 = scale * kLog2e;
-  const long long kv_bytes = 2 * tk * d * 2;  // K and V in bf16, streamed under the tensor-core kernels' query tiles
+  const long long kv_bytes = 2 * tk * d * 2;  // K and V in 16 bits, streamed under the tensor-core kernels' query tiles
   if (tensor_core_path(e, d)) {
-    const int parts = plan.forward_parts;
-    const long long q_elems = n * tq * d;
-    const PartOut<bf16> o_out{static_cast<bf16*>(o), parts > 1 ? workspace : nullptr, q_elems};
-    const PartOut<float> lse_out{lse, parts > 1 ? workspace + parts * q_elems : nullptr, n * tq};
-    auto qb = static_cast<const bf16*>(q), kb = static_cast<const bf16*>(k), vb = static_cast<const bf16*>(v);
-    with_tc_head_dim(d, [&](auto dc) {
-      constexpr int D = decltype(dc)::value;
-      if constexpr (kHopperHeadDim<D>)
-        if (plan.forward_wgmma) {
-          return launch_tiled("flash_forward_wgmma",
-                              parts > 1 ? flash_forward_wgmma<D, true> : flash_forward_wgmma<D, false>, kWgThreads,
-                              forward_wgmma_smem<D>(), Tiling{n, tq, kWgTileQ, kv_bytes, parts}, s,
-                              tile_map<D>(q, n, tq, kWgTileQ), tile_map<D>(k, n, tk, kForwardTileK<D>),
-                              tile_map<D>(v, n, tk, kForwardTileK<D>), o_out, lse_out, static_cast<int>(tq),
-                              static_cast<int>(tk), scale_log2, causal);
-        }
-      launch_tiled("flash_forward_tc", parts > 1 ? flash_forward_tc<D, true> : flash_forward_tc<D, false>, kThreads,
-                   forward_tc_smem<D>(), Tiling{n, tq, kTileQ, kv_bytes, parts}, s, qb, kb, vb, o_out, lse_out,
-                   static_cast<int>(tq), static_cast<int>(tk), scale_log2, causal);
+    with_tensor_core_elem(e, [&](auto tag) {
+      using E = typename decltype(tag)::type;
+      const int parts = plan.forward_parts;
+      const long long q_elems = n * tq * d;
+      const PartOut<E> o_out{static_cast<E*>(o), parts > 1 ? workspace : nullptr, q_elems};
+      const PartOut<float> lse_out{lse, parts > 1 ? workspace + parts * q_elems : nullptr, n * tq};
+      auto qb = static_cast<const E*>(q), kb = static_cast<const E*>(k), vb = static_cast<const E*>(v);
+      with_tc_head_dim(d, [&](auto dc) {
+        constexpr int D = decltype(dc)::value;
+        if constexpr (kHopperHeadDim<D> && std::is_same_v<E, bf16>)
+          if (plan.forward_wgmma) {
+            return launch_tiled("flash_forward_wgmma",
+                                parts > 1 ? flash_forward_wgmma<D, true> : flash_forward_wgmma<D, false>, kWgThreads,
+                                forward_wgmma_smem<D>(), Tiling{n, tq, kWgTileQ, kv_bytes, parts}, s,
+                                tile_map<D>(q, n, tq, kWgTileQ), tile_map<D>(k, n, tk, kForwardTileK<D>),
+                                tile_map<D>(v, n, tk, kForwardTileK<D>), o_out, lse_out, static_cast<int>(tq),
+                                static_cast<int>(tk), scale_log2, causal);
+          }
+        launch_tiled("flash_forward_tc", parts > 1 ? flash_forward_tc<E, D, true> : flash_forward_tc<E, D, false>,
+                     kThreads, forward_tc_smem<D>(), Tiling{n, tq, kTileQ, kv_bytes, parts}, s, qb, kb, vb, o_out,
+                     lse_out, static_cast<int>(tq), static_cast<int>(tk), scale_log2, causal);
+      });
+      if (parts > 1) {
+        const long long rows = n * tq;
+        combine_parts<<<static_cast<unsigned>((rows + 7) / 8), 256, 0, s>>>(workspace, workspace + parts * q_elems,
+                                                                            parts, rows, d, static_cast<E*>(o), lse);
+        check_launch("combine_parts");
+      }
     });
-    if (parts > 1) {
-      const long long rows = n * tq;
-      combine_parts<<<static_cast<unsigned>((rows + 7) / 8), 256, 0, s>>>(workspace, workspace + parts * q_elems, parts,
-                                                                          rows, d, static_cast<bf16*>(o), lse);
-      check_launch("combine_parts");
-    }
     return;
   }
   with_elem(e, [&](auto tag) {
@@ -328,76 +341,81 @@ void flash_attention_backward(const void* q, const void* k, const void* v, const
   check_launch("flash_delta");
   const int itq = static_cast<int>(tq), itk = static_cast<int>(tk);
   if (tensor_core_path(e, d)) {
-    const long long kv_bytes = 2 * tk * d * 2, qdo_bytes = 2 * tq * d * 2;  // bf16 K and V, Q and dO
-    const bool atomics = plan.atomic_dq();
-    if (atomics && cudaMemsetAsync(dq_accum, 0, sizeof(float) * n * plan.dq_accum_rows * d, s) != cudaSuccess)
-      throw std::runtime_error("flash attention: clearing the dq accumulator failed");
-    const int kv_parts = plan.dkdv_parts, q_parts = plan.dq_parts;
-    const long long q_elems = n * tq * d, k_elems = n * tk * d;
-    const PartOut<bf16> dk_out{static_cast<bf16*>(dk), kv_parts > 1 ? workspace : nullptr, k_elems},
-        dv_out{static_cast<bf16*>(dv), kv_parts > 1 ? workspace + kv_parts * k_elems : nullptr, k_elems},
-        dq_out{static_cast<bf16*>(dq), q_parts > 1 ? workspace : nullptr, q_elems};
-    auto qb = static_cast<const bf16*>(q), kb = static_cast<const bf16*>(k), vb = static_cast<const bf16*>(v),
-         gb = static_cast<const bf16*>(dout);
-    with_tc_head_dim(d, [&](auto dc) {
-      constexpr int D = decltype(dc)::value;
-      bool dkdv_done = false;
-      if constexpr (kHopperHeadDim<D>)
-        if (plan.dkdv_wgmma) {
-          const CUtensorMap delta_rows = row_map(row_stats, n, plan.row_stats_rows, kWbTileQ),
-                            lse_rows = row_map(row_stats + n * plan.row_stats_rows, n, plan.row_stats_rows, kWbTileQ);
-          auto launch = [&](auto dkdv, int smem) {
-            launch_tiled("flash_backward_wgmma", dkdv, kWgThreads, smem, Tiling{n, tk, kWbKeys, qdo_bytes, kv_parts}, s,
-                         tile_map<D>(q, n, tq, kWbTileQ), tile_map<D>(k, n, tk, kWbKeys),
-                         tile_map<D>(v, n, tk, kWbKeys), tile_map<D>(dout, n, tq, kWbTileQ), lse_rows, delta_rows,
-                         dk_out, dv_out, dq_accum, itq, itk, scale, causal);
-          };
-          const bool split = kv_parts > 1;
-          if (atomics)
-            launch(split ? flash_backward_wgmma<D, true, true> : flash_backward_wgmma<D, true, false>,
-                   wgmma_backward_smem<D, true>());
-          else
-            launch(split ? flash_backward_wgmma<D, false, true> : flash_backward_wgmma<D, false, false>,
-                   wgmma_backward_smem<D, false>());
-          if (atomics) {
-            const int tiles = static_cast<int>(plan.dq_accum_rows / kWbTileQ);
-            const long long quads = n * plan.dq_accum_rows * D / 4;
-            dq_from_tiles<D><<<static_cast<unsigned>((quads + 255) / 256), 256, 0, s>>>(
-                dq_accum, static_cast<bf16*>(dq), itq, tiles, quads, scale);
-            check_launch("dq_from_tiles");
+    with_tensor_core_elem(e, [&](auto tag) {
+      using E = typename decltype(tag)::type;
+      const long long kv_bytes = 2 * tk * d * 2, qdo_bytes = 2 * tq * d * 2;  // 16-bit K and V, Q and dO
+      const bool atomics = plan.atomic_dq();
+      if (atomics && cudaMemsetAsync(dq_accum, 0, sizeof(float) * n * plan.dq_accum_rows * d, s) != cudaSuccess)
+        throw std::runtime_error("flash attention: clearing the dq accumulator failed");
+      const int kv_parts = plan.dkdv_parts, q_parts = plan.dq_parts;
+      const long long q_elems = n * tq * d, k_elems = n * tk * d;
+      const PartOut<E> dk_out{static_cast<E*>(dk), kv_parts > 1 ? workspace : nullptr, k_elems},
+          dv_out{static_cast<E*>(dv), kv_parts > 1 ? workspace + kv_parts * k_elems : nullptr, k_elems},
+          dq_out{static_cast<E*>(dq), q_parts > 1 ? workspace : nullptr, q_elems};
+      auto qb = static_cast<const E*>(q), kb = static_cast<const E*>(k), vb = static_cast<const E*>(v),
+           gb = static_cast<const E*>(dout);
+      with_tc_head_dim(d, [&](auto dc) {
+        constexpr int D = decltype(dc)::value;
+        bool dkdv_done = false;
+        if constexpr (kHopperHeadDim<D> && std::is_same_v<E, bf16>)
+          if (plan.dkdv_wgmma) {
+            const CUtensorMap delta_rows = row_map(row_stats, n, plan.row_stats_rows, kWbTileQ),
+                              lse_rows = row_map(row_stats + n * plan.row_stats_rows, n, plan.row_stats_rows, kWbTileQ);
+            auto launch = [&](auto dkdv, int smem) {
+              launch_tiled("flash_backward_wgmma", dkdv, kWgThreads, smem, Tiling{n, tk, kWbKeys, qdo_bytes, kv_parts},
+                           s, tile_map<D>(q, n, tq, kWbTileQ), tile_map<D>(k, n, tk, kWbKeys),
+                           tile_map<D>(v, n, tk, kWbKeys), tile_map<D>(dout, n, tq, kWbTileQ), lse_rows, delta_rows,
+                           dk_out, dv_out, dq_accum, itq, itk, scale, causal);
+            };
+            const bool split = kv_parts > 1;
+            if (atomics)
+              launch(split ? flash_backward_wgmma<D, true, true> : flash_backward_wgmma<D, true, false>,
+                     wgmma_backward_smem<D, true>());
+            else
+              launch(split ? flash_backward_wgmma<D, false, true> : flash_backward_wgmma<D, false, false>,
+                     wgmma_backward_smem<D, false>());
+            if (atomics) {
+              const int tiles = static_cast<int>(plan.dq_accum_rows / kWbTileQ);
+              const long long quads = n * plan.dq_accum_rows * D / 4;
+              dq_from_tiles<D><<<static_cast<unsigned>((quads + 255) / 256), 256, 0, s>>>(
+                  dq_accum, static_cast<bf16*>(dq), itq, tiles, quads, scale);
+              check_launch("dq_from_tiles");
+            }
+            dkdv_done = true;
           }
-          dkdv_done = true;
+        if (!dkdv_done) {
+          auto dkdv = atomics ? (kv_parts > 1 ? flash_backward_dkdv_tc<E, D, true, true>
+                                              : flash_backward_dkdv_tc<E, D, true, false>)
+                              : (kv_parts > 1 ? flash_backward_dkdv_tc<E, D, false, true>
+                                              : flash_backward_dkdv_tc<E, D, false, false>);
+          launch_tiled("flash_backward_dkdv_tc", dkdv, kThreads, dkdv_tc_smem<D>(),
+                       Tiling{n, tk, kTileK, qdo_bytes, kv_parts}, s, qb, kb, vb, gb, lse, delta, dk_out, dv_out,
+                       dq_accum, itq, itk, scale, causal);
         }
-      if (!dkdv_done) {
-        auto dkdv =
-            atomics ? (kv_parts > 1 ? flash_backward_dkdv_tc<D, true, true> : flash_backward_dkdv_tc<D, true, false>)
-                    : (kv_parts > 1 ? flash_backward_dkdv_tc<D, false, true> : flash_backward_dkdv_tc<D, false, false>);
-        launch_tiled("flash_backward_dkdv_tc", dkdv, kThreads, dkdv_tc_smem<D>(),
-                     Tiling{n, tk, kTileK, qdo_bytes, kv_parts}, s, qb, kb, vb, gb, lse, delta, dk_out, dv_out,
-                     dq_accum, itq, itk, scale, causal);
-      }
-      if (kv_parts > 1) {
-        add_parts_into(dk, dk_out.parts, kv_parts, k_elems, s);
-        add_parts_into(dv, dv_out.parts, kv_parts, k_elems, s);
-      }
-      if (atomics) return;
-      if constexpr (kHopperHeadDim<D>)
-        if (plan.dq_wgmma) {
-          launch_tiled("flash_backward_dq_wgmma",
-                       q_parts > 1 ? flash_backward_dq_wgmma<D, true> : flash_backward_dq_wgmma<D, false>, kWgThreads,
-                       dq_wgmma_smem<D>(), Tiling{n, tq, kWgTileQ, kv_bytes, q_parts}, s,
-                       tile_map<D>(q, n, tq, kWgTileQ), tile_map<D>(k, n, tk, kWgTileK),
-                       tile_map<D>(v, n, tk, kWgTileK), tile_map<D>(dout, n, tq, kWgTileQ), lse, delta, dq_out, itq,
-                       itk, scale, causal);
-          if (q_parts > 1) add_parts_into(dq, workspace, q_parts, q_elems, s);
-          return;
+        if (kv_parts > 1) {
+          add_parts_into<E>(dk, dk_out.parts, kv_parts, k_elems, s);
+          add_parts_into<E>(dv, dv_out.parts, kv_parts, k_elems, s);
         }
-      launch_tiled("flash_backward_dq_tc", q_parts > 1 ? flash_backward_dq_tc<D, true> : flash_backward_dq_tc<D, false>,
-                   kThreads, dq_tc_smem<D>(), Tiling{n, tq, kTileQ, kv_bytes, q_parts}, s, qb, kb, vb, gb, lse, delta,
-                   dq_out, itq, itk, scale, causal);
-      if (q_parts > 1) add_parts_into(dq, workspace, q_parts, q_elems, s);
+        if (atomics) return;
+        if constexpr (kHopperHeadDim<D> && std::is_same_v<E, bf16>)
+          if (plan.dq_wgmma) {
+            launch_tiled("flash_backward_dq_wgmma",
+                         q_parts > 1 ? flash_backward_dq_wgmma<D, true> : flash_backward_dq_wgmma<D, false>, kWgThreads,
+                         dq_wgmma_smem<D>(), Tiling{n, tq, kWgTileQ, kv_bytes, q_parts}, s,
+                         tile_map<D>(q, n, tq, kWgTileQ), tile_map<D>(k, n, tk, kWgTileK),
+                         tile_map<D>(v, n, tk, kWgTileK), tile_map<D>(dout, n, tq, kWgTileQ), lse, delta, dq_out, itq,
+                         itk, scale, causal);
+            if (q_parts > 1) add_parts_into<E>(dq, workspace, q_parts, q_elems, s);
+            return;
+          }
+        launch_tiled("flash_backward_dq_tc",
+                     q_parts > 1 ? flash_backward_dq_tc<E, D, true> : flash_backward_dq_tc<E, D, false>, kThreads,
+                     dq_tc_smem<D>(), Tiling{n, tq, kTileQ, kv_bytes, q_parts}, s, qb, kb, vb, gb, lse, delta, dq_out,
+                     itq, itk, scale, causal);
+        if (q_parts > 1) add_parts_into<E>(dq, workspace, q_parts, q_elems, s);
+      });
+      if (atomics && !plan.dkdv_wgmma) cast(dq_accum, Elem::f32, dq, e, n * tq * d, s);
     });
-    if (atomics && !plan.dkdv_wgmma) cast(dq_accum, Elem::f32, dq, Elem::bf16, n * tq * d, s);
     return;
   }
   with_elem(e, [&](auto tag) {

@@ -74,9 +74,9 @@ FlashAttentionPlan flash_attention_plan(const FlashKernelFacts& gpu, Elem e, int
                                         std::int64_t tk, bool causal, bool deterministic) {
   if (d < 1 || d > 128) throw std::invalid_argument("flash attention supports head dims 1 to 128");
   FlashAttentionPlan plan;
-  if (e == Elem::bf16 && tensor_core_head_dim(d)) {
+  if ((e == Elem::bf16 || e == Elem::f16) && tensor_core_head_dim(d)) {
     const FlashResidency& r = gpu.at(d);
-    const bool hopper = hopper_head_dim(d) && gpu.hopper;
+    const bool hopper = hopper_head_dim(d) && gpu.hopper && e == Elem::bf16;  // the wgmma kernels take bf16 only
     const bool atomics = !deterministic;
     auto keys = [&](long long i, int rows) { return keys_seen(i, rows, tk, causal); };
     auto queries = [&](long long j, int rows) { return queries_seen(j, rows, tq, causal); };

@@ -107,11 +107,11 @@ struct PartOut {
   __device__ __forceinline__ PartOut at(int part, long long offset) const {
     return {out + offset, SPLIT && parts ? parts + part * slice + offset : nullptr, slice};
   }
-  __device__ __forceinline__ void store2(long long i, float x, float y) const {  // bf16 outputs
+  __device__ __forceinline__ void store2(long long i, float x, float y) const {  // 16-bit outputs
     if (parts)
       *reinterpret_cast<float2*>(parts + i) = make_float2(x, y);
     else
-      *reinterpret_cast<__nv_bfloat162*>(out + i) = __floats2bfloat162_rn(x, y);
+      store_pair(out + i, x, y);
   }
   __device__ __forceinline__ void store(long long i, float x) const {  // fp32 outputs (lse)
     if (parts)

@@ -9,9 +9,10 @@
 namespace lmscope::cuda {
 namespace {
 
-// out = Σ_p parts[p] over `count` slices of `slice` floats, in bf16: one thread per four elements,
+// out = Σ_p parts[p] over `count` slices of `slice` floats, in E: one thread per four elements,
 // added in part order, so the sum does not depend on which part's CTA ran first.
-__global__ void add_parts(const float* __restrict__ parts, int count, long long slice, bf16* __restrict__ out) {
+template <typename E>
+__global__ void add_parts(const float* __restrict__ parts, int count, long long slice, E* __restrict__ out) {
   const long long i = (static_cast<long long>(blockIdx.x) * blockDim.x + threadIdx.x) * 4;
   if (i >= slice) return;
   float4 a = *reinterpret_cast<const float4*>(parts + i);
@@ -19,14 +20,15 @@ __global__ void add_parts(const float* __restrict__ parts, int count, long long 
     const float4 b = *reinterpret_cast<const float4*>(parts + p * slice + i);
     a.x += b.x, a.y += b.y, a.z += b.z, a.w += b.w;
   }
-  *reinterpret_cast<__nv_bfloat162*>(out + i) = __floats2bfloat162_rn(a.x, a.y);
-  *reinterpret_cast<__nv_bfloat162*>(out + i + 2) = __floats2bfloat162_rn(a.z, a.w);
+  store_pair(out + i, a.x, a.y);
+  store_pair(out + i + 2, a.z, a.w);
 }
 
 // The forward's O and L from its parts, each normalised over its own keys (O_p, L_p):
 // L = log Σ_p e^{L_p}, O = Σ_p e^{L_p − L}·O_p. One warp per row; lane p < count holds L_p.
+template <typename E>
 __global__ void combine_parts(const float* __restrict__ o_parts, const float* __restrict__ lse_parts, int count,
-                              long long rows, int d, bf16* __restrict__ o, float* __restrict__ lse) {
+                              long long rows, int d, E* __restrict__ o, float* __restrict__ lse) {
   const long long row = static_cast<long long>(blockIdx.x) * (blockDim.x / 32) + threadIdx.x / 32;
   if (row >= rows) return;
   const int lane = threadIdx.x % 32;
@@ -49,7 +51,7 @@ __global__ void combine_parts(const float* __restrict__ o_parts, const float* __
         const float2 part = *reinterpret_cast<const float2*>(o_parts + (p * rows + row) * d + c);
         x += weight[p] * part.x, y += weight[p] * part.y;
       }
-    *reinterpret_cast<__nv_bfloat162*>(o + row * d + c) = __floats2bfloat162_rn(x, y);
+    store_pair(o + row * d + c, x, y);
   }
 }
 

@@ -11,19 +11,19 @@ namespace {
 
 // dK and dV of one key tile (16 keys per warp) against every query tile that sees it; with
 // ATOMIC_DQ also dQ += dS·K for each query tile, into fp32 dq_accum by atomics.
-template <int D, bool ATOMIC_DQ, bool SPLIT>
+template <typename E, int D, bool ATOMIC_DQ, bool SPLIT>
 __global__ void __launch_bounds__(kThreads)
-    flash_backward_dkdv_tc(const bf16* __restrict__ q, const bf16* __restrict__ k, const bf16* __restrict__ v,
-                           const bf16* __restrict__ dout, const float* __restrict__ lse,
-                           const float* __restrict__ delta, PartOut<bf16> dk_out, PartOut<bf16> dv_out,
-                           float* __restrict__ dq_accum, int tq, int tk, float scale, bool causal, TileOrder order) {
+    flash_backward_dkdv_tc(const E* __restrict__ q, const E* __restrict__ k, const E* __restrict__ v,
+                           const E* __restrict__ dout, const float* __restrict__ lse, const float* __restrict__ delta,
+                           PartOut<E> dk_out, PartOut<E> dv_out, float* __restrict__ dq_accum, int tq, int tk,
+                           float scale, bool causal, TileOrder order) {
   constexpr int kSStride = kTileQ + 8;  // dSᵀ tile [keys][queries]
   extern __shared__ __align__(16) unsigned char smem[];
-  bf16* sK = reinterpret_cast<bf16*>(smem);
-  bf16* sV = sK + kTileK * kStride<D>;
-  bf16* sQ = sV + kTileK * kStride<D>;                            // [2][kTileQ][stride]
-  bf16* sdO = sQ + 2 * kTileQ * kStride<D>;                       // [2][kTileQ][stride]
-  bf16* sdS = sdO + 2 * kTileQ * kStride<D>;                      // [kTileK][kSStride]
+  E* sK = reinterpret_cast<E*>(smem);
+  E* sV = sK + kTileK * kStride<D>;
+  E* sQ = sV + kTileK * kStride<D>;                               // [2][kTileQ][stride]
+  E* sdO = sQ + 2 * kTileQ * kStride<D>;                          // [2][kTileQ][stride]
+  E* sdS = sdO + 2 * kTileQ * kStride<D>;                         // [kTileK][kSStride]
   float* sL = reinterpret_cast<float*>(sdS + kTileK * kSStride);  // [2][kTileQ], log2 units
   float* sDelta = sL + 2 * kTileQ;                                // [2][kTileQ]
   const CtaRows cta = key_tile(order, kTileK);
@@ -63,8 +63,8 @@ __global__ void __launch_bounds__(kThreads)
     const int buf = (i - first) % 2;
     if (i + 1 < end) load_queries(i + 1, 1 - buf);
     cp_async_commit();
-    const bf16* cQ = sQ + buf * kTileQ * kStride<D>;
-    const bf16* cdO = sdO + buf * kTileQ * kStride<D>;
+    const E* cQ = sQ + buf * kTileQ * kStride<D>;
+    const E* cdO = sdO + buf * kTileQ * kStride<D>;
     const float* cL = sL + buf * kTileQ;
     const float* cDelta = sDelta + buf * kTileQ;
     const int q0 = i * kTileQ;
@@ -87,7 +87,7 @@ __global__ void __launch_bounds__(kThreads)
     // dV += Pᵀ·dO
     unsigned pa[kTileQ / 16][4];
 #pragma unroll
-    for (int kc = 0; kc < kTileQ / 16; ++kc) accumulators_to_a(pa[kc], p[2 * kc], p[2 * kc + 1]);
+    for (int kc = 0; kc < kTileQ / 16; ++kc) accumulators_to_a<E>(pa[kc], p[2 * kc], p[2 * kc + 1]);
     mma_ab<kTileQ, D, kStride<D>>(dv_acc, pa, cdO, lane);
     // dPᵀ = V·dOᵀ, dSᵀ = Pᵀ ∘ (dPᵀ − delta)
     float dp[kTileQ / 8][4];
@@ -104,7 +104,7 @@ __global__ void __launch_bounds__(kThreads)
       for (int e = 0; e < 4; ++e) p[nb][e] *= dp[nb][e] - cDelta[nb * 8 + 2 * t + (e % 2)];
         // dK += dSᵀ·Q
 #pragma unroll
-    for (int kc = 0; kc < kTileQ / 16; ++kc) accumulators_to_a(pa[kc], p[2 * kc], p[2 * kc + 1]);
+    for (int kc = 0; kc < kTileQ / 16; ++kc) accumulators_to_a<E>(pa[kc], p[2 * kc], p[2 * kc + 1]);
     mma_ab<kTileQ, D, kStride<D>>(dk_acc, pa, cQ, lane);
 
     if constexpr (ATOMIC_DQ) {
@@ -114,7 +114,7 @@ __global__ void __launch_bounds__(kThreads)
 #pragma unroll
         for (int h = 0; h < 2; ++h)
           *reinterpret_cast<unsigned*>(sdS + (warp * 16 + g + 8 * h) * kSStride + nb * 8 + 2 * t) =
-              pack_bf16(p[nb][2 * h], p[nb][2 * h + 1]);
+              pack2<E>(p[nb][2 * h], p[nb][2 * h + 1]);
       __syncthreads();
       float dq[D / 8][4];
       zero(dq);
@@ -145,7 +145,8 @@ __global__ void __launch_bounds__(kThreads)
   }
 
   cp_async_wait_all();  // a causal key tile past the last query loads K and V but runs no step
-  const PartOut<bf16> dk = dk_out.at<SPLIT>(cta.part, koff * D), dv = dv_out.at<SPLIT>(cta.part, koff * D);
+  const PartOut<E> dk = dk_out.template at<SPLIT>(cta.part, koff * D),
+                   dv = dv_out.template at<SPLIT>(cta.part, koff * D);
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
     if (key[h] >= tk) continue;
@@ -159,16 +160,16 @@ __global__ void __launch_bounds__(kThreads)
 }
 
 // dQ of one query tile over every key tile it sees, in order: the deterministic path.
-template <int D, bool SPLIT>
+template <typename E, int D, bool SPLIT>
 __global__ void __launch_bounds__(kThreads, D == 32 ? 4 : 1)  // d 32: 164 registers gave 3 CTAs per SM (step 27)
-    flash_backward_dq_tc(const bf16* __restrict__ q, const bf16* __restrict__ k, const bf16* __restrict__ v,
-                         const bf16* __restrict__ dout, const float* __restrict__ lse, const float* __restrict__ delta,
-                         PartOut<bf16> dq_out, int tq, int tk, float scale, bool causal, TileOrder order) {
+    flash_backward_dq_tc(const E* __restrict__ q, const E* __restrict__ k, const E* __restrict__ v,
+                         const E* __restrict__ dout, const float* __restrict__ lse, const float* __restrict__ delta,
+                         PartOut<E> dq_out, int tq, int tk, float scale, bool causal, TileOrder order) {
   extern __shared__ __align__(16) unsigned char smem[];
-  bf16* sQ = reinterpret_cast<bf16*>(smem);
-  bf16* sdO = sQ + kTileQ * kStride<D>;
-  bf16* sK = sdO + kTileQ * kStride<D>;  // [2][kTileK][stride]
-  bf16* sV = sK + 2 * kTileK * kStride<D>;
+  E* sQ = reinterpret_cast<E*>(smem);
+  E* sdO = sQ + kTileQ * kStride<D>;
+  E* sK = sdO + kTileQ * kStride<D>;  // [2][kTileK][stride]
+  E* sV = sK + 2 * kTileK * kStride<D>;
   const CtaRows cta = query_tile(order, kTileQ);
   const int seq = cta.seq, q0 = cta.row0;
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, g = lane / 4, t = lane % 4;
@@ -212,8 +213,8 @@ __global__ void __launch_bounds__(kThreads, D == 32 ? 4 : 1)  // d 32: 164 regis
         load_a<kStride<D>>(qa[kc], sQ, warp * 16, kc * 16, lane);
         load_a<kStride<D>>(da[kc], sdO, warp * 16, kc * 16, lane);
       }
-    const bf16* cK = sK + buf * kTileK * kStride<D>;
-    const bf16* cV = sV + buf * kTileK * kStride<D>;
+    const E* cK = sK + buf * kTileK * kStride<D>;
+    const E* cV = sV + buf * kTileK * kStride<D>;
     const int k0 = j * kTileK;
 
     float p[kTileK / 8][4], dp[kTileK / 8][4];
@@ -232,11 +233,11 @@ __global__ void __launch_bounds__(kThreads, D == 32 ? 4 : 1)  // d 32: 164 regis
       }
     unsigned sa[kTileK / 16][4];
 #pragma unroll
-    for (int kc = 0; kc < kTileK / 16; ++kc) accumulators_to_a(sa[kc], p[2 * kc], p[2 * kc + 1]);
+    for (int kc = 0; kc < kTileK / 16; ++kc) accumulators_to_a<E>(sa[kc], p[2 * kc], p[2 * kc + 1]);
     mma_ab<kTileK, D, kStride<D>>(acc, sa, cK, lane);
   }
   cp_async_wait_all();  // an empty part loaded its first tiles and ran no step
-  const PartOut<bf16> dq = dq_out.at<SPLIT>(cta.part, qoff * D);
+  const PartOut<E> dq = dq_out.template at<SPLIT>(cta.part, qoff * D);
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
     if (row[h] >= tq) continue;

@@ -1,4 +1,4 @@
-// The tensor-core forward on mma.sync (sm_80 and later, bf16, head dims 16 to 128): a warp owns 16
+// The tensor-core forward on mma.sync (sm_80 and later, E = bf16 or half, head dims 16 to 128): a warp owns 16
 // query rows, K and V tiles double-buffered by cp.async, P kept in registers for P·V.
 // Part of flash_attention.cu's one translation unit: included there only, in order, so that its
 // launchers instantiate these templates and the kernels compile as one unit.
@@ -9,15 +9,14 @@
 namespace lmscope::cuda {
 namespace {
 
-template <int D, bool SPLIT>
+template <typename E, int D, bool SPLIT>
 __global__ void __launch_bounds__(kThreads)
-    flash_forward_tc(const bf16* __restrict__ q, const bf16* __restrict__ k, const bf16* __restrict__ v,
-                     PartOut<bf16> o_out, PartOut<float> lse_out, int tq, int tk, float scale_log2, bool causal,
-                     TileOrder order) {
+    flash_forward_tc(const E* __restrict__ q, const E* __restrict__ k, const E* __restrict__ v, PartOut<E> o_out,
+                     PartOut<float> lse_out, int tq, int tk, float scale_log2, bool causal, TileOrder order) {
   extern __shared__ __align__(16) unsigned char smem[];
-  bf16* sQ = reinterpret_cast<bf16*>(smem);
-  bf16* sK = sQ + kTileQ * kStride<D>;  // [2][kTileK][stride]
-  bf16* sV = sK + 2 * kTileK * kStride<D>;
+  E* sQ = reinterpret_cast<E*>(smem);
+  E* sK = sQ + kTileQ * kStride<D>;  // [2][kTileK][stride]
+  E* sV = sK + 2 * kTileK * kStride<D>;
   const CtaRows cta = query_tile(order, kTileQ);
   const int seq = cta.seq, q0 = cta.row0;
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, g = lane / 4, t = lane % 4;
@@ -51,8 +50,8 @@ __global__ void __launch_bounds__(kThreads)
     if (j == keys.begin)
 #pragma unroll
       for (int kc = 0; kc < D / 16; ++kc) load_a<kStride<D>>(qa[kc], sQ, warp * 16, kc * 16, lane);
-    const bf16* cK = sK + buf * kTileK * kStride<D>;
-    const bf16* cV = sV + buf * kTileK * kStride<D>;
+    const E* cK = sK + buf * kTileK * kStride<D>;
+    const E* cV = sV + buf * kTileK * kStride<D>;
     const int k0 = j * kTileK;
 
     float s[kTileK / 8][4];
@@ -71,14 +70,14 @@ __global__ void __launch_bounds__(kThreads)
         for (int e = 0; e < 4; ++e) acc[nd][e] *= corr[e / 2];
     unsigned pa[kTileK / 16][4];
 #pragma unroll
-    for (int kc = 0; kc < kTileK / 16; ++kc) accumulators_to_a(pa[kc], s[2 * kc], s[2 * kc + 1]);
+    for (int kc = 0; kc < kTileK / 16; ++kc) accumulators_to_a<E>(pa[kc], s[2 * kc], s[2 * kc + 1]);
     mma_ab<kTileK, D, kStride<D>>(acc, pa, cV, lane);
   }
   cp_async_wait_all();  // an empty part loaded its first tiles and ran no step
 
   // The outputs are made here, not at the top: held through the loop, they cost registers there.
-  const PartOut<bf16> o = o_out.at<SPLIT>(cta.part, static_cast<long long>(seq) * tq * D);
-  const PartOut<float> lse = lse_out.at<SPLIT>(cta.part, static_cast<long long>(seq) * tq);
+  const PartOut<E> o = o_out.template at<SPLIT>(cta.part, static_cast<long long>(seq) * tq * D);
+  const PartOut<float> lse = lse_out.template at<SPLIT>(cta.part, static_cast<long long>(seq) * tq);
 #pragma unroll
   for (int i = 0; i < 2; ++i) {
     l[i] = quad_sum(l[i]);

@@ -41,7 +41,7 @@ __device__ __forceinline__ void ldmatrix_x4_trans(unsigned (&r)[4], const void* 
                : "r"(smem_addr(p)));
 }
 // c[16×8] += a[16×16] · b[16×8], E (bf16 or half) in, fp32 accumulate.
-template <typename E = bf16>
+template <typename E>
 __device__ __forceinline__ void mma(float (&c)[4], const unsigned (&a)[4], unsigned b0, unsigned b1) {
   if constexpr (std::is_same_v<E, half>)
     asm volatile(
@@ -57,7 +57,7 @@ __device__ __forceinline__ void mma(float (&c)[4], const unsigned (&a)[4], unsig
         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 // Two floats rounded to E and packed, lo in the low half: the lower column.
-template <typename E = bf16>
+template <typename E>
 __device__ __forceinline__ unsigned pack2(float lo, float hi) {
   if constexpr (std::is_same_v<E, half>) {
     const __half2 v = __floats2half2_rn(lo, hi);
@@ -76,7 +76,7 @@ __device__ __forceinline__ void store_pair(E* at, float lo, float hi) {
 // Fragment geometry of m16n8k16 (lane = 4·g + t): an accumulator holds rows g and g + 8, columns
 // 2t and 2t + 1 of its 8-wide block. Two adjacent 8-wide accumulator blocks are exactly the A
 // operand of the next product over those 16 columns, which is how P and dS stay in registers.
-template <typename E = bf16>
+template <typename E>
 __device__ __forceinline__ void accumulators_to_a(unsigned (&a)[4], const float (&lo)[4], const float (&hi)[4]) {
   a[0] = pack2<E>(lo[0], lo[1]);
   a[1] = pack2<E>(lo[2], lo[3]);

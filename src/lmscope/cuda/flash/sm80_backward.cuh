@@ -126,8 +126,8 @@ __global__ void __launch_bounds__(kThreads)
         for (int np = 0; np < D / 16; ++np) {
           unsigned f[4];
           load_b_trans<kStride<D>>(f, sK, np * 16, kc * 16, lane);
-          mma(dq[2 * np], a[0], f[0], f[1]);
-          mma(dq[2 * np + 1], a[0], f[2], f[3]);
+          mma<E>(dq[2 * np], a[0], f[0], f[1]);
+          mma<E>(dq[2 * np + 1], a[0], f[2], f[3]);
         }
       }
 #pragma unroll

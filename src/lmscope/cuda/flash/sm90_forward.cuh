@@ -85,7 +85,7 @@ __global__ void __launch_bounds__(kWgThreads, D <= 64 ? 2 : 1)
 #pragma unroll
           for (int e = 0; e < 4; ++e) acc[p][nd][e] *= corr[e / 2];
 #pragma unroll
-    for (int kc = 0; kc < kTileK / 16; ++kc) accumulators_to_a(pa[kc], s[2 * kc], s[2 * kc + 1]);
+    for (int kc = 0; kc < kTileK / 16; ++kc) accumulators_to_a<bf16>(pa[kc], s[2 * kc], s[2 * kc + 1]);
   };
 
   ring.wait(0);

@@ -50,7 +50,7 @@ __device__ __forceinline__ void issue_product(float (&acc)[PANELS][BLOCKS][4], u
                                               const float (&x)[8][4], std::uint64_t y_desc) {
   constexpr int N = 8 * BLOCKS, kRowBytes = N * 2;
 #pragma unroll
-  for (int kc = 0; kc < 4; ++kc) accumulators_to_a(a[kc], x[2 * kc], x[2 * kc + 1]);
+  for (int kc = 0; kc < 4; ++kc) accumulators_to_a<bf16>(a[kc], x[2 * kc], x[2 * kc + 1]);
   sm90::fence();
 #pragma unroll
   for (int kc = 0; kc < 4; ++kc)

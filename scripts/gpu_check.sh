@@ -60,6 +60,31 @@ if [[ "${1:-}" == "--attention" ]]; then
   $PY tools/compare_attention.py "$OUT/lmscope-$tag.csv" "$OUT/pytorch-$tag.md" --ceiling "${LMSCOPE_CEILING_TFLOPS:-800}"
 fi
 
+# --curves [STEPS]: one training run in fp32, bf16 and fp16 (dynamic loss scaling) on the same
+# byte-level text (the repository's docs and sources, vocab 256; a tenth held out), small model,
+# batch 8, ctx 256, STEPS (default 600) steps: the logs and lmscope report's page of their curves.
+if [[ "${1:-}" == "--curves" ]]; then
+  steps=${2:-600}
+  cat docs/*.md docs/log/*.md src/lmscope/*/*.{cpp,h} src/lmscope/cuda/*.{cu,cuh} src/lmscope/cuda/flash/*.cuh \
+    >"$OUT/text.txt"
+  $PY -c "
+import numpy as np
+b = np.frombuffer(open('$OUT/text.txt', 'rb').read(), dtype=np.uint8).astype(np.uint16)
+n = len(b) * 9 // 10
+b[:n].tofile('$OUT/train.bin'); b[n:].tofile('$OUT/val.bin')"
+  logs=()
+  for prec in fp32 bf16 fp16; do
+    "$B/lmscope" train --device cuda --model small --vocab 256 --precision $prec --data "$OUT/train.bin" \
+      --val-data "$OUT/val.bin" --eval-every 100 --eval-batches 20 --steps "$steps" --batch 8 --ctx 256 --lr 1e-3 \
+      --lr-schedule cosine --warmup-iters 50 --print-every 100 --log "$OUT/small-bytes-$prec.jsonl" \
+      >"$OUT/small-bytes-$prec.txt" 2>&1
+    echo "== $prec: $(tail -1 "$OUT/small-bytes-$prec.txt")"
+    logs+=("$OUT/small-bytes-$prec.jsonl")
+  done
+  rm -f "$OUT/text.txt" "$OUT/train.bin" "$OUT/val.bin"
+  (IFS=,; "$B/lmscope" report --train "${logs[*]}" --title "small on bytes: fp32, bf16, fp16" --out "$OUT/curves.html")
+fi
+
 # --profile PRECISION MODELS CTXS [MODES] [ATTENTION]: lmscope's kernel profile of those cells (CUPTI:
 # time by phase, op category and kernel), batch 4, 5 warm-up and 10 measured steps.
 if [[ "${1:-}" == "--profile" ]]; then

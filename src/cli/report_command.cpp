@@ -1,5 +1,6 @@
 // lmscope report: one self-contained HTML page from result files of bench, memory and attention
-// (--format json) and memory timelines (memory --svg): the seeds' tables and plots in one place.
+// (--format json), memory timelines (memory --svg) and training logs (train --log): the seeds'
+// tables and plots in one place.
 #include "commands.h"
 #include "model_flags.h"
 #include "sweep_output.h"
@@ -43,13 +44,14 @@ class ReportCommand : public Command {
     app->add_option("--memory", memory_, "lmscope memory --format json results (comma list)");
     app->add_option("--attention", attention_, "lmscope attention --format json results (comma list)");
     app->add_option("--timeline", timelines_, "lmscope memory --svg pictures to include (comma list)");
+    app->add_option("--train", train_, "lmscope train --log files, one run each (comma list)");
     app->add_option("--title", title_, "The page's title")->capture_default_str();
     app->add_option("--out", out_, "The HTML file to write")->capture_default_str();
   }
 
   int run() override {
-    if (bench_.empty() && memory_.empty() && attention_.empty() && timelines_.empty())
-      user_error("nothing to report: give --bench, --memory, --attention or --timeline files");
+    if (bench_.empty() && memory_.empty() && attention_.empty() && timelines_.empty() && train_.empty())
+      user_error("nothing to report: give --bench, --memory, --attention, --timeline or --train files");
     report::ReportInputs in;
     in.title = title_;
     const auto files = [](const std::string& list) {
@@ -59,6 +61,7 @@ class ReportCommand : public Command {
     for (const std::string& f : files(memory_)) in.memory.push_back({f, report::read_memory_file(f)});
     for (const std::string& f : files(attention_)) in.attention.push_back({f, report::read_attention_file(f)});
     for (const std::string& f : files(timelines_)) in.timelines.emplace_back(f, svg_element(f));
+    for (const std::string& f : files(train_)) in.train.push_back({f, report::read_train_log(f)});
     const std::string html = report::html_report(in);
     write_file(out_, html);
     fmt::print("wrote {} ({:.1f} KiB)\n", out_, static_cast<double>(html.size()) / 1024);
@@ -66,7 +69,7 @@ class ReportCommand : public Command {
   }
 
  private:
-  std::string bench_, memory_, attention_, timelines_, title_ = "lmscope report", out_ = "report.html";
+  std::string bench_, memory_, attention_, timelines_, train_, title_ = "lmscope report", out_ = "report.html";
 };
 
 }  // namespace

@@ -1,7 +1,8 @@
-"""lmscope report end to end: result files from real bench, attention and memory runs on the CPU
+"""lmscope report end to end: result files from real bench, attention, memory and train runs on the CPU
 become one self-contained HTML page whose tables hold every row, whose pictures are valid SVG, and
 which headless Chromium draws with the charts' colours; files of the wrong kind end in one sentence
 and exit 2. Run by ctest with LMSCOPE pointing at the built program."""
+import array
 import html.parser
 import json
 import os
@@ -89,6 +90,11 @@ class Report(unittest.TestCase):
         d = cls.dir = cls.tmp.name
         cls.bench, cls.attention, cls.memory = (os.path.join(d, n) for n in ("b.json", "a.json", "m.json"))
         cls.timeline = os.path.join(d, "t.svg")
+        tokens, held_out = os.path.join(d, "tokens.bin"), os.path.join(d, "val.bin")
+        for path, n, step in ((tokens, 6000, 7), (held_out, 1500, 11)):
+            with open(path, "wb") as f:
+                array.array("H", [(i * step + i // 5) % 256 for i in range(n)]).tofile(f)
+        cls.logs = [os.path.join(d, f"run-lr{lr}.jsonl") for lr in ("3e-3", "1e-3")]
         for args in (["bench", "--device", "cpu", "--model", "small,medium", *TINY, "--ctx", "16,32", "--batch", "1",
                       "--warmup", "1", "--steps", "2", "--format", "json", "--out", cls.bench],
                      ["attention", "--device", "cpu", "--precision", "fp32", "--attention", "naive,flash", "--seq",
@@ -97,7 +103,11 @@ class Report(unittest.TestCase):
                      ["memory", "--device", "cpu", "--model", "small", *TINY, "--ctx", "16,32", "--batch", "1",
                       "--mode", "train,inference", "--format", "json", "--out", cls.memory],
                      ["memory", "--device", "cpu", "--model", "small", *TINY, "--ctx", "32", "--batch", "1",
-                      "--svg", cls.timeline]):
+                      "--svg", cls.timeline],
+                     *(["train", "--device", "cpu", "--model", "small", *TINY, "--d-model", "64", "--d-ff", "128",
+                        "--heads", "2", "--ctx", "32", "--batch", "2", "--steps", "12", "--lr", lr, "--data", tokens,
+                        "--val-data", held_out, "--eval-every", "4", "--eval-batches", "2", "--log", log]
+                       for lr, log in zip(("3e-3", "1e-3"), cls.logs))):
             r = run(*args)
             assert r.returncode == 0, (args, r.stderr)
         # Cells that ran out of memory, as a GPU run writes them: the page marks where memory ran out.
@@ -112,7 +122,7 @@ class Report(unittest.TestCase):
             json.dump(rows, f)
         cls.html = os.path.join(d, "report.html")
         r = run("report", "--bench", cls.bench, "--attention", cls.attention_oom, "--memory", cls.memory,
-                "--timeline", cls.timeline, "--title", "CPU <example>", "--out", cls.html)
+                "--timeline", cls.timeline, "--train", ",".join(cls.logs), "--title", "CPU <example>", "--out", cls.html)
         assert r.returncode == 0, r.stderr
         with open(cls.html) as f:
             cls.page = f.read()
@@ -133,7 +143,7 @@ class Report(unittest.TestCase):
         self.assertIn("<title>CPU &lt;example&gt;</title>", self.page)
         # Every picture is an SVG document by XML's rules, as a browser's SVG parser reads it.
         svgs = re.findall(r"<svg.*?</svg>", self.page, flags=re.S)
-        self.assertGreaterEqual(len(svgs), 7)
+        self.assertGreaterEqual(len(svgs), 9)
         for svg in svgs:
             ET.fromstring(svg)
 
@@ -142,14 +152,19 @@ class Report(unittest.TestCase):
         for name, path in (("bench", self.bench), ("memory", self.memory), ("attention", self.attention_oom)):
             with open(path) as f:
                 counts[name] = len(json.load(f))
+        counts["training"] = len(self.logs)  # a row per run
         sections = re.split(r'<h2 id="', self.page)[1:]
         found = {s.split('"')[0]: s.count("<tr") - 1 for s in sections}  # less the header row
         self.assertEqual(found, counts)
+        for log in self.logs:  # each run's last logged loss is in its row
+            with open(log) as f:
+                last = json.loads(f.readlines()[-1])
+            self.assertIn(f"<td>{last['loss']:.4f}</td>", self.page)
 
     def test_the_charts_say_what_they_show(self):
         for title in ("Step time against context", "Step time against model size", "Where a step&#39;s time goes",
                       "Memory at the peak, by kind", "Attention forward + backward time", "Memory saved for backward",
-                      "Active memory"):
+                      "Active memory", "Training loss", "Held-out loss", "run-lr3e-3", "run-lr1e-3"):
             self.assertIn(title.replace("&#39;", "'"), self.page)
         self.assertIn("naive fp32 d 16 b1: ran up to seq 256; out of memory from seq 512", self.page)
         self.assertIn("✕ out of memory", self.page)
@@ -218,6 +233,8 @@ class BadInput(unittest.TestCase):
                 (["--bench", badrow], "a row's fields are not what they should be"),
                 (["--bench", d], "is a directory"),
                 (["--timeline", bench], "is not a memory timeline"),
+                (["--train", bench], "is not a training log"),
+                (["--train", empty], "is empty"),
                 (["--bench", bench, "--out", "/nonexistent-dir/r.html"], "/nonexistent-dir/r.html"),
             ]
             for args, says in cases:

@@ -7,7 +7,10 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <cmath>
+#include <filesystem>
 #include <map>
+#include <optional>
 #include <set>
 
 namespace lmscope::report {
@@ -273,6 +276,41 @@ std::string attention_section(const std::vector<Named<AttentionRow>>& files) {
   return s + "</div>\n";
 }
 
+// A run's name in tables and legends: its log's file name without folders and extension.
+std::string run_name(const std::string& file) { return std::filesystem::path(file).stem().string(); }
+
+std::string training_section(const std::vector<Named<TrainStep>>& runs) {
+  std::string s = "<h2 id=\"training\">Training runs (lmscope train --log)</h2>\n" + sources(runs);
+  s += "<table><tr><th class=\"l\">run</th><th>steps</th><th>first loss</th><th>last loss</th>"
+       "<th>last held-out loss</th><th>skipped steps</th><th>last loss scale</th><th>tokens/s</th></tr>\n";
+  SeriesSet train, held_out;
+  for (const auto& run : runs) {
+    const std::string name = run_name(run.file);
+    long long skipped = 0;
+    std::optional<double> val;
+    for (const TrainStep& t : run.rows) {
+      skipped += t.skipped;
+      if (t.val_loss) val = t.val_loss, held_out[name].points.emplace_back(static_cast<double>(t.step), *t.val_loss);
+      train[name].points.emplace_back(static_cast<double>(t.step), t.loss);
+    }
+    const TrainStep &first = run.rows.front(), &last = run.rows.back();
+    // tokens/s over the run's logged stretch (a resumed log counts tokens from step 0, time anew).
+    const double rate = last.elapsed_s > 0 ? (last.tokens - first.tokens) / (last.elapsed_s - first.elapsed_s) : 0;
+    s += fmt::format(
+        "<tr><td class=\"l\">{}</td><td>{}</td><td>{:.4f}</td><td>{:.4f}</td><td>{}</td><td>{}</td><td>{}</td>"
+        "<td>{}</td></tr>\n",
+        xml_escape(name), last.step, first.loss, last.loss, val ? fmt::format("{:.4f}", *val) : "",
+        last.loss_scale ? fmt::format("{}", skipped) : "", last.loss_scale ? fmt::format("{:g}", *last.loss_scale) : "",
+        rate > 0 && std::isfinite(rate) ? fmt::format("{:.0f}", rate) : "");
+  }
+  s += "</table>\n<div class=\"charts\">\n";
+  LineChart loss{"Training loss", "step", "loss", false, false, train.series};
+  if (worth_drawing(loss)) s += svg_line_chart(loss);
+  LineChart val{"Held-out loss", "step", "loss", false, false, held_out.series};
+  if (worth_drawing(val)) s += svg_line_chart(val);
+  return s + "</div>\n";
+}
+
 }  // namespace
 
 std::string html_report(const ReportInputs& in) {
@@ -282,6 +320,7 @@ std::string html_report(const ReportInputs& in) {
   if (!in.bench.empty()) s += bench_section(in.bench);
   if (!in.memory.empty() || !in.timelines.empty()) s += memory_section(in.memory, in.timelines);
   if (!in.attention.empty()) s += attention_section(in.attention);
+  if (!in.train.empty()) s += training_section(in.train);
   return s + "</body></html>\n";
 }
 

@@ -2,7 +2,8 @@
 // result files of bench, memory and attention: the seeds' tables, step time against context and
 // model size, where a step's time goes by phase (and by kernel category with --profile), memory at
 // the peak by kind and its timelines, attention time and memory against sequence length with the
-// cells that ran out of memory marked.
+// cells that ran out of memory marked, and training runs' loss curves side by side (fp16 against
+// bf16 against fp32, say).
 #pragma once
 
 #include "lmscope/report/result_files.h"
@@ -24,6 +25,7 @@ struct ReportInputs {
   std::vector<Named<BenchRow>> bench;
   std::vector<Named<MemoryRow>> memory;
   std::vector<Named<AttentionRow>> attention;
+  std::vector<Named<TrainStep>> train;                         // one training log each
   std::vector<std::pair<std::string, std::string>> timelines;  // (file, its SVG): lmscope memory --svg
 };
 

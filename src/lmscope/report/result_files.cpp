@@ -149,4 +149,34 @@ std::vector<AttentionRow> read_attention_file(const std::string& path) {
                                  });
 }
 
+std::vector<TrainStep> read_train_log(const std::string& path) {
+  if (std::filesystem::is_directory(path)) user_error("'{}' is a directory, not a training log", path);
+  std::ifstream in(path);
+  if (!in) user_error("cannot read the training log '{}'", path);
+  std::vector<TrainStep> steps;
+  std::string line;
+  for (long long n = 1; std::getline(in, line); ++n) {
+    if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
+    const json r = json::parse(line, nullptr, false);
+    if (r.is_discarded() || !r.is_object() || !r.contains("step") || !r.contains("loss"))
+      user_error("'{}' is not a training log (what lmscope train --log writes): line {} is not a step's JSON", path, n);
+    try {
+      TrainStep s;
+      s.step = r.at("step").get<long long>();
+      s.loss = r.at("loss").get<double>();
+      if (r.contains("val_loss")) s.val_loss = r["val_loss"].get<double>();
+      if (r.contains("grad_norm") && r["grad_norm"].is_number()) s.grad_norm = r["grad_norm"].get<double>();
+      if (r.contains("loss_scale")) s.loss_scale = r["loss_scale"].get<double>();
+      s.skipped = r.value("skipped", false);
+      s.tokens = number(r, "tokens");
+      s.elapsed_s = number(r, "elapsed_s");
+      steps.push_back(s);
+    } catch (const json::exception& e) {
+      user_error("'{}' is not a training log (what lmscope train --log writes): line {} ({})", path, n, e.what());
+    }
+  }
+  if (steps.empty()) user_error("'{}' is empty (did the run that writes it take a step?)", path);
+  return steps;
+}
+
 }  // namespace lmscope::report

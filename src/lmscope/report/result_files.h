@@ -1,6 +1,6 @@
-// The result files lmscope report reads: what bench, memory and attention write with --format json,
-// each row reduced to what the report shows. A file of another kind, or not such JSON at all, is a
-// UserError that names it and says which command writes the kind expected.
+// The result files lmscope report reads: what bench, memory and attention write with --format json
+// and what train writes with --log, each row reduced to what the report shows. A file of another kind, or not such JSON
+// at all, is a UserError that names it and says which command writes the kind expected.
 #pragma once
 
 #include <map>
@@ -48,8 +48,19 @@ struct AttentionRow {
   bool out_of_memory() const { return status.rfind("OOM", 0) == 0; }
 };
 
+// One line of a training log (train --log: JSON Lines).
+struct TrainStep {
+  long long step = 0;
+  double loss = 0;
+  std::optional<double> val_loss, grad_norm;  // grad_norm: none where it was not finite (a skipped step)
+  std::optional<double> loss_scale;           // fp16 runs
+  bool skipped = false;
+  double tokens = 0, elapsed_s = 0;
+};
+
 std::vector<BenchRow> read_bench_file(const std::string& path);
 std::vector<MemoryRow> read_memory_file(const std::string& path);
 std::vector<AttentionRow> read_attention_file(const std::string& path);
+std::vector<TrainStep> read_train_log(const std::string& path);
 
 }  // namespace lmscope::report

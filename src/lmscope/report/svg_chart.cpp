@@ -22,6 +22,7 @@ namespace {
 constexpr int kWidth = 560, kHeight = 380, kLeft = 72, kRight = 24, kTop = 40, kBottom = 56;
 constexpr int kPlotW = kWidth - kLeft - kRight, kPlotH = kHeight - kTop - kBottom;
 constexpr const char* kFont = "font-family=\"sans-serif\"";
+constexpr std::size_t kMarkedPoints = 60;  // more points than this: a line without markers
 
 std::string number(double v) {
   if (v == 0) return "0";
@@ -154,10 +155,13 @@ std::string svg_line_chart(const LineChart& chart) {
     std::sort(pts.begin(), pts.end());
     std::string line;
     for (auto [x, y] : pts) line += fmt::format("{:.1f},{:.1f} ", px(x), py(y));
+    // A dense series (a loss curve, a point per step) is a thinner line without markers, which would
+    // hide it.
+    const bool dense = pts.size() > kMarkedPoints;
     if (pts.size() > 1)
-      svg += fmt::format("<polyline points=\"{}\" fill=\"none\" stroke=\"{}\" stroke-width=\"2\"/>", line,
-                         chart_colour(i));
-    for (auto [x, y] : pts)
+      svg += fmt::format("<polyline points=\"{}\" fill=\"none\" stroke=\"{}\" stroke-width=\"{}\"/>", line,
+                         chart_colour(i), dense ? "1.2" : "2");
+    for (auto [x, y] : dense ? std::vector<std::pair<double, double>>{} : pts)
       svg += fmt::format("<circle cx=\"{:.1f}\" cy=\"{:.1f}\" r=\"3.5\" fill=\"{}\"><title>{}: {}, {}</title></circle>",
                          px(x), py(y), chart_colour(i), xml_escape(s.name), number(x), number(y));
     for (double x : s.failed_x)

@@ -281,15 +281,27 @@ std::string run_name(const std::string& file) { return std::filesystem::path(fil
 
 std::string training_section(const std::vector<Named<TrainStep>>& runs) {
   std::string s = "<h2 id=\"training\">Training runs (lmscope train --log)</h2>\n" + sources(runs);
-  s += "<table><tr><th class=\"l\">run</th><th>steps</th><th>first loss</th><th>last loss</th>"
-       "<th>last held-out loss</th><th>skipped steps</th><th>last loss scale</th><th>tokens/s</th></tr>\n";
+  // How far each run's loss is from the first run's, step by step over the steps both logged: the
+  // number that says whether a precision changes training (the curves lie on top of each other).
+  const std::string first_run = run_name(runs.front().file);
+  std::map<long long, double> reference;
+  for (const TrainStep& t : runs.front().rows) reference[t.step] = t.loss;
+  s += fmt::format(
+      "<p class=\"note\">|Δ loss|: the mean distance of a run's loss from {}'s, over the steps both "
+      "logged.</p>\n<table><tr><th class=\"l\">run</th><th>steps</th><th>first loss</th><th>last loss</th>"
+      "<th>last held-out loss</th><th>|Δ loss|</th><th>skipped steps</th><th>last loss scale</th>"
+      "<th>tokens/s</th></tr>\n",
+      xml_escape(first_run));
   SeriesSet train, held_out;
   for (const auto& run : runs) {
     const std::string name = run_name(run.file);
-    long long skipped = 0;
+    long long skipped = 0, common = 0;
+    double gap = 0;
     std::optional<double> val;
     for (const TrainStep& t : run.rows) {
       skipped += t.skipped;
+      if (const auto it = reference.find(t.step); it != reference.end())
+        gap += std::fabs(t.loss - it->second), ++common;
       if (t.val_loss) val = t.val_loss, held_out[name].points.emplace_back(static_cast<double>(t.step), *t.val_loss);
       train[name].points.emplace_back(static_cast<double>(t.step), t.loss);
     }
@@ -298,8 +310,9 @@ std::string training_section(const std::vector<Named<TrainStep>>& runs) {
     const double rate = last.elapsed_s > 0 ? (last.tokens - first.tokens) / (last.elapsed_s - first.elapsed_s) : 0;
     s += fmt::format(
         "<tr><td class=\"l\">{}</td><td>{}</td><td>{:.4f}</td><td>{:.4f}</td><td>{}</td><td>{}</td><td>{}</td>"
-        "<td>{}</td></tr>\n",
+        "<td>{}</td><td>{}</td></tr>\n",
         xml_escape(name), last.step, first.loss, last.loss, val ? fmt::format("{:.4f}", *val) : "",
+        &run == &runs.front() || common == 0 ? "" : fmt::format("{:.4f}", gap / static_cast<double>(common)),
         last.loss_scale ? fmt::format("{}", skipped) : "", last.loss_scale ? fmt::format("{:g}", *last.loss_scale) : "",
         rate > 0 && std::isfinite(rate) ? fmt::format("{:.0f}", rate) : "");
   }

@@ -442,6 +442,31 @@ TEST_F(CudaVsCpu, KernelTracerSeesEveryKernelInItsPhase) {
   EXPECT_TRUE(gpu->kernel_tracer()) << "a finished tracer frees the way for the next";
 }
 
+// fp16 train cells carry the loss scaler's count of skipped measured steps and its scale; others none.
+TEST(CudaBench, Fp16CellsReportTheLossScaler) {
+  if (list_gpus().empty()) GTEST_SKIP() << "no CUDA GPU visible";
+  BenchSpec spec;
+  spec.model = preset("small");
+  spec.model.layers = 2;
+  spec.device = "cuda";
+  spec.batch = 2;
+  spec.ctx = 64;
+  spec.warmup = 1;
+  spec.steps = 3;
+  for (const char* precision : {"fp16", "bf16"}) {
+    spec.precision = precision;
+    const BenchResult r = run_bench_cell(spec);
+    ASSERT_TRUE(r.ok()) << r.status;
+    if (spec.precision == "fp16") {
+      ASSERT_TRUE(r.skipped_steps.has_value());
+      EXPECT_EQ(*r.skipped_steps, 0);  // the default scale, 2^16, fits this model's gradients
+      EXPECT_EQ(r.loss_scale, 65536.0);
+    } else {
+      EXPECT_FALSE(r.skipped_steps.has_value());
+    }
+  }
+}
+
 TEST(CudaProfile, BenchCellAccountsForEveryPhase) {
   if (list_gpus().empty()) GTEST_SKIP() << "no CUDA GPU visible";
   BenchSpec spec;

@@ -135,6 +135,12 @@ std::string markdown(const std::vector<BenchResult>& rows) {
       out += fmt::format("- | - | - | - | - | - | - | - | {} |\n", r.status);
   }
   for (const BenchResult& r : rows)
+    if (r.ok() && r.skipped_steps.value_or(0) > 0)
+      out += fmt::format(
+          "\n{} {} ctx {}: the loss scaler skipped {} of the {} measured steps (their gradients overflowed fp16; "
+          "no update in their optimizer phase); the scale is now {:g}.\n",
+          r.spec.model.name, r.spec.precision, r.spec.ctx, *r.skipped_steps, r.spec.steps, r.loss_scale);
+  for (const BenchResult& r : rows)
     if (r.ok() && r.kernels.steps > 0) out += markdown_profile(r);
   return out;
 }
@@ -206,6 +212,10 @@ std::string json(const std::vector<BenchResult>& rows) {
       j["peak_tflops"] = r.peak_tflops;
       j["mfu"] = r.mfu;
       j["peak_bytes"] = r.peak_bytes;
+      if (r.skipped_steps) {
+        j["skipped_steps"] = *r.skipped_steps;
+        j["loss_scale"] = r.loss_scale;
+      }
       if (r.kernels.steps > 0) j["kernels"] = json_profile(r);
     }
     arr.push_back(j);

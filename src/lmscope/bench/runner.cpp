@@ -107,7 +107,9 @@ void run_cell(const BenchSpec& spec, BenchResult& r, const BenchProgress& progre
   const int total = spec.warmup + spec.steps;
   const int micro_batches = has_backward(spec.mode) ? spec.grad_accum : 1;
   std::vector<int> step_marks;
+  std::int64_t skipped_before = 0;  // by the loss scaler, in the warm-up steps
   for (int i = 0; i < total; ++i) {
+    if (opt && i == spec.warmup) skipped_before = opt->loss_scaler().skipped();
     backend->synchronize();
     if (spec.trace && i == spec.warmup) {
       trace = std::make_unique<TraceSession>(
@@ -179,6 +181,10 @@ void run_cell(const BenchSpec& spec, BenchResult& r, const BenchProgress& progre
   const double loss = model.read_loss();
   if (!std::isfinite(loss)) throw std::runtime_error(fmt::format("the loss is {}", loss));
   r.peak_bytes = backend->allocator().peak_bytes();
+  if (opt && opt->loss_scaler().on()) {
+    r.skipped_steps = opt->loss_scaler().skipped() - skipped_before;
+    r.loss_scale = opt->loss_scaler().scale();
+  }
   r.forward = summarize(fwd);
   if (has_backward(spec.mode)) r.backward = summarize(bwd);
   if (opt) r.optimizer = summarize(optim);

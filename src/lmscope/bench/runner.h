@@ -9,6 +9,7 @@
 #include "lmscope/profile/kernel_profile.h"
 
 #include <functional>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -63,6 +64,10 @@ struct BenchResult {
   double peak_tflops = 0;   // the device's datasheet peak for the precision; 0 when unknown
   double mfu = 0;           // model_tflops / peak_tflops
   std::size_t peak_bytes = 0;
+  // fp16 train cells: measured steps the loss scaler skipped (their gradients overflowed; the
+  // optimizer phase made no update), and the scale after the last.
+  std::optional<std::int64_t> skipped_steps;
+  double loss_scale = 0;
   KernelProfile kernels;  // per measured step; steps == 0 unless spec.profile
   std::string trace;      // with spec.trace: the Chrome trace-event JSON of the measured steps
   // Nothing ran: a dry run's row (bench --dry-run), with its peak_bytes and status and no times.

@@ -99,13 +99,15 @@ class Trace(unittest.TestCase):
         streams = {(e["pid"], e["tid"]) for e in events if e["ph"] == "M" and e["name"] == "thread_name"}
         launches = {e["args"]["correlation"]: e for e in xs if e["cat"] in ("cuda_runtime", "cuda_driver")}
         starts = {e["id"]: e for e in events if e["ph"] == "s"}
-        ends = {e["id"]: e for e in events if e["ph"] == "f"}
+        heads = {(e["pid"], e["tid"], e["ts"]): e for e in events if e["ph"] == "f"}
+        self.assertEqual(len(starts), len([e for e in events if e["ph"] == "s"]), "a flow id used twice")
+        self.assertEqual(len(heads), len(work))  # one arrow per kernel, memset and memcpy
         for k in work:
             self.assertIn((k["pid"], k["tid"]), streams)
             launch = launches[k["args"]["correlation"]]
             self.assertLessEqual(launch["ts"], k["ts"])
-            self.assertEqual(starts[launch["args"]["correlation"]]["ts"], launch["ts"])
-            self.assertEqual(ends[launch["args"]["correlation"]]["ts"], k["ts"])
+            head = heads[(k["pid"], k["tid"], k["ts"])]  # the arrow ends at the kernel...
+            self.assertEqual(starts[head["id"]]["ts"], launch["ts"])  # ...and starts at its launch
             # Every launch of the measured steps is made inside one of the model's or runner's ranges.
             self.assertIn(parent[id(launch)]["cat"], ("step", "phase", "layer", "op"))
         attention = [k for k in work if k["args"].get("category") == "attention"]

@@ -11,6 +11,7 @@
 #include <map>
 #include <set>
 #include <string>
+#include <tuple>
 
 namespace lmscope {
 namespace {
@@ -38,8 +39,9 @@ TEST(TraceOnGpu, EveryProfiledKernelIsOnItsStreamWithItsLaunch) {
   std::map<std::string, double> profiled;  // name -> calls over the measured steps
   for (const KernelSummary& k : r.kernels.kernels) profiled[k.name] += k.calls_per_step * r.kernels.steps;
   std::map<std::string, int> traced;
-  std::map<long long, const json*> launch_of;  // correlation -> host call
-  std::set<long long> flow_starts, flow_ends;
+  std::map<long long, const json*> launch_of;                   // correlation -> host call
+  std::map<long long, double> flow_start;                       // flow id -> its tail's time (on the host)
+  std::map<std::tuple<int, int, double>, long long> flow_head;  // (pid, tid, ts) -> flow id
   double steps_from = INFINITY, steps_to = -INFINITY;
   int host_pid = -1;
   for (const json& e : events) {
@@ -51,8 +53,13 @@ TEST(TraceOnGpu, EveryProfiledKernelIsOnItsStreamWithItsLaunch) {
     }
     if (ph == "X" && (cat == "cuda_runtime" || cat == "cuda_driver"))
       launch_of[e.at("args").at("correlation").get<long long>()] = &e;
-    if (ph == "s") flow_starts.insert(e.at("id").get<long long>());
-    if (ph == "f") flow_ends.insert(e.at("id").get<long long>());
+    if (ph == "s") {
+      EXPECT_TRUE(flow_start.emplace(e.at("id").get<long long>(), e.at("ts").get<double>()).second) << e;
+    }
+    if (ph == "f") {
+      const std::tuple<int, int, double> at{e.at("pid").get<int>(), e.at("tid").get<int>(), e.at("ts").get<double>()};
+      EXPECT_TRUE(flow_head.emplace(at, e.at("id").get<long long>()).second) << e;
+    }
   }
   ASSERT_GT(steps_to, steps_from);
   std::set<std::pair<int, int>> named_streams;
@@ -71,7 +78,11 @@ TEST(TraceOnGpu, EveryProfiledKernelIsOnItsStreamWithItsLaunch) {
     ASSERT_TRUE(launch_of.count(id)) << e;
     const json& launch = *launch_of.at(id);
     EXPECT_LE(launch.at("ts").get<double>(), e.at("ts").get<double>()) << e;  // launched before it ran
-    EXPECT_TRUE(flow_starts.count(id) && flow_ends.count(id)) << e;
+    // An arrow from the call's start to the kernel's, by a flow of its own.
+    const auto head = flow_head.find({e.at("pid").get<int>(), e.at("tid").get<int>(), e.at("ts").get<double>()});
+    ASSERT_NE(head, flow_head.end()) << e;
+    ASSERT_TRUE(flow_start.count(head->second)) << e;
+    EXPECT_EQ(flow_start.at(head->second), launch.at("ts").get<double>()) << e;
     // Inside the measured steps: the clocks agree (a kernel may end after its step's host range
     // only if the step did not wait for it, and every step synchronises).
     EXPECT_GE(launch.at("ts").get<double>(), steps_from);

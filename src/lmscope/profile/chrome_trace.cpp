@@ -6,6 +6,7 @@
 #include <unistd.h>
 #include <nlohmann/json.hpp>
 
+#include <map>
 #include <set>
 #include <utility>
 
@@ -40,7 +41,9 @@ const char* work_category(DeviceWork w) {
 }
 
 // The GPU's work: its processes and stream tracks, an event per record, and a flow from each
-// launching call on the host track to the work it enqueued.
+// launching call on the host track to the work it enqueued. Each flow has an id of its own, not the
+// call's correlation id: one call may enqueue many kernels (a CUDA graph's launch), and a viewer
+// ends a flow at the first head with its id.
 void add_device_activity(ordered_json& trace, const TraceContents& t, int host_pid, int host_tid) {
   auto us = [&](std::uint64_t ns) { return (static_cast<double>(ns) - static_cast<double>(t.clock_origin_ns)) / 1e3; };
   std::set<std::uint32_t> devices;
@@ -63,7 +66,9 @@ void add_device_activity(ordered_json& trace, const TraceContents& t, int host_p
                      {"tid", stream},
                      {"args", {{"name", fmt::format("stream {}", stream)}}}});
 
-  std::set<std::uint32_t> launched;  // correlation ids with device work
+  std::map<std::uint32_t, std::uint64_t> launch_ns;  // correlation id -> the call's start
+  for (const LaunchRecord& l : t.device.launches) launch_ns[l.correlation] = l.start_ns;
+  std::uint64_t flows = 0;
   for (const KernelRecord& r : t.device.work) {
     ordered_json args{
         {"device", r.device}, {"stream", r.stream}, {"correlation", r.correlation}, {"phase", phase_name(r.phase)}};
@@ -85,16 +90,26 @@ void add_device_activity(ordered_json& trace, const TraceContents& t, int host_p
                      {"ts", us(r.start_ns)},
                      {"dur", (static_cast<double>(r.end_ns) - static_cast<double>(r.start_ns)) / 1e3},
                      {"args", std::move(args)}});
-    // The arrow's head binds to the slice that encloses its time on the stream's track.
+    const auto launch = launch_ns.find(r.correlation);
+    if (launch == launch_ns.end()) continue;
+    // The arrow's tail binds to the call's slice on the host track, its head to the slice that
+    // encloses its time on the stream's track.
+    ++flows;
+    trace.push_back({{"name", "ac2g"},
+                     {"cat", "ac2g"},
+                     {"ph", "s"},
+                     {"id", flows},
+                     {"pid", host_pid},
+                     {"tid", host_tid},
+                     {"ts", us(launch->second)}});
     trace.push_back({{"name", "ac2g"},
                      {"cat", "ac2g"},
                      {"ph", "f"},
                      {"bp", "e"},
-                     {"id", r.correlation},
+                     {"id", flows},
                      {"pid", r.device},
                      {"tid", r.stream},
                      {"ts", us(r.start_ns)}});
-    launched.insert(r.correlation);
   }
   for (const LaunchRecord& l : t.device.launches) {
     trace.push_back({{"name", l.api},
@@ -105,14 +120,6 @@ void add_device_activity(ordered_json& trace, const TraceContents& t, int host_p
                      {"ts", us(l.start_ns)},
                      {"dur", (static_cast<double>(l.end_ns) - static_cast<double>(l.start_ns)) / 1e3},
                      {"args", {{"correlation", l.correlation}}}});
-    if (launched.count(l.correlation))
-      trace.push_back({{"name", "ac2g"},
-                       {"cat", "ac2g"},
-                       {"ph", "s"},
-                       {"id", l.correlation},
-                       {"pid", host_pid},
-                       {"tid", host_tid},
-                       {"ts", us(l.start_ns)}});
   }
 }
 

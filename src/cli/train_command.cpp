@@ -108,8 +108,13 @@ class TrainCommand : public Command {
     model.set_weight_copies(parse_weight_copies(s_.weight_copies));
     std::int64_t start = 0;
     AdamW opt(model, s_.optimizer);
+    if (app->count("--loss-scale") + app->count("--loss-scale-interval") > 0 && !opt.loss_scaler().on())
+      fmt::print("note: --loss-scale and --loss-scale-interval apply to fp16, and this run is {}\n", s_.precision);
     if (resumed) {
       load_checkpoint(*resumed, model, opt);
+      if (app->count("--loss-scale") > 0 && resumed->state.loss_scaler)
+        fmt::print("note: the loss scale goes on from the checkpoint's, {:g}; --loss-scale sets a new run's first\n",
+                   resumed->state.loss_scaler->scale);
       sampler.restore(resumed->state.sampler);
       start = resumed->state.step;
     } else if (s_.init.empty()) {

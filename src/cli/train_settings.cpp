@@ -224,7 +224,7 @@ std::vector<std::string> TrainSettings::take_from_checkpoint(const CLI::App& app
     take(app, saved, "--eps", optimizer.eps, changes);
     take(app, saved, "--weight-decay", optimizer.weight_decay, changes);
     take(app, saved, "--clip", optimizer.clip, changes);
-    take(app, saved, "--loss-scale", optimizer.loss_scaling.initial, changes);
+    // (--loss-scale is a new run's first scale: a resumed one goes on from the checkpoint's scale.)
     take(app, saved, "--loss-scale-interval", optimizer.loss_scaling.interval, changes);
     take(app, saved, "--save-every", save_every, changes);
     take(app, saved, "--keep", keep, changes);

@@ -203,6 +203,29 @@ class FailedRows(unittest.TestCase):
             self.assertIn("unsupported", text)
 
 
+class TrainLogs(unittest.TestCase):
+    def test_same_names_are_told_apart_and_a_resumed_log_keeps_its_rate(self):
+        with tempfile.TemporaryDirectory() as d:
+            logs = []
+            for folder, loss in (("a", 2.0), ("b", 3.0)):
+                os.makedirs(os.path.join(d, folder))
+                logs.append(os.path.join(d, folder, "run.jsonl"))
+                with open(logs[-1], "w") as f:
+                    # 100 tokens a second; stopped after step 3 and resumed: elapsed_s starts again.
+                    for step, elapsed in ((1, 1.0), (2, 2.0), (3, 3.0), (4, 1.0), (5, 2.0), (6, 3.0)):
+                        f.write(json.dumps({"step": step, "loss": loss - step / 10, "lr": 1e-3, "grad_norm": None,
+                                            "tokens": 100 * step, "elapsed_s": elapsed, "val_loss": None}) + "\n")
+            page = os.path.join(d, "r.html")
+            r = run("report", "--train", ",".join(logs), "--out", page)
+            self.assertEqual(r.returncode, 0, r.stderr)
+            with open(page) as f:
+                text = f.read()
+            for name in ("a/run", "b/run"):
+                self.assertIn(f'<td class="l">{os.path.join(d, name)}</td>', text)
+            self.assertEqual(text.count("<td>100</td>"), 2)  # tokens/s of each, from its last stretch
+            self.assertIn("<td>1.0000</td>", text)  # b's loss is 1 from a's at every step
+
+
 class BadInput(unittest.TestCase):
     def test_one_sentence_and_exit_2(self):
         with tempfile.TemporaryDirectory() as d:

@@ -167,12 +167,12 @@ class Backend {
 
  private:
   void update_ranges() {
-    tee_ = std::make_unique<RangeTee>(ranges_, device_ranges_.get());
-    active_ranges_ = ranges_ && device_ranges_ ? tee_.get() : ranges_ ? ranges_ : device_ranges_.get();
+    tee_ = RangeTee(ranges_, device_ranges_.get());
+    active_ranges_ = ranges_ && device_ranges_ ? &tee_ : ranges_ ? ranges_ : device_ranges_.get();
   }
   RangeListener* ranges_ = nullptr;
   std::unique_ptr<RangeListener> device_ranges_;
-  std::unique_ptr<RangeTee> tee_;
+  RangeTee tee_{nullptr, nullptr};
   RangeListener* active_ranges_ = nullptr;
 };
 

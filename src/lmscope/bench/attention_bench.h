@@ -13,7 +13,7 @@ namespace lmscope {
 struct AttentionBenchSpec {
   AttentionKind kind = AttentionKind::flash;
   std::string device = "cpu";
-  std::string precision = "fp32";  // fp32 (no tensor cores) or bf16 storage with fp32 accumulation
+  std::string precision = "fp32";  // fp32 (no tensor cores), or bf16 or fp16 storage with fp32 accumulation
   std::int64_t batch = 8, heads = 1, seq = 1024, d = 64;
   bool causal = true;
   FlashDq dq = FlashDq::fastest;  // flash: how the backward sums dq (AttentionCall)

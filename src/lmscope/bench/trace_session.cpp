@@ -2,6 +2,11 @@
 
 #include "lmscope/core/error.h"
 
+#include <fmt/format.h>
+
+#include <cstdio>
+#include <cstring>
+
 namespace lmscope {
 
 TraceSession::TraceSession(Backend& backend, TraceLabels labels)
@@ -9,12 +14,32 @@ TraceSession::TraceSession(Backend& backend, TraceLabels labels)
       labels_(std::move(labels)),
       recorder_(backend.allocator()),
       allocated_before_(backend.allocator().current_bytes()),
-      reserved_before_(backend.allocator().reserved_bytes()),
-      kernels_(backend.kernel_tracer()) {
+      reserved_before_(backend.allocator().reserved_bytes()) {
+  try {
+    kernels_ = backend.kernel_tracer();
+  } catch (const Unsupported& e) {
+    fmt::print(stderr, "lmscope: warning: the trace holds the host's ranges and memory only: {}\n", e.what());
+  }
   Allocator& mem = backend_.allocator();
   mem.clear_events();
   mem.record_events(true);
-  backend_.set_range_listener(&recorder_);
+  backend_.set_range_listener(this);
+}
+
+void TraceSession::begin(RangeLevel level, const char* name, int index) {
+  recorder_.begin(level, name, index);
+  const bool phase = level == RangeLevel::phase;
+  phase_open_.push_back(phase);
+  if (!phase || !kernels_) return;
+  for (Phase p : {Phase::forward, Phase::backward, Phase::optimizer})
+    if (std::strcmp(name, phase_name(p)) == 0) kernels_->set_phase(p);
+}
+
+void TraceSession::end() {
+  recorder_.end();
+  LMSCOPE_CHECK(!phase_open_.empty(), "a range ended that never began");
+  if (phase_open_.back() && kernels_) kernels_->set_phase(Phase::setup);
+  phase_open_.pop_back();
 }
 
 TraceSession::~TraceSession() {

@@ -1,8 +1,10 @@
 // A stretch of steps recorded for a Chrome trace (bench --trace, train --trace): from construction,
 // the ranges the code on `backend` marks, every allocation and, where the backend has a kernel
-// tracer (CUDA), every runtime call and every kernel, memset and memcpy; finish() stops them all and
-// gives the trace-event JSON (profile/chrome_trace.h). The destructor stops recording if finish()
-// never ran.
+// tracer (CUDA), every runtime call and every kernel, memset and memcpy, each tagged with the phase
+// whose range it was launched in; finish() stops them all and gives the trace-event JSON
+// (profile/chrome_trace.h). Where the tracer cannot start (CUPTI held by another tool), the trace
+// has the host's ranges and memory only, and says so on stderr. The destructor stops recording if
+// finish() never ran.
 #pragma once
 
 #include "lmscope/backend/backend.h"
@@ -13,9 +15,8 @@
 
 namespace lmscope {
 
-class TraceSession {
+class TraceSession final : private RangeListener {
  public:
-  // Throws Unsupported where the backend has a tracer that cannot run (CUPTI held by another tool).
   TraceSession(Backend& backend, TraceLabels labels);
   ~TraceSession();
   TraceSession(const TraceSession&) = delete;
@@ -32,6 +33,13 @@ class TraceSession {
   Result finish();
 
  private:
+  // Ranges go to the recorder; a phase range named forward, backward or optimizer also tags the
+  // device work launched in it (the bench runner tags its phases itself too), and its end goes
+  // back to setup.
+  void begin(RangeLevel level, const char* name, int index) override;
+  void end() override;
+  std::vector<bool> phase_open_;  // per open range: whether it is a phase range
+
   Backend& backend_;
   TraceLabels labels_;
   TraceRecorder recorder_;

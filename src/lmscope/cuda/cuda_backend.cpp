@@ -9,6 +9,7 @@
 #include "lmscope/cuda/kernel_tracer.h"
 #include "lmscope/cuda/kernels.h"
 #include "lmscope/cuda/nvtx_ranges.h"
+#include "lmscope/cuda/storage_elem.h"
 
 #include <algorithm>
 #include <cmath>
@@ -17,13 +18,7 @@
 namespace lmscope {
 namespace {
 
-// Storage of a tensor the kernels accept in f32 or bf16.
-cuda::Elem elem(const Tensor& t) {
-  if (t.dtype == DType::f32) return cuda::Elem::f32;
-  if (t.dtype == DType::bf16) return cuda::Elem::bf16;
-  if (t.dtype == DType::f16) return cuda::Elem::f16;
-  throw Unsupported(fmt::format("the CUDA backend stores f32, bf16 and f16, not {}", dtype_name(t.dtype)));
-}
+cuda::Elem elem(const Tensor& t) { return cuda::storage_elem(t); }
 float* f32(const Tensor& t) {
   LMSCOPE_CHECK(t.dtype == DType::f32, "this CUDA op takes f32 here, got {}", dtype_name(t.dtype));
   return t.as<float>();

@@ -1,6 +1,6 @@
 // FlashAttention-2 (MODEL.md) on the GPU, written here: the launchers, and the dispatch that picks a
 // kernel and how many parts to cut tiles into. Three paths, each in its family's headers (flash/):
-// - tensor cores (bf16 storage, head dims 16, 32, 64, 80, 96, 128): mma.sync m16n8k16 with fp32
+// - tensor cores (bf16 or fp16 storage, head dims 16, 32, 64, 80, 96, 128): mma.sync m16n8k16, fp32
 //   accumulation, operands staged in shared memory by cp.async (double-buffered) and read with
 //   ldmatrix; each warp owns 16 rows, the softmax statistics live in registers (ptx.cuh,
 //   online_softmax.cuh, sm80_forward.cuh, sm80_backward.cuh);
@@ -234,11 +234,17 @@ FlashKernelFacts read_kernel_facts() {
       constexpr int D = decltype(dc)::value;
       FlashResidency r;
       r.d = D;
-      // The fp16 kernels are the bf16 ones with another mma and conversions: the same residency.
-      r.forward_tc = resident_ctas(flash_forward_tc<bf16, D, false>, kThreads, forward_tc_smem<D>());
-      r.dkdv_tc = resident_ctas(flash_backward_dkdv_tc<bf16, D, false, false>, kThreads, dkdv_tc_smem<D>());
-      r.dkdv_tc_atomic = resident_ctas(flash_backward_dkdv_tc<bf16, D, true, false>, kThreads, dkdv_tc_smem<D>());
-      r.dq_tc = resident_ctas(flash_backward_dq_tc<bf16, D, false>, kThreads, dq_tc_smem<D>());
+      // The fp16 kernels are the bf16 ones with another mma and conversions; the plan counts with the
+      // fewer CTAs of the two, should their registers differ.
+      auto both = [](auto bf16_kernel, auto half_kernel, int smem) {
+        return std::min(resident_ctas(bf16_kernel, kThreads, smem), resident_ctas(half_kernel, kThreads, smem));
+      };
+      r.forward_tc = both(flash_forward_tc<bf16, D, false>, flash_forward_tc<half, D, false>, forward_tc_smem<D>());
+      r.dkdv_tc = both(flash_backward_dkdv_tc<bf16, D, false, false>, flash_backward_dkdv_tc<half, D, false, false>,
+                       dkdv_tc_smem<D>());
+      r.dkdv_tc_atomic = both(flash_backward_dkdv_tc<bf16, D, true, false>,
+                              flash_backward_dkdv_tc<half, D, true, false>, dkdv_tc_smem<D>());
+      r.dq_tc = both(flash_backward_dq_tc<bf16, D, false>, flash_backward_dq_tc<half, D, false>, dq_tc_smem<D>());
       if constexpr (kHopperHeadDim<D>)
         if (facts.hopper) {
           r.forward_wgmma = resident_ctas(flash_forward_wgmma<D, false>, kWgThreads, forward_wgmma_smem<D>());
@@ -287,6 +293,8 @@ void flash_attention_forward(const void* q, const void* k, const void* v, void* 
   if (tensor_core_path(e, d)) {
     with_tensor_core_elem(e, [&](auto tag) {
       using E = typename decltype(tag)::type;
+      if (!std::is_same_v<E, bf16> && plan.forward_wgmma)
+        throw std::logic_error("flash attention: a plan put fp16 on the bf16-only Hopper forward");
       const int parts = plan.forward_parts;
       const long long q_elems = n * tq * d;
       const PartOut<E> o_out{static_cast<E*>(o), parts > 1 ? workspace : nullptr, q_elems};
@@ -343,6 +351,8 @@ void flash_attention_backward(const void* q, const void* k, const void* v, const
   if (tensor_core_path(e, d)) {
     with_tensor_core_elem(e, [&](auto tag) {
       using E = typename decltype(tag)::type;
+      if (!std::is_same_v<E, bf16> && (plan.dkdv_wgmma || plan.dq_wgmma))
+        throw std::logic_error("flash attention: a plan put fp16 on the bf16-only Hopper backward");
       const long long kv_bytes = 2 * tk * d * 2, qdo_bytes = 2 * tq * d * 2;  // 16-bit K and V, Q and dO
       const bool atomics = plan.atomic_dq();
       if (atomics && cudaMemsetAsync(dq_accum, 0, sizeof(float) * n * plan.dq_accum_rows * d, s) != cudaSuccess)

@@ -49,7 +49,7 @@ Gemm::Plan& Gemm::plan(const GemmArgs& g) {
                 g.ldc,     g.batch,   g.stride_a, g.stride_b, g.stride_c, g.a.dtype, g.c.dtype};
   if (auto it = plans_.find(key); it != plans_.end()) return it->second;
   Plan p;
-  // bf16 operands run on tensor cores with fp32 accumulation; f32 operands in fp32 or tf32 math.
+  // bf16 and f16 operands run on tensor cores with fp32 accumulation; f32 operands in fp32 or tf32 math.
   const cublasComputeType_t compute =
       g.a.dtype == DType::f32 && math_ == GemmMath::tf32 ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F;
   LMSCOPE_CUBLAS_CHECK(cublasLtMatmulDescCreate(&p.desc, compute, CUDA_R_32F));

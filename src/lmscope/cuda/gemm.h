@@ -1,5 +1,5 @@
-// Row-major (batched) GEMMs on cuBLASLt: f32 operands (IEEE fp32 or tf32 math) or bf16 operands
-// (fp32 accumulation) with a bf16 or f32 result. A row-major C = op(A)·op(B) is the column-major
+// Row-major (batched) GEMMs on cuBLASLt: f32 operands (IEEE fp32 or tf32 math) or bf16/f16 operands
+// (fp32 accumulation) with a result of their type or f32. A row-major C = op(A)·op(B) is the column-major
 // Cᵀ = op(B)ᵀ·op(A)ᵀ, so B is passed first. Plans (descriptors and the heuristic's algorithm)
 // are made once per shape and reused: a training step repeats its shapes exactly.
 #pragma once

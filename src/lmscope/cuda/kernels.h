@@ -61,7 +61,7 @@ void permute_heads(const void* in, void* out, Elem e, std::int64_t b, std::int64
 
 // flash_attention.cu: FlashAttention-2. q [n, tq, d], k and v [n, tk, d], o [n, tq, d] in the
 // storage named; lse [n, tq] fp32 (natural log of Σ exp(scale·s)); causal masks key j > query i.
-// Tensor cores for bf16 with d in {16, 32, 64, 80, 96, 128}; CUDA cores otherwise (d ≤ 128).
+// Tensor cores for bf16 and f16 with d in {16, 32, 64, 80, 96, 128}; CUDA cores otherwise (d ≤ 128).
 bool flash_attention_supports(int d);
 // The facts the plan reads (flash_plan.h) of the GPU in use, asked of the driver once; the Hopper
 // kernels count as absent with LMSCOPE_NO_WGMMA=1, which picks the mma.sync kernels for comparison.

@@ -41,7 +41,7 @@ struct ParameterSpec {
   Shape shape;
   double init_std;  // truncated normal std (cut at ±3 std); 0 means initialised to ones
   int layer;        // -1 outside the layers
-  bool matmul;      // a GEMM operand (linear weights, LM head): kept in low precision too under bf16
+  bool matmul;      // a GEMM operand (linear weights, LM head): kept in low precision too under bf16 and fp16
 };
 
 // Every parameter in the order of the PyTorch module's state_dict.

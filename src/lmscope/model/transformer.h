@@ -23,7 +23,7 @@ enum class Recompute { none, selective, full };
 const char* recompute_name(Recompute r);
 Recompute parse_recompute(const std::string& s);  // throws UserError
 
-// Where the low-precision (bf16) copies of the matmul weights live under mixed precision
+// Where the low-precision (bf16 or fp16) copies of the matmul weights live under mixed precision
 // (--weight-copies). kept: beside the fp32 masters from step to step; AdamW writes each anew as it
 // updates the master, and the backward frees each after its last use so they never sit beside every
 // gradient. transient: cast from the master where a layer uses it and freed right after, in the
@@ -42,7 +42,7 @@ struct MicroBatch {
 struct Parameter {
   ParameterSpec spec;
   Allocation value;       // the master copy (f32, or f64 in gradient checks)
-  Allocation value_lowp;  // bf16 copy of a matmul weight under mixed precision (Transformer::lowp_copy)
+  Allocation value_lowp;  // 16-bit copy of a matmul weight under mixed precision (Transformer::lowp_copy)
   Allocation grad;        // made by the backward, freed by AdamW once it has been read
 };
 
@@ -50,7 +50,7 @@ class Transformer {
  public:
   // dtype: parameters, gradients, optimizer state and the residual stream (f32; f64 on the CPU for
   // gradient checks). compute: GEMM operands and the activations between GEMMs: the same as dtype,
-  // or bf16 for mixed precision (docs/precision.md); none means the same as dtype.
+  // or bf16 or f16 for mixed precision (docs/precision.md); none means the same as dtype.
   // attention: flash (FlashAttention-2, the default) or naive (scores and probabilities in memory).
   Transformer(const ModelConfig& config, Backend& backend, DType dtype = DType::f32,
               std::optional<DType> compute = std::nullopt, AttentionKind attention = AttentionKind::flash);

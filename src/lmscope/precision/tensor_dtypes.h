@@ -15,7 +15,7 @@ namespace lmscope {
 struct TensorDtypeRow {
   std::string kind;                          // parameter, gradient, optimizer_state, activation, workspace, input
   std::string what;                          // the tag, with layer numbers written as {i}
-  std::map<std::string, std::string> dtype;  // precision -> "f32", "bf16", "i32"; "" where not held
+  std::map<std::string, std::string> dtype;  // precision -> "f32", "bf16", "f16", "i32"; "" where not held
 };
 
 // One dry-run train step of `cell` per precision (the cell's own precision ignored), rows in the

@@ -45,7 +45,13 @@ const char* work_category(DeviceWork w) {
 // call's correlation id: one call may enqueue many kernels (a CUDA graph's launch), and a viewer
 // ends a flow at the first head with its id.
 void add_device_activity(ordered_json& trace, const TraceContents& t, int host_pid, int host_tid) {
-  auto us = [&](std::uint64_t ns) { return (static_cast<double>(ns) - static_cast<double>(t.clock_origin_ns)) / 1e3; };
+  // Differences in integers first: exact, and a time before the origin comes out negative.
+  auto us = [&](std::uint64_t ns) {
+    return static_cast<double>(static_cast<std::int64_t>(ns - t.clock_origin_ns)) / 1e3;
+  };
+  auto duration_us = [](std::uint64_t from, std::uint64_t to) {
+    return static_cast<double>(static_cast<std::int64_t>(to - from)) / 1e3;
+  };
   std::set<std::uint32_t> devices;
   std::set<std::pair<std::uint32_t, std::uint32_t>> streams;
   for (const KernelRecord& r : t.device.work) {
@@ -70,6 +76,7 @@ void add_device_activity(ordered_json& trace, const TraceContents& t, int host_p
   for (const LaunchRecord& l : t.device.launches) launch_ns[l.correlation] = l.start_ns;
   std::uint64_t flows = 0;
   for (const KernelRecord& r : t.device.work) {
+    if (r.start_ns == 0 && r.end_ns == 0) continue;  // CUPTI's mark for times it could not take
     ordered_json args{
         {"device", r.device}, {"stream", r.stream}, {"correlation", r.correlation}, {"phase", phase_name(r.phase)}};
     if (r.work == DeviceWork::kernel) {
@@ -88,7 +95,7 @@ void add_device_activity(ordered_json& trace, const TraceContents& t, int host_p
                      {"pid", r.device},
                      {"tid", r.stream},
                      {"ts", us(r.start_ns)},
-                     {"dur", (static_cast<double>(r.end_ns) - static_cast<double>(r.start_ns)) / 1e3},
+                     {"dur", duration_us(r.start_ns, r.end_ns)},
                      {"args", std::move(args)}});
     const auto launch = launch_ns.find(r.correlation);
     if (launch == launch_ns.end()) continue;
@@ -118,7 +125,7 @@ void add_device_activity(ordered_json& trace, const TraceContents& t, int host_p
                      {"pid", host_pid},
                      {"tid", host_tid},
                      {"ts", us(l.start_ns)},
-                     {"dur", (static_cast<double>(l.end_ns) - static_cast<double>(l.start_ns)) / 1e3},
+                     {"dur", duration_us(l.start_ns, l.end_ns)},
                      {"args", {{"correlation", l.correlation}}}});
   }
 }

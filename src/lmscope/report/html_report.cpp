@@ -276,14 +276,37 @@ std::string attention_section(const std::vector<Named<AttentionRow>>& files) {
   return s + "</div>\n";
 }
 
-// A run's name in tables and legends: its log's file name without folders and extension.
-std::string run_name(const std::string& file) { return std::filesystem::path(file).stem().string(); }
+// Each run's name in tables and legends: its log's file name without folders and extension, or with
+// its folder where two runs' files share a name.
+std::vector<std::string> run_names(const std::vector<Named<TrainStep>>& runs) {
+  std::vector<std::string> names;
+  std::map<std::string, int> uses;
+  for (const auto& run : runs) ++uses[std::filesystem::path(run.file).stem().string()];
+  for (const auto& run : runs) {
+    const std::filesystem::path path(run.file);
+    names.push_back(uses[path.stem().string()] > 1 ? (path.parent_path() / path.stem()).string()
+                                                   : path.stem().string());
+  }
+  return names;
+}
+
+// Tokens per second over the log's last stretch of one process: a resumed run appends lines whose
+// elapsed_s starts again from 0 while tokens go on counting from step 0.
+double tokens_per_second(const std::vector<TrainStep>& steps) {
+  std::size_t from = 0;
+  for (std::size_t i = 1; i < steps.size(); ++i)
+    if (steps[i].elapsed_s < steps[i - 1].elapsed_s) from = i;
+  const TrainStep &first = steps[from], &last = steps.back();
+  const double seconds = last.elapsed_s - first.elapsed_s;
+  return seconds > 0 ? (last.tokens - first.tokens) / seconds : 0;
+}
 
 std::string training_section(const std::vector<Named<TrainStep>>& runs) {
   std::string s = "<h2 id=\"training\">Training runs (lmscope train --log)</h2>\n" + sources(runs);
   // How far each run's loss is from the first run's, step by step over the steps both logged: the
   // number that says whether a precision changes training (the curves lie on top of each other).
-  const std::string first_run = run_name(runs.front().file);
+  const std::vector<std::string> names = run_names(runs);
+  const std::string& first_run = names.front();
   std::map<long long, double> reference;
   for (const TrainStep& t : runs.front().rows) reference[t.step] = t.loss;
   s += fmt::format(
@@ -293,8 +316,9 @@ std::string training_section(const std::vector<Named<TrainStep>>& runs) {
       "<th>tokens/s</th></tr>\n",
       xml_escape(first_run));
   SeriesSet train, held_out;
-  for (const auto& run : runs) {
-    const std::string name = run_name(run.file);
+  for (std::size_t i = 0; i < runs.size(); ++i) {
+    const auto& run = runs[i];
+    const std::string& name = names[i];
     long long skipped = 0, common = 0;
     double gap = 0;
     std::optional<double> val;
@@ -306,13 +330,12 @@ std::string training_section(const std::vector<Named<TrainStep>>& runs) {
       train[name].points.emplace_back(static_cast<double>(t.step), t.loss);
     }
     const TrainStep &first = run.rows.front(), &last = run.rows.back();
-    // tokens/s over the run's logged stretch (a resumed log counts tokens from step 0, time anew).
-    const double rate = last.elapsed_s > 0 ? (last.tokens - first.tokens) / (last.elapsed_s - first.elapsed_s) : 0;
+    const double rate = tokens_per_second(run.rows);
     s += fmt::format(
         "<tr><td class=\"l\">{}</td><td>{}</td><td>{:.4f}</td><td>{:.4f}</td><td>{}</td><td>{}</td><td>{}</td>"
         "<td>{}</td><td>{}</td></tr>\n",
         xml_escape(name), last.step, first.loss, last.loss, val ? fmt::format("{:.4f}", *val) : "",
-        &run == &runs.front() || common == 0 ? "" : fmt::format("{:.4f}", gap / static_cast<double>(common)),
+        i == 0 || common == 0 ? "" : fmt::format("{:.4f}", gap / static_cast<double>(common)),
         last.loss_scale ? fmt::format("{}", skipped) : "", last.loss_scale ? fmt::format("{:g}", *last.loss_scale) : "",
         rate > 0 && std::isfinite(rate) ? fmt::format("{:.0f}", rate) : "");
   }

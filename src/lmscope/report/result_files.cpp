@@ -164,7 +164,7 @@ std::vector<TrainStep> read_train_log(const std::string& path) {
       TrainStep s;
       s.step = r.at("step").get<long long>();
       s.loss = r.at("loss").get<double>();
-      if (r.contains("val_loss")) s.val_loss = r["val_loss"].get<double>();
+      if (r.contains("val_loss") && r["val_loss"].is_number()) s.val_loss = r["val_loss"].get<double>();
       if (r.contains("grad_norm") && r["grad_norm"].is_number()) s.grad_norm = r["grad_norm"].get<double>();
       if (r.contains("loss_scale")) s.loss_scale = r["loss_scale"].get<double>();
       s.skipped = r.value("skipped", false);

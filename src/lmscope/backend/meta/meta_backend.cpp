@@ -3,6 +3,7 @@
 #include "lmscope/backend/devices.h"
 #include "lmscope/backend/op_scratch.h"
 #include "lmscope/cuda/h100_facts.h"
+#include "lmscope/cuda/storage_elem.h"
 
 #include <cstring>
 
@@ -110,9 +111,7 @@ class MetaBackend final : public Backend {
 
  private:
   bool on_cuda() const { return target_.device == "cuda"; }
-  static cuda::Elem elem(const Tensor& t) {
-    return t.dtype == DType::bf16 ? cuda::Elem::bf16 : t.dtype == DType::f16 ? cuda::Elem::f16 : cuda::Elem::f32;
-  }
+  static cuda::Elem elem(const Tensor& t) { return cuda::storage_elem(t); }
   void rope(std::int64_t t, std::int64_t dk, double theta) {
     if (on_cuda()) rope_tables_.get(alloc_, t, dk, theta);
   }

@@ -63,8 +63,7 @@ class AttentionCommand : public Command {
     std::vector<AttentionKind> kinds;
     for (const auto& k : split_list(kinds_)) kinds.push_back(parse_attention(k));
     const auto precisions = split_list(precisions_);
-    for (const auto& p : precisions)
-      if (p != "fp32" && p != "bf16" && p != "fp16") user_error("unknown --precision '{}' (use fp32, bf16 or fp16)", p);
+    for (const auto& p : precisions) check_attention_precision(p);
     if (heads_ <= 0) user_error("--heads must be positive, got {}", heads_);
     if (warmup_ < 0) user_error("--warmup must be non-negative, got {}", warmup_);
     if (iters_ <= 0) user_error("--iters must be positive, got {}", iters_);

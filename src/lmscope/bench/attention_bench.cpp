@@ -28,9 +28,17 @@ PhaseStats time_passes(Backend& be, int warmup, int passes, double max_seconds, 
   return summarize(ms);
 }
 
+}  // namespace
+
+void check_attention_precision(const std::string& precision) {
+  if (precision != "fp32" && precision != "bf16" && precision != "fp16")
+    user_error("unknown --precision '{}' for attention (use fp32, bf16 or fp16)", precision);
+}
+
+namespace {
+
 void run(const AttentionBenchSpec& s, AttentionBenchResult& r, const BenchProgress& progress) {
-  if (s.precision != "fp32" && s.precision != "bf16" && s.precision != "fp16")
-    throw UserError(fmt::format("attention precision is fp32, bf16 or fp16, not '{}'", s.precision));
+  check_attention_precision(s.precision);
   std::unique_ptr<Backend> be = make_backend(s.device, s.precision);
   Allocator& mem = be->allocator();
   const DType dtype = compute_dtype(s.precision);

@@ -39,6 +39,9 @@ struct AttentionBenchResult {
 };
 
 // Never throws for a failing cell: the failure (OOM, unsupported) becomes the status.
+// UserError unless precision is one attention runs in: fp32, bf16 or fp16.
+void check_attention_precision(const std::string& precision);
+
 AttentionBenchResult run_attention_cell(const AttentionBenchSpec& spec, const BenchProgress& progress = {});
 
 }  // namespace lmscope

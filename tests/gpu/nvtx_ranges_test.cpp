@@ -3,6 +3,8 @@
 // CUPTI, whose marker records then carry every range; so this runs in a process of its own that sets
 // the variable before any NVTX call. One bench step must show as nested ranges in the "lmscope"
 // domain: the step, its phases, each layer and each op. Skips where no GPU is visible.
+#include "../common/small_cuda_cell.h"
+
 #include "lmscope/backend/devices.h"
 #include "lmscope/bench/runner.h"
 
@@ -49,16 +51,7 @@ TEST(NvtxRanges, AProfilerSeesStepsPhasesLayersAndOps) {
   if (list_gpus().empty()) GTEST_SKIP() << "no CUDA GPU visible";
   ASSERT_EQ(cuptiActivityRegisterCallbacks(buffer_requested, buffer_completed), CUPTI_SUCCESS);
   ASSERT_EQ(cuptiActivityEnable(CUPTI_ACTIVITY_KIND_MARKER), CUPTI_SUCCESS);
-  BenchSpec spec;
-  spec.model = preset("small");
-  spec.model.layers = 2;
-  spec.device = "cuda";
-  spec.precision = "bf16";
-  spec.batch = 2;
-  spec.ctx = 64;
-  spec.warmup = 0;
-  spec.steps = 1;
-  const BenchResult r = run_bench_cell(spec);
+  const BenchResult r = run_bench_cell(test::small_cuda_cell("bf16", 0, 1));
   ASSERT_TRUE(r.ok()) << r.status;
   ASSERT_EQ(cuptiActivityFlushAll(CUPTI_ACTIVITY_FLAG_FLUSH_FORCED), CUPTI_SUCCESS);
   cuptiActivityDisable(CUPTI_ACTIVITY_KIND_MARKER);

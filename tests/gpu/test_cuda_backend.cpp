@@ -1,6 +1,7 @@
 // The CUDA backend against the CPU reference: every op forward and backward on random inputs of
 // odd sizes, the GEMM in every transposition, and 20 training steps of a whole model.
 // Every test skips (and ctest reports it skipped) where no GPU is visible.
+#include "../common/small_cuda_cell.h"
 #include "../common/training.h"
 
 #include "lmscope/backend/backend.h"
@@ -445,16 +446,8 @@ TEST_F(CudaVsCpu, KernelTracerSeesEveryKernelInItsPhase) {
 // fp16 train cells carry the loss scaler's count of skipped measured steps and its scale; others none.
 TEST(CudaBench, Fp16CellsReportTheLossScaler) {
   if (list_gpus().empty()) GTEST_SKIP() << "no CUDA GPU visible";
-  BenchSpec spec;
-  spec.model = preset("small");
-  spec.model.layers = 2;
-  spec.device = "cuda";
-  spec.batch = 2;
-  spec.ctx = 64;
-  spec.warmup = 1;
-  spec.steps = 3;
   for (const char* precision : {"fp16", "bf16"}) {
-    spec.precision = precision;
+    const BenchSpec spec = small_cuda_cell(precision, 1, 3);
     const BenchResult r = run_bench_cell(spec);
     ASSERT_TRUE(r.ok()) << r.status;
     if (spec.precision == "fp16") {
@@ -469,15 +462,7 @@ TEST(CudaBench, Fp16CellsReportTheLossScaler) {
 
 TEST(CudaProfile, BenchCellAccountsForEveryPhase) {
   if (list_gpus().empty()) GTEST_SKIP() << "no CUDA GPU visible";
-  BenchSpec spec;
-  spec.model = preset("small");
-  spec.model.layers = 2;
-  spec.device = "cuda";
-  spec.precision = "bf16";
-  spec.batch = 2;
-  spec.ctx = 64;
-  spec.warmup = 1;
-  spec.steps = 3;
+  BenchSpec spec = small_cuda_cell("bf16", 1, 3);
   spec.profile = true;
   const BenchResult r = run_bench_cell(spec);
   ASSERT_TRUE(r.ok()) << r.status;

@@ -1,6 +1,8 @@
 // bench --trace on the GPU: every kernel, memset and memcpy of the kernel profile is in the trace
 // once, on its stream's track, with a flow arrow from the host call that launched it, inside the
 // measured steps on the host's time line. Skips where no GPU is visible.
+#include "../common/small_cuda_cell.h"
+
 #include "lmscope/backend/devices.h"
 #include "lmscope/bench/runner.h"
 
@@ -20,15 +22,7 @@ using nlohmann::json;
 
 TEST(TraceOnGpu, EveryProfiledKernelIsOnItsStreamWithItsLaunch) {
   if (list_gpus().empty()) GTEST_SKIP() << "no CUDA GPU visible";
-  BenchSpec spec;
-  spec.model = preset("small");
-  spec.model.layers = 2;
-  spec.device = "cuda";
-  spec.precision = "bf16";
-  spec.batch = 2;
-  spec.ctx = 64;
-  spec.warmup = 1;
-  spec.steps = 2;
+  BenchSpec spec = test::small_cuda_cell("bf16", 1, 2);
   spec.profile = true;
   spec.trace = true;
   const BenchResult r = run_bench_cell(spec);

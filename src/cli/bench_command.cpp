@@ -30,6 +30,10 @@ class BenchCommand : public Command {
     app->add_flag("--profile", profile_,
                   "Trace every kernel of the measured steps (CUDA, CUPTI): time by phase, op category and kernel, "
                   "and how long the GPU waited for launches");
+    app->add_option("--graphs", graphs_,
+                    "on: each phase runs as one CUDA graph, recorded once and replayed; off: op by op; on,off "
+                    "runs both (no effect on the CPU)")
+        ->capture_default_str();
     app->add_option("--trace", trace_,
                     "Write the measured steps of the one cell as a Chrome trace (ui.perfetto.dev, chrome://tracing): "
                     "each step, phase, layer and op on the host thread, and the allocator's bytes as counters");
@@ -37,7 +41,17 @@ class BenchCommand : public Command {
 
   int run() override {
     // Everything is checked before the first cell runs, so a typo never costs a half-run sweep.
-    std::vector<MemorySpec> planned = cells_.resolve();
+    std::vector<bool> graphs;
+    for (const std::string& g : split_list(graphs_)) {
+      if (g != "on" && g != "off") user_error("unknown --graphs '{}' (use on, off or on,off)", g);
+      graphs.push_back(g == "on");
+    }
+    std::vector<MemorySpec> planned;
+    for (const MemorySpec& cell : cells_.resolve())
+      for (bool g : graphs) {
+        planned.push_back(cell);
+        planned.back().cell.graphs = g;
+      }
     if (steps_ <= 0) user_error("--steps must be positive, got {}", steps_);
     if (profile_ && cells_.dry_run()) user_error("--profile traces kernels, and a dry run runs none");
     if (!trace_.empty() && cells_.dry_run()) user_error("--trace records a run, and a dry run runs nothing");
@@ -73,7 +87,7 @@ class BenchCommand : public Command {
 
  private:
   MemoryCellFlags cells_;
-  std::string format_ = "md", out_, trace_;
+  std::string format_ = "md", out_, trace_, graphs_ = "on";
   int steps_ = 10;
   bool profile_ = false;
 

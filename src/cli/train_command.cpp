@@ -106,6 +106,7 @@ class TrainCommand : public Command {
     Transformer model(c, *backend, DType::f32, compute_dtype(s_.precision), parse_attention(s_.attention));
     model.set_recompute(parse_recompute(s_.recompute));
     model.set_weight_copies(parse_weight_copies(s_.weight_copies));
+    model.set_graphs(s_.graphs == "on");
     std::int64_t start = 0;
     AdamW opt(model, s_.optimizer);
     if (app->count("--loss-scale") + app->count("--loss-scale-interval") > 0 && !opt.loss_scaler().on())

@@ -100,6 +100,10 @@ void TrainSettings::add_to(CLI::App& app) {
   app.add_option("--recompute", recompute, recompute_help(false))->capture_default_str();
   app.add_option("--grad-accum", grad_accum, grad_accum_help(false))->capture_default_str();
   app.add_option("--weight-copies", weight_copies, weight_copies_help(false))->capture_default_str();
+  app.add_option("--graphs", graphs,
+                 "on: forward, backward and optimizer each run as one CUDA graph, recorded once and replayed (the "
+                 "same bits as off, fewer launches); off: op by op (no effect on the CPU)")
+      ->capture_default_str();
   app.add_option("--checkpoint-dir", checkpoint_dir,
                  "Write full checkpoints here (weights, AdamW state, step, sampling position, configuration): every "
                  "--save-every steps, at the end, and on SIGINT or SIGTERM");
@@ -131,6 +135,7 @@ void TrainSettings::validate(const CLI::App& app) {
   check_precision(precision);
   parse_attention(attention);
   parse_recompute(recompute);
+  if (graphs != "on" && graphs != "off") user_error("unknown --graphs '{}' (use on or off)", graphs);
   if (parse_weight_copies(weight_copies) == WeightCopies::transient && compute_dtype(precision) == DType::f32)
     user_error("{}", kTransientNeedsBf16);
   if (checkpoint_dir.empty() && (app.count("--save-every") > 0 || app.count("--keep") > 0))
@@ -157,6 +162,7 @@ nlohmann::ordered_json TrainSettings::to_json() const {
           {"attention", attention},
           {"recompute", recompute},
           {"weight_copies", weight_copies},
+          {"graphs", graphs},
           {"data", data},
           {"val_data", val_data},
           {"steps", steps},
@@ -206,6 +212,7 @@ std::vector<std::string> TrainSettings::take_from_checkpoint(const CLI::App& app
     take(app, saved, "--attention", attention, changes);
     take(app, saved, "--recompute", recompute, changes);
     take(app, saved, "--weight-copies", weight_copies, changes);
+    take(app, saved, "--graphs", graphs, changes);
     take(app, saved, "--data", data, changes);
     take(app, saved, "--val-data", val_data, changes);
     take(app, saved, "--steps", steps, changes);

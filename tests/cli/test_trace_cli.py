@@ -86,15 +86,17 @@ class Trace(unittest.TestCase):
         self.assertEqual(values[0], values[-1])  # a train step gives back all it takes
         self.assertGreaterEqual(min(e["args"]["bytes"] for e in reserved), max(values))
 
-    def test_device_work_is_on_stream_tracks_with_arrows_from_its_launch(self):
-        trace, _ = self.traced()
+    def device_work(self, *extra):
+        """The device's work of a traced cell, each checked on its stream track with an arrow from the host
+        call that launched it; returns the work, the launches by correlation id and the host ranges' parents."""
+        trace, _ = self.traced(*extra)
         events = trace["traceEvents"]
         xs, parent = self.nested(events)
         work = [e for e in events if e["ph"] == "X" and e["cat"] in ("kernel", "gpu_memset", "gpu_memcpy")]
         if DEVICE == "cpu":
             self.assertEqual(work, [])
             self.assertEqual([e for e in xs if e["cat"].startswith("cuda_")], [])
-            return
+            return None
         self.assertGreater(len(work), 50)
         streams = {(e["pid"], e["tid"]) for e in events if e["ph"] == "M" and e["name"] == "thread_name"}
         launches = {e["args"]["correlation"]: e for e in xs if e["cat"] in ("cuda_runtime", "cuda_driver")}
@@ -110,11 +112,34 @@ class Trace(unittest.TestCase):
             self.assertEqual(starts[head["id"]]["ts"], launch["ts"])  # ...and starts at its launch
             # Every launch of the measured steps is made inside one of the model's or runner's ranges.
             self.assertIn(parent[id(launch)]["cat"], ("step", "phase", "layer", "op"))
+        return work, launches, parent
+
+    def test_device_work_is_on_stream_tracks_with_arrows_from_its_launch(self):
+        seen = self.device_work("--graphs", "off")
+        if seen is None:
+            return
+        work, launches, parent = seen
         attention = [k for k in work if k["args"].get("category") == "attention"]
         self.assertTrue(attention)
         for k in attention:  # launched by the attention op, forward or backward
             op = parent[id(launches[k["args"]["correlation"]])]
             self.assertEqual(op["name"], "attention", op)
+
+    def test_graph_replays_are_launched_by_their_phase(self):
+        seen = self.device_work("--graphs", "on")
+        if seen is None:
+            return
+        work, launches, parent = seen
+        replayed = [k for k in work if launches[k["args"]["correlation"]]["name"] == "cudaGraphLaunch"]
+        # The measured steps replay graphs recorded in the warm-up: one launch per phase a step.
+        self.assertGreater(len(replayed), 0.9 * len(work))
+        graph_launches = {k["args"]["correlation"] for k in replayed}
+        self.assertEqual(len(graph_launches), 3 * 3)
+        for k in replayed:
+            phase = parent[id(launches[k["args"]["correlation"]])]
+            self.assertEqual(phase["cat"], "phase", phase)
+            self.assertEqual(k["args"]["phase"], phase["name"])
+        self.assertIn("attention", {k["args"].get("category") for k in replayed})
 
     def test_micro_batches_each_have_their_phases(self):
         trace, _ = self.traced("--grad-accum", "2", steps=1)

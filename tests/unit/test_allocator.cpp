@@ -83,6 +83,30 @@ TEST(Allocator, GivesBackOnlyWhollyFreeSegments) {
   EXPECT_EQ(a.reserved_bytes(), 2 * kMiB);
 }
 
+// The state hash names what the next requests' addresses depend on (device graphs replay on it):
+// the same blocks cut the same way hash the same whatever led there; any other cut does not.
+TEST(Allocator, TheStateHashFollowsTheBlocksAndTheirCuts) {
+  HostAllocator a(1024 * kMiB);
+  auto x = floats(a, 3 * kMiB / 4, "x");
+  auto y = floats(a, 5 * kMiB / 4, "y");
+  const std::uint64_t both = a.state_hash();
+  EXPECT_EQ(a.state_hash(), both);  // reading it changes nothing
+  y.reset();
+  const std::uint64_t x_alone = a.state_hash();
+  EXPECT_NE(x_alone, both);
+  y = floats(a, 5 * kMiB / 4, "y again");  // the same request lands where y was...
+  EXPECT_EQ(a.state_hash(), both);         // ...so the state is the one before
+  y.reset();
+  auto z = floats(a, 4 * kMiB / 4, "z");  // a smaller one cuts the free block elsewhere
+  EXPECT_NE(a.state_hash(), both);
+  EXPECT_NE(a.state_hash(), x_alone);
+  z.reset();
+  EXPECT_EQ(a.state_hash(), x_alone);    // freed blocks merge back into the same cut
+  auto small = floats(a, 100, "small");  // a new small-pool segment is part of the state too
+  small.reset();
+  EXPECT_NE(a.state_hash(), x_alone);
+}
+
 TEST(Allocator, ARecordReplaysToTheAllocatorsNumbers) {
   HostAllocator a(1024 * kMiB);
   a.record_events(true);

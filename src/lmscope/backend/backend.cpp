@@ -1,6 +1,10 @@
 #include "lmscope/backend/backend.h"
 
 #include "lmscope/backend/devices.h"
+#include "lmscope/core/hash.h"
+
+#include <cmath>
+#include <utility>
 
 namespace lmscope {
 
@@ -38,6 +42,28 @@ AttentionShape attention_shape(const Tensor& q, const Tensor& k, const Tensor& v
   LMSCOPE_CHECK(lse.shape == (Shape{s.n, s.tq}), "flash attention lse: {} where [{}, {}] was expected",
                 shape_str(lse.shape), s.n, s.tq);
   return s;
+}
+
+std::array<double, 3> adamw_step_scalars(const AdamWArgs& a) {
+  const double t = static_cast<double>(a.step);
+  return {a.lr * std::sqrt(1.0 - std::pow(a.beta2, t)) / (1.0 - std::pow(a.beta1, t)), a.lr * a.weight_decay,
+          a.grad_scale};
+}
+
+GraphScope::GraphScope(Backend& backend, bool on, std::uint64_t key) {
+  if (!on || !backend.has_graphs()) return;
+  backend.begin_graph(hash_mix(key, backend.allocator().state_hash()));
+  backend_ = &backend;
+}
+
+GraphScope::~GraphScope() {
+  if (backend_) backend_->abort_graph();
+}
+
+void GraphScope::end() {
+  if (!backend_) return;
+  Backend* b = std::exchange(backend_, nullptr);
+  b->end_graph();
 }
 
 double read_scalar(Backend& backend, const Tensor& t) { return download(backend, Tensor{t.data, t.dtype, {1}})[0]; }

@@ -15,6 +15,7 @@
 #include "lmscope/core/ranges.h"
 #include "lmscope/profile/kernel_profile.h"
 
+#include <array>
 #include <memory>
 #include <optional>
 #include <span>
@@ -49,7 +50,17 @@ struct AdamWArgs {
   double max_norm = 0;    // global-norm clipping threshold; 0 = off
   // Multiplies the gradient (and the norm clipping compares) first: 1/S undoes a loss scale S.
   double grad_scale = 1.0;
+  // When not empty: [3] on the backend (f32 where read) holding this step's adamw_step_scalars, which a backend
+  // that records device graphs reads in place of lr, step and grad_scale, so one recorded optimizer
+  // step replays at every step's rate. Others read the fields above (the same values).
+  Tensor step_scalars{};
+  // Leaves the parameter and the moments as they are when the norm in grad_norm is not finite (a loss
+  // scale's overflow), deciding on the device; the low-precision copy is written all the same.
+  bool skip_nonfinite = false;
 };
+// The per-step values of an AdamW update: alpha = lr·√(1−β2ᵗ)/(1−β1ᵗ), the decay lr·weight_decay,
+// and grad_scale.
+std::array<double, 3> adamw_step_scalars(const AdamWArgs& a);
 
 // Device memory as its driver reports it (cudaMemGetInfo), beside what the allocator holds.
 struct DeviceMemory {
@@ -84,6 +95,22 @@ class Backend {
   // The device's memory as its driver reports it, after a synchronize; none where there is no such
   // report (the CPU, the dry run).
   virtual std::optional<DeviceMemory> device_memory() { return std::nullopt; }
+
+  // Device graphs (CUDA graphs): what the ops enqueue between begin_graph(key) and end_graph() is
+  // recorded into one graph the first time the key comes (and then run), and replayed as one launch
+  // when it comes again. While a graph replays, the ops do their host side only (scratch from the
+  // allocator, checks) and launch nothing; each folds its arguments into a signature that must equal
+  // the recorded graph's, or end_graph throws. The key must name all the ops depend on beyond the
+  // allocator's state, which GraphScope adds. Nothing may wait for the device in between. Backends
+  // without graphs run the ops as always.
+  virtual bool has_graphs() const { return false; }
+  virtual void begin_graph(std::uint64_t /*key*/) {}
+  virtual void end_graph() {}
+  virtual void abort_graph() {}  // after an exception between the two: nothing recorded is kept
+  struct GraphCounts {
+    std::int64_t recorded = 0, replayed = 0;  // graphs recorded (each run once then), and replays
+  };
+  virtual GraphCounts graph_counts() const { return {}; }
 
   // Host <-> backend memory and elementwise basics.
   virtual void copy_from_host(const Tensor& dst, const void* src) = 0;
@@ -174,6 +201,20 @@ class Backend {
   std::unique_ptr<RangeListener> device_ranges_;
   RangeTee tee_{nullptr, nullptr};
   RangeListener* active_ranges_ = nullptr;
+};
+
+// One phase's ops as one device graph when `on` (Backend::begin_graph), keyed by the caller's key
+// (which phase, with which flags) and the allocator's state; ended by end(), abandoned by an exception.
+class GraphScope {
+ public:
+  GraphScope(Backend& backend, bool on, std::uint64_t key);
+  ~GraphScope();
+  GraphScope(const GraphScope&) = delete;
+  GraphScope& operator=(const GraphScope&) = delete;
+  void end();
+
+ private:
+  Backend* backend_ = nullptr;  // null when off or ended
 };
 
 // The sizes of a flash attention call, checked (UserError naming the first mismatch):

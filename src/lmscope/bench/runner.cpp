@@ -33,6 +33,7 @@ std::string mode_label(const BenchSpec& s) {
   if (s.recompute != Recompute::none) label += fmt::format(", {} recompute", recompute_name(s.recompute));
   if (s.grad_accum > 1 && has_backward(s.mode)) label += fmt::format(", {} micro-batches", s.grad_accum);
   if (s.weight_copies == WeightCopies::transient) label += ", transient copies";
+  if (!s.graphs && s.device == "cuda") label += ", graphs off";
   return label;
 }
 
@@ -82,6 +83,7 @@ void run_cell(const BenchSpec& spec, BenchResult& r, const BenchProgress& progre
   Transformer model(spec.model, *backend, DType::f32, compute_dtype(spec.precision), spec.attention);
   model.set_recompute(spec.recompute);
   model.set_weight_copies(spec.weight_copies);
+  model.set_graphs(spec.graphs);
   model.init_parameters(spec.seed);
   const std::int64_t n = spec.batch * spec.ctx;
   std::vector<std::int32_t> ids(static_cast<std::size_t>(n)), targets(static_cast<std::size_t>(n));
@@ -108,8 +110,10 @@ void run_cell(const BenchSpec& spec, BenchResult& r, const BenchProgress& progre
   const int micro_batches = has_backward(spec.mode) ? spec.grad_accum : 1;
   std::vector<int> step_marks;
   std::int64_t skipped_before = 0;  // by the loss scaler, in the warm-up steps
+  Backend::GraphCounts graphs_before;
   for (int i = 0; i < total; ++i) {
     if (opt && i == spec.warmup) skipped_before = opt->loss_scaler().skipped();
+    if (i == spec.warmup) graphs_before = backend->graph_counts();
     backend->synchronize();
     if (spec.trace && i == spec.warmup) {
       trace = std::make_unique<TraceSession>(
@@ -181,6 +185,8 @@ void run_cell(const BenchSpec& spec, BenchResult& r, const BenchProgress& progre
   const double loss = model.read_loss();
   if (!std::isfinite(loss)) throw std::runtime_error(fmt::format("the loss is {}", loss));
   r.peak_bytes = backend->allocator().peak_bytes();
+  r.graphs = {backend->graph_counts().recorded - graphs_before.recorded,
+              backend->graph_counts().replayed - graphs_before.replayed};
   if (opt && opt->loss_scaler().on()) {
     r.skipped_steps = opt->loss_scaler().skipped() - skipped_before;
     r.loss_scale = opt->loss_scaler().scale();

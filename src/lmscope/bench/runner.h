@@ -36,11 +36,14 @@ struct BenchSpec {
   int grad_accum = 1;  // micro-batches of `batch` sequences per step (train and forward-backward)
   WeightCopies weight_copies = WeightCopies::kept;  // matters under mixed precision only
   bool trace = false;  // record the measured steps' ranges and memory as a Chrome trace (BenchResult::trace)
+  // Each phase as one device graph, recorded once and replayed (Transformer::set_graphs), where the
+  // backend has them (CUDA).
+  bool graphs = true;
 };
 
 // The mode as tables show it: "train", with ", selective recompute" where something is recomputed,
-// ", 4 micro-batches" where gradients are accumulated and ", transient copies" where the bf16 weight
-// copies are transient.
+// ", 4 micro-batches" where gradients are accumulated, ", transient copies" where the bf16 weight
+// copies are transient and ", graphs off" where a CUDA cell runs without device graphs.
 std::string mode_label(const BenchSpec& s);
 
 // The datasheet peak of a GPU for a precision (bf16/tf32 dense tensor cores, fp32 CUDA cores),
@@ -68,6 +71,8 @@ struct BenchResult {
   // optimizer phase made no update), and the scale after the last.
   std::optional<std::int64_t> skipped_steps;
   double loss_scale = 0;
+  // Device graphs over the measured steps: recorded (each run once then), and replayed.
+  Backend::GraphCounts graphs;
   KernelProfile kernels;  // per measured step; steps == 0 unless spec.profile
   std::string trace;      // with spec.trace: the Chrome trace-event JSON of the measured steps
   // Nothing ran: a dry run's row (bench --dry-run), with its peak_bytes and status and no times.

@@ -1,4 +1,5 @@
 #include "lmscope/core/allocator.h"
+#include "lmscope/core/hash.h"
 
 #include <sys/mman.h>
 
@@ -193,6 +194,18 @@ void Allocator::release(Allocation& a) {
   free.insert(FreeBlock{it->second.first, s.order, it->first, s.base});
   current_ -= a.bytes_;
   current_by_kind_[static_cast<int>(a.tag_.kind)] -= a.bytes_;
+}
+
+std::uint64_t Allocator::state_hash() const {
+  std::uint64_t h = hash_mix(0, std::uint64_t{segments_.size()});
+  for (const auto& [base, s] : segments_) {
+    h = hash_mix(hash_mix(hash_mix(hash_mix(h, std::uint64_t{base}), std::uint64_t{s.bytes}), s.order),
+                 std::uint64_t{s.small});
+    for (const auto& [offset, block] : s.blocks)
+      h = hash_mix(hash_mix(hash_mix(h, std::uint64_t{offset}), std::uint64_t{block.first}),
+                   std::uint64_t{block.second});
+  }
+  return h;
 }
 
 void Allocator::release_cache() {

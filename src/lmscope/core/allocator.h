@@ -133,6 +133,11 @@ class Allocator {
   std::size_t cached_bytes() const { return reserved_ - current_; }
   // Gives every segment with nothing handed out back to the system.
   void release_cache();
+  // A hash of everything the next requests' addresses depend on: the segments (where, how large,
+  // their age order) and how their blocks are cut and which are free. Two equal hashes mean the same
+  // requests get the same addresses, which is what lets a recorded device graph be replayed
+  // (Backend::begin_graph).
+  std::uint64_t state_hash() const;
 
   static constexpr std::size_t kSmallRequest = std::size_t(1) << 20;  // below: the small pool
   static constexpr std::size_t kSegmentUnit = std::size_t(2) << 20;   // segment sizes are multiples

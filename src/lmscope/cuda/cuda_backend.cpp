@@ -6,6 +6,7 @@
 #include "lmscope/cuda/cuda_allocator.h"
 #include "lmscope/cuda/cuda_check.h"
 #include "lmscope/cuda/gemm.h"
+#include "lmscope/cuda/graph_cache.h"
 #include "lmscope/cuda/kernel_tracer.h"
 #include "lmscope/cuda/kernels.h"
 #include "lmscope/cuda/nvtx_ranges.h"
@@ -46,6 +47,7 @@ class CudaBackend final : public Backend {
   explicit CudaBackend(GemmMath math) : alloc_(0) {
     LMSCOPE_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
     gemm_ = std::make_unique<cuda::Gemm>(math, stream_);
+    graphs_ = std::make_unique<cuda::GraphCache>(stream_);
     // Nothing comes from the allocator here: a record begun now holds everything.
     std::size_t free = 0, total = 0;
     LMSCOPE_CUDA_CHECK(cudaMemGetInfo(&free, &total));
@@ -54,6 +56,7 @@ class CudaBackend final : public Backend {
   }
   ~CudaBackend() override {
     cudaStreamSynchronize(stream_);
+    graphs_.reset();
     gemm_.reset();
     norm_sum_.reset();
     rope_tables_ = {};
@@ -63,8 +66,17 @@ class CudaBackend final : public Backend {
 
   std::string name() const override { return alloc_.device_name(); }
   Allocator& allocator() override { return alloc_; }
-  void synchronize() override { LMSCOPE_CUDA_CHECK(cudaStreamSynchronize(stream_)); }
+  void synchronize() override {
+    LMSCOPE_CHECK(!graphs_->active(), "a wait for the device inside a device graph");
+    LMSCOPE_CUDA_CHECK(cudaStreamSynchronize(stream_));
+  }
+  bool has_graphs() const override { return true; }
+  void begin_graph(std::uint64_t key) override { graphs_->begin(key); }
+  void end_graph() override { graphs_->end(); }
+  void abort_graph() override { graphs_->abort(); }
+  GraphCounts graph_counts() const override { return graphs_->counts(); }
   int mark() override {
+    LMSCOPE_CHECK(!graphs_->active(), "a timing mark inside a device graph");
     if (used_events_ == events_.size()) {
       cudaEvent_t e;
       LMSCOPE_CUDA_CHECK(cudaEventCreate(&e));
@@ -88,14 +100,17 @@ class CudaBackend final : public Backend {
   void clear_marks() override { used_events_ = 0; }  // events are reused
 
   void copy_from_host(const Tensor& dst, const void* src) override {
+    LMSCOPE_CHECK(!graphs_->active(), "a copy from the host inside a device graph");
     LMSCOPE_CUDA_CHECK(cudaMemcpyAsync(dst.data, src, dst.bytes(), cudaMemcpyHostToDevice, stream_));
     synchronize();  // the host buffer may go away when this returns
   }
   void copy_to_host(void* dst, const Tensor& src) override {
+    LMSCOPE_CHECK(!graphs_->active(), "a copy to the host inside a device graph");
     LMSCOPE_CUDA_CHECK(cudaMemcpyAsync(dst, src.data, src.bytes(), cudaMemcpyDeviceToHost, stream_));
     synchronize();
   }
   void fill(const Tensor& t, double value) override {
+    if (graphs_->skip("fill", t, value)) return;
     if (t.dtype == DType::f64 && value == 0.0) {
       LMSCOPE_CUDA_CHECK(cudaMemsetAsync(t.data, 0, t.bytes(), stream_));
       return;
@@ -105,30 +120,41 @@ class CudaBackend final : public Backend {
   void add(const Tensor& a, const Tensor& b, const Tensor& out) override {
     same_shape(a, b, "add");
     same_shape(a, out, "add out");
+    if (graphs_->skip("add", a, b, out)) return;
     cuda::add(a.data, elem(a), b.data, elem(b), out.data, elem(out), a.numel(), stream_);
   }
   void cast(const Tensor& in, const Tensor& out) override {
     same_shape(in, out, "cast");
+    if (graphs_->skip("cast", in, out)) return;
     cuda::cast(in.data, elem(in), out.data, elem(out), in.numel(), stream_);
   }
 
-  void gemm(const GemmArgs& g) override { gemm_->run(g); }
+  void gemm(const GemmArgs& g) override {
+    if (graphs_->skip("gemm", g.trans_a, g.trans_b, g.m, g.n, g.k, g.alpha, g.beta, g.a, g.b, g.c, g.lda, g.ldb, g.ldc,
+                      g.batch, g.stride_a, g.stride_b, g.stride_c))
+      return;
+    gemm_->run(g);
+  }
 
   void embedding_forward(const Tensor& ids, const Tensor& table, const Tensor& out) override {
+    if (graphs_->skip("embedding_forward", ids, table, out)) return;
     cuda::embedding_forward(i32(ids), f32(table), f32(out), ids.numel(), table.dim(1), stream_);
   }
   void embedding_backward(const Tensor& ids, const Tensor& dout, const Tensor& dtable, bool accumulate) override {
+    if (graphs_->skip("embedding_backward", ids, dout, dtable, accumulate)) return;
     cuda::embedding_backward(i32(ids), f32(dout), f32(dtable), ids.numel(), dtable.dim(0), dtable.dim(1), accumulate,
                              stream_);
   }
 
   void rmsnorm_forward(const Tensor& x, const Tensor& w, const Tensor& out, const Tensor& rstd, double eps) override {
+    if (graphs_->skip("rmsnorm_forward", x, w, out, rstd, eps)) return;
     const std::int64_t d = x.dim(-1);
     cuda::rmsnorm_forward(f32(x), f32(w), out.data, elem(out), f32(rstd), x.numel() / d, d, static_cast<float>(eps),
                           stream_);
   }
   void rmsnorm_backward(const Tensor& dout, const Tensor& x, const Tensor& w, const Tensor& rstd, const Tensor& dx,
                         const Tensor& dw) override {
+    if (graphs_->skip("rmsnorm_backward", dout, x, w, rstd, dx, dw)) return;
     const std::int64_t d = x.dim(-1);
     cuda::rmsnorm_backward(dout.data, elem(dout), f32(x), f32(w), f32(rstd), f32(dx), f32(dw), x.numel() / d, d,
                            stream_);
@@ -136,18 +162,22 @@ class CudaBackend final : public Backend {
 
   void split_heads(const Tensor& in, const Tensor& out, double theta) override {
     same_dtype(in, out, "split_heads");
-    cuda::permute_heads(in.data, out.data, elem(in), in.dim(0), in.dim(1), in.dim(2), in.dim(3),
-                        rope_table(in.dim(1), in.dim(3), theta), true, stream_);
+    const float* rope = rope_table(in.dim(1), in.dim(3), theta);
+    if (graphs_->skip("split_heads", in, out, in.dim(0), in.dim(1), in.dim(2), rope)) return;
+    cuda::permute_heads(in.data, out.data, elem(in), in.dim(0), in.dim(1), in.dim(2), in.dim(3), rope, true, stream_);
   }
   void merge_heads(const Tensor& in, const Tensor& out, double theta) override {
     same_dtype(in, out, "merge_heads");
-    cuda::permute_heads(in.data, out.data, elem(in), out.dim(0), out.dim(1), out.dim(2), out.dim(3),
-                        rope_table(out.dim(1), out.dim(3), theta), false, stream_);
+    const float* rope = rope_table(out.dim(1), out.dim(3), theta);
+    if (graphs_->skip("merge_heads", in, out, out.dim(0), out.dim(1), out.dim(2), rope)) return;
+    cuda::permute_heads(in.data, out.data, elem(in), out.dim(0), out.dim(1), out.dim(2), out.dim(3), rope, false,
+                        stream_);
   }
 
   void softmax_forward(const Tensor& scores, const Tensor& probs, double scale, bool causal) override {
     same_shape(scores, probs, "softmax");
     same_dtype(scores, probs, "softmax");
+    if (graphs_->skip("softmax_forward", scores, probs, scores.dim(-2), scale, causal)) return;
     const std::int64_t tk = scores.dim(-1);
     cuda::softmax_forward(scores.data, probs.data, elem(scores), scores.numel() / tk, scores.dim(-2), tk,
                           static_cast<float>(scale), causal, stream_);
@@ -155,6 +185,7 @@ class CudaBackend final : public Backend {
   void softmax_backward(const Tensor& probs, const Tensor& dprobs, const Tensor& dscores, double scale) override {
     same_dtype(probs, dprobs, "softmax backward");
     same_dtype(probs, dscores, "softmax backward");
+    if (graphs_->skip("softmax_backward", probs, dprobs, dscores, scale)) return;
     const std::int64_t tk = probs.dim(-1);
     cuda::softmax_backward(probs.data, dprobs.data, dscores.data, elem(probs), probs.numel() / tk, tk,
                            static_cast<float>(scale), stream_);
@@ -166,6 +197,8 @@ class CudaBackend final : public Backend {
     const int d = static_cast<int>(s.d);
     const cuda::FlashAttentionPlan plan = cuda::flash_attention_plan(elem(q), d, s.n, s.tq, s.tk, causal, true);
     Allocation parts = scratch::cuda_flash_forward(alloc_, plan);
+    if (graphs_->skip("flash_attention_forward", q, k, v, out, lse, parts.tensor(), s.n, s.tq, s.tk, scale, causal))
+      return;
     cuda::flash_attention_forward(q.data, k.data, v.data, out.data, f32(lse), elem(q), s.n, s.tq, s.tk, d,
                                   static_cast<float>(scale), causal, plan, parts.empty() ? nullptr : f32(parts),
                                   stream_);
@@ -183,21 +216,28 @@ class CudaBackend final : public Backend {
     const cuda::FlashAttentionPlan plan =
         scratch::cuda_flash_backward_plan(cuda::flash_kernel_facts(), elem(q), s, causal, dq_sum);
     const scratch::CudaFlashBackward w = scratch::cuda_flash_backward(alloc_, plan, s);
+    const FlashDq summed = plan.atomic_dq() ? FlashDq::atomic : FlashDq::deterministic;  // fp32: never atomic
+    if (graphs_->skip("flash_attention_backward", q, k, v, out, lse, dout, dq, dk, dv, w.delta.tensor(),
+                      w.row_stats.tensor(), w.dq_accum.tensor(), w.parts.tensor(), s.n, s.tq, s.tk, scale, causal,
+                      summed))
+      return summed;
     cuda::flash_attention_backward(
         q.data, k.data, v.data, out.data, f32(lse), dout.data, dq.data, dk.data, dv.data, elem(q), s.n, s.tq, s.tk, d,
         static_cast<float>(scale), causal, plan, f32(w.delta), w.row_stats.empty() ? nullptr : f32(w.row_stats),
         w.dq_accum.empty() ? nullptr : f32(w.dq_accum), w.parts.empty() ? nullptr : f32(w.parts), stream_);
-    return plan.atomic_dq() ? FlashDq::atomic : FlashDq::deterministic;  // fp32 (CUDA cores): never atomic
+    return summed;
   }
 
   void swiglu_forward(const Tensor& a, const Tensor& b, const Tensor& out) override {
     same_dtype(a, b, "swiglu");
     same_dtype(a, out, "swiglu");
+    if (graphs_->skip("swiglu_forward", a, b, out)) return;
     cuda::swiglu_forward(a.data, b.data, out.data, elem(a), a.numel(), stream_);
   }
   void swiglu_backward(const Tensor& a, const Tensor& b, const Tensor& dout, const Tensor& da,
                        const Tensor& db) override {
     for (const Tensor* t : {&b, &dout, &da, &db}) same_dtype(a, *t, "swiglu backward");
+    if (graphs_->skip("swiglu_backward", a, b, dout, da, db)) return;
     cuda::swiglu_backward(a.data, b.data, dout.data, da.data, db.data, elem(a), a.numel(), stream_);
   }
 
@@ -206,12 +246,15 @@ class CudaBackend final : public Backend {
                              double scale, bool accumulate) override {
     const std::int64_t v = logits.dim(-1), n = logits.numel() / v;
     Allocation row_loss = scratch::cuda_cross_entropy(alloc_, n);
+    if (graphs_->skip("cross_entropy_forward", logits, targets, lse, loss, row_loss.tensor(), scale, accumulate))
+      return;
     cuda::cross_entropy_forward(logits.data, elem(logits), i32(targets), f32(lse), f32(row_loss), f32(loss), n, v,
                                 static_cast<float>(scale), accumulate, stream_);
   }
   void cross_entropy_backward(const Tensor& logits, const Tensor& targets, const Tensor& lse, const Tensor& dlogits,
                               double scale) override {
     same_dtype(logits, dlogits, "cross-entropy backward");
+    if (graphs_->skip("cross_entropy_backward", logits, targets, lse, dlogits, scale)) return;
     const std::int64_t v = logits.dim(-1), n = logits.numel() / v;
     cuda::cross_entropy_backward(logits.data, i32(targets), f32(lse), dlogits.data, elem(logits), n, v,
                                  static_cast<float>(scale), stream_);
@@ -226,6 +269,9 @@ class CudaBackend final : public Backend {
       norm_sum_ = scratch::cuda_global_norm(alloc_, tensors.size());
     }
     double* partials = norm_sum_.tensor().as<double>();
+    bool skip = graphs_->skip("global_norm", norm_sum_.tensor(), out, tensors.size());
+    for (const Tensor& t : tensors) skip = graphs_->skip("global_norm input", t);
+    if (skip) return;
     for (std::size_t i = 0; i < tensors.size(); ++i)
       cuda::sum_squares(f32(tensors[i]), tensors[i].numel(), partials + i * cuda::kNormBlocks, stream_);
     cuda::sum_partials_sqrt(partials, static_cast<std::int64_t>(tensors.size()) * cuda::kNormBlocks, f32(out), stream_);
@@ -235,25 +281,36 @@ class CudaBackend final : public Backend {
              const Tensor& grad_norm, const Tensor& lowp_copy) override {
     LMSCOPE_CHECK(lowp_copy.empty() || lowp_copy.dtype == DType::bf16 || lowp_copy.dtype == DType::f16,
                   "low-precision copies are bf16 or f16");
-    const double t = static_cast<double>(a.step);
-    const double alpha = a.lr * std::sqrt(1.0 - std::pow(a.beta2, t)) / (1.0 - std::pow(a.beta1, t));
-    cuda::adamw(f32(p), f32(g), f32(m), f32(v), p.numel(), static_cast<float>(a.beta1), static_cast<float>(a.beta2),
-                static_cast<float>(a.eps), static_cast<float>(alpha), static_cast<float>(a.lr * a.weight_decay),
-                a.max_norm > 0 ? f32(grad_norm) : nullptr, static_cast<float>(a.max_norm),
-                static_cast<float>(a.grad_scale), lowp_copy.data,
-                lowp_copy.empty() ? cuda::Elem::bf16 : elem(lowp_copy), stream_);
+    LMSCOPE_CHECK(a.step_scalars.empty() || (a.step_scalars.dtype == DType::f32 && a.step_scalars.numel() == 3),
+                  "AdamW's step scalars are f32 [3]");
+    // Read from the device when given (a graph replays them); in a graph, the host's would be baked in.
+    const bool device_scalars = !a.step_scalars.empty();
+    LMSCOPE_CHECK(device_scalars || !graphs_->active(), "AdamW in a device graph takes its step scalars on the device");
+    const std::array<double, 3> k = adamw_step_scalars(a);
+    const bool read_norm = a.max_norm > 0 || a.skip_nonfinite;
+    if (graphs_->skip("adamw", p, g, m, v, lowp_copy, a.beta1, a.beta2, a.eps, a.max_norm, a.step_scalars,
+                      a.skip_nonfinite, read_norm ? grad_norm.data : nullptr))
+      return;
+    cuda::adamw(
+        f32(p), f32(g), f32(m), f32(v), p.numel(),
+        {static_cast<float>(a.beta1), static_cast<float>(a.beta2), static_cast<float>(a.eps), static_cast<float>(k[0]),
+         static_cast<float>(k[1]), static_cast<float>(k[2]), static_cast<float>(a.max_norm), a.skip_nonfinite},
+        device_scalars ? f32(a.step_scalars) : nullptr, read_norm ? f32(grad_norm) : nullptr, lowp_copy.data,
+        lowp_copy.empty() ? cuda::Elem::bf16 : elem(lowp_copy), stream_);
   }
 
  private:
   CudaAllocator alloc_;
   cudaStream_t stream_ = nullptr;
   std::unique_ptr<cuda::Gemm> gemm_;
+  std::unique_ptr<cuda::GraphCache> graphs_;
   Allocation norm_sum_;
   std::vector<cudaEvent_t> events_;
   scratch::RopeTables rope_tables_;
   const float* rope_table(std::int64_t t, std::int64_t dk, double theta) {
     auto [table, made] = rope_tables_.get(alloc_, t, dk, theta);
-    if (made) cuda::rope_table(table->as<float>(), t, dk, theta, stream_);
+    if (made && !graphs_->skip("rope_table", *table, theta))
+      cuda::rope_table(table->as<float>(), t, dk, theta, stream_);
     return table ? table->as<float>() : nullptr;
   }
   std::size_t used_events_ = 0;

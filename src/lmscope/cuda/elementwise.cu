@@ -91,9 +91,6 @@ __global__ void swiglu_backward_kernel(const T* a, const T* b, const T* dout, T*
 // AdamW and the gradient norm are bound by memory (AdamW moves 30 bytes per parameter: p, g, m, v
 // read, p, m, v and the bf16 copy written), so they load and store four floats at a time wherever
 // the pointers are 16-byte aligned, which the allocator's blocks are; a tail goes one by one.
-struct AdamWConsts {
-  float beta1, beta2, eps, alpha, decay;
-};
 
 __device__ __forceinline__ void adamw_update(float& p, float g, float& m, float& v, const AdamWConsts& c) {
   m = c.beta1 * m + (1.0f - c.beta1) * g;
@@ -104,8 +101,18 @@ __device__ __forceinline__ void adamw_update(float& p, float g, float& m, float&
 
 template <typename L>
 __global__ void adamw_kernel(float* p, const float* g, float* m, float* v, std::int64_t n, std::int64_t n4,
-                             AdamWConsts c, const float* grad_norm, float max_norm, float grad_scale, L* lowp) {
-  const float clip = (grad_norm ? fminf(1.0f, max_norm / (*grad_norm * grad_scale + 1e-6f)) : 1.0f) * grad_scale;
+                             AdamWConsts c, const float* step_scalars, const float* grad_norm, L* lowp) {
+  if (step_scalars) {
+    c.alpha = step_scalars[0];
+    c.decay = step_scalars[1];
+    c.grad_scale = step_scalars[2];
+  }
+  const float norm = grad_norm ? *grad_norm : 0.0f;
+  if (c.skip_nonfinite && !isfinite(norm)) {  // an overflow: the parameter stays, its copy is written
+    if (lowp) GRID_STRIDE(i, n) lowp[i] = st<L>(p[i]);
+    return;
+  }
+  const float clip = (c.max_norm > 0 ? fminf(1.0f, c.max_norm / (norm * c.grad_scale + 1e-6f)) : 1.0f) * c.grad_scale;
   GRID_STRIDE(i, n4) {
     float4 pi = reinterpret_cast<float4*>(p)[i], mi = reinterpret_cast<float4*>(m)[i],
            vi = reinterpret_cast<float4*>(v)[i];
@@ -226,15 +233,13 @@ void swiglu_backward(const void* a, const void* b, const void* dout, void* da, v
   check_launch("swiglu_backward_kernel");
 }
 
-void adamw(float* p, const float* g, float* m, float* v, std::int64_t n, float beta1, float beta2, float eps,
-           float alpha, float decay, const float* grad_norm, float max_norm, float grad_scale, void* lowp, Elem elow,
-           cudaStream_t s) {
+void adamw(float* p, const float* g, float* m, float* v, std::int64_t n, const AdamWConsts& c,
+           const float* step_scalars, const float* grad_norm, void* lowp, Elem elow, cudaStream_t s) {
   const bool vec = aligned16({p, g, m, v}) && reinterpret_cast<std::uintptr_t>(lowp) % 8 == 0;
   const std::int64_t n4 = vec ? n / 4 : 0;
-  const AdamWConsts c{beta1, beta2, eps, alpha, decay};
   auto launch = [&](auto* copy) {
-    adamw_kernel<<<grid_for(n4 > 0 ? n4 : n, kBlock), kBlock, 0, s>>>(p, g, m, v, n, n4, c, grad_norm, max_norm,
-                                                                      grad_scale, copy);
+    adamw_kernel<<<grid_for(n4 > 0 ? n4 : n, kBlock), kBlock, 0, s>>>(p, g, m, v, n, n4, c, step_scalars, grad_norm,
+                                                                      copy);
   };
   if (elow == Elem::f16)
     launch(static_cast<__half*>(lowp));

@@ -19,13 +19,20 @@ void add(const void* a, Elem ea, const void* b, Elem eb, void* out, Elem eout, s
 void swiglu_forward(const void* a, const void* b, void* out, Elem e, std::int64_t n, cudaStream_t s);
 void swiglu_backward(const void* a, const void* b, const void* dout, void* da, void* db, Elem e, std::int64_t n,
                      cudaStream_t s);
-// fp32 p, g, m, v. grad_norm: device pointer to the global norm (nullptr when max_norm <= 0);
-// alpha = the bias-corrected step size; decay = lr·weight_decay; grad_scale multiplies g first (and
-// the norm the clipping compares); lowp: a copy of p in elow (bf16 or f16) to refresh in the same
-// pass, or nullptr.
-void adamw(float* p, const float* g, float* m, float* v, std::int64_t n, float beta1, float beta2, float eps,
-           float alpha, float decay, const float* grad_norm, float max_norm, float grad_scale, void* lowp, Elem elow,
-           cudaStream_t s);
+// AdamW's constants. alpha = the bias-corrected step size, decay = lr·weight_decay; grad_scale
+// multiplies g first (and the norm the clipping compares); the three are replaced by step_scalars[0..2]
+// when those are given (on the device, so a recorded graph replays each step's). The norm clips when
+// max_norm > 0; skip_nonfinite leaves p, m and v as they are when the norm is not finite.
+struct AdamWConsts {
+  float beta1, beta2, eps;
+  float alpha, decay, grad_scale;
+  float max_norm;
+  bool skip_nonfinite;
+};
+// fp32 p, g, m, v. grad_norm: device pointer to the global norm (nullptr when neither clipping nor
+// skipping reads it); lowp: a copy of p in elow (bf16 or f16) to refresh in the same pass, or nullptr.
+void adamw(float* p, const float* g, float* m, float* v, std::int64_t n, const AdamWConsts& c,
+           const float* step_scalars, const float* grad_norm, void* lowp, Elem elow, cudaStream_t s);
 // The global norm, deterministic: sum_squares writes kNormBlocks partial sums of x² (one per block)
 // at `partials`; sum_partials_sqrt adds `count` of them in a fixed order into √Σ.
 inline constexpr int kNormBlocks = 256;

@@ -1,5 +1,7 @@
 #include "lmscope/model/optimizer.h"
 
+#include "lmscope/core/hash.h"
+
 #include <cmath>
 #include <numbers>
 
@@ -47,7 +49,10 @@ AdamW::AdamW(Transformer& model, const OptimizerConfig& config)
     be.fill(m_.back(), 0.0);
     be.fill(v_.back(), 0.0);
   }
-  grad_norm_ = be.allocator().allocate({1}, model_.dtype(), {MemKind::workspace, "adamw.grad_norm", -1});
+  // The norm and, behind it in the same 256 bytes, the step's scalars (AdamWArgs::step_scalars).
+  norm_and_scalars_ = be.allocator().allocate({4}, model_.dtype(), {MemKind::workspace, "adamw.grad_norm", -1});
+  grad_norm_ = norm_and_scalars_.tensor().rows(0, 1);
+  step_scalars_ = norm_and_scalars_.tensor().rows(1, 3);
 }
 
 bool AdamW::step(double lr) {
@@ -58,27 +63,41 @@ bool AdamW::step(double lr) {
     LMSCOPE_CHECK(!p.grad.empty(), "optimizer step before backward");
     grads.push_back(p.grad);
   }
-  be.global_norm(grads, grad_norm_);
   last_scale_ = scaler_.scale();
-  if (scaler_.on()) {
-    const bool apply = scaler_.update(std::isfinite(read_scalar(be, grad_norm_)));
-    model_.set_loss_scale(scaler_.scale());
-    if (!apply) {  // nothing changes but the scale; the next forward casts the weight copies anew
-      for (Parameter& p : model_.parameters()) p.grad.reset();
-      return false;
+  const AdamWArgs args{.lr = lr,
+                       .beta1 = config_.beta1,
+                       .beta2 = config_.beta2,
+                       .eps = config_.eps,
+                       .weight_decay = config_.weight_decay,
+                       .step = t_ + 1,
+                       .max_norm = config_.clip,
+                       .grad_scale = 1.0 / last_scale_,
+                       .step_scalars = step_scalars_,
+                       .skip_nonfinite = scaler_.on()};
+  // The step's rate goes to the device before the step's ops, so a recorded step replays at it.
+  const std::array<double, 3> scalars = adamw_step_scalars(args);
+  for (std::int64_t i = 0; i < 3; ++i) be.fill(step_scalars_.rows(i, 1), scalars[i]);
+  {
+    GraphScope graph(be, model_.graphs(), hash_mix(model_.graph_key("optimizer"), config_.clip));
+    be.global_norm(grads, grad_norm_);
+    // Each gradient goes once read; the low-precision copy AdamW writes (when the copies are kept)
+    // takes its place, so the copies never sit beside every gradient. With loss scaling, a step whose
+    // norm is not finite changes nothing but the copies (written from the unchanged masters); the
+    // device decides, so the host need not wait for the norm first.
+    auto& params = model_.parameters();
+    for (std::size_t i = 0; i < params.size(); ++i) {
+      const Allocation& copy = model_.lowp_copy(params[i]);
+      be.adamw(params[i].value, params[i].grad, m_[i], v_[i], args, grad_norm_, copy);
+      params[i].grad.reset();
     }
+    graph.end();
+  }
+  if (scaler_.on()) {
+    const bool applied = scaler_.update(std::isfinite(read_scalar(be, grad_norm_)));
+    model_.set_loss_scale(scaler_.scale());
+    if (!applied) return false;
   }
   ++t_;
-  AdamWArgs args{lr, config_.beta1, config_.beta2,    config_.eps, config_.weight_decay,
-                 t_, config_.clip,  1.0 / last_scale_};
-  // Each gradient goes once read; the low-precision copy AdamW writes (when the copies are kept)
-  // takes its place, so the copies never sit beside every gradient.
-  auto& params = model_.parameters();
-  for (std::size_t i = 0; i < params.size(); ++i) {
-    const Allocation& copy = model_.lowp_copy(params[i]);
-    be.adamw(params[i].value, params[i].grad, m_[i], v_[i], args, grad_norm_, copy);
-    params[i].grad.reset();
-  }
   return true;
 }
 

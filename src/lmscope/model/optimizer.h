@@ -26,8 +26,9 @@ class AdamW {
  public:
   AdamW(Transformer& model, const OptimizerConfig& config);
   // One update from the gradients now held by the model, at learning rate lr; frees them. With loss
-  // scaling, reads the gradients' norm (a wait for the device, as GradScaler's step makes) and
-  // skips the update when it is not finite; returns whether the update was made.
+  // scaling, the update is skipped when the gradients' norm is not finite, and the host reads the
+  // norm afterwards (a wait for the device, as GradScaler's step makes); returns whether the update
+  // was made. One device graph when the model's graphs are on.
   bool step(double lr);
   std::int64_t steps_taken() const { return t_; }
   // The moments of parameter i (the model's order), and the step count, as a checkpoint saves and
@@ -46,7 +47,8 @@ class AdamW {
   Transformer& model_;
   OptimizerConfig config_;
   std::vector<Allocation> m_, v_;
-  Allocation grad_norm_;
+  Allocation norm_and_scalars_;
+  Tensor grad_norm_, step_scalars_;  // [1] and [3] of it (AdamWArgs::step_scalars)
   std::int64_t t_ = 0;
   LossScaler scaler_;
   double last_scale_ = 1.0;  // the loss scale the last step's gradients carry

@@ -1,5 +1,6 @@
 #include "lmscope/model/transformer.h"
 
+#include "lmscope/core/hash.h"
 #include "lmscope/core/rng.h"
 
 #include <cmath>
@@ -355,9 +356,18 @@ Allocation Transformer::layer_forward(int l, Allocation x, Layer& L, const Keep&
   return out;
 }
 
+std::uint64_t Transformer::graph_key(const char* phase) const {
+  std::uint64_t h = hash_mix(reinterpret_cast<std::uintptr_t>(this), reinterpret_cast<std::uintptr_t>(phase));
+  for (std::uint64_t w : {std::uint64_t(batch_), std::uint64_t(ctx_), std::uint64_t(recompute_),
+                          std::uint64_t(weight_copies_), std::uint64_t(logit_chunk_bytes_)})
+    h = hash_mix(h, w);
+  return hash_mix(h, loss_scale_);
+}
+
 void Transformer::forward(bool for_backward) {
   LMSCOPE_CHECK(!ids_.empty(), "forward before set_batch");
   discard_activations();
+  GraphScope graph(backend_, graphs_, hash_mix(graph_key("forward"), std::uint64_t{for_backward}));
   // Without a backward to come, each buffer goes as soon as it has been read, as under PyTorch's
   // no_grad; the layer's record then holds nothing once its output is made.
   const Keep keep = Keep::for_forward(for_backward, recompute_, weight_copies_);
@@ -411,6 +421,8 @@ void Transformer::forward(bool for_backward) {
   done(s.lse);
   s.for_backward = for_backward;
   saved_.push_back(std::move(s));
+  op.done();  // the graph's launch belongs to the phase, not to its last op
+  graph.end();
 }
 
 double Transformer::read_loss() { return read_scalar(backend_, loss_); }
@@ -447,6 +459,9 @@ void Transformer::backward(MicroBatch micro) {
   mem.set_phase(Phase::backward);
   Saved s = std::move(saved_.back());
   saved_.clear();
+  GraphScope graph(backend_, graphs_,
+                   hash_mix(hash_mix(graph_key("backward"), std::uint64_t(micro.index > 0)),
+                            std::uint64_t(micro.count) << 1 | std::uint64_t(last_micro_batch_)));
 
   // Loss and head: each logits buffer turns into dlogits in place, a chunk at a time when the forward
   // made them in chunks (then made again here from ln_final's output).
@@ -598,9 +613,13 @@ void Transformer::backward(MicroBatch micro) {
     L.x.reset();
     L.rstd1.reset();
   }
-  ScopedRange r(ranges, RangeLevel::op, "embedding");
-  backend_.embedding_backward(ids_, dx, gradient(*embedding_), accumulating_);  // adds in place: no scratch
+  {
+    ScopedRange r(ranges, RangeLevel::op, "embedding");
+    backend_.embedding_backward(ids_, dx, gradient(*embedding_), accumulating_);  // adds in place: no scratch
+  }
   accumulating_ = false;
+  dx.reset();
+  graph.end();
 }
 
 }  // namespace lmscope

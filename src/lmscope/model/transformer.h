@@ -65,6 +65,14 @@ class Transformer {
   Recompute recompute() const { return recompute_; }
   void set_recompute(Recompute r) { recompute_ = r; }
   WeightCopies weight_copies() const { return weight_copies_; }
+  // Device graphs (--graphs): forward, backward and AdamW's step each run as one recorded graph where
+  // the backend records them (CUDA), replayed while the allocator is in the state it was recorded in
+  // (Backend::begin_graph). Off by default; the results are the same bits either way.
+  bool graphs() const { return graphs_; }
+  void set_graphs(bool on) { graphs_ = on; }
+  // What a phase's graph key names of this model beyond the allocator: the model itself and the
+  // settings its ops depend on (shape, recompute and copies' modes, chunking, loss scale).
+  std::uint64_t graph_key(const char* phase) const;
   // Before the weights are initialised or loaded (refresh_lowp_copies makes kept copies).
   void set_weight_copies(WeightCopies c);
   // A forward for a backward whose logits would take more than 8 chunks makes them in chunks of at
@@ -167,6 +175,7 @@ class Transformer {
   Recompute recompute_ = Recompute::none;
   WeightCopies weight_copies_ = WeightCopies::kept;
   std::size_t logit_chunk_bytes_ = kLogitChunkBytes;
+  bool graphs_ = false;
   std::vector<Parameter> params_;
   struct LayerParams {
     Parameter *wq, *wk, *wv, *wo, *ln1, *w1, *w2, *w3, *ln2;

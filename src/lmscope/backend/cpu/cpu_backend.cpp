@@ -390,21 +390,19 @@ class CpuBackend final : public Backend {
   void adamw(const Tensor& param, const Tensor& grad, const Tensor& m, const Tensor& v, const AdamWArgs& a,
              const Tensor& grad_norm, const Tensor& lowp_copy) override {
     if (!lowp_copy.empty()) throw Unsupported("the CPU backend keeps no low-precision weight copies");
-    double clip = 1.0;
-    if (a.max_norm > 0) {
-      double norm = 0;
+    const auto [alpha, lr_decay, grad_scale] = adamw_step_scalars(a);
+    double clip = 1.0, norm = 0;
+    if (a.max_norm > 0 || a.skip_nonfinite)
       dispatch(grad_norm.dtype, "adamw", [&](auto z) { norm = static_cast<double>(grad_norm.as<decltype(z)>()[0]); });
-      clip = std::min(1.0, a.max_norm / (norm * a.grad_scale + 1e-6));
-    }
-    clip *= a.grad_scale;
-    const double t = static_cast<double>(a.step);
-    const double alpha = a.lr * std::sqrt(1.0 - std::pow(a.beta2, t)) / (1.0 - std::pow(a.beta1, t));
+    if (a.skip_nonfinite && !std::isfinite(norm)) return;
+    if (a.max_norm > 0) clip = std::min(1.0, a.max_norm / (norm * grad_scale + 1e-6));
+    clip *= grad_scale;
     dispatch(param.dtype, "adamw", [&](auto z) {
       using T = decltype(z);
       T *P = param.as<T>(), *M = m.as<T>(), *Vv = v.as<T>();
       const T* G = grad.as<T>();
       const T b1 = static_cast<T>(a.beta1), b2 = static_cast<T>(a.beta2), eps = static_cast<T>(a.eps);
-      const T al = static_cast<T>(alpha), decay = static_cast<T>(a.lr * a.weight_decay), c = static_cast<T>(clip);
+      const T al = static_cast<T>(alpha), decay = static_cast<T>(lr_decay), c = static_cast<T>(clip);
       const std::int64_t n = param.numel();
 #pragma omp parallel for simd schedule(static)
       for (std::int64_t i = 0; i < n; ++i) {

@@ -1,0 +1,74 @@
+#include "lmscope/cuda/graph_cache.h"
+#include "lmscope/cuda/cuda_check.h"
+
+#include <stdexcept>
+
+namespace lmscope::cuda {
+
+GraphCache::~GraphCache() {
+  abort();
+  for (auto& [key, e] : graphs_) cudaGraphExecDestroy(e.exec);
+}
+
+void GraphCache::begin(std::uint64_t key) {
+  LMSCOPE_CHECK(mode_ == Mode::idle, "a device graph begun inside another");
+  key_ = key;
+  signature_ = 0;
+  if (graphs_.contains(key)) {
+    mode_ = Mode::replaying;
+    return;
+  }
+  // Relaxed: the allocator may take a new segment (cudaMalloc) while the phase is recorded.
+  LMSCOPE_CUDA_CHECK(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeRelaxed));
+  mode_ = Mode::recording;
+}
+
+void GraphCache::end() {
+  LMSCOPE_CHECK(mode_ != Mode::idle, "a device graph ended without a beginning");
+  if (mode_ == Mode::recording) {
+    mode_ = Mode::idle;
+    cudaGraph_t graph = nullptr;
+    LMSCOPE_CUDA_CHECK(cudaStreamEndCapture(stream_, &graph));
+    cudaGraphExec_t exec = nullptr;
+    const cudaError_t made = cudaGraphInstantiate(&exec, graph, 0);
+    cudaGraphDestroy(graph);
+    LMSCOPE_CUDA_CHECK(made);
+    if (graphs_.size() >= kMaxGraphs) evict_oldest();
+    graphs_[key_] = Entry{exec, signature_, ++uses_};
+    ++counts_.recorded;
+    LMSCOPE_CUDA_CHECK(cudaGraphLaunch(exec, stream_));
+    return;
+  }
+  mode_ = Mode::idle;
+  Entry& e = graphs_.at(key_);
+  if (e.signature != signature_)
+    throw std::logic_error(
+        "the ops of a replayed device graph differ from those it recorded: its key misses something they depend "
+        "on (run with --graphs off, and report this)");
+  e.last_use = ++uses_;
+  ++counts_.replayed;
+  LMSCOPE_CUDA_CHECK(cudaGraphLaunch(e.exec, stream_));
+}
+
+void GraphCache::abort() {
+  if (mode_ == Mode::recording) {
+    cudaGraph_t graph = nullptr;
+    cudaStreamEndCapture(stream_, &graph);  // ends the capture whatever went wrong inside it
+    if (graph) cudaGraphDestroy(graph);
+    cudaGetLastError();
+  }
+  mode_ = Mode::idle;
+}
+
+void GraphCache::evict_oldest() {
+  auto oldest = graphs_.begin();
+  for (auto it = graphs_.begin(); it != graphs_.end(); ++it)
+    if (it->second.last_use < oldest->second.last_use) oldest = it;
+  // The evicted graph may still run: destroying an executable graph waits for none of its launches,
+  // so wait here (rare: only when keys keep changing).
+  LMSCOPE_CUDA_CHECK(cudaStreamSynchronize(stream_));
+  cudaGraphExecDestroy(oldest->second.exec);
+  graphs_.erase(oldest);
+}
+
+}  // namespace lmscope::cuda

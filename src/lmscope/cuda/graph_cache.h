@@ -1,0 +1,77 @@
+// The CUDA backend's device graphs (Backend::begin_graph): one executable graph per key, recorded
+// from the backend's stream the first time its key comes and replayed after. Each op asks skip()
+// right before it launches: false while recording (the launch goes into the graph) or with no graph
+// under way, true while a graph replays (the op launches nothing). Either way the op's arguments are
+// folded into a signature, and a replay whose ops differ from the recording's throws instead of
+// running the wrong graph.
+#pragma once
+
+#include "lmscope/backend/backend.h"
+#include "lmscope/core/hash.h"
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <type_traits>
+#include <unordered_map>
+
+namespace lmscope::cuda {
+
+class GraphCache {
+ public:
+  explicit GraphCache(cudaStream_t stream) : stream_(stream) {}
+  ~GraphCache();
+  GraphCache(const GraphCache&) = delete;
+  GraphCache& operator=(const GraphCache&) = delete;
+
+  void begin(std::uint64_t key);
+  void end();    // launches the graph (just recorded, or replayed); throws on a signature mismatch
+  void abort();  // an exception came between begin and end: what was recorded is dropped
+  bool active() const { return mode_ != Mode::idle; }
+  Backend::GraphCounts counts() const { return counts_; }
+
+  // `op` names the op (a string literal: its address is stable); the rest are its arguments:
+  // tensors (address, size and type), pointers, numbers.
+  template <typename... Args>
+  bool skip(const char* op, const Args&... args) {
+    if (mode_ == Mode::idle) return false;
+    signature_ = hash_mix(signature_, reinterpret_cast<std::uintptr_t>(op));
+    (fold(args), ...);
+    return mode_ == Mode::replaying;
+  }
+
+  // Graphs kept at once; the least recently used goes when a new one would pass it (keys that never
+  // come back, such as the first steps' before the allocator settles, should not pile up).
+  static constexpr std::size_t kMaxGraphs = 32;
+
+ private:
+  enum class Mode { idle, recording, replaying };
+  struct Entry {
+    cudaGraphExec_t exec = nullptr;
+    std::uint64_t signature = 0;
+    std::uint64_t last_use = 0;
+  };
+  void fold(const Tensor& t) {
+    signature_ = hash_mix(
+        hash_mix(hash_mix(signature_, reinterpret_cast<std::uintptr_t>(t.data)), static_cast<std::uint64_t>(t.numel())),
+        static_cast<std::uint64_t>(t.dtype));
+  }
+  void fold(const void* p) { signature_ = hash_mix(signature_, reinterpret_cast<std::uintptr_t>(p)); }
+  template <typename T>
+  requires std::is_arithmetic_v<T> || std::is_enum_v<T>
+  void fold(T v) {
+    if constexpr (std::is_floating_point_v<T>)
+      signature_ = hash_mix(signature_, static_cast<double>(v));
+    else
+      signature_ = hash_mix(signature_, static_cast<std::uint64_t>(v));
+  }
+  void evict_oldest();
+
+  cudaStream_t stream_;
+  std::unordered_map<std::uint64_t, Entry> graphs_;
+  Mode mode_ = Mode::idle;
+  std::uint64_t key_ = 0, signature_ = 0, uses_ = 0;
+  Backend::GraphCounts counts_;
+};
+
+}  // namespace lmscope::cuda

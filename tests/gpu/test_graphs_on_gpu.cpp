@@ -118,8 +118,10 @@ TEST(GraphsOnGpu, ReplayedStepsGiveTheBitsOfStepsOpByOp) {
     const TrainedRun eager = train(c, false), graphed = train(c, true);
     expect_same_bits(graphed, eager, what.c_str());
     EXPECT_EQ(eager.graphs.recorded + eager.graphs.replayed, 0) << what;
-    // Most phases replay: the allocator settles after a step or two (and the held-out forward's own).
-    EXPECT_GT(graphed.graphs.replayed, 2 * graphed.graphs.recorded) << what;
+    // Phases replay once the allocator settles (a step or two, again after each held-out forward and,
+    // under fp16, after each change of the loss scale, which the backward's graph holds).
+    EXPECT_GE(graphed.graphs.replayed, 30) << what;
+    EXPECT_FALSE(graphed.graphs.given_up) << what;
     if (c.loss_scale > 65536) {
       EXPECT_GT(graphed.skipped, 0) << what;
     }

@@ -52,7 +52,8 @@ std::array<double, 3> adamw_step_scalars(const AdamWArgs& a) {
 
 GraphScope::GraphScope(Backend& backend, bool on, std::uint64_t key) {
   if (!on || !backend.has_graphs()) return;
-  backend.begin_graph(hash_mix(key, backend.allocator().state_hash()));
+  key_ = hash_mix(key, backend.allocator().state_hash());
+  backend.begin_graph(key_);
   backend_ = &backend;
 }
 

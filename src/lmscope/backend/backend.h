@@ -109,6 +109,7 @@ class Backend {
   virtual void abort_graph() {}  // after an exception between the two: nothing recorded is kept
   struct GraphCounts {
     std::int64_t recorded = 0, replayed = 0;  // graphs recorded (each run once then), and replays
+    bool given_up = false;                    // keys kept changing, so the ops run one by one from then on
   };
   virtual GraphCounts graph_counts() const { return {}; }
 
@@ -212,9 +213,11 @@ class GraphScope {
   GraphScope(const GraphScope&) = delete;
   GraphScope& operator=(const GraphScope&) = delete;
   void end();
+  std::uint64_t key() const { return key_; }  // the whole key; 0 when off
 
  private:
   Backend* backend_ = nullptr;  // null when off or ended
+  std::uint64_t key_ = 0;
 };
 
 // The sizes of a flash attention call, checked (UserError naming the first mismatch):

@@ -214,8 +214,9 @@ std::string json(const std::vector<BenchResult>& rows) {
       j["peak_tflops"] = r.peak_tflops;
       j["mfu"] = r.mfu;
       j["peak_bytes"] = r.peak_bytes;
-      if (r.graphs.recorded + r.graphs.replayed > 0)
-        j["device_graphs"] = {{"recorded", r.graphs.recorded}, {"replayed", r.graphs.replayed}};
+      if (r.graphs.recorded + r.graphs.replayed > 0 || r.graphs.given_up)
+        j["device_graphs"] = {
+            {"recorded", r.graphs.recorded}, {"replayed", r.graphs.replayed}, {"given_up", r.graphs.given_up}};
       if (r.skipped_steps) {
         j["skipped_steps"] = *r.skipped_steps;
         j["loss_scale"] = r.loss_scale;

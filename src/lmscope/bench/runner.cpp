@@ -185,8 +185,8 @@ void run_cell(const BenchSpec& spec, BenchResult& r, const BenchProgress& progre
   const double loss = model.read_loss();
   if (!std::isfinite(loss)) throw std::runtime_error(fmt::format("the loss is {}", loss));
   r.peak_bytes = backend->allocator().peak_bytes();
-  r.graphs = {backend->graph_counts().recorded - graphs_before.recorded,
-              backend->graph_counts().replayed - graphs_before.replayed};
+  const Backend::GraphCounts graphs = backend->graph_counts();
+  r.graphs = {graphs.recorded - graphs_before.recorded, graphs.replayed - graphs_before.replayed, graphs.given_up};
   if (opt && opt->loss_scaler().on()) {
     r.skipped_steps = opt->loss_scaler().skipped() - skipped_before;
     r.loss_scale = opt->loss_scaler().scale();

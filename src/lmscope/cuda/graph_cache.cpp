@@ -12,10 +12,15 @@ GraphCache::~GraphCache() {
 
 void GraphCache::begin(std::uint64_t key) {
   LMSCOPE_CHECK(mode_ == Mode::idle, "a device graph begun inside another");
+  if (counts_.given_up) return;
   key_ = key;
   signature_ = 0;
   if (graphs_.contains(key)) {
     mode_ = Mode::replaying;
+    return;
+  }
+  if (recordings_in_a_row_ == kMaxRecordingsWithoutReplay) {
+    counts_.given_up = true;
     return;
   }
   // Relaxed: the allocator may take a new segment (cudaMalloc) while the phase is recorded.
@@ -24,6 +29,7 @@ void GraphCache::begin(std::uint64_t key) {
 }
 
 void GraphCache::end() {
+  if (mode_ == Mode::idle && counts_.given_up) return;
   LMSCOPE_CHECK(mode_ != Mode::idle, "a device graph ended without a beginning");
   if (mode_ == Mode::recording) {
     mode_ = Mode::idle;
@@ -36,6 +42,7 @@ void GraphCache::end() {
     if (graphs_.size() >= kMaxGraphs) evict_oldest();
     graphs_[key_] = Entry{exec, signature_, ++uses_};
     ++counts_.recorded;
+    ++recordings_in_a_row_;
     LMSCOPE_CUDA_CHECK(cudaGraphLaunch(exec, stream_));
     return;
   }
@@ -47,6 +54,7 @@ void GraphCache::end() {
         "on (run with --graphs off, and report this)");
   e.last_use = ++uses_;
   ++counts_.replayed;
+  recordings_in_a_row_ = 0;
   LMSCOPE_CUDA_CHECK(cudaGraphLaunch(e.exec, stream_));
 }
 

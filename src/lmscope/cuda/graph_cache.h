@@ -43,6 +43,9 @@ class GraphCache {
   // Graphs kept at once; the least recently used goes when a new one would pass it (keys that never
   // come back, such as the first steps' before the allocator settles, should not pile up).
   static constexpr std::size_t kMaxGraphs = 32;
+  // Recording costs more than running op by op (the instantiation): after this many recordings in a
+  // row with no replay the keys are taken to keep changing, and graphs stop for the backend's life.
+  static constexpr int kMaxRecordingsWithoutReplay = 24;
 
  private:
   enum class Mode { idle, recording, replaying };
@@ -71,6 +74,7 @@ class GraphCache {
   std::unordered_map<std::uint64_t, Entry> graphs_;
   Mode mode_ = Mode::idle;
   std::uint64_t key_ = 0, signature_ = 0, uses_ = 0;
+  int recordings_in_a_row_ = 0;
   Backend::GraphCounts counts_;
 };
 

@@ -78,7 +78,9 @@ bool AdamW::step(double lr) {
   const std::array<double, 3> scalars = adamw_step_scalars(args);
   for (std::int64_t i = 0; i < 3; ++i) be.fill(step_scalars_.rows(i, 1), scalars[i]);
   {
-    GraphScope graph(be, model_.graphs(), hash_mix(model_.graph_key("optimizer"), config_.clip));
+    GraphScope graph(
+        be, model_.graphs(),
+        hash_mix(hash_mix(model_.graph_key("optimizer"), config_.clip), reinterpret_cast<std::uintptr_t>(this)));
     be.global_norm(grads, grad_norm_);
     // Each gradient goes once read; the low-precision copy AdamW writes (when the copies are kept)
     // takes its place, so the copies never sit beside every gradient. With loss scaling, a step whose

@@ -69,8 +69,9 @@ WeightCopies parse_weight_copies(const std::string& s) {
 struct Transformer::Saved {
   std::vector<Layer> layers;
   Allocation x_final, rstd_final, n_final;
-  Allocation logits, lse;    // logits (unless made in chunks) become their own gradient in backward
-  bool for_backward = true;  // false: an inference forward kept only the logits
+  Allocation logits, lse;       // logits (unless made in chunks) become their own gradient in backward
+  bool for_backward = true;     // false: an inference forward kept only the logits
+  std::uint64_t graph_key = 0;  // the forward's device graph's, which says where all of the above are
 };
 
 Transformer::Transformer(const ModelConfig& config, Backend& backend, DType dtype, std::optional<DType> compute,
@@ -125,7 +126,7 @@ void Transformer::refresh_lowp_copies() {
 }
 
 Allocation& Transformer::lowp_copy(Parameter& p) {
-  return weight_copies_ == WeightCopies::kept ? make_lowp_copy(p) : p.value_lowp;
+  return weight_copies_ == WeightCopies::kept && !graphs_ ? make_lowp_copy(p) : p.value_lowp;
 }
 
 Allocation& Transformer::make_lowp_copy(Parameter& p) {
@@ -361,7 +362,13 @@ std::uint64_t Transformer::graph_key(const char* phase) const {
   for (std::uint64_t w : {std::uint64_t(batch_), std::uint64_t(ctx_), std::uint64_t(recompute_),
                           std::uint64_t(weight_copies_), std::uint64_t(logit_chunk_bytes_)})
     h = hash_mix(h, w);
-  return hash_mix(h, loss_scale_);
+  h = hash_mix(h, loss_scale_);
+  for (const Parameter& p : params_)
+    for (const Allocation* a : {&p.value, &p.value_lowp, &p.grad})
+      h = hash_mix(h, reinterpret_cast<std::uintptr_t>(a->tensor().data));
+  for (const Allocation* a : {&ids_, &targets_, &loss_})
+    h = hash_mix(h, reinterpret_cast<std::uintptr_t>(a->tensor().data));
+  return h;
 }
 
 void Transformer::forward(bool for_backward) {
@@ -420,6 +427,7 @@ void Transformer::forward(bool for_backward) {
   done(s.n_final);
   done(s.lse);
   s.for_backward = for_backward;
+  s.graph_key = graph.key();
   saved_.push_back(std::move(s));
   op.done();  // the graph's launch belongs to the phase, not to its last op
   graph.end();
@@ -460,7 +468,7 @@ void Transformer::backward(MicroBatch micro) {
   Saved s = std::move(saved_.back());
   saved_.clear();
   GraphScope graph(backend_, graphs_,
-                   hash_mix(hash_mix(graph_key("backward"), std::uint64_t(micro.index > 0)),
+                   hash_mix(hash_mix(hash_mix(graph_key("backward"), s.graph_key), std::uint64_t(micro.index > 0)),
                             std::uint64_t(micro.count) << 1 | std::uint64_t(last_micro_batch_)));
 
   // Loss and head: each logits buffer turns into dlogits in place, a chunk at a time when the forward

@@ -70,8 +70,10 @@ class Transformer {
   // (Backend::begin_graph). Off by default; the results are the same bits either way.
   bool graphs() const { return graphs_; }
   void set_graphs(bool on) { graphs_ = on; }
-  // What a phase's graph key names of this model beyond the allocator: the model itself and the
-  // settings its ops depend on (shape, recompute and copies' modes, chunking, loss scale).
+  // What a phase's graph key names of this model beyond the allocator's state: the model itself, the
+  // settings its ops depend on (shape, recompute and copies' modes, chunking, loss scale), and where
+  // the tensors that outlive a phase are (the allocator's state says which blocks are taken, not by
+  // whom).
   std::uint64_t graph_key(const char* phase) const;
   // Before the weights are initialised or loaded (refresh_lowp_copies makes kept copies).
   void set_weight_copies(WeightCopies c);
@@ -87,7 +89,10 @@ class Transformer {
   // each allocated if missing; with transient copies, frees any there are instead.
   void refresh_lowp_copies();
   // p's low-precision copy as AdamW keeps it, allocated (not filled) if missing; an empty allocation
-  // when p has none to keep (not a matmul weight, no mixed precision, or transient copies).
+  // when p has none to keep (not a matmul weight, no mixed precision, or transient copies), or when
+  // graphs are on and the backward has freed it: the next forward casts it where it is first used,
+  // so every step's copies land where the last step's did and its recorded graphs replay (copies
+  // AdamW wrote would take the places the gradients left, a little elsewhere each step).
   Allocation& lowp_copy(Parameter& p);
   // p's gradient, allocated (not filled) if the backward has not made it yet.
   const Tensor& gradient(Parameter& p);

@@ -34,6 +34,10 @@ class BenchCommand : public Command {
                     "on: each phase runs as one CUDA graph, recorded once and replayed; off: op by op; on,off "
                     "runs both (no effect on the CPU)")
         ->capture_default_str();
+    app->add_option("--fusion", fusion_,
+                    "on: the fused kernels (the residual add with the RMSNorm after it, forward and backward); off: "
+                    "the unfused ops; on,off runs both")
+        ->capture_default_str();
     app->add_option("--trace", trace_,
                     "Write the measured steps of the one cell as a Chrome trace (ui.perfetto.dev, chrome://tracing): "
                     "each step, phase, layer and op on the host thread, and the allocator's bytes as counters");
@@ -41,17 +45,14 @@ class BenchCommand : public Command {
 
   int run() override {
     // Everything is checked before the first cell runs, so a typo never costs a half-run sweep.
-    std::vector<bool> graphs;
-    for (const std::string& g : split_list(graphs_)) {
-      if (g != "on" && g != "off") user_error("unknown --graphs '{}' (use on, off or on,off)", g);
-      graphs.push_back(g == "on");
-    }
     std::vector<MemorySpec> planned;
     for (const MemorySpec& cell : cells_.resolve())
-      for (bool g : graphs) {
-        planned.push_back(cell);
-        planned.back().cell.graphs = g;
-      }
+      for (bool fusion : on_off_list("--fusion", fusion_))
+        for (bool graphs : on_off_list("--graphs", graphs_)) {
+          planned.push_back(cell);
+          planned.back().cell.fusion = fusion;
+          planned.back().cell.graphs = graphs;
+        }
     if (steps_ <= 0) user_error("--steps must be positive, got {}", steps_);
     if (profile_ && cells_.dry_run()) user_error("--profile traces kernels, and a dry run runs none");
     if (!trace_.empty() && cells_.dry_run()) user_error("--trace records a run, and a dry run runs nothing");
@@ -87,7 +88,16 @@ class BenchCommand : public Command {
 
  private:
   MemoryCellFlags cells_;
-  std::string format_ = "md", out_, trace_, graphs_ = "on";
+  std::string format_ = "md", out_, trace_, graphs_ = "on", fusion_ = "on";
+
+  static std::vector<bool> on_off_list(const char* flag, const std::string& text) {
+    std::vector<bool> values;
+    for (const std::string& v : split_list(text)) {
+      if (v != "on" && v != "off") user_error("unknown {} '{}' (use on, off or on,off)", flag, v);
+      values.push_back(v == "on");
+    }
+    return values;
+  }
   int steps_ = 10;
   bool profile_ = false;
 

@@ -107,6 +107,7 @@ class TrainCommand : public Command {
     model.set_recompute(parse_recompute(s_.recompute));
     model.set_weight_copies(parse_weight_copies(s_.weight_copies));
     model.set_graphs(s_.graphs == "on");
+    model.set_fusion(s_.fusion == "on");
     std::int64_t start = 0;
     AdamW opt(model, s_.optimizer);
     if (app->count("--loss-scale") + app->count("--loss-scale-interval") > 0 && !opt.loss_scaler().on())

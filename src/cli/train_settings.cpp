@@ -104,6 +104,9 @@ void TrainSettings::add_to(CLI::App& app) {
                  "on: forward, backward and optimizer each run as one CUDA graph, recorded once and replayed (the "
                  "same bits as off, fewer launches); off: op by op (no effect on the CPU)")
       ->capture_default_str();
+  app.add_option("--fusion", fusion,
+                 "on: the fused kernels (the residual add with the RMSNorm after it); off: the unfused ops")
+      ->capture_default_str();
   app.add_option("--checkpoint-dir", checkpoint_dir,
                  "Write full checkpoints here (weights, AdamW state, step, sampling position, configuration): every "
                  "--save-every steps, at the end, and on SIGINT or SIGTERM");
@@ -135,7 +138,8 @@ void TrainSettings::validate(const CLI::App& app) {
   check_precision(precision);
   parse_attention(attention);
   parse_recompute(recompute);
-  if (graphs != "on" && graphs != "off") user_error("unknown --graphs '{}' (use on or off)", graphs);
+  for (const auto& [flag, value] : {std::pair{"--graphs", &graphs}, std::pair{"--fusion", &fusion}})
+    if (*value != "on" && *value != "off") user_error("unknown {} '{}' (use on or off)", flag, *value);
   if (parse_weight_copies(weight_copies) == WeightCopies::transient && compute_dtype(precision) == DType::f32)
     user_error("{}", kTransientNeedsBf16);
   if (checkpoint_dir.empty() && (app.count("--save-every") > 0 || app.count("--keep") > 0))
@@ -163,6 +167,7 @@ nlohmann::ordered_json TrainSettings::to_json() const {
           {"recompute", recompute},
           {"weight_copies", weight_copies},
           {"graphs", graphs},
+          {"fusion", fusion},
           {"data", data},
           {"val_data", val_data},
           {"steps", steps},
@@ -213,6 +218,7 @@ std::vector<std::string> TrainSettings::take_from_checkpoint(const CLI::App& app
     take(app, saved, "--recompute", recompute, changes);
     take(app, saved, "--weight-copies", weight_copies, changes);
     take(app, saved, "--graphs", graphs, changes);
+    take(app, saved, "--fusion", fusion, changes);
     take(app, saved, "--data", data, changes);
     take(app, saved, "--val-data", val_data, changes);
     take(app, saved, "--steps", steps, changes);

@@ -94,6 +94,30 @@ TEST_F(CudaVsCpu, RmsNorm) {
   }
 }
 
+// The fused residual add + RMSNorm and RMSNorm backward + residual gradient: the CPU's values, and
+// on the GPU the very values of the two ops they replace.
+TEST_F(CudaVsCpu, FusedResidualAndRmsNorm) {
+  const std::int64_t N = 37, d = 203;
+  auto x = random({N, d}), y = random({N, d}), w = random({d}), dy = random({N, d}), dres = random({N, d});
+  auto h = output({N, d}), out = output({N, d}), r = output({N}), dx = output({N, d}), dw = output({d});
+  for (Backend* b : {cpu.get(), gpu.get()}) {
+    const bool c = b == cpu.get();
+    b->add_rmsnorm_forward(c ? x.cpu : x.gpu, c ? y.cpu : y.gpu, c ? h.cpu : h.gpu, c ? w.cpu : w.gpu,
+                           c ? out.cpu : out.gpu, c ? r.cpu : r.gpu, 1e-5);
+    b->rmsnorm_backward_add(c ? dy.cpu : dy.gpu, c ? h.cpu : h.gpu, c ? w.cpu : w.gpu, c ? r.cpu : r.gpu,
+                            c ? dres.cpu : dres.gpu, c ? dx.cpu : dx.gpu, c ? dw.cpu : dw.gpu);
+  }
+  for (auto [t, what] : {std::pair{&h, "residual"}, {&out, "norm"}, {&r, "rstd"}, {&dx, "dx"}, {&dw, "dw"}})
+    expect_close(*t, kFp32, std::string("fused ") + what);
+  auto h2 = output({N, d}), out2 = output({N, d}), r2 = output({N}), dx2 = output({N, d}), dw2 = output({d});
+  gpu->add(x.gpu, y.gpu, h2.gpu);
+  gpu->rmsnorm_forward(h2.gpu, w.gpu, out2.gpu, r2.gpu, 1e-5);
+  gpu->rmsnorm_backward(dy.gpu, h2.gpu, w.gpu, r2.gpu, dx2.gpu, dw2.gpu);
+  gpu->add(dx2.gpu, dres.gpu, dx2.gpu);
+  for (auto [fused, plain] : {std::pair{&out, &out2}, {&r, &r2}, {&dx, &dx2}, {&dw, &dw2}})
+    EXPECT_EQ(download(*gpu, fused->gpu), download(*gpu, plain->gpu));
+}
+
 TEST_F(CudaVsCpu, HeadsWithRope) {
   const std::int64_t B = 3, T = 1029, H = 5, dk = 18;
   for (double theta : {0.0, 10000.0}) {
@@ -291,6 +315,16 @@ TEST_P(LowpVsCpu, RowOps) {
     expect_close_lowp(yb, y, "16-bit rmsnorm");
     expect_close(dx, kLowp, "rmsnorm dx from a 16-bit gradient");
     expect_close(dw, kLowp, "rmsnorm dw from a 16-bit gradient");
+    // Fused with the residual add before it (a 16-bit branch into the f32 stream): the two ops' bits.
+    auto part = random({N, d}), h = output({N, d}), h2 = output({N, d});
+    Allocation partb = lowp(part), fused = lowp_output({N, d}), plain = lowp_output({N, d});
+    gpu->add_rmsnorm_forward(x.gpu, partb, h.gpu, w.gpu, fused, r.gpu, 1e-5);
+    gpu->add(x.gpu, partb, h2.gpu);
+    gpu->rmsnorm_forward(h2.gpu, w.gpu, plain, r.gpu, 1e-5);
+    EXPECT_EQ(download(*gpu, h.gpu), download(*gpu, h2.gpu));
+    gpu->cast(fused, part.gpu);
+    gpu->cast(plain, dx.gpu);
+    EXPECT_EQ(download(*gpu, part.gpu), download(*gpu, dx.gpu)) << "16-bit fused rmsnorm";
   }
   {  // softmax
     auto s = random({3, T, T}, 3.0), dp = random({3, T, T}), p = output({3, T, T}), ds = output({3, T, T});

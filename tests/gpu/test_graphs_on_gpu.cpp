@@ -2,8 +2,9 @@
 // of the run op by op: every step's loss, the gradient norm and every parameter after 20 steps, with
 // new tokens and a new learning rate each step, a held-out forward at another batch size between
 // steps, and in fp32, bf16 (kept and transient weight copies, recompute) and fp16 (a loss scale that
-// overflows, so steps are skipped on the device and the scale changes). The replays must have
-// happened, or the test would compare the eager path with itself. Skipped without a GPU.
+// overflows, so steps are skipped on the device and the scale changes), fused but for one case. The
+// replays must have happened, or the test would compare the eager path with itself. Skipped without a
+// GPU.
 #include "lmscope/backend/backend.h"
 #include "lmscope/backend/devices.h"
 #include "lmscope/core/rng.h"
@@ -26,6 +27,7 @@ struct Case {
   Recompute recompute = Recompute::none;
   WeightCopies copies = WeightCopies::kept;
   double loss_scale = 65536;  // fp16's first scale
+  bool fusion = true;
 };
 
 struct TrainedRun {
@@ -48,6 +50,7 @@ TrainedRun train(const Case& c, bool graphs) {
   model.set_recompute(c.recompute);
   model.set_weight_copies(c.copies);
   model.set_graphs(graphs);
+  model.set_fusion(c.fusion);
   model.init_parameters(7);
   OptimizerConfig oc;
   oc.loss_scaling.initial = c.loss_scale;
@@ -107,6 +110,7 @@ TEST(GraphsOnGpu, ReplayedStepsGiveTheBitsOfStepsOpByOp) {
   if (list_gpus().empty()) GTEST_SKIP() << "no CUDA GPU visible";
   const Case cases[] = {
       {"fp32"},
+      {"fp32", 1, Recompute::none, WeightCopies::kept, 65536, false},
       {"bf16"},
       {"bf16", 2, Recompute::selective, WeightCopies::transient},
       {"bf16", 1, Recompute::full},
@@ -114,7 +118,8 @@ TEST(GraphsOnGpu, ReplayedStepsGiveTheBitsOfStepsOpByOp) {
   };
   for (const Case& c : cases) {
     const std::string what = std::string(c.precision) + ", " + std::to_string(c.micro_batches) + " micro-batches, " +
-                             recompute_name(c.recompute) + " recompute, " + weight_copies_name(c.copies) + " copies";
+                             recompute_name(c.recompute) + " recompute, " + weight_copies_name(c.copies) + " copies" +
+                             (c.fusion ? "" : ", unfused");
     const TrainedRun eager = train(c, false), graphed = train(c, true);
     expect_same_bits(graphed, eager, what.c_str());
     EXPECT_EQ(eager.graphs.recorded + eager.graphs.replayed, 0) << what;

@@ -53,23 +53,24 @@ class Parity(unittest.TestCase):
         cls.dir.cleanup()
 
     def test_logits_loss_and_gradients(self):
-        out = os.path.join(self.dir.name, "probe.safetensors")
-        subprocess.run([PROBE, *shape_flags(), "--init", self.weights, "--data", self.data, "--out", out,
-                        "--batch", str(BATCH), "--ctx", str(CTX)], check=True)
-        got = ref.load_safetensors(out)
         x, y = ref.sequential_batch(self.tokens, 0, BATCH, CTX)
         self.model.zero_grad()
         logits = self.model(x)
         loss = ref.cross_entropy(logits, y)
         loss.backward()
-        self.assertLess(rel_err(got["logits"], logits.detach().reshape(-1, SHAPE["vocab"])), 1e-4)
-        self.assertLess(abs(float(got["loss"][0]) - float(loss)) / float(loss), 1e-4)
         names = [n for n, _ in self.model.named_parameters()]
         self.assertEqual(len(names), 3 + 9 * SHAPE["layers"])
-        for name, p in self.model.named_parameters():
-            with self.subTest(grad=name):
-                self.assertGreater(float(p.grad.norm()), 0)
-                self.assertLess(rel_err(got["grad." + name], p.grad), 1e-4)
+        for fusion in ("on", "off"):  # the fused kernels and the unfused ops alike
+            out = os.path.join(self.dir.name, f"probe-{fusion}.safetensors")
+            subprocess.run([PROBE, *shape_flags(), "--init", self.weights, "--data", self.data, "--out", out,
+                            "--batch", str(BATCH), "--ctx", str(CTX), "--fusion", fusion], check=True)
+            got = ref.load_safetensors(out)
+            self.assertLess(rel_err(got["logits"], logits.detach().reshape(-1, SHAPE["vocab"])), 1e-4)
+            self.assertLess(abs(float(got["loss"][0]) - float(loss)) / float(loss), 1e-4)
+            for name, p in self.model.named_parameters():
+                with self.subTest(grad=name, fusion=fusion):
+                    self.assertGreater(float(p.grad.norm()), 0)
+                    self.assertLess(rel_err(got["grad." + name], p.grad), 1e-4)
 
     def test_five_training_steps(self):
         steps, lr, clip = 5, 3e-3, 0.5

@@ -12,7 +12,7 @@ int main(int argc, char** argv) {
   using namespace lmscope;
   CLI::App app{"lmscope parity probe"};
   ModelConfig c;
-  std::string init, data, out;
+  std::string init, data, out, fusion = "on";
   std::int64_t batch = 2, ctx = 8;
   app.add_option("--vocab", c.vocab);
   app.add_option("--d-model", c.d_model);
@@ -25,10 +25,12 @@ int main(int argc, char** argv) {
   app.add_option("--out", out)->required();
   app.add_option("--batch", batch);
   app.add_option("--ctx", ctx);
+  app.add_option("--fusion", fusion)->check(CLI::IsMember({"on", "off"}));
   CLI11_PARSE(app, argc, argv);
 
   auto be = make_cpu_backend();
   Transformer model(c, *be);
+  model.set_fusion(fusion == "on");
   load_parameters(model, init);
   TokenData tokens(data);
   BatchSampler sampler(tokens, batch, ctx, true, 0);

@@ -133,6 +133,20 @@ class Backend {
                                double eps) = 0;
   virtual void rmsnorm_backward(const Tensor& dout, const Tensor& x, const Tensor& weight, const Tensor& rstd,
                                 const Tensor& dx, const Tensor& dweight) = 0;
+  // Fused (--fusion): the residual add and the RMSNorm after it, h = x + y then rmsnorm_forward(h)
+  // (y may have the compute dtype, x and h the residual stream's); and the RMSNorm's backward with the
+  // residual's gradient added, dx = rmsnorm_backward(...) + dresidual. One pass each where the backend
+  // has it (CPU, CUDA: the same values as the two ops); these defaults are the two ops.
+  virtual void add_rmsnorm_forward(const Tensor& x, const Tensor& y, const Tensor& h, const Tensor& weight,
+                                   const Tensor& out, const Tensor& rstd, double eps) {
+    add(x, y, h);
+    rmsnorm_forward(h, weight, out, rstd, eps);
+  }
+  virtual void rmsnorm_backward_add(const Tensor& dout, const Tensor& x, const Tensor& weight, const Tensor& rstd,
+                                    const Tensor& dresidual, const Tensor& dx, const Tensor& dweight) {
+    rmsnorm_backward(dout, x, weight, rstd, dx, dweight);
+    add(dx, dresidual, dx);
+  }
 
   // in [B, T, h, dk] -> out [B, h, T, dk]; with rope_theta > 0 also rotates interleaved pairs
   // by angle p·theta^(-2i/dk) (p = position). merge_heads is its exact adjoint: out [B, T, h, dk]

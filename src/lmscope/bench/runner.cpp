@@ -34,6 +34,7 @@ std::string mode_label(const BenchSpec& s) {
   if (s.grad_accum > 1 && has_backward(s.mode)) label += fmt::format(", {} micro-batches", s.grad_accum);
   if (s.weight_copies == WeightCopies::transient) label += ", transient copies";
   if (!s.graphs && s.device == "cuda") label += ", graphs off";
+  if (!s.fusion) label += ", fusion off";
   return label;
 }
 
@@ -84,6 +85,7 @@ void run_cell(const BenchSpec& spec, BenchResult& r, const BenchProgress& progre
   model.set_recompute(spec.recompute);
   model.set_weight_copies(spec.weight_copies);
   model.set_graphs(spec.graphs);
+  model.set_fusion(spec.fusion);
   model.init_parameters(spec.seed);
   const std::int64_t n = spec.batch * spec.ctx;
   std::vector<std::int32_t> ids(static_cast<std::size_t>(n)), targets(static_cast<std::size_t>(n));

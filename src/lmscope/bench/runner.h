@@ -39,11 +39,14 @@ struct BenchSpec {
   // Each phase as one device graph, recorded once and replayed (Transformer::set_graphs), where the
   // backend has them (CUDA).
   bool graphs = true;
+  // The fused kernels (Transformer::set_fusion).
+  bool fusion = true;
 };
 
 // The mode as tables show it: "train", with ", selective recompute" where something is recomputed,
 // ", 4 micro-batches" where gradients are accumulated, ", transient copies" where the bf16 weight
-// copies are transient and ", graphs off" where a CUDA cell runs without device graphs.
+// copies are transient, ", graphs off" where a CUDA cell runs without device graphs and ", fusion off"
+// where a cell runs the unfused ops.
 std::string mode_label(const BenchSpec& s);
 
 // The datasheet peak of a GPU for a precision (bf16/tf32 dense tensor cores, fp32 CUDA cores),

@@ -156,8 +156,25 @@ class CudaBackend final : public Backend {
                         const Tensor& dw) override {
     if (graphs_->skip("rmsnorm_backward", dout, x, w, rstd, dx, dw)) return;
     const std::int64_t d = x.dim(-1);
-    cuda::rmsnorm_backward(dout.data, elem(dout), f32(x), f32(w), f32(rstd), f32(dx), f32(dw), x.numel() / d, d,
-                           stream_);
+    cuda::rmsnorm_backward(dout.data, elem(dout), f32(x), f32(w), f32(rstd), nullptr, f32(dx), f32(dw), x.numel() / d,
+                           d, stream_);
+  }
+  void add_rmsnorm_forward(const Tensor& x, const Tensor& y, const Tensor& h, const Tensor& w, const Tensor& out,
+                           const Tensor& rstd, double eps) override {
+    same_shape(x, y, "add_rmsnorm y");
+    same_shape(x, h, "add_rmsnorm h");
+    if (graphs_->skip("add_rmsnorm_forward", x, y, h, w, out, rstd, eps)) return;
+    const std::int64_t d = x.dim(-1);
+    cuda::add_rmsnorm_forward(f32(x), y.data, elem(y), f32(h), f32(w), out.data, elem(out), f32(rstd), x.numel() / d, d,
+                              static_cast<float>(eps), stream_);
+  }
+  void rmsnorm_backward_add(const Tensor& dout, const Tensor& x, const Tensor& w, const Tensor& rstd,
+                            const Tensor& dresidual, const Tensor& dx, const Tensor& dw) override {
+    same_shape(x, dresidual, "rmsnorm_backward_add dresidual");
+    if (graphs_->skip("rmsnorm_backward_add", dout, x, w, rstd, dresidual, dx, dw)) return;
+    const std::int64_t d = x.dim(-1);
+    cuda::rmsnorm_backward(dout.data, elem(dout), f32(x), f32(w), f32(rstd), f32(dresidual), f32(dx), f32(dw),
+                           x.numel() / d, d, stream_);
   }
 
   void split_heads(const Tensor& in, const Tensor& out, double theta) override {

@@ -46,8 +46,12 @@ void embedding_backward(const std::int32_t* ids, const float* dout, float* dtabl
                         std::int64_t d, bool accumulate, cudaStream_t s);
 void rmsnorm_forward(const float* x, const float* w, void* out, Elem eout, float* rstd, std::int64_t n, std::int64_t d,
                      float eps, cudaStream_t s);
-void rmsnorm_backward(const void* dout, Elem edout, const float* x, const float* w, const float* rstd, float* dx,
-                      float* dw, std::int64_t n, std::int64_t d, cudaStream_t s);
+// h = x + y (y stored as ey), then the RMSNorm of h: add and rmsnorm_forward's values in one pass.
+void add_rmsnorm_forward(const float* x, const void* y, Elem ey, float* h, const float* w, void* out, Elem eout,
+                         float* rstd, std::int64_t n, std::int64_t d, float eps, cudaStream_t s);
+// dresidual (nullable): added to dx in the same pass, as add after the backward would.
+void rmsnorm_backward(const void* dout, Elem edout, const float* x, const float* w, const float* rstd,
+                      const float* dresidual, float* dx, float* dw, std::int64_t n, std::int64_t d, cudaStream_t s);
 void softmax_forward(const void* scores, void* probs, Elem e, std::int64_t rows, std::int64_t tq, std::int64_t tk,
                      float scale, bool causal, cudaStream_t s);
 void softmax_backward(const void* probs, const void* dprobs, void* dscores, Elem e, std::int64_t rows, std::int64_t tk,

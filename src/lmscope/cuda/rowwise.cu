@@ -61,16 +61,36 @@ __global__ void rmsnorm_forward_kernel(const float* x, const float* w, TO* out, 
   for (std::int64_t j = threadIdx.x; j < d; j += blockDim.x) out[blockIdx.x * d + j] = st<TO>(xr[j] * r * w[j]);
 }
 
-// dx = r·(w∘dy) − x·r³·mean(x∘w∘dy)
+// The residual add before it in the same pass: h = x + y, written, then normalised as above. Each
+// thread reads back only what it wrote itself.
+template <typename TO, typename TY>
+__global__ void add_rmsnorm_forward_kernel(const float* x, const TY* y, float* h, const float* w, TO* out, float* rstd,
+                                           std::int64_t d, float eps) {
+  const std::int64_t base = blockIdx.x * d;
+  float ss = 0;
+  for (std::int64_t j = threadIdx.x; j < d; j += blockDim.x) {
+    const float v = x[base + j] + ld(y[base + j]);
+    h[base + j] = v;
+    ss += v * v;
+  }
+  const float r = rsqrtf(block_sum(ss) / static_cast<float>(d) + eps);
+  if (threadIdx.x == 0) rstd[blockIdx.x] = r;
+  for (std::int64_t j = threadIdx.x; j < d; j += blockDim.x) out[base + j] = st<TO>(h[base + j] * r * w[j]);
+}
+
+// dx = r·(w∘dy) − x·r³·mean(x∘w∘dy), plus the residual's gradient when one is given (fused: the add
+// after the norm's backward).
 template <typename TD>
-__global__ void rmsnorm_backward_dx_kernel(const TD* dout, const float* x, const float* w, const float* rstd, float* dx,
-                                           std::int64_t d) {
+__global__ void rmsnorm_backward_dx_kernel(const TD* dout, const float* x, const float* w, const float* rstd,
+                                           const float* dresidual, float* dx, std::int64_t d) {
   const std::int64_t base = blockIdx.x * d;
   float dot = 0;
   for (std::int64_t j = threadIdx.x; j < d; j += blockDim.x) dot += x[base + j] * w[j] * ld(dout[base + j]);
   const float r = rstd[blockIdx.x], c = r * r * r * block_sum(dot) / static_cast<float>(d);
-  for (std::int64_t j = threadIdx.x; j < d; j += blockDim.x)
-    dx[base + j] = r * w[j] * ld(dout[base + j]) - x[base + j] * c;
+  for (std::int64_t j = threadIdx.x; j < d; j += blockDim.x) {
+    const float g = r * w[j] * ld(dout[base + j]) - x[base + j] * c;
+    dx[base + j] = dresidual ? g + dresidual[base + j] : g;
+  }
 }
 
 // dw[j] = Σ_rows dy·x·r, in a fixed order (deterministic, no atomics): a block takes 32 columns,
@@ -244,12 +264,25 @@ void rmsnorm_forward(const float* x, const float* w, void* out, Elem eout, float
   check_launch("rmsnorm_forward_kernel");
 }
 
-void rmsnorm_backward(const void* dout, Elem edout, const float* x, const float* w, const float* rstd, float* dx,
-                      float* dw, std::int64_t n, std::int64_t d, cudaStream_t s) {
+void add_rmsnorm_forward(const float* x, const void* y, Elem ey, float* h, const float* w, void* out, Elem eout,
+                         float* rstd, std::int64_t n, std::int64_t d, float eps, cudaStream_t s) {
+  with_elem(ey, [&](auto ty) {
+    with_elem(eout, [&](auto to) {
+      using TY = typename decltype(ty)::type;
+      using TO = typename decltype(to)::type;
+      add_rmsnorm_forward_kernel<TO, TY><<<static_cast<unsigned>(n), 256, 0, s>>>(x, static_cast<const TY*>(y), h, w,
+                                                                                  static_cast<TO*>(out), rstd, d, eps);
+    });
+  });
+  check_launch("add_rmsnorm_forward_kernel");
+}
+
+void rmsnorm_backward(const void* dout, Elem edout, const float* x, const float* w, const float* rstd,
+                      const float* dresidual, float* dx, float* dw, std::int64_t n, std::int64_t d, cudaStream_t s) {
   with_elem(edout, [&](auto t) {
     using T = typename decltype(t)::type;
     const T* dy = static_cast<const T*>(dout);
-    rmsnorm_backward_dx_kernel<T><<<static_cast<unsigned>(n), 256, 0, s>>>(dy, x, w, rstd, dx, d);
+    rmsnorm_backward_dx_kernel<T><<<static_cast<unsigned>(n), 256, 0, s>>>(dy, x, w, rstd, dresidual, dx, d);
     check_launch("rmsnorm_backward_dx_kernel");
     const auto tiles = static_cast<unsigned>((d + kDwColumns - 1) / kDwColumns);
     if (!dw_clusters()) {

@@ -274,6 +274,17 @@ void Transformer::parameter_gradient(Parameter* p, Op&& op) {
   backend_.add(p->grad, part, p->grad);
 }
 
+void Transformer::norm_backward_add(Parameter* norm, const Tensor& dn, const Tensor& x, const Tensor& rstd,
+                                    const Tensor& dresidual, const Tensor& dx) {
+  parameter_gradient(norm, [&](const Tensor& dw) {
+    if (fusion_)
+      backend_.rmsnorm_backward_add(dn, x, norm->value, rstd, dresidual, dx, dw);
+    else
+      backend_.rmsnorm_backward(dn, x, norm->value, rstd, dx, dw);
+  });
+  if (!fusion_) backend_.add(dx, dresidual, dx);
+}
+
 AttentionCall Transformer::attention_call(int layer) const {
   return {.kind = attention_, .causal = true, .dq = FlashDq::deterministic, .stats = dtype_, .layer = layer};
 }
@@ -324,14 +335,22 @@ Allocation Transformer::layer_forward(int l, Allocation x, Layer& L, const Keep&
   drop_lowp_copies_after_forward(keep.weight_copies, {P.wo});
   drop_unless(keep.attention, L.o);
   L.h = wide("attn.residual", l, {N, d});
-  backend_.add(L.x, attn_out, L.h);
-  attn_out.reset();
-  drop_unless(keep.input, L.x);
-
-  op.next("ln2");
-  L.rstd2 = wide("ln2.rstd", l, {N});
-  L.n2 = act("ln2.out", l, {N, d});
-  backend_.rmsnorm_forward(L.h, P.ln2->value, L.n2, L.rstd2, eps);
+  if (fusion_) {  // the residual add and ln2 in one pass
+    op.next("residual and ln2");
+    L.rstd2 = wide("ln2.rstd", l, {N});
+    L.n2 = act("ln2.out", l, {N, d});
+    backend_.add_rmsnorm_forward(L.x, attn_out, L.h, P.ln2->value, L.n2, L.rstd2, eps);
+    attn_out.reset();
+    drop_unless(keep.input, L.x);
+  } else {
+    backend_.add(L.x, attn_out, L.h);
+    attn_out.reset();
+    drop_unless(keep.input, L.x);
+    op.next("ln2");
+    L.rstd2 = wide("ln2.rstd", l, {N});
+    L.n2 = act("ln2.out", l, {N, d});
+    backend_.rmsnorm_forward(L.h, P.ln2->value, L.n2, L.rstd2, eps);
+  }
   drop_unless(keep.statistics, L.rstd2);
   op.next("w1, w3");
   L.a = act("ffn.w1_out", l, {N, f});
@@ -360,7 +379,7 @@ Allocation Transformer::layer_forward(int l, Allocation x, Layer& L, const Keep&
 std::uint64_t Transformer::graph_key(const char* phase) const {
   std::uint64_t h = hash_mix(reinterpret_cast<std::uintptr_t>(this), reinterpret_cast<std::uintptr_t>(phase));
   for (std::uint64_t w : {std::uint64_t(batch_), std::uint64_t(ctx_), std::uint64_t(recompute_),
-                          std::uint64_t(weight_copies_), std::uint64_t(logit_chunk_bytes_)})
+                          std::uint64_t(weight_copies_), std::uint64_t(logit_chunk_bytes_), std::uint64_t(fusion_)})
     h = hash_mix(h, w);
   h = hash_mix(h, loss_scale_);
   for (const Parameter& p : params_)
@@ -551,9 +570,7 @@ void Transformer::backward(MicroBatch micro) {
     L.n2.reset();
     op.next("ln2 and residual");
     Allocation dh = wide("grad.attn.residual", l, {N, d});
-    parameter_gradient(P.ln2,
-                       [&](const Tensor& dw) { backend_.rmsnorm_backward(dn, L.h, P.ln2->value, L.rstd2, dh, dw); });
-    backend_.add(dh, dx, dh);
+    norm_backward_add(P.ln2, dn, L.h, L.rstd2, dx, dh);
     dn.reset();
     dx.reset();
     L.h.reset();
@@ -613,9 +630,7 @@ void Transformer::backward(MicroBatch micro) {
     L.n1.reset();
     op.next("ln1 and residual");
     dx = wide("grad.residual", l, {N, d});
-    parameter_gradient(P.ln1,
-                       [&](const Tensor& dw) { backend_.rmsnorm_backward(dn, L.x, P.ln1->value, L.rstd1, dx, dw); });
-    backend_.add(dx, dh, dx);
+    norm_backward_add(P.ln1, dn, L.x, L.rstd1, dh, dx);
     dn.reset();
     dh.reset();
     L.x.reset();

@@ -70,6 +70,11 @@ class Transformer {
   // (Backend::begin_graph). Off by default; the results are the same bits either way.
   bool graphs() const { return graphs_; }
   void set_graphs(bool on) { graphs_ = on; }
+  // Fused kernels (--fusion): the residual add and the RMSNorm after it run as one op, forward and
+  // backward (Backend::add_rmsnorm_forward, rmsnorm_backward_add). Off by default; the values are the
+  // unfused ops' (the same bits on the CPU and CUDA backends).
+  bool fusion() const { return fusion_; }
+  void set_fusion(bool on) { fusion_ = on; }
   // What a phase's graph key names of this model beyond the allocator's state: the model itself, the
   // settings its ops depend on (shape, recompute and copies' modes, chunking, loss scale), and where
   // the tensors that outlive a phase are (the allocator's state says which blocks are taken, not by
@@ -172,6 +177,10 @@ class Transformer {
   template <typename Op>
   void parameter_gradient(Parameter* p, Op&& op);
   AttentionCall attention_call(int layer) const;
+  // An RMSNorm's backward from dn, its input x and statistics, with the residual's gradient
+  // dresidual added: dx = the norm's input gradient + dresidual (fused or not, as fusion_ says).
+  void norm_backward_add(Parameter* norm, const Tensor& dn, const Tensor& x, const Tensor& rstd,
+                         const Tensor& dresidual, const Tensor& dx);
 
   ModelConfig config_;
   Backend& backend_;
@@ -181,6 +190,7 @@ class Transformer {
   WeightCopies weight_copies_ = WeightCopies::kept;
   std::size_t logit_chunk_bytes_ = kLogitChunkBytes;
   bool graphs_ = false;
+  bool fusion_ = false;
   std::vector<Parameter> params_;
   struct LayerParams {
     Parameter *wq, *wk, *wv, *wo, *ln1, *w1, *w2, *w3, *ln2;

@@ -180,49 +180,24 @@ class CpuBackend final : public Backend {
   }
 
   void rmsnorm_forward(const Tensor& x, const Tensor& w, const Tensor& out, const Tensor& rstd, double eps) override {
-    const std::int64_t d = x.dim(-1), N = x.numel() / d;
-    expect_shape(rstd, Shape{N}, "rmsnorm rstd");
-    dispatch(x.dtype, "rmsnorm_forward", [&](auto z) {
-      using T = decltype(z);
-#pragma omp parallel for schedule(static)
-      for (std::int64_t n = 0; n < N; ++n) {
-        const T* xi = x.as<T>() + n * d;
-        T* yi = out.as<T>() + n * d;
-        T ss = 0;
-        for (std::int64_t j = 0; j < d; ++j) ss += xi[j] * xi[j];
-        const T r = T(1) / std::sqrt(ss / static_cast<T>(d) + static_cast<T>(eps));
-        rstd.as<T>()[n] = r;
-        for (std::int64_t j = 0; j < d; ++j) yi[j] = xi[j] * r * w.as<T>()[j];
-      }
-    });
+    rmsnorm_rows(x, nullptr, x, w, out, rstd, eps);
+  }
+  // The residual's sum is made a row at a time, then normalised while the row is in cache.
+  void add_rmsnorm_forward(const Tensor& x, const Tensor& y, const Tensor& h, const Tensor& w, const Tensor& out,
+                           const Tensor& rstd, double eps) override {
+    expect_shape(y, x.shape, "add_rmsnorm y");
+    expect_shape(h, x.shape, "add_rmsnorm h");
+    rmsnorm_rows(x, &y, h, w, out, rstd, eps);
   }
 
-  // y = x·r·w with r = (mean(x²)+eps)^(-1/2):
-  // dx = r·(w∘dy) − x·r³·mean(x∘w∘dy), dw = Σ_rows dy∘x·r.
   void rmsnorm_backward(const Tensor& dout, const Tensor& x, const Tensor& w, const Tensor& rstd, const Tensor& dx,
                         const Tensor& dw) override {
-    const std::int64_t d = x.dim(-1), N = x.numel() / d;
-    dispatch(x.dtype, "rmsnorm_backward", [&](auto z) {
-      using T = decltype(z);
-      const T *X = x.as<T>(), *DY = dout.as<T>(), *W = w.as<T>(), *R = rstd.as<T>();
-#pragma omp parallel for schedule(static)
-      for (std::int64_t n = 0; n < N; ++n) {
-        const T* xi = X + n * d;
-        const T* dyi = DY + n * d;
-        T dot = 0;
-        for (std::int64_t j = 0; j < d; ++j) dot += xi[j] * W[j] * dyi[j];
-        const T r = R[n], c = r * r * r * dot / static_cast<T>(d);
-        T* dxi = dx.as<T>() + n * d;
-        for (std::int64_t j = 0; j < d; ++j) dxi[j] = r * W[j] * dyi[j] - xi[j] * c;
-      }
-      T* DW = dw.as<T>();
-#pragma omp parallel for schedule(static)
-      for (std::int64_t j = 0; j < d; ++j) {
-        T acc = 0;
-        for (std::int64_t n = 0; n < N; ++n) acc += DY[n * d + j] * X[n * d + j] * R[n];
-        DW[j] = acc;
-      }
-    });
+    rmsnorm_backward_rows(dout, x, w, rstd, nullptr, dx, dw);
+  }
+  void rmsnorm_backward_add(const Tensor& dout, const Tensor& x, const Tensor& w, const Tensor& rstd,
+                            const Tensor& dresidual, const Tensor& dx, const Tensor& dw) override {
+    expect_shape(dresidual, x.shape, "rmsnorm_backward_add dresidual");
+    rmsnorm_backward_rows(dout, x, w, rstd, &dresidual, dx, dw);
   }
 
   void split_heads(const Tensor& in, const Tensor& out, double theta) override {
@@ -416,6 +391,60 @@ class CpuBackend final : public Backend {
   }
 
  private:
+  // y = x·r·w with r = (mean(x²)+eps)^(-1/2), over rows of x, or of h = x + y when y is given (written
+  // to h; the sum as add makes it).
+  void rmsnorm_rows(const Tensor& x, const Tensor* y, const Tensor& h, const Tensor& w, const Tensor& out,
+                    const Tensor& rstd, double eps) {
+    const std::int64_t d = x.dim(-1), N = x.numel() / d;
+    expect_shape(rstd, Shape{N}, "rmsnorm rstd");
+    dispatch(x.dtype, "rmsnorm_forward", [&](auto z) {
+      using T = decltype(z);
+#pragma omp parallel for schedule(static)
+      for (std::int64_t n = 0; n < N; ++n) {
+        const T* xi = x.as<T>() + n * d;
+        T* hi = h.as<T>() + n * d;
+        if (y)
+          for (std::int64_t j = 0; j < d; ++j) hi[j] = xi[j] + y->as<T>()[n * d + j];
+        T* yi = out.as<T>() + n * d;
+        T ss = 0;
+        for (std::int64_t j = 0; j < d; ++j) ss += hi[j] * hi[j];
+        const T r = T(1) / std::sqrt(ss / static_cast<T>(d) + static_cast<T>(eps));
+        rstd.as<T>()[n] = r;
+        for (std::int64_t j = 0; j < d; ++j) yi[j] = hi[j] * r * w.as<T>()[j];
+      }
+    });
+  }
+
+  // dx = r·(w∘dy) − x·r³·mean(x∘w∘dy) (+ dresidual when given, added as add adds it), dw = Σ_rows dy∘x·r.
+  void rmsnorm_backward_rows(const Tensor& dout, const Tensor& x, const Tensor& w, const Tensor& rstd,
+                             const Tensor* dresidual, const Tensor& dx, const Tensor& dw) {
+    const std::int64_t d = x.dim(-1), N = x.numel() / d;
+    dispatch(x.dtype, "rmsnorm_backward", [&](auto z) {
+      using T = decltype(z);
+      const T *X = x.as<T>(), *DY = dout.as<T>(), *W = w.as<T>(), *R = rstd.as<T>();
+      const T* DR = dresidual ? dresidual->as<T>() : nullptr;
+#pragma omp parallel for schedule(static)
+      for (std::int64_t n = 0; n < N; ++n) {
+        const T* xi = X + n * d;
+        const T* dyi = DY + n * d;
+        T dot = 0;
+        for (std::int64_t j = 0; j < d; ++j) dot += xi[j] * W[j] * dyi[j];
+        const T r = R[n], c = r * r * r * dot / static_cast<T>(d);
+        T* dxi = dx.as<T>() + n * d;
+        for (std::int64_t j = 0; j < d; ++j) dxi[j] = r * W[j] * dyi[j] - xi[j] * c;
+        if (DR)
+          for (std::int64_t j = 0; j < d; ++j) dxi[j] += DR[n * d + j];
+      }
+      T* DW = dw.as<T>();
+#pragma omp parallel for schedule(static)
+      for (std::int64_t j = 0; j < d; ++j) {
+        T acc = 0;
+        for (std::int64_t n = 0; n < N; ++n) acc += DY[n * d + j] * X[n * d + j] * R[n];
+        DW[j] = acc;
+      }
+    });
+  }
+
   HostAllocator alloc_;
   std::vector<std::chrono::steady_clock::time_point> marks_;
 };

@@ -50,6 +50,12 @@ class CudaVsCpu : public ::testing::Test {
     gpu->fill(t.gpu, NAN);
     return t;
   }
+  // A GPU tensor's f32 values, as stored.
+  std::vector<float> download_raw(const Tensor& t) {
+    std::vector<float> v(static_cast<std::size_t>(t.numel()));
+    gpu->copy_to_host(v.data(), t);
+    return v;
+  }
   Twin ids(std::int64_t n, std::int64_t vocab) {
     Twin t{cpu->allocator().allocate({n}, DType::i32, {}), gpu->allocator().allocate({n}, DType::i32, {})};
     std::vector<std::int32_t> v(static_cast<std::size_t>(n));
@@ -241,6 +247,45 @@ TEST_F(CudaVsCpu, GlobalNormAndAdamW) {
   expect_close(p, kFp32, "adamw param");
   expect_close(m, kFp32, "adamw m");
   expect_close(v, kFp32, "adamw v");
+}
+
+// The fused step (the norm and AdamW over many tensors a launch) gives the per-tensor ops' bits: 30
+// tensors of odd sizes, more than one launch's worth, clipping on and the rate read from the device.
+TEST_F(CudaVsCpu, FusedAdamWGivesThePerTensorBits) {
+  std::vector<Twin> p, g, m, v, p2, m2, v2;
+  for (int i = 0; i < 30; ++i) {
+    const std::int64_t n = 1 + (i * 7919) % 5003;
+    p.push_back(random({n}));
+    g.push_back(random({n}));
+    m.push_back(random({n}, 0.1));
+    v.push_back(random({n}, 0.1));
+    std::vector<double> vv = download(*gpu, v.back().gpu);
+    for (double& x : vv) x = std::fabs(x);  // a second moment is never negative
+    upload(*gpu, v.back().gpu, vv);
+    for (auto [from, to] : {std::pair{&p, &p2}, {&m, &m2}, {&v, &v2}}) {
+      to->push_back(output({n}));
+      gpu->copy_from_host(to->back().gpu, download_raw(from->back().gpu).data());
+    }
+  }
+  auto gpu_side = [](const std::vector<Twin>& t) {
+    std::vector<Tensor> out;
+    for (const Twin& x : t) out.push_back(x.gpu);
+    return out;
+  };
+  auto norm = output({1}), norm2 = output({1}), scalars = output({3});
+  AdamWArgs args{.lr = 1e-2, .step = 3, .max_norm = 1.0, .step_scalars = scalars.gpu.tensor()};
+  const std::array<double, 3> k = adamw_step_scalars(args);
+  upload(*gpu, scalars.gpu, k);
+  gpu->adamw_all(gpu_side(p), gpu_side(g), gpu_side(m), gpu_side(v), args, norm.gpu);
+  gpu->global_norm(gpu_side(g), norm2.gpu);
+  for (std::size_t i = 0; i < p.size(); ++i) gpu->adamw(p2[i].gpu, g[i].gpu, m2[i].gpu, v2[i].gpu, args, norm2.gpu, {});
+  EXPECT_EQ(download(*gpu, norm.gpu), download(*gpu, norm2.gpu));
+  EXPECT_LT(download(*gpu, norm.gpu)[0], 1e9);
+  for (std::size_t i = 0; i < p.size(); ++i) {
+    EXPECT_EQ(download(*gpu, p[i].gpu), download(*gpu, p2[i].gpu)) << "parameter " << i;
+    EXPECT_EQ(download(*gpu, m[i].gpu), download(*gpu, m2[i].gpu)) << "first moment " << i;
+    EXPECT_EQ(download(*gpu, v[i].gpu), download(*gpu, v2[i].gpu)) << "second moment " << i;
+  }
 }
 
 TEST_F(CudaVsCpu, TwentyTrainingStepsMatchTheCpu) {

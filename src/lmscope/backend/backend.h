@@ -198,6 +198,14 @@ class Backend {
   // lowp_copy, when not empty, receives the updated parameter in its own (lower) precision.
   virtual void adamw(const Tensor& param, const Tensor& grad, const Tensor& m, const Tensor& v, const AdamWArgs& args,
                      const Tensor& grad_norm, const Tensor& lowp_copy) = 0;
+  // Fused (--fusion): the whole step, global_norm of every gradient into grad_norm and then adamw on
+  // every parameter (no low-precision copies), in a few launches where the backend has them (CUDA: the
+  // same bits); this default is those ops one by one.
+  virtual void adamw_all(std::span<const Tensor> params, std::span<const Tensor> grads, std::span<const Tensor> m,
+                         std::span<const Tensor> v, const AdamWArgs& args, const Tensor& grad_norm) {
+    global_norm(grads, grad_norm);
+    for (std::size_t i = 0; i < params.size(); ++i) adamw(params[i], grads[i], m[i], v[i], args, grad_norm, Tensor{});
+  }
 
  protected:
   // Ranges the backend reports to its device's profilers (NVTX on CUDA), heard beside the listener

@@ -277,21 +277,57 @@ class CudaBackend final : public Backend {
                                  static_cast<float>(scale), stream_);
   }
 
-  void global_norm(std::span<const Tensor> tensors, const Tensor& out) override {
+  // The global norm's partial sums for `count` tensors: made again (from the allocator, so the dry run
+  // follows) when the count changes.
+  const Tensor& norm_partials(std::size_t count) {
     static_assert(scratch::kGlobalNormBlocks == cuda::kNormBlocks);
-    // Sized by the number of tensors: made again (from the allocator, so the dry run follows) when it changes.
     if (norm_sum_.empty() ||
-        norm_sum_.tensor().numel() != static_cast<std::int64_t>(tensors.size()) * scratch::kGlobalNormBlocks) {
+        norm_sum_.tensor().numel() != static_cast<std::int64_t>(count) * scratch::kGlobalNormBlocks) {
       norm_sum_.reset();
-      norm_sum_ = scratch::cuda_global_norm(alloc_, tensors.size());
+      norm_sum_ = scratch::cuda_global_norm(alloc_, count);
     }
-    double* partials = norm_sum_.tensor().as<double>();
+    return norm_sum_;
+  }
+
+  void global_norm(std::span<const Tensor> tensors, const Tensor& out) override {
+    double* partials = norm_partials(tensors.size()).as<double>();
     bool skip = graphs_->skip("global_norm", norm_sum_.tensor(), out, tensors.size());
     for (const Tensor& t : tensors) skip = graphs_->skip("global_norm input", t);
     if (skip) return;
     for (std::size_t i = 0; i < tensors.size(); ++i)
       cuda::sum_squares(f32(tensors[i]), tensors[i].numel(), partials + i * cuda::kNormBlocks, stream_);
     cuda::sum_partials_sqrt(partials, static_cast<std::int64_t>(tensors.size()) * cuda::kNormBlocks, f32(out), stream_);
+  }
+
+  void adamw_all(std::span<const Tensor> params, std::span<const Tensor> grads, std::span<const Tensor> m,
+                 std::span<const Tensor> v, const AdamWArgs& a, const Tensor& grad_norm) override {
+    LMSCOPE_CHECK(grads.size() == params.size() && m.size() == params.size() && v.size() == params.size(),
+                  "adamw_all of {} parameters with {} gradients and {} and {} moments", params.size(), grads.size(),
+                  m.size(), v.size());
+    LMSCOPE_CHECK(!a.step_scalars.empty() || !graphs_->active(),
+                  "AdamW in a device graph takes its step scalars on the device");
+    const Tensor& partials = norm_partials(params.size());
+    bool skip = graphs_->skip("adamw_all", partials, grad_norm, a.beta1, a.beta2, a.eps, a.max_norm, a.step_scalars,
+                              a.skip_nonfinite);
+    std::vector<const float*> xs;
+    std::vector<std::int64_t> ns;
+    std::vector<cuda::AdamWTensor> ts;
+    for (std::size_t i = 0; i < params.size(); ++i) {
+      same_shape(params[i], grads[i], "adamw_all gradient");
+      skip = graphs_->skip("adamw_all tensor", params[i], grads[i], m[i], v[i]);
+      xs.push_back(f32(grads[i]));
+      ns.push_back(grads[i].numel());
+      ts.push_back({f32(params[i]), f32(grads[i]), f32(m[i]), f32(v[i]), params[i].numel()});
+    }
+    if (skip) return;
+    const std::array<double, 3> k = adamw_step_scalars(a);
+    cuda::sum_squares_many(xs.data(), ns.data(), static_cast<std::int64_t>(xs.size()), partials.as<double>(), stream_);
+    cuda::sum_partials_sqrt(partials.as<double>(), partials.numel(), f32(grad_norm), stream_);
+    cuda::adamw_many(
+        ts.data(), static_cast<std::int64_t>(ts.size()),
+        {static_cast<float>(a.beta1), static_cast<float>(a.beta2), static_cast<float>(a.eps), static_cast<float>(k[0]),
+         static_cast<float>(k[1]), static_cast<float>(k[2]), static_cast<float>(a.max_norm), a.skip_nonfinite},
+        a.step_scalars.empty() ? nullptr : f32(a.step_scalars), f32(grad_norm), stream_);
   }
 
   void adamw(const Tensor& p, const Tensor& g, const Tensor& m, const Tensor& v, const AdamWArgs& a,

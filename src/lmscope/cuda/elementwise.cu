@@ -88,82 +88,6 @@ __global__ void swiglu_backward_kernel(const T* a, const T* b, const T* dout, T*
   }
 }
 
-// AdamW and the gradient norm are bound by memory (AdamW moves 30 bytes per parameter: p, g, m, v
-// read, p, m, v and the bf16 copy written), so they load and store four floats at a time wherever
-// the pointers are 16-byte aligned, which the allocator's blocks are; a tail goes one by one.
-
-__device__ __forceinline__ void adamw_update(float& p, float g, float& m, float& v, const AdamWConsts& c) {
-  m = c.beta1 * m + (1.0f - c.beta1) * g;
-  v = c.beta2 * v + (1.0f - c.beta2) * g * g;
-  p -= c.alpha * m / (sqrtf(v) + c.eps);
-  p -= c.decay * p;
-}
-
-template <typename L>
-__global__ void adamw_kernel(float* p, const float* g, float* m, float* v, std::int64_t n, std::int64_t n4,
-                             AdamWConsts c, const float* step_scalars, const float* grad_norm, L* lowp) {
-  if (step_scalars) {
-    c.alpha = step_scalars[0];
-    c.decay = step_scalars[1];
-    c.grad_scale = step_scalars[2];
-  }
-  const float norm = grad_norm ? *grad_norm : 0.0f;
-  if (c.skip_nonfinite && !isfinite(norm)) {  // an overflow: the parameter stays, its copy is written
-    if (lowp) GRID_STRIDE(i, n) lowp[i] = st<L>(p[i]);
-    return;
-  }
-  const float clip = (c.max_norm > 0 ? fminf(1.0f, c.max_norm / (norm * c.grad_scale + 1e-6f)) : 1.0f) * c.grad_scale;
-  GRID_STRIDE(i, n4) {
-    float4 pi = reinterpret_cast<float4*>(p)[i], mi = reinterpret_cast<float4*>(m)[i],
-           vi = reinterpret_cast<float4*>(v)[i];
-    const float4 gi = reinterpret_cast<const float4*>(g)[i];
-    adamw_update(pi.x, gi.x * clip, mi.x, vi.x, c);
-    adamw_update(pi.y, gi.y * clip, mi.y, vi.y, c);
-    adamw_update(pi.z, gi.z * clip, mi.z, vi.z, c);
-    adamw_update(pi.w, gi.w * clip, mi.w, vi.w, c);
-    reinterpret_cast<float4*>(p)[i] = pi;
-    reinterpret_cast<float4*>(m)[i] = mi;
-    reinterpret_cast<float4*>(v)[i] = vi;
-    if (lowp) store<4>(lowp + 4 * i, {pi.x, pi.y, pi.z, pi.w});
-  }
-  GRID_STRIDE(j, n - 4 * n4) {
-    const std::int64_t i = 4 * n4 + j;
-    float pi = p[i], mi = m[i], vi = v[i];
-    adamw_update(pi, g[i] * clip, mi, vi, c);
-    p[i] = pi;
-    m[i] = mi;
-    v[i] = vi;
-    if (lowp) lowp[i] = st<L>(pi);
-  }
-}
-
-// The global norm in a fixed order, so the same gradients give the same norm bit for bit (a resumed
-// run equals the run never stopped): kNormBlocks blocks per tensor, each writing its partial sum to
-// its own slot, then one block adding the slots in index order.
-__global__ void sum_squares_kernel(const float* x, std::int64_t n, std::int64_t n4, double* partials) {
-  float acc = 0;
-  GRID_STRIDE(i, n4) {
-    const float4 v = reinterpret_cast<const float4*>(x)[i];
-    acc += v.x * v.x + v.y * v.y + v.z * v.z + v.w * v.w;
-  }
-  GRID_STRIDE(j, n - 4 * n4) acc += x[4 * n4 + j] * x[4 * n4 + j];
-  acc = block_sum(acc);
-  if (threadIdx.x == 0) partials[blockIdx.x] = static_cast<double>(acc);
-}
-
-__global__ void sum_partials_sqrt_kernel(const double* partials, std::int64_t count, float* out) {
-  __shared__ double sums[kBlock];
-  double acc = 0;
-  for (std::int64_t i = threadIdx.x; i < count; i += kBlock) acc += partials[i];
-  sums[threadIdx.x] = acc;
-  __syncthreads();
-  for (int half = kBlock / 2; half > 0; half /= 2) {
-    if (threadIdx.x < half) sums[threadIdx.x] += sums[threadIdx.x + half];
-    __syncthreads();
-  }
-  if (threadIdx.x == 0) *out = static_cast<float>(sqrt(sums[0]));
-}
-
 }  // namespace
 
 void fill(void* x, Elem ex, std::int64_t n, float value, cudaStream_t s) {
@@ -231,32 +155,6 @@ void swiglu_backward(const void* a, const void* b, const void* dout, void* da, v
       swiglu_backward_kernel<T, 1><<<grid_for(n, kBlock), kBlock, 0, s>>>(x, y, g, dx, dy, n);
   });
   check_launch("swiglu_backward_kernel");
-}
-
-void adamw(float* p, const float* g, float* m, float* v, std::int64_t n, const AdamWConsts& c,
-           const float* step_scalars, const float* grad_norm, void* lowp, Elem elow, cudaStream_t s) {
-  const bool vec = aligned16({p, g, m, v}) && reinterpret_cast<std::uintptr_t>(lowp) % 8 == 0;
-  const std::int64_t n4 = vec ? n / 4 : 0;
-  auto launch = [&](auto* copy) {
-    adamw_kernel<<<grid_for(n4 > 0 ? n4 : n, kBlock), kBlock, 0, s>>>(p, g, m, v, n, n4, c, step_scalars, grad_norm,
-                                                                      copy);
-  };
-  if (elow == Elem::f16)
-    launch(static_cast<__half*>(lowp));
-  else
-    launch(static_cast<__nv_bfloat16*>(lowp));
-  check_launch("adamw_kernel");
-}
-
-void sum_squares(const float* x, std::int64_t n, double* partials, cudaStream_t s) {
-  const std::int64_t n4 = aligned16({x}) ? n / 4 : 0;
-  sum_squares_kernel<<<kNormBlocks, kBlock, 0, s>>>(x, n, n4, partials);
-  check_launch("sum_squares_kernel");
-}
-
-void sum_partials_sqrt(const double* partials, std::int64_t count, float* out, cudaStream_t s) {
-  sum_partials_sqrt_kernel<<<1, kBlock, 0, s>>>(partials, count, out);
-  check_launch("sum_partials_sqrt_kernel");
 }
 
 }  // namespace lmscope::cuda

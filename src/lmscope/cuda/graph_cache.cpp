@@ -15,8 +15,14 @@ void GraphCache::begin(std::uint64_t key) {
   if (counts_.given_up) return;
   key_ = key;
   signature_ = 0;
-  if (graphs_.contains(key)) {
+  if (auto it = graphs_.find(key); it != graphs_.end()) {
+    // Launched now, so the device runs the phase while the host walks its ops (checking them) instead
+    // of waiting for the walk: a phase that opens a step would otherwise start idle.
     mode_ = Mode::replaying;
+    it->second.last_use = ++uses_;
+    ++counts_.replayed;
+    recordings_in_a_row_ = 0;
+    LMSCOPE_CUDA_CHECK(cudaGraphLaunch(it->second.exec, stream_));
     return;
   }
   if (recordings_in_a_row_ == kMaxRecordingsWithoutReplay) {
@@ -47,15 +53,10 @@ void GraphCache::end() {
     return;
   }
   mode_ = Mode::idle;
-  Entry& e = graphs_.at(key_);
-  if (e.signature != signature_)
+  if (graphs_.at(key_).signature != signature_)
     throw std::logic_error(
         "the ops of a replayed device graph differ from those it recorded: its key misses something they depend "
-        "on (run with --graphs off, and report this)");
-  e.last_use = ++uses_;
-  ++counts_.replayed;
-  recordings_in_a_row_ = 0;
-  LMSCOPE_CUDA_CHECK(cudaGraphLaunch(e.exec, stream_));
+        "on, and the step ran the wrong work (run with --graphs off, and report this)");
 }
 
 void GraphCache::abort() {

@@ -1,9 +1,10 @@
 // The CUDA backend's device graphs (Backend::begin_graph): one executable graph per key, recorded
-// from the backend's stream the first time its key comes and replayed after. Each op asks skip()
-// right before it launches: false while recording (the launch goes into the graph) or with no graph
-// under way, true while a graph replays (the op launches nothing). Either way the op's arguments are
-// folded into a signature, and a replay whose ops differ from the recording's throws instead of
-// running the wrong graph.
+// from the backend's stream the first time its key comes (and launched at its end) and replayed after
+// (launched at its beginning). Each op asks skip() right before it launches: false while recording
+// (the launch goes into the graph) or with no graph under way, true while a graph replays (the op
+// launches nothing). Either way the op's arguments are folded into a signature, and a replay whose
+// ops differ from the recording's throws: a key that misses something is found, not left to give
+// wrong results quietly.
 #pragma once
 
 #include "lmscope/backend/backend.h"
@@ -25,7 +26,7 @@ class GraphCache {
   GraphCache& operator=(const GraphCache&) = delete;
 
   void begin(std::uint64_t key);
-  void end();    // launches the graph (just recorded, or replayed); throws on a signature mismatch
+  void end();    // launches a graph just recorded; after a replay, throws on a signature mismatch
   void abort();  // an exception came between begin and end: what was recorded is dropped
   bool active() const { return mode_ != Mode::idle; }
   Backend::GraphCounts counts() const { return counts_; }

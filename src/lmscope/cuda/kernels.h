@@ -19,6 +19,8 @@ void add(const void* a, Elem ea, const void* b, Elem eb, void* out, Elem eout, s
 void swiglu_forward(const void* a, const void* b, void* out, Elem e, std::int64_t n, cudaStream_t s);
 void swiglu_backward(const void* a, const void* b, const void* dout, void* da, void* db, Elem e, std::int64_t n,
                      cudaStream_t s);
+
+// optimizer.cu: AdamW and the global norm, per tensor and over many a launch (the fused step).
 // AdamW's constants. alpha = the bias-corrected step size, decay = lr·weight_decay; grad_scale
 // multiplies g first (and the norm the clipping compares); the three are replaced by step_scalars[0..2]
 // when those are given (on the device, so a recorded graph replays each step's). The norm clips when
@@ -38,6 +40,22 @@ void adamw(float* p, const float* g, float* m, float* v, std::int64_t n, const A
 inline constexpr int kNormBlocks = 256;
 void sum_squares(const float* x, std::int64_t n, double* partials, cudaStream_t s);
 void sum_partials_sqrt(const double* partials, std::int64_t count, float* out, cudaStream_t s);
+
+// The fused step: the same per tensor as sum_squares and adamw (no low-precision copy),
+// kTensorsPerLaunch tensors a launch. sum_squares_many writes tensor i's partials at
+// partials + i·kNormBlocks.
+inline constexpr int kTensorsPerLaunch = 24;
+struct AdamWTensor {
+  float* p;
+  const float* g;
+  float* m;
+  float* v;
+  std::int64_t n;
+};
+void sum_squares_many(const float* const* x, const std::int64_t* n, std::int64_t count, double* partials,
+                      cudaStream_t s);
+void adamw_many(const AdamWTensor* tensors, std::int64_t count, const AdamWConsts& c, const float* step_scalars,
+                const float* grad_norm, cudaStream_t s);
 
 // rowwise.cu (x, weights, rstd, lse and the losses are fp32; the rest has the storage named)
 void embedding_forward(const std::int32_t* ids, const float* table, float* out, std::int64_t n, std::int64_t d,

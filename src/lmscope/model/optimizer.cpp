@@ -81,21 +81,36 @@ bool AdamW::step(double lr) {
     GraphScope graph(
         be, model_.graphs(),
         hash_mix(hash_mix(model_.graph_key("optimizer"), config_.clip), reinterpret_cast<std::uintptr_t>(this)));
-    be.global_norm(grads, grad_norm_);
-    // Each gradient goes once read; the low-precision copy AdamW writes (when the copies are kept)
-    // takes its place, so the copies never sit beside every gradient. With loss scaling, a step whose
-    // norm is not finite changes nothing but the copies (written from the unchanged masters); the
-    // device decides, so the host need not wait for the norm first.
     auto& params = model_.parameters();
-    for (std::size_t i = 0; i < params.size(); ++i) {
-      const Allocation& copy = model_.lowp_copy(params[i]);
-      be.adamw(params[i].value, params[i].grad, m_[i], v_[i], args, grad_norm_, copy);
-      params[i].grad.reset();
+    if (model_.fusion() && !model_.optimizer_writes_copies()) {  // the norm and every update in a few launches
+      std::vector<Tensor> values, ms, vs;
+      for (std::size_t i = 0; i < params.size(); ++i) {
+        values.push_back(params[i].value);
+        ms.push_back(m_[i]);
+        vs.push_back(v_[i]);
+      }
+      be.adamw_all(values, grads, ms, vs, args, grad_norm_);
+      for (Parameter& p : params) p.grad.reset();
+    } else {
+      be.global_norm(grads, grad_norm_);
+      // Each gradient goes once read; the low-precision copy AdamW writes (when the copies are kept)
+      // takes its place, so the copies never sit beside every gradient. With loss scaling, a step whose
+      // norm is not finite changes nothing but the copies (written from the unchanged masters); the
+      // device decides, so the host need not wait for the norm first.
+      for (std::size_t i = 0; i < params.size(); ++i) {
+        const Allocation& copy = model_.lowp_copy(params[i]);
+        be.adamw(params[i].value, params[i].grad, m_[i], v_[i], args, grad_norm_, copy);
+        params[i].grad.reset();
+      }
     }
     graph.end();
   }
+  return finish_step();
+}
+
+bool AdamW::finish_step() {
   if (scaler_.on()) {
-    const bool applied = scaler_.update(std::isfinite(read_scalar(be, grad_norm_)));
+    const bool applied = scaler_.update(std::isfinite(read_scalar(model_.backend(), grad_norm_)));
     model_.set_loss_scale(scaler_.scale());
     if (!applied) return false;
   }

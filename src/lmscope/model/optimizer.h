@@ -44,6 +44,9 @@ class AdamW {
   void restore_loss_scaler(const LossScaler::State& s);
 
  private:
+  // After the updates: the loss scaler learns whether the step overflowed (reading the norm), and the
+  // step count goes on unless it did.
+  bool finish_step();
   Transformer& model_;
   OptimizerConfig config_;
   std::vector<Allocation> m_, v_;

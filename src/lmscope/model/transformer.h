@@ -75,6 +75,11 @@ class Transformer {
   // unfused ops' (the same bits on the CPU and CUDA backends).
   bool fusion() const { return fusion_; }
   void set_fusion(bool on) { fusion_ = on; }
+  // Whether AdamW writes the low-precision copies (kept copies under mixed precision, graphs off):
+  // then its step goes parameter by parameter, each copy made as its gradient goes.
+  bool optimizer_writes_copies() const {
+    return compute_ != dtype_ && weight_copies_ == WeightCopies::kept && !graphs_;
+  }
   // What a phase's graph key names of this model beyond the allocator's state: the model itself, the
   // settings its ops depend on (shape, recompute and copies' modes, chunking, loss scale), and where
   // the tensors that outlive a phase are (the allocator's state says which blocks are taken, not by

@@ -1,0 +1,210 @@
+// The optimizer step's kernels: the global gradient norm and AdamW, per tensor and, for the fused
+// step, over many tensors a launch. Both forms share the per-element code and the norm's partition,
+// so they give the same bits.
+#include "lmscope/cuda/kernels.h"
+#include "lmscope/cuda/launch_check.cuh"
+#include "lmscope/cuda/reduce.cuh"
+#include "lmscope/cuda/storage.cuh"
+
+#include <algorithm>
+
+namespace lmscope::cuda {
+namespace {
+
+constexpr int kBlock = 256;
+
+#define GRID_STRIDE(i, n)                                                             \
+  for (std::int64_t i = blockIdx.x * std::int64_t{blockDim.x} + threadIdx.x; i < (n); \
+       i += std::int64_t{gridDim.x} * blockDim.x)
+
+// AdamW and the gradient norm are bound by memory (AdamW moves 30 bytes per parameter: p, g, m, v
+// read, p, m, v and the bf16 copy written), so they load and store four floats at a time wherever
+// the pointers are 16-byte aligned, which the allocator's blocks are; a tail goes one by one.
+
+__device__ __forceinline__ void adamw_update(float& p, float g, float& m, float& v, const AdamWConsts& c) {
+  m = c.beta1 * m + (1.0f - c.beta1) * g;
+  v = c.beta2 * v + (1.0f - c.beta2) * g * g;
+  p -= c.alpha * m / (sqrtf(v) + c.eps);
+  p -= c.decay * p;
+}
+
+// This step's constants (the step scalars from the device where given) and the factor on each
+// gradient element; false when the norm is not finite and skip_nonfinite asks for no update.
+__device__ __forceinline__ bool adamw_step(AdamWConsts& c, const float* step_scalars, const float* grad_norm,
+                                           float& clip) {
+  if (step_scalars) {
+    c.alpha = step_scalars[0];
+    c.decay = step_scalars[1];
+    c.grad_scale = step_scalars[2];
+  }
+  const float norm = grad_norm ? *grad_norm : 0.0f;
+  clip = (c.max_norm > 0 ? fminf(1.0f, c.max_norm / (norm * c.grad_scale + 1e-6f)) : 1.0f) * c.grad_scale;
+  return !(c.skip_nonfinite && !isfinite(norm));
+}
+
+// One tensor's update by this block's share of the grid's x dimension.
+template <typename L>
+__device__ __forceinline__ void adamw_tensor(float* p, const float* g, float* m, float* v, std::int64_t n,
+                                             std::int64_t n4, const AdamWConsts& c, float clip, L* lowp) {
+  GRID_STRIDE(i, n4) {
+    float4 pi = reinterpret_cast<float4*>(p)[i], mi = reinterpret_cast<float4*>(m)[i],
+           vi = reinterpret_cast<float4*>(v)[i];
+    const float4 gi = reinterpret_cast<const float4*>(g)[i];
+    adamw_update(pi.x, gi.x * clip, mi.x, vi.x, c);
+    adamw_update(pi.y, gi.y * clip, mi.y, vi.y, c);
+    adamw_update(pi.z, gi.z * clip, mi.z, vi.z, c);
+    adamw_update(pi.w, gi.w * clip, mi.w, vi.w, c);
+    reinterpret_cast<float4*>(p)[i] = pi;
+    reinterpret_cast<float4*>(m)[i] = mi;
+    reinterpret_cast<float4*>(v)[i] = vi;
+    if (lowp) store<4>(lowp + 4 * i, {pi.x, pi.y, pi.z, pi.w});
+  }
+  GRID_STRIDE(j, n - 4 * n4) {
+    const std::int64_t i = 4 * n4 + j;
+    float pi = p[i], mi = m[i], vi = v[i];
+    adamw_update(pi, g[i] * clip, mi, vi, c);
+    p[i] = pi;
+    m[i] = mi;
+    v[i] = vi;
+    if (lowp) lowp[i] = st<L>(pi);
+  }
+}
+
+template <typename L>
+__global__ void adamw_kernel(float* p, const float* g, float* m, float* v, std::int64_t n, std::int64_t n4,
+                             AdamWConsts c, const float* step_scalars, const float* grad_norm, L* lowp) {
+  float clip = 1.0f;
+  if (adamw_step(c, step_scalars, grad_norm, clip)) {
+    adamw_tensor(p, g, m, v, n, n4, c, clip, lowp);
+  } else if (lowp) {  // an overflow: the parameter stays, its copy is written
+    GRID_STRIDE(i, n) lowp[i] = st<L>(p[i]);
+  }
+}
+
+// Up to kTensorsPerLaunch tensors, their pointers in the kernel's arguments (a launch's arguments
+// may take 4 KiB); blockIdx.y picks the tensor. No low-precision copies: the fused step runs where
+// AdamW writes none (Transformer::optimizer_writes_copies).
+struct AdamWList {
+  float* p[kTensorsPerLaunch];
+  const float* g[kTensorsPerLaunch];
+  float* m[kTensorsPerLaunch];
+  float* v[kTensorsPerLaunch];
+  std::int64_t n[kTensorsPerLaunch], n4[kTensorsPerLaunch];
+};
+
+__global__ void adamw_many_kernel(AdamWList t, AdamWConsts c, const float* step_scalars, const float* grad_norm) {
+  float clip = 1.0f;
+  const int k = blockIdx.y;
+  if (adamw_step(c, step_scalars, grad_norm, clip))
+    adamw_tensor<__nv_bfloat16>(t.p[k], t.g[k], t.m[k], t.v[k], t.n[k], t.n4[k], c, clip, nullptr);
+}
+
+// The global norm in a fixed order, so the same gradients give the same norm bit for bit (a resumed
+// run equals the run never stopped): kNormBlocks blocks per tensor, each writing its partial sum to
+// its own slot, then one block adding the slots in index order.
+__device__ __forceinline__ void sum_squares_tensor(const float* x, std::int64_t n, std::int64_t n4, double* partials) {
+  float acc = 0;
+  GRID_STRIDE(i, n4) {
+    const float4 v = reinterpret_cast<const float4*>(x)[i];
+    acc += v.x * v.x + v.y * v.y + v.z * v.z + v.w * v.w;
+  }
+  GRID_STRIDE(j, n - 4 * n4) acc += x[4 * n4 + j] * x[4 * n4 + j];
+  acc = block_sum(acc);
+  if (threadIdx.x == 0) partials[blockIdx.x] = static_cast<double>(acc);
+}
+
+__global__ void sum_squares_kernel(const float* x, std::int64_t n, std::int64_t n4, double* partials) {
+  sum_squares_tensor(x, n, n4, partials);
+}
+
+struct NormList {
+  const float* x[kTensorsPerLaunch];
+  std::int64_t n[kTensorsPerLaunch], n4[kTensorsPerLaunch];
+};
+
+__global__ void sum_squares_many_kernel(NormList t, double* partials) {
+  const int k = blockIdx.y;
+  sum_squares_tensor(t.x[k], t.n[k], t.n4[k], partials + std::int64_t{k} * kNormBlocks);
+}
+
+__global__ void sum_partials_sqrt_kernel(const double* partials, std::int64_t count, float* out) {
+  __shared__ double sums[kBlock];
+  double acc = 0;
+  for (std::int64_t i = threadIdx.x; i < count; i += kBlock) acc += partials[i];
+  sums[threadIdx.x] = acc;
+  __syncthreads();
+  for (int half = kBlock / 2; half > 0; half /= 2) {
+    if (threadIdx.x < half) sums[threadIdx.x] += sums[threadIdx.x + half];
+    __syncthreads();
+  }
+  if (threadIdx.x == 0) *out = static_cast<float>(sqrt(sums[0]));
+}
+
+}  // namespace
+
+void adamw(float* p, const float* g, float* m, float* v, std::int64_t n, const AdamWConsts& c,
+           const float* step_scalars, const float* grad_norm, void* lowp, Elem elow, cudaStream_t s) {
+  const bool vec = aligned16({p, g, m, v}) && reinterpret_cast<std::uintptr_t>(lowp) % 8 == 0;
+  const std::int64_t n4 = vec ? n / 4 : 0;
+  auto launch = [&](auto* copy) {
+    adamw_kernel<<<grid_for(n4 > 0 ? n4 : n, kBlock), kBlock, 0, s>>>(p, g, m, v, n, n4, c, step_scalars, grad_norm,
+                                                                      copy);
+  };
+  if (elow == Elem::f16)
+    launch(static_cast<__half*>(lowp));
+  else
+    launch(static_cast<__nv_bfloat16*>(lowp));
+  check_launch("adamw_kernel");
+}
+
+void adamw_many(const AdamWTensor* tensors, std::int64_t count, const AdamWConsts& c, const float* step_scalars,
+                const float* grad_norm, cudaStream_t s) {
+  for (std::int64_t first = 0; first < count; first += kTensorsPerLaunch) {
+    const int k = static_cast<int>(std::min<std::int64_t>(kTensorsPerLaunch, count - first));
+    AdamWList list{};
+    std::int64_t most = 1;
+    for (int i = 0; i < k; ++i) {
+      const AdamWTensor& t = tensors[first + i];
+      list.p[i] = t.p;
+      list.g[i] = t.g;
+      list.m[i] = t.m;
+      list.v[i] = t.v;
+      list.n[i] = t.n;
+      list.n4[i] = aligned16({t.p, t.g, t.m, t.v}) ? t.n / 4 : 0;
+      most = std::max(most, list.n4[i] > 0 ? list.n4[i] : t.n);
+    }
+    // The largest tensor sets the grid; the blocks of smaller ones find their loops already done.
+    adamw_many_kernel<<<dim3(grid_for(most, kBlock), static_cast<unsigned>(k)), kBlock, 0, s>>>(list, c, step_scalars,
+                                                                                                grad_norm);
+    check_launch("adamw_many_kernel");
+  }
+}
+
+void sum_squares(const float* x, std::int64_t n, double* partials, cudaStream_t s) {
+  const std::int64_t n4 = aligned16({x}) ? n / 4 : 0;
+  sum_squares_kernel<<<kNormBlocks, kBlock, 0, s>>>(x, n, n4, partials);
+  check_launch("sum_squares_kernel");
+}
+
+void sum_squares_many(const float* const* x, const std::int64_t* n, std::int64_t count, double* partials,
+                      cudaStream_t s) {
+  for (std::int64_t first = 0; first < count; first += kTensorsPerLaunch) {
+    const int k = static_cast<int>(std::min<std::int64_t>(kTensorsPerLaunch, count - first));
+    NormList list{};
+    for (int i = 0; i < k; ++i) {
+      list.x[i] = x[first + i];
+      list.n[i] = n[first + i];
+      list.n4[i] = aligned16({x[first + i]}) ? n[first + i] / 4 : 0;
+    }
+    sum_squares_many_kernel<<<dim3(kNormBlocks, static_cast<unsigned>(k)), kBlock, 0, s>>>(
+        list, partials + first * kNormBlocks);
+    check_launch("sum_squares_many_kernel");
+  }
+}
+
+void sum_partials_sqrt(const double* partials, std::int64_t count, float* out, cudaStream_t s) {
+  sum_partials_sqrt_kernel<<<1, kBlock, 0, s>>>(partials, count, out);
+  check_launch("sum_partials_sqrt_kernel");
+}
+
+}  // namespace lmscope::cuda

@@ -8,6 +8,7 @@
 #include "lmscope/backend/devices.h"
 #include "lmscope/bench/runner.h"
 #include "lmscope/core/rng.h"
+#include "lmscope/cuda/kernels.h"
 #include "lmscope/model/optimizer.h"
 #include "lmscope/model/transformer.h"
 #include "lmscope/precision/number_formats.h"
@@ -541,30 +542,37 @@ TEST(CudaBench, Fp16CellsReportTheLossScaler) {
 
 TEST(CudaProfile, BenchCellAccountsForEveryPhase) {
   if (list_gpus().empty()) GTEST_SKIP() << "no CUDA GPU visible";
-  BenchSpec spec = small_cuda_cell("bf16", 1, 3);
-  spec.profile = true;
-  const BenchResult r = run_bench_cell(spec);
-  ASSERT_TRUE(r.ok()) << r.status;
-  const KernelProfile& k = r.kernels;
-  ASSERT_EQ(k.steps, 3);
-  for (auto [p, stats] : {std::pair{Phase::forward, r.forward}, std::pair{Phase::backward, r.backward},
-                          std::pair{Phase::optimizer, r.optimizer}}) {
-    EXPECT_GT(k.busy_ms(p), 0) << phase_name(p);
-    EXPECT_LE(k.busy_ms(p), stats.mean * 1.001) << phase_name(p) << ": kernels cannot outlast their phase";
-  }
-  // One AdamW launch per parameter tensor per step; GEMMs in forward and backward.
-  const auto params = static_cast<double>(3 + 9 * spec.model.layers);  // embedding, 9 per layer, norm, head
-  bool adamw = false, fwd_gemm = false, bwd_gemm = false;
-  for (const KernelSummary& s : k.kernels) {
-    if (s.name.starts_with("adamw_kernel")) {
-      adamw = true;
-      EXPECT_DOUBLE_EQ(s.calls_per_step, params);
-      EXPECT_EQ(s.phase, Phase::optimizer);
+  for (bool fusion : {false, true}) {
+    SCOPED_TRACE(fusion ? "fused" : "unfused");
+    BenchSpec spec = small_cuda_cell("bf16", 1, 3);
+    spec.profile = true;
+    spec.fusion = fusion;
+    const BenchResult r = run_bench_cell(spec);
+    ASSERT_TRUE(r.ok()) << r.status;
+    const KernelProfile& k = r.kernels;
+    ASSERT_EQ(k.steps, 3);
+    for (auto [p, stats] : {std::pair{Phase::forward, r.forward}, std::pair{Phase::backward, r.backward},
+                            std::pair{Phase::optimizer, r.optimizer}}) {
+      EXPECT_GT(k.busy_ms(p), 0) << phase_name(p);
+      EXPECT_LE(k.busy_ms(p), stats.mean * 1.001) << phase_name(p) << ": kernels cannot outlast their phase";
     }
-    fwd_gemm |= s.category == "GEMM" && s.phase == Phase::forward;
-    bwd_gemm |= s.category == "GEMM" && s.phase == Phase::backward;
+    // AdamW: a launch per parameter tensor per step, or fused, one per 24 of them; GEMMs in forward and
+    // backward.
+    const int params = 3 + 9 * static_cast<int>(spec.model.layers);  // embedding, 9 per layer, norm, head
+    const char* adamw_name = fusion ? "adamw_many_kernel" : "adamw_kernel";
+    const int launches = fusion ? (params + cuda::kTensorsPerLaunch - 1) / cuda::kTensorsPerLaunch : params;
+    bool adamw = false, fwd_gemm = false, bwd_gemm = false;
+    for (const KernelSummary& s : k.kernels) {
+      if (s.name.starts_with(adamw_name)) {
+        adamw = true;
+        EXPECT_DOUBLE_EQ(s.calls_per_step, launches);
+        EXPECT_EQ(s.phase, Phase::optimizer);
+      }
+      fwd_gemm |= s.category == "GEMM" && s.phase == Phase::forward;
+      bwd_gemm |= s.category == "GEMM" && s.phase == Phase::backward;
+    }
+    EXPECT_TRUE(adamw && fwd_gemm && bwd_gemm);
   }
-  EXPECT_TRUE(adamw && fwd_gemm && bwd_gemm);
 }
 
 }  // namespace

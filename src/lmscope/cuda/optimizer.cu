@@ -21,11 +21,14 @@ constexpr int kBlock = 256;
 // read, p, m, v and the bf16 copy written), so they load and store four floats at a time wherever
 // the pointers are 16-byte aligned, which the allocator's blocks are; a tail goes one by one.
 
+// Every operation here and in the norm is rounded as written, never contracted into a fused
+// multiply-add: the compiler chooses contractions per call site, so the per-tensor kernel, the
+// many-tensor one, and a vector loop and its tail could otherwise differ in the last bit.
 __device__ __forceinline__ void adamw_update(float& p, float g, float& m, float& v, const AdamWConsts& c) {
-  m = c.beta1 * m + (1.0f - c.beta1) * g;
-  v = c.beta2 * v + (1.0f - c.beta2) * g * g;
-  p -= c.alpha * m / (sqrtf(v) + c.eps);
-  p -= c.decay * p;
+  m = __fadd_rn(__fmul_rn(c.beta1, m), __fmul_rn(1.0f - c.beta1, g));
+  v = __fadd_rn(__fmul_rn(c.beta2, v), __fmul_rn(__fmul_rn(1.0f - c.beta2, g), g));
+  p = __fsub_rn(p, __fdiv_rn(__fmul_rn(c.alpha, m), __fadd_rn(__fsqrt_rn(v), c.eps)));
+  p = __fsub_rn(p, __fmul_rn(c.decay, p));
 }
 
 // This step's constants (the step scalars from the device where given) and the factor on each
@@ -38,7 +41,9 @@ __device__ __forceinline__ bool adamw_step(AdamWConsts& c, const float* step_sca
     c.grad_scale = step_scalars[2];
   }
   const float norm = grad_norm ? *grad_norm : 0.0f;
-  clip = (c.max_norm > 0 ? fminf(1.0f, c.max_norm / (norm * c.grad_scale + 1e-6f)) : 1.0f) * c.grad_scale;
+  clip = __fmul_rn(
+      c.max_norm > 0 ? fminf(1.0f, __fdiv_rn(c.max_norm, __fadd_rn(__fmul_rn(norm, c.grad_scale), 1e-6f))) : 1.0f,
+      c.grad_scale);
   return !(c.skip_nonfinite && !isfinite(norm));
 }
 
@@ -50,10 +55,10 @@ __device__ __forceinline__ void adamw_tensor(float* p, const float* g, float* m,
     float4 pi = reinterpret_cast<float4*>(p)[i], mi = reinterpret_cast<float4*>(m)[i],
            vi = reinterpret_cast<float4*>(v)[i];
     const float4 gi = reinterpret_cast<const float4*>(g)[i];
-    adamw_update(pi.x, gi.x * clip, mi.x, vi.x, c);
-    adamw_update(pi.y, gi.y * clip, mi.y, vi.y, c);
-    adamw_update(pi.z, gi.z * clip, mi.z, vi.z, c);
-    adamw_update(pi.w, gi.w * clip, mi.w, vi.w, c);
+    adamw_update(pi.x, __fmul_rn(gi.x, clip), mi.x, vi.x, c);
+    adamw_update(pi.y, __fmul_rn(gi.y, clip), mi.y, vi.y, c);
+    adamw_update(pi.z, __fmul_rn(gi.z, clip), mi.z, vi.z, c);
+    adamw_update(pi.w, __fmul_rn(gi.w, clip), mi.w, vi.w, c);
     reinterpret_cast<float4*>(p)[i] = pi;
     reinterpret_cast<float4*>(m)[i] = mi;
     reinterpret_cast<float4*>(v)[i] = vi;
@@ -62,7 +67,7 @@ __device__ __forceinline__ void adamw_tensor(float* p, const float* g, float* m,
   GRID_STRIDE(j, n - 4 * n4) {
     const std::int64_t i = 4 * n4 + j;
     float pi = p[i], mi = m[i], vi = v[i];
-    adamw_update(pi, g[i] * clip, mi, vi, c);
+    adamw_update(pi, __fmul_rn(g[i], clip), mi, vi, c);
     p[i] = pi;
     m[i] = mi;
     v[i] = vi;
@@ -106,9 +111,9 @@ __device__ __forceinline__ void sum_squares_tensor(const float* x, std::int64_t 
   float acc = 0;
   GRID_STRIDE(i, n4) {
     const float4 v = reinterpret_cast<const float4*>(x)[i];
-    acc += v.x * v.x + v.y * v.y + v.z * v.z + v.w * v.w;
+    acc = __fadd_rn(acc, __fmaf_rn(v.w, v.w, __fmaf_rn(v.z, v.z, __fmaf_rn(v.y, v.y, __fmul_rn(v.x, v.x)))));
   }
-  GRID_STRIDE(j, n - 4 * n4) acc += x[4 * n4 + j] * x[4 * n4 + j];
+  GRID_STRIDE(j, n - 4 * n4) acc = __fmaf_rn(x[4 * n4 + j], x[4 * n4 + j], acc);
   acc = block_sum(acc);
   if (threadIdx.x == 0) partials[blockIdx.x] = static_cast<double>(acc);
 }

@@ -5,7 +5,7 @@
 // Conventions for every op:
 // - tensors are row-major and contiguous; the shapes named in each comment are checked;
 // - outputs are overwritten, never accumulated into, unless the name says "accumulate";
-// - a backward op's inputs are exactly the activations its forward saved (see model/transformer.cpp);
+// - a backward op's inputs are exactly the activations its forward saved (see model/saved_activations.h);
 // - statistics (rstd, lse, loss, norms) are f32, or f64 when the op computes in f64;
 // - in mixed precision (bf16 compute), the residual stream, its gradient, parameters, gradients and
 //   optimizer state stay f32 and GEMM operands are bf16 (docs/precision.md names each op's types).

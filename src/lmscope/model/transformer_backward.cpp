@@ -1,0 +1,244 @@
+// The Transformer's backward: from the loss through every layer in reverse, consuming and freeing what
+// the forward saved (saved_activations.h), each parameter's gradient made as it is reached.
+#include "lmscope/core/hash.h"
+#include "lmscope/model/saved_activations.h"
+#include "lmscope/model/transformer.h"
+
+namespace lmscope {
+
+// dx [N, in] (= or +=, by beta) dy [N, out] · W.
+void Transformer::linear_backward_input(const Tensor& dy, const Tensor& w, const Tensor& dx, float beta) {
+  const std::int64_t in = w.dim(1), out = w.dim(0), n = dy.numel() / out;
+  backend_.gemm({.trans_a = false,
+                 .trans_b = false,
+                 .m = n,
+                 .n = in,
+                 .k = out,
+                 .alpha = 1,
+                 .beta = beta,
+                 .a = dy,
+                 .b = w,
+                 .c = dx,
+                 .lda = out,
+                 .ldb = in,
+                 .ldc = in});
+}
+
+// dW [out, in] = dyᵀ · x, or += when accumulating micro-batches. Each weight is used once per
+// forward, so otherwise the gradient is overwritten.
+void Transformer::linear_backward_weight(const Tensor& dy, const Tensor& x, const Tensor& dw, bool add) {
+  const std::int64_t in = dw.dim(1), out = dw.dim(0), n = dy.numel() / out;
+  backend_.gemm({.trans_a = true,
+                 .trans_b = false,
+                 .m = out,
+                 .n = in,
+                 .k = n,
+                 .alpha = 1,
+                 .beta = add ? 1.0f : 0.0f,
+                 .a = dy,
+                 .b = x,
+                 .c = dw,
+                 .lda = out,
+                 .ldb = in,
+                 .ldc = in});
+}
+
+template <typename Op>
+void Transformer::parameter_gradient(Parameter* p, Op&& op) {
+  if (!accumulating_) {
+    op(gradient(*p));
+    return;
+  }
+  Allocation part =
+      backend_.allocator().allocate(p->spec.shape, dtype_, {MemKind::workspace, "grad.accumulate", p->spec.layer});
+  op(part.tensor());
+  backend_.add(p->grad, part, p->grad);
+}
+
+void Transformer::norm_backward_add(Parameter* norm, const Tensor& dn, const Tensor& x, const Tensor& rstd,
+                                    const Tensor& dresidual, const Tensor& dx) {
+  parameter_gradient(norm, [&](const Tensor& dw) {
+    if (fusion_)
+      backend_.rmsnorm_backward_add(dn, x, norm->value, rstd, dresidual, dx, dw);
+    else
+      backend_.rmsnorm_backward(dn, x, norm->value, rstd, dx, dw);
+  });
+  if (!fusion_) backend_.add(dx, dresidual, dx);
+}
+
+void Transformer::backward(MicroBatch micro) {
+  LMSCOPE_CHECK(!saved_.empty() && saved_.back().for_backward, "backward without a forward that kept its activations");
+  LMSCOPE_CHECK(micro.count >= 1 && micro.index >= 0 && micro.index < micro.count, "backward of micro-batch {} of {}",
+                micro.index, micro.count);
+  const bool accumulate = micro.index > 0;
+  LMSCOPE_CHECK(!accumulate || !params_.front().grad.empty(), "accumulating into gradients no backward has made");
+  accumulating_ = accumulate;
+  last_micro_batch_ = micro.index == micro.count - 1;
+  const int micro_batches = micro.count;
+  const std::int64_t B = batch_, T = ctx_, N = B * T, d = config_.d_model, f = config_.d_ff, H = config_.heads,
+                     dk = config_.d_head();
+  const double theta = config_.rope_theta;
+  Allocator& mem = backend_.allocator();
+  mem.set_phase(Phase::backward);
+  Saved s = std::move(saved_.back());
+  saved_.clear();
+  GraphScope graph(backend_, graphs_,
+                   hash_mix(hash_mix(hash_mix(graph_key("backward"), s.graph_key), std::uint64_t(micro.index > 0)),
+                            std::uint64_t(micro.count) << 1 | std::uint64_t(last_micro_batch_)));
+
+  // Loss and head: each logits buffer turns into dlogits in place, a chunk at a time when the forward
+  // made them in chunks (then made again here from ln_final's output).
+  RangeListener* ranges = backend_.range_listener();
+  OpRanges head(ranges);
+  head.next("lm_head and loss");
+  const double dlogits_scale = loss_scale_ / static_cast<double>(N * micro_batches);
+  Allocation dn = act("grad.ln_final.out", -1, {N, d});
+  const std::int64_t rows = s.logits.empty() ? logit_chunk_rows() : N;
+  for (std::int64_t r = 0; r < N; r += rows) {
+    const std::int64_t n = std::min(rows, N - r);
+    Allocation chunk;
+    if (s.logits.empty()) {
+      chunk = act("lm_head.logits", -1, {n, config_.vocab});
+      linear(s.n_final.tensor().rows(r, n), weight(lm_head_), chunk);
+    } else {
+      chunk = std::move(s.logits);
+    }
+    const Tensor x = s.n_final.tensor().rows(r, n);
+    backend_.cross_entropy_backward(chunk, targets_.tensor().rows(r, n), s.lse.tensor().rows(r, n), chunk,
+                                    dlogits_scale);
+    linear_backward_weight(chunk, x, gradient(*lm_head_), accumulating_ || r > 0);
+    linear_backward_input(chunk, weight(lm_head_), dn.tensor().rows(r, n), 0.0f);
+  }
+  drop_lowp_copies({lm_head_});
+  s.lse.reset();
+  s.n_final.reset();
+  head.next("ln_final");
+  Allocation dx = wide("grad.residual", -1, {N, d});
+  parameter_gradient(ln_final_, [&](const Tensor& dw) {
+    backend_.rmsnorm_backward(dn, s.x_final, ln_final_->value, s.rstd_final, dx, dw);
+  });
+  s.x_final.reset();
+  s.rstd_final.reset();
+
+  head.done();
+  const double eps = 1e-5;
+  for (int l = config_.layers - 1; l >= 0; --l) {
+    ScopedRange r(ranges, RangeLevel::layer, "layer", l);
+    const LayerParams& P = layer_params_[l];
+    Layer& L = s.layers[l];
+    // Full recompute: the layer's forward again from its input, keeping everything this time; its
+    // output is the next layer's input, which the backward no longer needs.
+    if (recompute_ == Recompute::full) layer_forward(l, std::move(L.x), L, Keep{}).reset();
+    OpRanges op(ranges);
+    op.next("w2");
+    // x_out = h + w2·(silu(w1·n2) ∘ w3·n2), n2 = ln2(h); dx holds d x_out.
+    Allocation dx_scratch;
+    const Tensor& dx_c = as_compute(dx, dx_scratch, "grad.residual.lowp", l);
+    Allocation dgate = act("grad.ffn.gate", l, {N, f});
+    linear_backward_input(dx_c, weight(P.w2), dgate, 0.0f);
+    drop_lowp_copies({P.w2});
+    if (L.gate.empty()) {  // selective: silu(a)∘b again
+      L.gate = act("ffn.gate", l, {N, f});
+      backend_.swiglu_forward(L.a, L.b, L.gate);
+    }
+    linear_backward_weight(dx_c, L.gate, gradient(*P.w2));
+    L.gate.reset();
+    dx_scratch.reset();
+    op.next("SwiGLU");
+    Allocation da = act("grad.ffn.w1_out", l, {N, f}), db = act("grad.ffn.w3_out", l, {N, f});
+    backend_.swiglu_backward(L.a, L.b, dgate, da, db);
+    dgate.reset();
+    L.a.reset();
+    L.b.reset();
+    op.next("w1, w3");
+    dn = act("grad.ln2.out", l, {N, d});
+    linear_backward_input(da, weight(P.w1), dn, 0.0f);
+    linear_backward_input(db, weight(P.w3), dn, 1.0f);
+    drop_lowp_copies({P.w1, P.w3});
+    if (L.n2.empty()) {  // selective: ln2's output again (its statistics are rewritten unchanged)
+      L.n2 = act("ln2.out", l, {N, d});
+      backend_.rmsnorm_forward(L.h, P.ln2->value, L.n2, L.rstd2, eps);
+    }
+    linear_backward_weight(da, L.n2, gradient(*P.w1));
+    linear_backward_weight(db, L.n2, gradient(*P.w3));
+    da.reset();
+    db.reset();
+    L.n2.reset();
+    op.next("ln2 and residual");
+    Allocation dh = wide("grad.attn.residual", l, {N, d});
+    norm_backward_add(P.ln2, dn, L.h, L.rstd2, dx, dh);
+    dn.reset();
+    dx.reset();
+    L.h.reset();
+    L.rstd2.reset();
+
+    op.next("output projection");
+    // h = x + wo·merge(attention(q, k, v)); dh holds d h.
+    Allocation dh_scratch;
+    const Tensor& dh_c = as_compute(dh, dh_scratch, "grad.attn.residual.lowp", l);
+    Allocation d_o = act("grad.attn.o", l, {N, d});
+    linear_backward_input(dh_c, weight(P.wo), d_o, 0.0f);
+    drop_lowp_copies({P.wo});
+    linear_backward_weight(dh_c, L.o, gradient(*P.wo));
+    dh_scratch.reset();
+    Allocation o_heads;  // flash's backward reads the output; re-split from o rather than saved twice
+    if (attention_ == AttentionKind::flash) {
+      o_heads = act("attn.o_heads", l, {B, H, T, dk});
+      backend_.split_heads(L.o.tensor().view({B, T, H, dk}), o_heads, 0.0);
+    }
+    L.o.reset();
+    Allocation do_heads = act("grad.attn.o_heads", l, {B, H, T, dk});
+    backend_.split_heads(d_o.tensor().view({B, T, H, dk}), do_heads, 0.0);
+    d_o.reset();
+    op.next("attention");
+    Allocation dq_heads = act("grad.attn.q", l, {B, H, T, dk}), dk_heads = act("grad.attn.k", l, {B, H, T, dk}),
+               dv_heads = act("grad.attn.v", l, {B, H, T, dk});
+    {
+      const Shape flat{B * H, T, dk};
+      const Tensor o_flat = o_heads.empty() ? Tensor{} : o_heads.tensor().view(flat);
+      attention_backward(backend_, attention_call(l), L.q.tensor().view(flat), L.k.tensor().view(flat),
+                         L.v.tensor().view(flat), o_flat, do_heads.tensor().view(flat), dq_heads.tensor().view(flat),
+                         dk_heads.tensor().view(flat), dv_heads.tensor().view(flat), L.attn);
+    }
+    o_heads.reset();
+    do_heads.reset();
+    L.q.reset();
+    L.k.reset();
+    L.v.reset();
+
+    op.next("q, k, v projections and RoPE");
+    if (L.n1.empty()) {  // selective: ln1's output again
+      L.n1 = act("ln1.out", l, {N, d});
+      backend_.rmsnorm_forward(L.x, P.ln1->value, L.n1, L.rstd1, eps);
+    }
+    dn = act("grad.ln1.out", l, {N, d});
+    Allocation dproj = act("grad.attn.proj", l, {N, d});
+    Allocation* dheads[3] = {&dq_heads, &dk_heads, &dv_heads};
+    Parameter* weights[3] = {P.wq, P.wk, P.wv};
+    for (int i = 0; i < 3; ++i) {
+      backend_.merge_heads(*dheads[i], dproj.tensor().view({B, T, H, dk}), i < 2 ? theta : 0.0);
+      dheads[i]->reset();
+      linear_backward_input(dproj, weight(weights[i]), dn, i == 0 ? 0.0f : 1.0f);
+      drop_lowp_copies({weights[i]});
+      linear_backward_weight(dproj, L.n1, gradient(*weights[i]));
+    }
+    dproj.reset();
+    L.n1.reset();
+    op.next("ln1 and residual");
+    dx = wide("grad.residual", l, {N, d});
+    norm_backward_add(P.ln1, dn, L.x, L.rstd1, dh, dx);
+    dn.reset();
+    dh.reset();
+    L.x.reset();
+    L.rstd1.reset();
+  }
+  {
+    ScopedRange r(ranges, RangeLevel::op, "embedding");
+    backend_.embedding_backward(ids_, dx, gradient(*embedding_), accumulating_);  // adds in place: no scratch
+  }
+  accumulating_ = false;
+  dx.reset();
+  graph.end();
+}
+
+}  // namespace lmscope

@@ -35,8 +35,8 @@ class BenchCommand : public Command {
                     "runs both (no effect on the CPU)")
         ->capture_default_str();
     app->add_option("--fusion", fusion_,
-                    "on: the fused kernels (the residual add with the RMSNorm after it, forward and backward); off: "
-                    "the unfused ops; on,off runs both")
+                    "on: the fused kernels (the residual add with the RMSNorm after it, forward and backward; the "
+                    "optimizer step in a few launches); off: the unfused ops; on,off runs both")
         ->capture_default_str();
     app->add_option("--trace", trace_,
                     "Write the measured steps of the one cell as a Chrome trace (ui.perfetto.dev, chrome://tracing): "

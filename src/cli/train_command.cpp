@@ -238,6 +238,11 @@ class TrainCommand : public Command {
     }
     if (start >= s_.steps)
       fmt::print("the checkpoint is at step {}, --steps is {}: nothing to train\n", start, s_.steps);
+    if (const Backend::GraphCounts g = backend->graph_counts(); g.given_up)
+      fmt::print(
+          "note: device graphs stopped ({} recorded, {} replayed): the phases' memory kept changing, so the run "
+          "went on op by op (--graphs off does so from the start)\n",
+          g.recorded, g.replayed);
     if (!s_.save.empty()) {
       save_parameters(model, s_.save);
       fmt::print("saved weights to '{}'\n", s_.save);

@@ -105,7 +105,8 @@ void TrainSettings::add_to(CLI::App& app) {
                  "same bits as off, fewer launches); off: op by op (no effect on the CPU)")
       ->capture_default_str();
   app.add_option("--fusion", fusion,
-                 "on: the fused kernels (the residual add with the RMSNorm after it); off: the unfused ops")
+                 "on: the fused kernels (the residual add with the RMSNorm after it, forward and backward; the "
+                 "optimizer step in a few launches); off: the unfused ops")
       ->capture_default_str();
   app.add_option("--checkpoint-dir", checkpoint_dir,
                  "Write full checkpoints here (weights, AdamW state, step, sampling position, configuration): every "

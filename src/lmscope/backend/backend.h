@@ -136,7 +136,8 @@ class Backend {
   // Fused (--fusion): the residual add and the RMSNorm after it, h = x + y then rmsnorm_forward(h)
   // (y may have the compute dtype, x and h the residual stream's); and the RMSNorm's backward with the
   // residual's gradient added, dx = rmsnorm_backward(...) + dresidual. One pass each where the backend
-  // has it (CPU, CUDA: the same values as the two ops); these defaults are the two ops.
+  // has it (CPU, CUDA: the same values as the two ops); these defaults are the two ops. h may alias x;
+  // dx aliases neither x nor dresidual.
   virtual void add_rmsnorm_forward(const Tensor& x, const Tensor& y, const Tensor& h, const Tensor& weight,
                                    const Tensor& out, const Tensor& rstd, double eps) {
     add(x, y, h);

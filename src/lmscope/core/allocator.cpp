@@ -209,6 +209,7 @@ std::uint64_t Allocator::state_hash() const {
 }
 
 void Allocator::release_cache() {
+  if (segments_held_) return;
   std::vector<Segment*> idle;  // in the order made, so every backend gives back in the same order
   for (auto& [base, s] : segments_)
     if (s.blocks.size() == 1 && s.blocks.begin()->second.second) idle.push_back(&s);

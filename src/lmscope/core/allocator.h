@@ -131,8 +131,11 @@ class Allocator {
   // Held from the system: handed out plus cached.
   std::size_t reserved_bytes() const { return reserved_; }
   std::size_t cached_bytes() const { return reserved_ - current_; }
-  // Gives every segment with nothing handed out back to the system.
+  // Gives every segment with nothing handed out back to the system (nothing while held).
   void release_cache();
+  // While held, no segment goes back to the system, not even to retry a request that failed: a device
+  // graph being recorded or replayed may use any block of any segment (Backend::begin_graph).
+  void hold_segments(bool held) { segments_held_ = held; }
   // A hash of everything the next requests' addresses depend on: the segments (where, how large,
   // their age order) and how their blocks are cut and which are free. Two equal hashes mean the same
   // requests get the same addresses, which is what lets a recorded device graph be replayed
@@ -189,6 +192,7 @@ class Allocator {
   std::size_t reserved_ = 0;
   Phase phase_ = Phase::setup;
   bool recording_ = false;
+  bool segments_held_ = false;
   std::vector<MemEvent> events_;
   std::size_t current_ = 0, peak_ = 0;
   std::array<std::size_t, kMemKinds> current_by_kind_{};

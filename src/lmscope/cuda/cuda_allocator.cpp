@@ -17,6 +17,9 @@ void* CudaAllocator::segment_allocate(std::size_t bytes) {
   return nullptr;
 }
 
-void CudaAllocator::segment_free(void* p, std::size_t) { cudaFree(p); }
+void CudaAllocator::segment_free(void* p, std::size_t) {
+  if (before_segment_free_) before_segment_free_();
+  cudaFree(p);
+}
 
 }  // namespace lmscope

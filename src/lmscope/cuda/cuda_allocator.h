@@ -4,6 +4,8 @@
 
 #include "lmscope/core/allocator.h"
 
+#include <functional>
+
 namespace lmscope {
 
 class CudaAllocator : public Allocator {
@@ -12,6 +14,8 @@ class CudaAllocator : public Allocator {
   ~CudaAllocator() override { release_all(); }
   std::string device_name() const override { return name_; }
   std::size_t capacity() const override { return capacity_; }
+  // Called before a segment goes back to the driver: recorded device graphs may point into it.
+  void on_segment_free(std::function<void()> f) { before_segment_free_ = std::move(f); }
 
  protected:
   void* segment_allocate(std::size_t bytes) override;
@@ -20,6 +24,7 @@ class CudaAllocator : public Allocator {
  private:
   std::string name_;
   std::size_t capacity_ = 0;
+  std::function<void()> before_segment_free_;
 };
 
 }  // namespace lmscope

@@ -47,7 +47,8 @@ class CudaBackend final : public Backend {
   explicit CudaBackend(GemmMath math) : alloc_(0) {
     LMSCOPE_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
     gemm_ = std::make_unique<cuda::Gemm>(math, stream_);
-    graphs_ = std::make_unique<cuda::GraphCache>(stream_);
+    graphs_ = std::make_unique<cuda::GraphCache>(stream_, alloc_);
+    alloc_.on_segment_free([this] { graphs_->drop_all(); });
     // Nothing comes from the allocator here: a record begun now holds everything.
     std::size_t free = 0, total = 0;
     LMSCOPE_CUDA_CHECK(cudaMemGetInfo(&free, &total));
@@ -56,6 +57,7 @@ class CudaBackend final : public Backend {
   }
   ~CudaBackend() override {
     cudaStreamSynchronize(stream_);
+    alloc_.on_segment_free(nullptr);  // the allocator outlives the graphs and the stream
     graphs_.reset();
     gemm_.reset();
     norm_sum_.reset();
@@ -304,8 +306,7 @@ class CudaBackend final : public Backend {
     LMSCOPE_CHECK(grads.size() == params.size() && m.size() == params.size() && v.size() == params.size(),
                   "adamw_all of {} parameters with {} gradients and {} and {} moments", params.size(), grads.size(),
                   m.size(), v.size());
-    LMSCOPE_CHECK(!a.step_scalars.empty() || !graphs_->active(),
-                  "AdamW in a device graph takes its step scalars on the device");
+    const cuda::AdamWConsts consts = adamw_consts(a);
     const Tensor& partials = norm_partials(params.size());
     bool skip = graphs_->skip("adamw_all", partials, grad_norm, a.beta1, a.beta2, a.eps, a.max_norm, a.step_scalars,
                               a.skip_nonfinite);
@@ -313,46 +314,47 @@ class CudaBackend final : public Backend {
     std::vector<std::int64_t> ns;
     std::vector<cuda::AdamWTensor> ts;
     for (std::size_t i = 0; i < params.size(); ++i) {
-      same_shape(params[i], grads[i], "adamw_all gradient");
+      for (const Tensor* t : {&grads[i], &m[i], &v[i]}) same_shape(params[i], *t, "adamw_all gradient or moment");
       skip = graphs_->skip("adamw_all tensor", params[i], grads[i], m[i], v[i]);
       xs.push_back(f32(grads[i]));
       ns.push_back(grads[i].numel());
       ts.push_back({f32(params[i]), f32(grads[i]), f32(m[i]), f32(v[i]), params[i].numel()});
     }
     if (skip) return;
-    const std::array<double, 3> k = adamw_step_scalars(a);
     cuda::sum_squares_many(xs.data(), ns.data(), static_cast<std::int64_t>(xs.size()), partials.as<double>(), stream_);
     cuda::sum_partials_sqrt(partials.as<double>(), partials.numel(), f32(grad_norm), stream_);
-    cuda::adamw_many(
-        ts.data(), static_cast<std::int64_t>(ts.size()),
-        {static_cast<float>(a.beta1), static_cast<float>(a.beta2), static_cast<float>(a.eps), static_cast<float>(k[0]),
-         static_cast<float>(k[1]), static_cast<float>(k[2]), static_cast<float>(a.max_norm), a.skip_nonfinite},
-        a.step_scalars.empty() ? nullptr : f32(a.step_scalars), f32(grad_norm), stream_);
+    cuda::adamw_many(ts.data(), static_cast<std::int64_t>(ts.size()), consts,
+                     a.step_scalars.empty() ? nullptr : f32(a.step_scalars), f32(grad_norm), stream_);
   }
 
   void adamw(const Tensor& p, const Tensor& g, const Tensor& m, const Tensor& v, const AdamWArgs& a,
              const Tensor& grad_norm, const Tensor& lowp_copy) override {
     LMSCOPE_CHECK(lowp_copy.empty() || lowp_copy.dtype == DType::bf16 || lowp_copy.dtype == DType::f16,
                   "low-precision copies are bf16 or f16");
-    LMSCOPE_CHECK(a.step_scalars.empty() || (a.step_scalars.dtype == DType::f32 && a.step_scalars.numel() == 3),
-                  "AdamW's step scalars are f32 [3]");
-    // Read from the device when given (a graph replays them); in a graph, the host's would be baked in.
-    const bool device_scalars = !a.step_scalars.empty();
-    LMSCOPE_CHECK(device_scalars || !graphs_->active(), "AdamW in a device graph takes its step scalars on the device");
-    const std::array<double, 3> k = adamw_step_scalars(a);
+    const cuda::AdamWConsts consts = adamw_consts(a);
     const bool read_norm = a.max_norm > 0 || a.skip_nonfinite;
     if (graphs_->skip("adamw", p, g, m, v, lowp_copy, a.beta1, a.beta2, a.eps, a.max_norm, a.step_scalars,
                       a.skip_nonfinite, read_norm ? grad_norm.data : nullptr))
       return;
-    cuda::adamw(
-        f32(p), f32(g), f32(m), f32(v), p.numel(),
-        {static_cast<float>(a.beta1), static_cast<float>(a.beta2), static_cast<float>(a.eps), static_cast<float>(k[0]),
-         static_cast<float>(k[1]), static_cast<float>(k[2]), static_cast<float>(a.max_norm), a.skip_nonfinite},
-        device_scalars ? f32(a.step_scalars) : nullptr, read_norm ? f32(grad_norm) : nullptr, lowp_copy.data,
-        lowp_copy.empty() ? cuda::Elem::bf16 : elem(lowp_copy), stream_);
+    cuda::adamw(f32(p), f32(g), f32(m), f32(v), p.numel(), consts,
+                a.step_scalars.empty() ? nullptr : f32(a.step_scalars), read_norm ? f32(grad_norm) : nullptr,
+                lowp_copy.data, lowp_copy.empty() ? cuda::Elem::bf16 : elem(lowp_copy), stream_);
   }
 
  private:
+  // The kernels' constants, checked: the step scalars, when given, are read from the device in place of
+  // the host's (a graph replays them); inside a graph they must be given, or the host's would be baked in.
+  cuda::AdamWConsts adamw_consts(const AdamWArgs& a) const {
+    LMSCOPE_CHECK(a.step_scalars.empty() || (a.step_scalars.dtype == DType::f32 && a.step_scalars.numel() == 3),
+                  "AdamW's step scalars are f32 [3]");
+    LMSCOPE_CHECK(!a.step_scalars.empty() || !graphs_->active(),
+                  "AdamW in a device graph takes its step scalars on the device");
+    const std::array<double, 3> k = adamw_step_scalars(a);
+    return {static_cast<float>(a.beta1),    static_cast<float>(a.beta2),
+            static_cast<float>(a.eps),      static_cast<float>(k[0]),
+            static_cast<float>(k[1]),       static_cast<float>(k[2]),
+            static_cast<float>(a.max_norm), a.skip_nonfinite};
+  }
   CudaAllocator alloc_;
   cudaStream_t stream_ = nullptr;
   std::unique_ptr<cuda::Gemm> gemm_;

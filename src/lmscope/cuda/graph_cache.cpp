@@ -18,11 +18,12 @@ void GraphCache::begin(std::uint64_t key) {
   if (auto it = graphs_.find(key); it != graphs_.end()) {
     // Launched now, so the device runs the phase while the host walks its ops (checking them) instead
     // of waiting for the walk: a phase that opens a step would otherwise start idle.
+    LMSCOPE_CUDA_CHECK(cudaGraphLaunch(it->second.exec, stream_));
     mode_ = Mode::replaying;
+    memory_.hold_segments(true);
     it->second.last_use = ++uses_;
     ++counts_.replayed;
     recordings_in_a_row_ = 0;
-    LMSCOPE_CUDA_CHECK(cudaGraphLaunch(it->second.exec, stream_));
     return;
   }
   if (recordings_in_a_row_ == kMaxRecordingsWithoutReplay) {
@@ -32,11 +33,13 @@ void GraphCache::begin(std::uint64_t key) {
   // Relaxed: the allocator may take a new segment (cudaMalloc) while the phase is recorded.
   LMSCOPE_CUDA_CHECK(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeRelaxed));
   mode_ = Mode::recording;
+  memory_.hold_segments(true);
 }
 
 void GraphCache::end() {
   if (mode_ == Mode::idle && counts_.given_up) return;
   LMSCOPE_CHECK(mode_ != Mode::idle, "a device graph ended without a beginning");
+  memory_.hold_segments(false);
   if (mode_ == Mode::recording) {
     mode_ = Mode::idle;
     cudaGraph_t graph = nullptr;
@@ -60,6 +63,7 @@ void GraphCache::end() {
 }
 
 void GraphCache::abort() {
+  memory_.hold_segments(false);
   if (mode_ == Mode::recording) {
     cudaGraph_t graph = nullptr;
     cudaStreamEndCapture(stream_, &graph);  // ends the capture whatever went wrong inside it
@@ -67,6 +71,13 @@ void GraphCache::abort() {
     cudaGetLastError();
   }
   mode_ = Mode::idle;
+}
+
+void GraphCache::drop_all() {
+  if (graphs_.empty()) return;
+  LMSCOPE_CUDA_CHECK(cudaStreamSynchronize(stream_));
+  for (auto& [key, e] : graphs_) cudaGraphExecDestroy(e.exec);
+  graphs_.clear();
 }
 
 void GraphCache::evict_oldest() {

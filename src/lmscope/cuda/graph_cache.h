@@ -20,7 +20,8 @@ namespace lmscope::cuda {
 
 class GraphCache {
  public:
-  explicit GraphCache(cudaStream_t stream) : stream_(stream) {}
+  // Holds the allocator's segments while a graph is recorded or replayed (Allocator::hold_segments).
+  GraphCache(cudaStream_t stream, Allocator& memory) : stream_(stream), memory_(memory) {}
   ~GraphCache();
   GraphCache(const GraphCache&) = delete;
   GraphCache& operator=(const GraphCache&) = delete;
@@ -29,6 +30,9 @@ class GraphCache {
   void end();    // launches a graph just recorded; after a replay, throws on a signature mismatch
   void abort();  // an exception came between begin and end: what was recorded is dropped
   bool active() const { return mode_ != Mode::idle; }
+  // Every recorded graph goes (after the stream has run them): called before device memory they may
+  // point into goes back to the driver.
+  void drop_all();
   Backend::GraphCounts counts() const { return counts_; }
 
   // `op` names the op (a string literal: its address is stable); the rest are its arguments:
@@ -72,6 +76,7 @@ class GraphCache {
   void evict_oldest();
 
   cudaStream_t stream_;
+  Allocator& memory_;
   std::unordered_map<std::uint64_t, Entry> graphs_;
   Mode mode_ = Mode::idle;
   std::uint64_t key_ = 0, signature_ = 0, uses_ = 0;

@@ -90,7 +90,10 @@ bool AdamW::step(double lr) {
         vs.push_back(v_[i]);
       }
       be.adamw_all(values, grads, ms, vs, args, grad_norm_);
-      for (Parameter& p : params) p.grad.reset();
+      for (Parameter& p : params) {
+        p.grad.reset();
+        p.value_lowp.reset();  // none after a backward; any other (a forward since) would now be stale
+      }
     } else {
       be.global_norm(grads, grad_norm_);
       // Each gradient goes once read; the low-precision copy AdamW writes (when the copies are kept)

@@ -282,7 +282,6 @@ std::uint64_t Transformer::graph_key(const char* phase) const {
   for (std::uint64_t w : {std::uint64_t(batch_), std::uint64_t(ctx_), std::uint64_t(recompute_),
                           std::uint64_t(weight_copies_), std::uint64_t(logit_chunk_bytes_), std::uint64_t(fusion_)})
     h = hash_mix(h, w);
-  h = hash_mix(h, loss_scale_);
   for (const Parameter& p : params_)
     for (const Allocation* a : {&p.value, &p.value_lowp, &p.grad})
       h = hash_mix(h, reinterpret_cast<std::uintptr_t>(a->tensor().data));

@@ -71,8 +71,9 @@ class Transformer {
   bool graphs() const { return graphs_; }
   void set_graphs(bool on) { graphs_ = on; }
   // Fused kernels (--fusion): the residual add and the RMSNorm after it run as one op, forward and
-  // backward (Backend::add_rmsnorm_forward, rmsnorm_backward_add). Off by default; the values are the
-  // unfused ops' (the same bits on the CPU and CUDA backends).
+  // backward (Backend::add_rmsnorm_forward, rmsnorm_backward_add), and AdamW's step as one op where it
+  // writes no low-precision copies (Backend::adamw_all). Off by default; the values are the unfused
+  // ops' (the same bits on the CPU and CUDA backends).
   bool fusion() const { return fusion_; }
   void set_fusion(bool on) { fusion_ = on; }
   // Whether AdamW writes the low-precision copies (kept copies under mixed precision, graphs off):
@@ -81,7 +82,7 @@ class Transformer {
     return compute_ != dtype_ && weight_copies_ == WeightCopies::kept && !graphs_;
   }
   // What a phase's graph key names of this model beyond the allocator's state: the model itself, the
-  // settings its ops depend on (shape, recompute and copies' modes, chunking, loss scale), and where
+  // settings its ops depend on (shape, recompute and copies' modes, chunking, fusion), and where
   // the tensors that outlive a phase are (the allocator's state says which blocks are taken, not by
   // whom).
   std::uint64_t graph_key(const char* phase) const;

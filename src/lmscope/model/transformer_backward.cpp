@@ -83,7 +83,8 @@ void Transformer::backward(MicroBatch micro) {
   Saved s = std::move(saved_.back());
   saved_.clear();
   GraphScope graph(backend_, graphs_,
-                   hash_mix(hash_mix(hash_mix(graph_key("backward"), s.graph_key), std::uint64_t(micro.index > 0)),
+                   hash_mix(hash_mix(hash_mix(hash_mix(graph_key("backward"), s.graph_key), loss_scale_),
+                                     std::uint64_t(micro.index > 0)),
                             std::uint64_t(micro.count) << 1 | std::uint64_t(last_micro_batch_)));
 
   // Loss and head: each logits buffer turns into dlogits in place, a chunk at a time when the forward

@@ -184,6 +184,8 @@ class Cli(unittest.TestCase):
         self.assertUserError(run("bench", *TINY, "--mode", "sideways"), "unknown --mode 'sideways'")
         self.assertUserError(run("bench", *TINY, "--device", "tpu"), "unknown --device 'tpu'")
         self.assertUserError(run("bench", *TINY, "--format", "xml"), "unknown --format 'xml'")
+        self.assertUserError(run("bench", *TINY, "--graphs", "maybe"), "unknown --graphs 'maybe'")
+        self.assertUserError(run("bench", *TINY, "--fusion", "on,of"), "unknown --fusion 'of'")
         self.assertUserError(run("bench", *TINY, "--device", "cpu", "--profile"), "it needs --device cuda")
         self.assertUserError(run("bench", "--no-such-flag"), "no-such-flag")
         self.assertUserError(run("frobnicate"), "unknown command 'frobnicate'")

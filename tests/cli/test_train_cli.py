@@ -238,6 +238,8 @@ class Checkpoints(unittest.TestCase):
             ([*RUN[:-4]], "--data is required"),
             ([*RUN[:-4], "--data", self.data, "--loss-scale", "1000"], "--loss-scale must be a positive power of two"),
             ([*RUN[:-4], "--data", self.data, "--loss-scale-interval", "0"], "--loss-scale-interval must be positive"),
+            ([*RUN[:-4], "--data", self.data, "--graphs", "yes"], "unknown --graphs 'yes'"),
+            ([*RUN[:-4], "--data", self.data, "--fusion", "1"], "unknown --fusion '1'"),
         ]
         empty = self.path("empty")
         os.makedirs(empty, exist_ok=True)

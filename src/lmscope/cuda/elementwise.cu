@@ -1,4 +1,5 @@
 // Elementwise kernels: grid-stride loops, one pass over memory each, fp32 arithmetic.
+#include "lmscope/cuda/grid_stride.cuh"
 #include "lmscope/cuda/kernels.h"
 #include "lmscope/cuda/launch_check.cuh"
 #include "lmscope/cuda/reduce.cuh"
@@ -6,12 +7,6 @@
 
 namespace lmscope::cuda {
 namespace {
-
-constexpr int kBlock = 256;
-
-#define GRID_STRIDE(i, n)                                                             \
-  for (std::int64_t i = blockIdx.x * std::int64_t{blockDim.x} + threadIdx.x; i < (n); \
-       i += std::int64_t{gridDim.x} * blockDim.x)
 
 template <typename T>
 __global__ void fill_kernel(T* x, std::int64_t n, float value) {

@@ -1,6 +1,7 @@
 // The optimizer step's kernels: the global gradient norm and AdamW, per tensor and, for the fused
 // step, over many tensors a launch. Both forms share the per-element code and the norm's partition,
 // so they give the same bits.
+#include "lmscope/cuda/grid_stride.cuh"
 #include "lmscope/cuda/kernels.h"
 #include "lmscope/cuda/launch_check.cuh"
 #include "lmscope/cuda/reduce.cuh"
@@ -10,12 +11,6 @@
 
 namespace lmscope::cuda {
 namespace {
-
-constexpr int kBlock = 256;
-
-#define GRID_STRIDE(i, n)                                                             \
-  for (std::int64_t i = blockIdx.x * std::int64_t{blockDim.x} + threadIdx.x; i < (n); \
-       i += std::int64_t{gridDim.x} * blockDim.x)
 
 // AdamW and the gradient norm are bound by memory (AdamW moves 30 bytes per parameter: p, g, m, v
 // read, p, m, v and the bf16 copy written), so they load and store four floats at a time wherever

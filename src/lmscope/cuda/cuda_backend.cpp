@@ -293,9 +293,9 @@ class CudaBackend final : public Backend {
 
   void global_norm(std::span<const Tensor> tensors, const Tensor& out) override {
     double* partials = norm_partials(tensors.size()).as<double>();
-    bool skip = graphs_->skip("global_norm", norm_sum_.tensor(), out, tensors.size());
-    for (const Tensor& t : tensors) skip = graphs_->skip("global_norm input", t);
-    if (skip) return;
+    graphs_->note("global_norm", norm_sum_.tensor(), out, tensors.size());
+    for (const Tensor& t : tensors) graphs_->note("global_norm input", t);
+    if (graphs_->replaying()) return;
     for (std::size_t i = 0; i < tensors.size(); ++i)
       cuda::sum_squares(f32(tensors[i]), tensors[i].numel(), partials + i * cuda::kNormBlocks, stream_);
     cuda::sum_partials_sqrt(partials, static_cast<std::int64_t>(tensors.size()) * cuda::kNormBlocks, f32(out), stream_);
@@ -308,19 +308,19 @@ class CudaBackend final : public Backend {
                   m.size(), v.size());
     const cuda::AdamWConsts consts = adamw_consts(a);
     const Tensor& partials = norm_partials(params.size());
-    bool skip = graphs_->skip("adamw_all", partials, grad_norm, a.beta1, a.beta2, a.eps, a.max_norm, a.step_scalars,
-                              a.skip_nonfinite);
+    graphs_->note("adamw_all", partials, grad_norm, a.beta1, a.beta2, a.eps, a.max_norm, a.step_scalars,
+                  a.skip_nonfinite);
     std::vector<const float*> xs;
     std::vector<std::int64_t> ns;
     std::vector<cuda::AdamWTensor> ts;
     for (std::size_t i = 0; i < params.size(); ++i) {
       for (const Tensor* t : {&grads[i], &m[i], &v[i]}) same_shape(params[i], *t, "adamw_all gradient or moment");
-      skip = graphs_->skip("adamw_all tensor", params[i], grads[i], m[i], v[i]);
+      graphs_->note("adamw_all tensor", params[i], grads[i], m[i], v[i]);
       xs.push_back(f32(grads[i]));
       ns.push_back(grads[i].numel());
       ts.push_back({f32(params[i]), f32(grads[i]), f32(m[i]), f32(v[i]), params[i].numel()});
     }
-    if (skip) return;
+    if (graphs_->replaying()) return;
     cuda::sum_squares_many(xs.data(), ns.data(), static_cast<std::int64_t>(xs.size()), partials.as<double>(), stream_);
     cuda::sum_partials_sqrt(partials.as<double>(), partials.numel(), f32(grad_norm), stream_);
     cuda::adamw_many(ts.data(), static_cast<std::int64_t>(ts.size()), consts,

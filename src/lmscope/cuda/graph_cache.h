@@ -39,11 +39,17 @@ class GraphCache {
   // tensors (address, size and type), pointers, numbers.
   template <typename... Args>
   bool skip(const char* op, const Args&... args) {
-    if (mode_ == Mode::idle) return false;
+    note(op, args...);
+    return replaying();
+  }
+  // The same fold without the answer, for an op whose arguments come in several parts.
+  template <typename... Args>
+  void note(const char* op, const Args&... args) {
+    if (mode_ == Mode::idle) return;
     signature_ = hash_mix(signature_, reinterpret_cast<std::uintptr_t>(op));
     (fold(args), ...);
-    return mode_ == Mode::replaying;
   }
+  bool replaying() const { return mode_ == Mode::replaying; }
 
   // Graphs kept at once; the least recently used goes when a new one would pass it (keys that never
   // come back, such as the first steps' before the allocator settles, should not pile up).

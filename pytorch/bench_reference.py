@@ -3,7 +3,10 @@ between synchronisations, warm-up steps first, random tokens. The optimizer is P
 torch.optim.AdamW(fused=True) on CUDA (one kernel pass over p, g, m and v); --optimizer foreach takes
 its multi-tensor form, and --optimizer assignment the assignment's per-tensor AdamW
 (cs336_reference.AdamW). On the CPU, fused falls back to torch's default form. Gradients are set to
-None between steps, as the seeds do. Comma lists
+None between steps, as the seeds do. --compile default or max-autotune wraps the model in torch.compile
+(that mode; the optimizer stays the eager fused AdamW), compiling in the first warm-up step, whose time
+the "first step ms" column shows; a sweep's second context length of a model compiles it again with
+the length dynamic, which the later lengths reuse, as in any torch.compile sweep. Comma lists
 in --model and --ctx sweep in one process; a cell out of memory prints an OOM row and the sweep
 goes on. One Markdown row per cell, so the two tables line up.
 
@@ -41,22 +44,34 @@ def forward_loss(a, model, x, y):
     return ref.cross_entropy(model(x), y)
 
 
+_compiled_model = [None]  # the model torch.compile last compiled
+
+
 def run_cell(a, model_name, ctx, mode):
     torch.manual_seed(0)
     # Built on the GPU: initialising 2.7B parameters on the host took longer than timing them.
     with torch.device(a.device) if a.device == "cuda" else contextlib.nullcontext():
         model = ref.TransformerLM(**ref.PRESETS[model_name], attention=a.attention).to(a.device)
+    if a.compile != "none":
+        # A new model starts from nothing; within a model's sweep torch.compile behaves as in any
+        # sweep: the second context length recompiles with the length dynamic, later ones reuse it.
+        if _compiled_model[0] != model_name:
+            torch._dynamo.reset()
+            _compiled_model[0] = model_name
+        model = torch.compile(model, mode=None if a.compile == "default" else a.compile)
     if a.optimizer == "assignment":
         opt = ref.AdamW(model.parameters())
     else:  # the same update rule up to where eps enters
-        opt = torch.optim.AdamW(model.parameters(), lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.01,
-                                fused=a.optimizer == "fused" and a.device == "cuda",
-                                foreach=a.optimizer == "foreach")
+        # Only where fused exists: Debian's torch 1.13 has no fused AdamW (its default form runs then).
+        form = {"fused": True} if a.optimizer == "fused" and a.device == "cuda" else {}
+        if a.optimizer == "foreach":
+            form = {"foreach": True}
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.01, **form)
     x = torch.randint(0, 10000, (a.batch, ctx), device=a.device)
     y = torch.randint(0, 10000, (a.batch, ctx), device=a.device)
     if a.device == "cuda":
         torch.cuda.reset_peak_memory_stats()
-    fwd, bwd, step_opt = [], [], []
+    fwd, bwd, step_opt, first = [], [], [], 0.0
     for i in range(a.warmup + a.steps):
         opt.zero_grad(set_to_none=True)
         box = {}
@@ -64,11 +79,13 @@ def run_cell(a, model_name, ctx, mode):
         b = timed(a.device, lambda: box["loss"].backward()) if mode != "forward" else 0.0
         o = timed(a.device, opt.step) if mode == "train" else 0.0
         box.clear()  # forward mode: the graph goes with the loss
+        if i == 0:
+            first = f + b + o
         if i >= a.warmup:
             fwd.append(f), bwd.append(b), step_opt.append(o)
     total = [f + b + o for f, b, o in zip(fwd, bwd, step_opt)]
     peak = torch.cuda.max_memory_allocated() / 2**30 if a.device == "cuda" else float("nan")
-    return fwd, bwd, step_opt, total, peak
+    return fwd, bwd, step_opt, total, peak, first
 
 
 def main():
@@ -84,6 +101,8 @@ def main():
                     help="the assignment's attention (default) or F.scaled_dot_product_attention")
     ap.add_argument("--optimizer", default="fused", choices=["fused", "foreach", "assignment"],
                     help="torch.optim.AdamW fused (default, CUDA) or foreach, or the assignment's AdamW")
+    ap.add_argument("--compile", default="none", choices=["none", "default", "max-autotune"],
+                    help="torch.compile the model in that mode (none: eager)")
     ap.add_argument("--threads", type=int, default=0, help="torch.set_num_threads (CPU); 0 keeps the default")
     ap.add_argument("--precision", default="fp32", choices=["fp32", "tf32", "bf16"],
                     help="matmul math on CUDA; bf16 = torch.autocast(bfloat16) around forward and loss")
@@ -93,17 +112,18 @@ def main():
     torch.backends.cuda.matmul.allow_tf32 = a.precision == "tf32"
     torch.backends.cudnn.allow_tf32 = a.precision == "tf32"
     ms = lambda v: f"{statistics.mean(v):.2f} ± {statistics.stdev(v) if len(v) > 1 else 0:.2f}"
-    print("| framework | model | device | precision | mode | attention | optimizer | batch | ctx | forward ms | backward ms | optimizer ms "
-          "| step ms | peak GiB | status |")
-    print("|---|---|---|---|---|---|---|---:|---:|---:|---:|---:|---:|---:|---|")
+    print("| framework | model | device | precision | mode | attention | optimizer | compile | batch | ctx | forward ms "
+          "| backward ms | optimizer ms | step ms | step median ms | first step ms | peak GiB | status |")
+    print("|---|---|---|---|---|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|")
     cells = [(m, mode, int(c)) for m in a.model.split(",") for mode in a.mode.split(",") for c in a.ctx.split(",")]
     for model_name, mode, ctx in cells:
-        head = f"| PyTorch {torch.__version__} | {model_name} | {a.device} | {a.precision} | {mode} | {a.attention} | {a.optimizer} | {a.batch} | {ctx} "
+        head = f"| PyTorch {torch.__version__} | {model_name} | {a.device} | {a.precision} | {mode} | {a.attention} | {a.optimizer} | {a.compile} | {a.batch} | {ctx} "
         try:
-            fwd, bwd, opt, total, peak = run_cell(a, model_name, ctx, mode)
-            print(head + f"| {ms(fwd)} | {ms(bwd)} | {ms(opt)} | {ms(total)} | {peak:.1f} | ok |", flush=True)
+            fwd, bwd, opt, total, peak, first = run_cell(a, model_name, ctx, mode)
+            print(head + f"| {ms(fwd)} | {ms(bwd)} | {ms(opt)} | {ms(total)} | {statistics.median(total):.2f} "
+                  f"| {first:.0f} | {peak:.1f} | ok |", flush=True)
         except torch.cuda.OutOfMemoryError:
-            print(head + "| - | - | - | - | - | OOM |", flush=True)
+            print(head + "| - | - | - | - | - | - | - | OOM |", flush=True)
         gc.collect()
         if a.device == "cuda":
             torch.cuda.empty_cache()

@@ -46,6 +46,27 @@ if [[ "${1:-}" == "--grid" ]]; then
   $PY tools/compare_grid.py "$OUT/lmscope-$tag.csv" "$OUT/pytorch-$tag.md"
 fi
 
+# --compile-table MODE MODELS CTXS [COMPILES]: the seeds' "vanilla vs compiled" table for MODE (forward,
+# forward-backward or train): lmscope bf16 flash with fusion and graphs each off and on, then PyTorch
+# bf16 SDPA with fused AdamW in each of COMPILES (default none,default,max-autotune: eager and the two
+# torch.compile modes), batch 4, 5 warm-up and 10 measured steps; LMSCOPE_COMPILE_SECONDS (default
+# 1800) bounds each PyTorch sweep, whose rows print as they are measured.
+if [[ "${1:-}" == "--compile-table" ]]; then
+  mode=$2 models=$3 ctxs=$4 compiles=${5:-none,default,max-autotune}
+  "$B/lmscope" bench --device cuda --model "$models" --ctx "$ctxs" --batch 4 --precision bf16 --mode "$mode" \
+    --attention flash --fusion on,off --graphs on,off --warmup 5 --steps 10 --format csv \
+    --out "$OUT/lmscope-compile-$mode.csv" >"$OUT/lmscope-compile-$mode.md" 2>/dev/null
+  tables=("$OUT/lmscope-compile-$mode.csv")
+  for c in ${compiles//,/ }; do
+    (cd pytorch && PYTHONUNBUFFERED=1 timeout "${LMSCOPE_COMPILE_SECONDS:-1800}" $PY bench_reference.py --device cuda \
+      --model "$models" --ctx "$ctxs" --mode "$mode" --batch 4 --attention sdpa --precision bf16 --compile "$c" \
+      --warmup 5 --steps 10) >"$OUT/pytorch-compile-$mode-$c.md" 2>"$OUT/pytorch-compile-$mode-$c.err"
+    echo "== PyTorch --compile $c: exit $?, $(grep -c '| ok |' "$OUT/pytorch-compile-$mode-$c.md") cells"
+    tables+=("$OUT/pytorch-compile-$mode-$c.md")
+  done
+  $PY tools/compile_table.py "${tables[@]}" | tee "$OUT/compile-table-$mode.md"
+fi
+
 # --attention PRECISION SEQS DIMS BATCH [IMPLS]: lmscope attention (naive, flash) and PyTorch (naive,
 # SDPA) over the same causal cells in the same run; IMPLS default naive,flash.
 if [[ "${1:-}" == "--attention" ]]; then

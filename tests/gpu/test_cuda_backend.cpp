@@ -57,6 +57,13 @@ class CudaVsCpu : public ::testing::Test {
     gpu->copy_to_host(v.data(), t);
     return v;
   }
+  // A 16-bit GPU tensor's bits.
+  std::vector<std::uint16_t> download_bits16(const Tensor& t) {
+    EXPECT_EQ(dtype_size(t.dtype), 2u);
+    std::vector<std::uint16_t> v(static_cast<std::size_t>(t.numel()));
+    gpu->copy_to_host(v.data(), t);
+    return v;
+  }
   Twin ids(std::int64_t n, std::int64_t vocab) {
     Twin t{cpu->allocator().allocate({n}, DType::i32, {}), gpu->allocator().allocate({n}, DType::i32, {})};
     std::vector<std::int32_t> v(static_cast<std::size_t>(n));
@@ -251,7 +258,8 @@ TEST_F(CudaVsCpu, GlobalNormAndAdamW) {
 }
 
 // The fused step (the norm and AdamW over many tensors a launch) gives the per-tensor ops' bits: 30
-// tensors of odd sizes, more than one launch's worth, clipping on and the rate read from the device.
+// tensors of odd sizes, more than one launch's worth, clipping on and the rate read from the device,
+// bf16 copies written for every other tensor; each copy asked for before its gradient is said read.
 TEST_F(CudaVsCpu, FusedAdamWGivesThePerTensorBits) {
   std::vector<Twin> p, g, m, v, p2, m2, v2;
   for (int i = 0; i < 30; ++i) {
@@ -273,16 +281,38 @@ TEST_F(CudaVsCpu, FusedAdamWGivesThePerTensorBits) {
     for (const Twin& x : t) out.push_back(x.gpu);
     return out;
   };
+  std::vector<Allocation> copies, copies2;
+  for (std::size_t i = 0; i < p.size(); ++i)
+    for (auto* c : {&copies, &copies2})
+      c->push_back(i % 2 ? gpu->allocator().allocate(p[i].gpu.tensor().shape, DType::bf16, {}) : Allocation{});
   auto norm = output({1}), norm2 = output({1}), scalars = output({3});
   AdamWArgs args{.lr = 1e-2, .step = 3, .max_norm = 1.0, .step_scalars = scalars.gpu.tensor()};
   const std::array<double, 3> k = adamw_step_scalars(args);
   upload(*gpu, scalars.gpu, k);
-  gpu->adamw_all(gpu_side(p), gpu_side(g), gpu_side(m), gpu_side(v), args, norm.gpu);
+  std::vector<std::size_t> asked, read;
+  gpu->adamw_all(
+      gpu_side(p), gpu_side(g), gpu_side(m), gpu_side(v), args, norm.gpu,
+      [&](std::size_t i) {
+        asked.push_back(i);
+        return copies[i].tensor();
+      },
+      [&](std::size_t i) {
+        EXPECT_EQ(std::count(asked.begin(), asked.end(), i), 1) << "gradient " << i << " read before its copy";
+        read.push_back(i);
+      });
   gpu->global_norm(gpu_side(g), norm2.gpu);
-  for (std::size_t i = 0; i < p.size(); ++i) gpu->adamw(p2[i].gpu, g[i].gpu, m2[i].gpu, v2[i].gpu, args, norm2.gpu, {});
+  for (std::size_t i = 0; i < p.size(); ++i)
+    gpu->adamw(p2[i].gpu, g[i].gpu, m2[i].gpu, v2[i].gpu, args, norm2.gpu, copies2[i]);
   EXPECT_EQ(download(*gpu, norm.gpu), download(*gpu, norm2.gpu));
   EXPECT_LT(download(*gpu, norm.gpu)[0], 1e9);
+  ASSERT_EQ(asked.size(), p.size());
+  ASSERT_EQ(read.size(), p.size());
   for (std::size_t i = 0; i < p.size(); ++i) {
+    EXPECT_EQ(asked[i], i);
+    EXPECT_EQ(read[i], i);
+    if (i % 2) {
+      EXPECT_EQ(download_bits16(copies[i]), download_bits16(copies2[i])) << "bf16 copy " << i;
+    }
     EXPECT_EQ(download(*gpu, p[i].gpu), download(*gpu, p2[i].gpu)) << "parameter " << i;
     EXPECT_EQ(download(*gpu, m[i].gpu), download(*gpu, m2[i].gpu)) << "first moment " << i;
     EXPECT_EQ(download(*gpu, v[i].gpu), download(*gpu, v2[i].gpu)) << "second moment " << i;

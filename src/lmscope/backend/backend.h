@@ -15,7 +15,9 @@
 #include "lmscope/core/ranges.h"
 #include "lmscope/profile/kernel_profile.h"
 
+#include <algorithm>
 #include <array>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <span>
@@ -199,16 +201,41 @@ class Backend {
   // lowp_copy, when not empty, receives the updated parameter in its own (lower) precision.
   virtual void adamw(const Tensor& param, const Tensor& grad, const Tensor& m, const Tensor& v, const AdamWArgs& args,
                      const Tensor& grad_norm, const Tensor& lowp_copy) = 0;
-  // Fused (--fusion): the whole step, global_norm of every gradient into grad_norm and then adamw on
-  // every parameter (no low-precision copies), in a few launches where the backend has them (CUDA: the
-  // same bits); this default is those ops one by one.
+  // Fused (--fusion): the whole step in a few launches where the backend has them (CUDA: the same
+  // bits as the ops one by one): global_norm of every gradient into grad_norm, then adamw on every
+  // parameter, adamw_group() parameters at a time. Just before a group's updates copy(i) gives each
+  // one's low-precision copy to write (an empty tensor for none), and after them read(i) says its
+  // gradient has been read and may go: only a group's copies ever sit beside every gradient.
+  using CopyFor = std::function<Tensor(std::size_t)>;
+  using GradientRead = std::function<void(std::size_t)>;
   virtual void adamw_all(std::span<const Tensor> params, std::span<const Tensor> grads, std::span<const Tensor> m,
-                         std::span<const Tensor> v, const AdamWArgs& args, const Tensor& grad_norm) {
+                         std::span<const Tensor> v, const AdamWArgs& args, const Tensor& grad_norm, const CopyFor& copy,
+                         const GradientRead& read) {
     global_norm(grads, grad_norm);
-    for (std::size_t i = 0; i < params.size(); ++i) adamw(params[i], grads[i], m[i], v[i], args, grad_norm, Tensor{});
+    for_each_adamw_group(params.size(), copy, read,
+                         [&](std::size_t first, std::size_t last, std::span<const Tensor> copies) {
+                           for (std::size_t i = first; i < last; ++i)
+                             adamw(params[i], grads[i], m[i], v[i], args, grad_norm, copies[i - first]);
+                         });
   }
+  // How many parameters adamw_all updates in one launch (1: one by one).
+  virtual std::size_t adamw_group() const { return 1; }
 
  protected:
+  // adamw_all's order: per group [first, last) of adamw_group(), every copy(i), then update(first, last,
+  // those copies), then every read(i).
+  template <typename Update>
+  void for_each_adamw_group(std::size_t n, const CopyFor& copy, const GradientRead& read, Update&& update) {
+    std::vector<Tensor> copies;
+    for (std::size_t first = 0; first < n; first += adamw_group()) {
+      const std::size_t last = std::min(n, first + adamw_group());
+      copies.clear();
+      for (std::size_t i = first; i < last; ++i) copies.push_back(copy(i));
+      update(first, last, copies);
+      for (std::size_t i = first; i < last; ++i) read(i);
+    }
+  }
+
   // Ranges the backend reports to its device's profilers (NVTX on CUDA), heard beside the listener
   // set with set_range_listener.
   void set_device_ranges(std::unique_ptr<RangeListener> listener) {

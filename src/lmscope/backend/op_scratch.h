@@ -28,6 +28,9 @@ CudaFlashBackward cuda_flash_backward(Allocator& mem, const cuda::FlashAttention
 Allocation cuda_cross_entropy(Allocator& mem, std::int64_t rows);  // per-row losses [rows] f32
 // The global norm's f64 partial sums, kGlobalNormBlocks per tensor (cuda::sum_squares).
 inline constexpr std::int64_t kGlobalNormBlocks = 256;
+// The parameters the fused AdamW step updates in one launch (cuda::adamw_many): its copies are made
+// a group at a time (Backend::adamw_all).
+inline constexpr std::size_t kCudaAdamWGroup = 24;
 Allocation cuda_global_norm(Allocator& mem, std::size_t tensors);
 
 // RoPE's (cos, sin) table [t, dk/2, 2] f32 per (t, dk, theta), made on a shape's first use and kept.

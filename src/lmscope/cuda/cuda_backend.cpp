@@ -302,7 +302,8 @@ class CudaBackend final : public Backend {
   }
 
   void adamw_all(std::span<const Tensor> params, std::span<const Tensor> grads, std::span<const Tensor> m,
-                 std::span<const Tensor> v, const AdamWArgs& a, const Tensor& grad_norm) override {
+                 std::span<const Tensor> v, const AdamWArgs& a, const Tensor& grad_norm, const CopyFor& copy,
+                 const GradientRead& read) override {
     LMSCOPE_CHECK(grads.size() == params.size() && m.size() == params.size() && v.size() == params.size(),
                   "adamw_all of {} parameters with {} gradients and {} and {} moments", params.size(), grads.size(),
                   m.size(), v.size());
@@ -312,25 +313,40 @@ class CudaBackend final : public Backend {
                   a.skip_nonfinite);
     std::vector<const float*> xs;
     std::vector<std::int64_t> ns;
-    std::vector<cuda::AdamWTensor> ts;
     for (std::size_t i = 0; i < params.size(); ++i) {
       for (const Tensor* t : {&grads[i], &m[i], &v[i]}) same_shape(params[i], *t, "adamw_all gradient or moment");
       graphs_->note("adamw_all tensor", params[i], grads[i], m[i], v[i]);
       xs.push_back(f32(grads[i]));
       ns.push_back(grads[i].numel());
-      ts.push_back({f32(params[i]), f32(grads[i]), f32(m[i]), f32(v[i]), params[i].numel()});
     }
-    if (graphs_->replaying()) return;
-    cuda::sum_squares_many(xs.data(), ns.data(), static_cast<std::int64_t>(xs.size()), partials.as<double>(), stream_);
-    cuda::sum_partials_sqrt(partials.as<double>(), partials.numel(), f32(grad_norm), stream_);
-    cuda::adamw_many(ts.data(), static_cast<std::int64_t>(ts.size()), consts,
-                     a.step_scalars.empty() ? nullptr : f32(a.step_scalars), f32(grad_norm), stream_);
+    if (!graphs_->replaying()) {
+      cuda::sum_squares_many(xs.data(), ns.data(), static_cast<std::int64_t>(xs.size()), partials.as<double>(),
+                             stream_);
+      cuda::sum_partials_sqrt(partials.as<double>(), partials.numel(), f32(grad_norm), stream_);
+    }
+    for_each_adamw_group(
+        params.size(), copy, read, [&](std::size_t first, std::size_t last, std::span<const Tensor> copies) {
+          std::vector<cuda::AdamWTensor> ts;
+          for (std::size_t i = first; i < last; ++i) {
+            const Tensor& c = copies[i - first];
+            check_lowp_copy(c, params[i]);
+            graphs_->note("adamw_all copy", c);
+            ts.push_back({f32(params[i]), f32(grads[i]), f32(m[i]), f32(v[i]), params[i].numel(), c.data,
+                          c.empty() ? cuda::Elem::bf16 : elem(c)});
+          }
+          if (!graphs_->replaying())
+            cuda::adamw_many(ts.data(), static_cast<std::int64_t>(ts.size()), consts,
+                             a.step_scalars.empty() ? nullptr : f32(a.step_scalars), f32(grad_norm), stream_);
+        });
+  }
+  std::size_t adamw_group() const override {
+    static_assert(scratch::kCudaAdamWGroup == cuda::kTensorsPerLaunch);
+    return cuda::kTensorsPerLaunch;
   }
 
   void adamw(const Tensor& p, const Tensor& g, const Tensor& m, const Tensor& v, const AdamWArgs& a,
              const Tensor& grad_norm, const Tensor& lowp_copy) override {
-    LMSCOPE_CHECK(lowp_copy.empty() || lowp_copy.dtype == DType::bf16 || lowp_copy.dtype == DType::f16,
-                  "low-precision copies are bf16 or f16");
+    check_lowp_copy(lowp_copy, p);
     const cuda::AdamWConsts consts = adamw_consts(a);
     const bool read_norm = a.max_norm > 0 || a.skip_nonfinite;
     if (graphs_->skip("adamw", p, g, m, v, lowp_copy, a.beta1, a.beta2, a.eps, a.max_norm, a.step_scalars,
@@ -342,6 +358,12 @@ class CudaBackend final : public Backend {
   }
 
  private:
+  static void check_lowp_copy(const Tensor& copy, const Tensor& p) {
+    if (copy.empty()) return;
+    LMSCOPE_CHECK(copy.dtype == DType::bf16 || copy.dtype == DType::f16, "low-precision copies are bf16 or f16");
+    LMSCOPE_CHECK(copy.numel() == p.numel(), "a low-precision copy of {} elements for a parameter of {}", copy.numel(),
+                  p.numel());
+  }
   // The kernels' constants, checked: the step scalars, when given, are read from the device in place of
   // the host's (a graph replays them); inside a graph they must be given, or the host's would be baked in.
   cuda::AdamWConsts adamw_consts(const AdamWArgs& a) const {

@@ -41,8 +41,8 @@ inline constexpr int kNormBlocks = 256;
 void sum_squares(const float* x, std::int64_t n, double* partials, cudaStream_t s);
 void sum_partials_sqrt(const double* partials, std::int64_t count, float* out, cudaStream_t s);
 
-// The fused step: the same per tensor as sum_squares and adamw (no low-precision copy),
-// kTensorsPerLaunch tensors a launch. sum_squares_many writes tensor i's partials at
+// The fused step: the same per tensor as sum_squares and adamw, kTensorsPerLaunch tensors a launch
+// (the copies of one launch all in the same elow). sum_squares_many writes tensor i's partials at
 // partials + i·kNormBlocks.
 inline constexpr int kTensorsPerLaunch = 24;
 struct AdamWTensor {
@@ -51,6 +51,8 @@ struct AdamWTensor {
   float* m;
   float* v;
   std::int64_t n;
+  void* lowp = nullptr;  // as adamw's lowp
+  Elem elow = Elem::bf16;
 };
 void sum_squares_many(const float* const* x, const std::int64_t* n, std::int64_t count, double* partials,
                       cudaStream_t s);

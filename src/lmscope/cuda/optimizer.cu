@@ -8,6 +8,8 @@
 #include "lmscope/cuda/storage.cuh"
 
 #include <algorithm>
+#include <stdexcept>
+#include <type_traits>
 
 namespace lmscope::cuda {
 namespace {
@@ -82,21 +84,26 @@ __global__ void adamw_kernel(float* p, const float* g, float* m, float* v, std::
 }
 
 // Up to kTensorsPerLaunch tensors, their pointers in the kernel's arguments (a launch's arguments
-// may take 4 KiB); blockIdx.y picks the tensor. No low-precision copies: the fused step runs where
-// AdamW writes none (Transformer::optimizer_writes_copies).
+// may take 4 KiB); blockIdx.y picks the tensor.
+template <typename L>
 struct AdamWList {
   float* p[kTensorsPerLaunch];
   const float* g[kTensorsPerLaunch];
   float* m[kTensorsPerLaunch];
   float* v[kTensorsPerLaunch];
+  L* lowp[kTensorsPerLaunch];
   std::int64_t n[kTensorsPerLaunch], n4[kTensorsPerLaunch];
 };
 
-__global__ void adamw_many_kernel(AdamWList t, AdamWConsts c, const float* step_scalars, const float* grad_norm) {
+template <typename L>
+__global__ void adamw_many_kernel(AdamWList<L> t, AdamWConsts c, const float* step_scalars, const float* grad_norm) {
   float clip = 1.0f;
   const int k = blockIdx.y;
-  if (adamw_step(c, step_scalars, grad_norm, clip))
-    adamw_tensor<__nv_bfloat16>(t.p[k], t.g[k], t.m[k], t.v[k], t.n[k], t.n4[k], c, clip, nullptr);
+  if (adamw_step(c, step_scalars, grad_norm, clip)) {
+    adamw_tensor(t.p[k], t.g[k], t.m[k], t.v[k], t.n[k], t.n4[k], c, clip, t.lowp[k]);
+  } else if (t.lowp[k]) {  // an overflow: the parameter stays, its copy is written
+    GRID_STRIDE(i, t.n[k]) t.lowp[k][i] = st<L>(t.p[k][i]);
+  }
 }
 
 // The global norm in a fixed order, so the same gradients give the same norm bit for bit (a resumed
@@ -161,21 +168,34 @@ void adamw_many(const AdamWTensor* tensors, std::int64_t count, const AdamWConst
                 const float* grad_norm, cudaStream_t s) {
   for (std::int64_t first = 0; first < count; first += kTensorsPerLaunch) {
     const int k = static_cast<int>(std::min<std::int64_t>(kTensorsPerLaunch, count - first));
-    AdamWList list{};
-    std::int64_t most = 1;
-    for (int i = 0; i < k; ++i) {
-      const AdamWTensor& t = tensors[first + i];
-      list.p[i] = t.p;
-      list.g[i] = t.g;
-      list.m[i] = t.m;
-      list.v[i] = t.v;
-      list.n[i] = t.n;
-      list.n4[i] = aligned16({t.p, t.g, t.m, t.v}) ? t.n / 4 : 0;
-      most = std::max(most, list.n4[i] > 0 ? list.n4[i] : t.n);
-    }
-    // The largest tensor sets the grid; the blocks of smaller ones find their loops already done.
-    adamw_many_kernel<<<dim3(grid_for(most, kBlock), static_cast<unsigned>(k)), kBlock, 0, s>>>(list, c, step_scalars,
-                                                                                                grad_norm);
+    const AdamWTensor* group = tensors + first;
+    Elem elow = Elem::bf16;
+    for (int i = 0; i < k; ++i)
+      if (group[i].lowp) elow = group[i].elow;
+    auto launch = [&](auto list) {
+      using L = std::remove_pointer_t<std::remove_reference_t<decltype(list.lowp[0])>>;
+      std::int64_t most = 1;
+      for (int i = 0; i < k; ++i) {
+        const AdamWTensor& t = group[i];
+        if (t.lowp && t.elow != elow) throw std::invalid_argument("adamw_many: copies of two types in one launch");
+        list.p[i] = t.p;
+        list.g[i] = t.g;
+        list.m[i] = t.m;
+        list.v[i] = t.v;
+        list.lowp[i] = static_cast<L*>(t.lowp);
+        list.n[i] = t.n;
+        const bool vec = aligned16({t.p, t.g, t.m, t.v}) && reinterpret_cast<std::uintptr_t>(t.lowp) % 8 == 0;
+        list.n4[i] = vec ? t.n / 4 : 0;
+        most = std::max(most, list.n4[i] > 0 ? list.n4[i] : t.n);
+      }
+      // The largest tensor sets the grid; the blocks of smaller ones find their loops already done.
+      adamw_many_kernel<<<dim3(grid_for(most, kBlock), static_cast<unsigned>(k)), kBlock, 0, s>>>(list, c, step_scalars,
+                                                                                                  grad_norm);
+    };
+    if (elow == Elem::f16)
+      launch(AdamWList<__half>{});
+    else
+      launch(AdamWList<__nv_bfloat16>{});
     check_launch("adamw_many_kernel");
   }
 }

@@ -82,27 +82,24 @@ bool AdamW::step(double lr) {
         be, model_.graphs(),
         hash_mix(hash_mix(model_.graph_key("optimizer"), config_.clip), reinterpret_cast<std::uintptr_t>(this)));
     auto& params = model_.parameters();
-    if (model_.fusion() && !model_.optimizer_writes_copies()) {  // the norm and every update in a few launches
+    // Each gradient goes once read; the low-precision copy AdamW writes (when the copies are kept)
+    // takes its place, so the copies never sit beside every gradient. With loss scaling, a step whose
+    // norm is not finite changes nothing but the copies (written from the unchanged masters); the
+    // device decides, so the host need not wait for the norm first.
+    if (model_.fusion()) {  // the norm and every update in a few launches
       std::vector<Tensor> values, ms, vs;
       for (std::size_t i = 0; i < params.size(); ++i) {
         values.push_back(params[i].value);
         ms.push_back(m_[i]);
         vs.push_back(v_[i]);
       }
-      be.adamw_all(values, grads, ms, vs, args, grad_norm_);
-      for (Parameter& p : params) {
-        p.grad.reset();
-        p.value_lowp.reset();  // none after a backward; any other (a forward since) would now be stale
-      }
+      be.adamw_all(
+          values, grads, ms, vs, args, grad_norm_, [&](std::size_t i) { return model_.lowp_copy(params[i]).tensor(); },
+          [&](std::size_t i) { params[i].grad.reset(); });
     } else {
       be.global_norm(grads, grad_norm_);
-      // Each gradient goes once read; the low-precision copy AdamW writes (when the copies are kept)
-      // takes its place, so the copies never sit beside every gradient. With loss scaling, a step whose
-      // norm is not finite changes nothing but the copies (written from the unchanged masters); the
-      // device decides, so the host need not wait for the norm first.
       for (std::size_t i = 0; i < params.size(); ++i) {
-        const Allocation& copy = model_.lowp_copy(params[i]);
-        be.adamw(params[i].value, params[i].grad, m_[i], v_[i], args, grad_norm_, copy);
+        be.adamw(params[i].value, params[i].grad, m_[i], v_[i], args, grad_norm_, model_.lowp_copy(params[i]));
         params[i].grad.reset();
       }
     }

@@ -108,6 +108,7 @@ class MetaBackend final : public Backend {
   }
   void adamw(const Tensor&, const Tensor&, const Tensor&, const Tensor&, const AdamWArgs&, const Tensor&,
              const Tensor&) override {}
+  std::size_t adamw_group() const override { return on_cuda() ? scratch::kCudaAdamWGroup : 1; }
 
  private:
   bool on_cuda() const { return target_.device == "cuda"; }

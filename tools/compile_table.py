@@ -2,12 +2,14 @@
 (fusion off/on x device graphs off/on, from one `lmscope bench --fusion on,off --graphs on,off
 --format csv`) beside PyTorch eager, torch.compile and torch.compile(mode="max-autotune")
 (pytorch/bench_reference.py --compile none|default|max-autotune), measured in the same run. Median
-step times in ms; the last column is the faster PyTorch over lmscope with both on (> 1: lmscope is
-faster), and a last row their geometric mean over the cells where both ran.
+step times in ms; the last column is the fastest PyTorch over lmscope with both on (> 1: lmscope is
+faster), starred where a PyTorch column of the cell has no time (then it is against those that
+have), and a last row their geometric mean over the cells with every column.
 
   python3 tools/compile_table.py lmscope.csv pytorch-eager.md pytorch-compile.md [pytorch-max-autotune.md]
 """
 import math
+import os
 import sys
 
 from result_tables import read_inputs
@@ -15,6 +17,11 @@ from result_tables import read_inputs
 VARIANTS = [("off", "off"), ("on", "off"), ("off", "on"), ("on", "on")]  # (fusion, graphs)
 PYTORCH = ["none", "default", "max-autotune"]
 PYTORCH_NAMES = {"none": "PyTorch eager", "default": "torch.compile", "max-autotune": "max-autotune"}
+
+
+def fail(message):
+    print(f"compile_table.py: {message}", file=sys.stderr)
+    sys.exit(2)
 
 
 def pytorch_ms(row):
@@ -25,7 +32,14 @@ def pytorch_ms(row):
 
 
 def main(paths):
+    if not any(p.endswith(".csv") for p in paths):
+        fail("give lmscope's .csv (bench --fusion on,off --graphs on,off --format csv) and PyTorch's Markdown")
+    for path in paths:
+        if not os.path.isfile(path):
+            fail(f"no such file: {path}")
     lm, pt = read_inputs(paths)
+    if not lm or any("fusion" not in r or "graphs" not in r for r in lm):
+        fail("the .csv has no rows with fusion and graphs columns (an lmscope bench CSV)")
     ours = {(r["mode"], r["model"], int(r["ctx"]), r["fusion"], r["graphs"]): r for r in lm}
     theirs = {(r["mode"], r["model"], int(r["ctx"]), r.get("compile", "none")): r for r in pt}
     compiles = [c for c in PYTORCH if any(k[3] == c for k in theirs)]
@@ -39,28 +53,34 @@ def main(paths):
         head = [f"lmscope fusion {f}, graphs {g}" for f, g in VARIANTS] + [PYTORCH_NAMES[c] for c in compiles]
         print("| model | ctx | " + " | ".join(head) + " | best PyTorch / lmscope |")
         print("|---|---:|" + "---:|" * (len(head) + 1))
-        ratios = []
+        ratios, starred = [], False
         for _, model, ctx in (c for c in cells if c[0] == mode):
             row = []
             for f, g in VARIANTS:
                 r = ours.get((mode, model, ctx, f, g))
                 row.append(f"{float(r['step_median_ms']):.2f}" if r and r["status"] == "ok" else
                            (r["status"] if r else "-"))
-            best = None
+            best, complete = None, True
             for c in compiles:
                 p = theirs.get((mode, model, ctx, c))
                 t = pytorch_ms(p) if p else None
                 row.append(f"{t:.2f}" if t is not None else (p["status"] if p else "-"))
                 if t is not None:
                     best = t if best is None else min(best, t)
+                else:
+                    complete = False
             mine = ours.get((mode, model, ctx, "on", "on"))
             if best is not None and mine and mine["status"] == "ok":
                 ratio = best / float(mine["step_median_ms"])
-                ratios.append(ratio)
-                row.append(f"{ratio:.2f}x")
+                if complete:
+                    ratios.append(ratio)
+                starred |= not complete
+                row.append(f"{ratio:.2f}x" + ("" if complete else "*"))
             else:
                 row.append("-")
             print(f"| {model} | {ctx} | " + " | ".join(row) + " |")
+        if starred:
+            print("\n*: a PyTorch column of this cell has no time; the ratio is against the columns that have one.")
         if ratios:
             geo = math.exp(sum(math.log(x) for x in ratios) / len(ratios))
             print(f"\nGeometric mean of best PyTorch / lmscope (fusion and graphs on) over {len(ratios)} cells: "

@@ -99,8 +99,8 @@ class Transformer {
   // graphs are on and the backward has freed it: the next forward casts it where it is first used,
   // so every step's copies land where the last step's did and its recorded graphs replay. (Copies
   // AdamW wrote would take the places the gradients left, a little elsewhere each step; holding them
-  // through the backward instead settles them but raises the step's peak by up to 12%, xl and 2.7B
-  // at ctx 128 and 256.) A copy a forward made since the backward is returned to be written afresh.
+  // through the backward instead settles them but raises the step's peak by up to 12%:
+  // docs/speed.md.) A copy a forward made since the backward is returned to be written afresh.
   Allocation& lowp_copy(Parameter& p);
   // p's gradient, allocated (not filled) if the backward has not made it yet.
   const Tensor& gradient(Parameter& p);

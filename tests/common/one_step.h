@@ -29,6 +29,7 @@ struct OneStepSpec {
   std::int64_t rows = 4, micro = 4, ctx = 32;  // rows sequences in micro-batches of micro
   double lr = 1e-3;
   std::size_t logit_chunk_bytes = Transformer::kLogitChunkBytes;
+  bool fusion = false;  // Transformer::set_fusion
 };
 
 inline std::vector<float> host_floats(Backend& be, const Tensor& t) {
@@ -42,6 +43,7 @@ inline OneStep one_step(Backend& be, const OneStepSpec& s) {
   model.set_recompute(s.recompute);
   model.set_weight_copies(s.weight_copies);
   model.set_logit_chunk_bytes(s.logit_chunk_bytes);
+  model.set_fusion(s.fusion);
   model.init_parameters(6);
   const std::int64_t n = s.rows * s.ctx;
   std::vector<std::int32_t> ids(static_cast<std::size_t>(n)), targets(static_cast<std::size_t>(n));

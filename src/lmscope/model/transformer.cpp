@@ -190,7 +190,7 @@ AttentionCall Transformer::attention_call(int layer) const {
   return {.kind = attention_, .causal = true, .dq = FlashDq::deterministic, .stats = dtype_, .layer = layer};
 }
 
-Allocation Transformer::layer_forward(int l, Allocation x, Layer& L, const Keep& keep) {
+Allocation Transformer::layer_forward(int l, Allocation x, Layer& L, const Keep& keep, Normed* ln1, Normed* next) {
   auto drop_unless = [](bool kept, Allocation& a) {
     if (!kept) a.reset();
   };
@@ -199,11 +199,16 @@ Allocation Transformer::layer_forward(int l, Allocation x, Layer& L, const Keep&
   const double theta = config_.rope_theta, eps = 1e-5;
   const LayerParams& P = layer_params_[l];
   OpRanges op(backend_.range_listener());
-  op.next("ln1");
   L.x = std::move(x);
-  L.rstd1 = wide("ln1.rstd", l, {N});
-  L.n1 = act("ln1.out", l, {N, d});
-  backend_.rmsnorm_forward(L.x, P.ln1->value, L.n1, L.rstd1, eps);
+  if (ln1) {
+    L.rstd1 = std::move(ln1->rstd);
+    L.n1 = std::move(ln1->out);
+  } else {
+    op.next("ln1");
+    L.rstd1 = wide("ln1.rstd", l, {N});
+    L.n1 = act("ln1.out", l, {N, d});
+    backend_.rmsnorm_forward(L.x, P.ln1->value, L.n1, L.rstd1, eps);
+  }
   drop_unless(keep.statistics, L.rstd1);
 
   op.next("q, k, v projections and RoPE");
@@ -271,7 +276,16 @@ Allocation Transformer::layer_forward(int l, Allocation x, Layer& L, const Keep&
   drop_lowp_copies_after_forward(keep.weight_copies, {P.w2});
   drop_unless(keep.gate, L.gate);
   Allocation out = wide("ffn.residual", l, {N, d});
-  backend_.add(L.h, ffn_out, out);
+  if (next) {  // the residual add and the norm after it in one pass
+    const bool last = l + 1 == config_.layers;
+    op.next(last ? "residual and ln_final" : "residual and next ln1");
+    next->rstd = wide(last ? "ln_final.rstd" : "ln1.rstd", last ? -1 : l + 1, {N});
+    next->out = act(last ? "ln_final.out" : "ln1.out", last ? -1 : l + 1, {N, d});
+    const Parameter& norm = last ? *ln_final_ : *layer_params_[l + 1].ln1;
+    backend_.add_rmsnorm_forward(L.h, ffn_out, out, norm.value, next->out, next->rstd, eps);
+  } else {
+    backend_.add(L.h, ffn_out, out);
+  }
   ffn_out.reset();
   drop_unless(keep.residual, L.h);
   return out;
@@ -310,19 +324,28 @@ void Transformer::forward(bool for_backward) {
     ScopedRange r(ranges, RangeLevel::op, "embedding");
     backend_.embedding_forward(ids_, embedding_->value, x);
   }
+  // With fusion each layer's last residual add also makes the norm after it (docs/speed.md).
+  Normed normed[2];
   for (int l = 0; l < config_.layers; ++l) {
     ScopedRange r(ranges, RangeLevel::layer, "layer", l);
     Layer L;
-    x = layer_forward(l, std::move(x), L, keep);
+    Normed *made = l > 0 && fusion_ ? &normed[l % 2] : nullptr, *next = fusion_ ? &normed[(l + 1) % 2] : nullptr;
+    x = layer_forward(l, std::move(x), L, keep, made, next);
     if (for_backward) s.layers.push_back(std::move(L));
   }
 
   OpRanges op(ranges);
-  op.next("ln_final");
   s.x_final = std::move(x);
-  s.rstd_final = wide("ln_final.rstd", -1, {N});
-  s.n_final = act("ln_final.out", -1, {N, d});
-  backend_.rmsnorm_forward(s.x_final, ln_final_->value, s.n_final, s.rstd_final, eps);
+  if (fusion_) {
+    Normed& final_norm = normed[config_.layers % 2];
+    s.rstd_final = std::move(final_norm.rstd);
+    s.n_final = std::move(final_norm.out);
+  } else {
+    op.next("ln_final");
+    s.rstd_final = wide("ln_final.rstd", -1, {N});
+    s.n_final = act("ln_final.out", -1, {N, d});
+    backend_.rmsnorm_forward(s.x_final, ln_final_->value, s.n_final, s.rstd_final, eps);
+  }
   done(s.x_final);
   done(s.rstd_final);
   op.next("lm_head and loss");

@@ -70,10 +70,11 @@ class Transformer {
   // (Backend::begin_graph). Off by default; the results are the same bits either way.
   bool graphs() const { return graphs_; }
   void set_graphs(bool on) { graphs_ = on; }
-  // Fused kernels (--fusion): the residual add and the RMSNorm after it run as one op, forward and
-  // backward (Backend::add_rmsnorm_forward, rmsnorm_backward_add), and AdamW's step, the copies it
-  // writes included, as one op (Backend::adamw_all). Off by default; the values are the unfused ops'
-  // (the same bits on the CPU and CUDA backends).
+  // Fused kernels (--fusion): each residual add and the RMSNorm after it (ln2, the next layer's ln1,
+  // ln_final) run as one op, forward and backward (Backend::add_rmsnorm_forward,
+  // rmsnorm_backward_add), and AdamW's step, the copies it writes included, as one op
+  // (Backend::adamw_all). Off by default; the values are the unfused ops' (the same bits on the CPU
+  // and CUDA backends).
   bool fusion() const { return fusion_; }
   void set_fusion(bool on) { fusion_ = on; }
   // What a phase's graph key names of this model beyond the allocator's state: the model itself, the
@@ -141,9 +142,16 @@ class Transformer {
   struct Saved;
   struct Keep;
   double loss_scale_ = 1.0;
+  // An RMSNorm's output and row statistics.
+  struct Normed {
+    Allocation out, rstd;
+  };
   // One layer's forward from its input x (moved into L.x), filling L with what `keep` keeps; returns
-  // the layer's output.
-  Allocation layer_forward(int l, Allocation x, Layer& L, const Keep& keep);
+  // the layer's output. With `ln1` its first norm is already made (the previous layer's fused add);
+  // with `next` (fusion) the final residual add also makes the norm that reads the output, the next
+  // layer's ln1 or, after the last layer, ln_final, into *next.
+  Allocation layer_forward(int l, Allocation x, Layer& L, const Keep& keep, Normed* ln1 = nullptr,
+                           Normed* next = nullptr);
   template <typename T>
   void fill_initial_values(std::uint64_t seed);
   // act: compute dtype (GEMM operands and what lies between GEMMs); wide: the master dtype (the

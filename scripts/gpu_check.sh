@@ -50,12 +50,14 @@ fi
 # forward-backward or train): lmscope bf16 flash with fusion and graphs each off and on, then PyTorch
 # bf16 SDPA with fused AdamW in each of COMPILES (default none,default,max-autotune: eager and the two
 # torch.compile modes), batch 4, 5 warm-up and 10 measured steps; LMSCOPE_COMPILE_SECONDS (default
-# 1800) bounds each PyTorch sweep, whose rows print as they are measured.
+# 1800) bounds each PyTorch sweep, whose rows print as they are measured. Like every mode it runs the
+# GPU tests first unless LMSCOPE_SKIP_GPU_TESTS=1.
 if [[ "${1:-}" == "--compile-table" ]]; then
   mode=$2 models=$3 ctxs=$4 compiles=${5:-none,default,max-autotune}
   "$B/lmscope" bench --device cuda --model "$models" --ctx "$ctxs" --batch 4 --precision bf16 --mode "$mode" \
     --attention flash --fusion on,off --graphs on,off --warmup 5 --steps 10 --format csv \
-    --out "$OUT/lmscope-compile-$mode.csv" >"$OUT/lmscope-compile-$mode.md" 2>/dev/null
+    --out "$OUT/lmscope-compile-$mode.csv" >"$OUT/lmscope-compile-$mode.md" 2>"$OUT/lmscope-compile-$mode.err" \
+    || { echo "== lmscope bench failed:"; tail -3 "$OUT/lmscope-compile-$mode.err"; }
   tables=("$OUT/lmscope-compile-$mode.csv")
   for c in ${compiles//,/ }; do
     (cd pytorch && PYTHONUNBUFFERED=1 timeout "${LMSCOPE_COMPILE_SECONDS:-1800}" $PY bench_reference.py --device cuda \

@@ -203,36 +203,44 @@ class Backend {
                      const Tensor& grad_norm, const Tensor& lowp_copy) = 0;
   // Fused (--fusion): the whole step in a few launches where the backend has them (CUDA: the same
   // bits as the ops one by one): global_norm of every gradient into grad_norm, then adamw on every
-  // parameter, adamw_group() parameters at a time. Just before a group's updates copy(i) gives each
-  // one's low-precision copy to write (an empty tensor for none), and after them read(i) says its
-  // gradient has been read and may go: only a group's copies ever sit beside every gradient.
+  // parameter, a group at a time. Just before a group's updates copy(i) gives each one's
+  // low-precision copy to write (an empty tensor for none), and after them read(i) says its gradient
+  // has been read and may go. A group takes parameters, up to adamw_group(), while the copies made
+  // so far take no more than the gradients read before it: the step never holds more than every
+  // gradient and one copy, as when each copy is made once its own gradient has gone.
   using CopyFor = std::function<Tensor(std::size_t)>;
   using GradientRead = std::function<void(std::size_t)>;
   virtual void adamw_all(std::span<const Tensor> params, std::span<const Tensor> grads, std::span<const Tensor> m,
                          std::span<const Tensor> v, const AdamWArgs& args, const Tensor& grad_norm, const CopyFor& copy,
                          const GradientRead& read) {
     global_norm(grads, grad_norm);
-    for_each_adamw_group(params.size(), copy, read,
-                         [&](std::size_t first, std::size_t last, std::span<const Tensor> copies) {
-                           for (std::size_t i = first; i < last; ++i)
-                             adamw(params[i], grads[i], m[i], v[i], args, grad_norm, copies[i - first]);
-                         });
+    for_each_adamw_group(grads, copy, read, [&](std::size_t first, std::size_t last, std::span<const Tensor> copies) {
+      for (std::size_t i = first; i < last; ++i)
+        adamw(params[i], grads[i], m[i], v[i], args, grad_norm, copies[i - first]);
+    });
   }
-  // How many parameters adamw_all updates in one launch (1: one by one).
+  // The most parameters adamw_all updates in one launch (1: one by one).
   virtual std::size_t adamw_group() const { return 1; }
 
  protected:
-  // adamw_all's order: per group [first, last) of adamw_group(), every copy(i), then update(first, last,
-  // those copies), then every read(i).
+  // adamw_all's order: per group [first, last), every copy(i), then update(first, last, those
+  // copies), then every read(i).
   template <typename Update>
-  void for_each_adamw_group(std::size_t n, const CopyFor& copy, const GradientRead& read, Update&& update) {
+  void for_each_adamw_group(std::span<const Tensor> grads, const CopyFor& copy, const GradientRead& read,
+                            Update&& update) {
     std::vector<Tensor> copies;
-    for (std::size_t first = 0; first < n; first += adamw_group()) {
-      const std::size_t last = std::min(n, first + adamw_group());
+    std::size_t read_bytes = 0, copy_bytes = 0;
+    for (std::size_t first = 0, last = 0; first < grads.size(); first = last) {
       copies.clear();
-      for (std::size_t i = first; i < last; ++i) copies.push_back(copy(i));
+      do {
+        copies.push_back(copy(last++));
+        copy_bytes += copies.back().empty() ? 0 : copies.back().bytes();
+      } while (last < grads.size() && last - first < adamw_group() && copy_bytes <= read_bytes);
       update(first, last, copies);
-      for (std::size_t i = first; i < last; ++i) read(i);
+      for (std::size_t i = first; i < last; ++i) {
+        read(i);
+        read_bytes += grads[i].bytes();
+      }
     }
   }
 

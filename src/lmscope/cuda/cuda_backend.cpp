@@ -324,20 +324,19 @@ class CudaBackend final : public Backend {
                              stream_);
       cuda::sum_partials_sqrt(partials.as<double>(), partials.numel(), f32(grad_norm), stream_);
     }
-    for_each_adamw_group(
-        params.size(), copy, read, [&](std::size_t first, std::size_t last, std::span<const Tensor> copies) {
-          std::vector<cuda::AdamWTensor> ts;
-          for (std::size_t i = first; i < last; ++i) {
-            const Tensor& c = copies[i - first];
-            check_lowp_copy(c, params[i]);
-            graphs_->note("adamw_all copy", c);
-            ts.push_back({f32(params[i]), f32(grads[i]), f32(m[i]), f32(v[i]), params[i].numel(), c.data,
-                          c.empty() ? cuda::Elem::bf16 : elem(c)});
-          }
-          if (!graphs_->replaying())
-            cuda::adamw_many(ts.data(), static_cast<std::int64_t>(ts.size()), consts,
-                             a.step_scalars.empty() ? nullptr : f32(a.step_scalars), f32(grad_norm), stream_);
-        });
+    for_each_adamw_group(grads, copy, read, [&](std::size_t first, std::size_t last, std::span<const Tensor> copies) {
+      std::vector<cuda::AdamWTensor> ts;
+      for (std::size_t i = first; i < last; ++i) {
+        const Tensor& c = copies[i - first];
+        check_lowp_copy(c, params[i]);
+        graphs_->note("adamw_all copy", c);
+        ts.push_back({f32(params[i]), f32(grads[i]), f32(m[i]), f32(v[i]), params[i].numel(), c.data,
+                      c.empty() ? cuda::Elem::bf16 : elem(c)});
+      }
+      if (!graphs_->replaying())
+        cuda::adamw_many(ts.data(), static_cast<std::int64_t>(ts.size()), consts,
+                         a.step_scalars.empty() ? nullptr : f32(a.step_scalars), f32(grad_norm), stream_);
+    });
   }
   std::size_t adamw_group() const override {
     static_assert(scratch::kCudaAdamWGroup == cuda::kTensorsPerLaunch);

@@ -82,8 +82,9 @@ bool AdamW::step(double lr) {
         be, model_.graphs(),
         hash_mix(hash_mix(model_.graph_key("optimizer"), config_.clip), reinterpret_cast<std::uintptr_t>(this)));
     auto& params = model_.parameters();
-    // Each gradient goes once read; the low-precision copy AdamW writes (when the copies are kept)
-    // takes its place, so the copies never sit beside every gradient. With loss scaling, a step whose
+    // Each gradient goes once read; the low-precision copies AdamW writes (when the copies are kept)
+    // take the memory the gradients left (one by one, or Backend::adamw_all's groups), so no more than
+    // one copy ever sits beside every gradient. With loss scaling, a step whose
     // norm is not finite changes nothing but the copies (written from the unchanged masters); the
     // device decides, so the host need not wait for the norm first.
     if (model_.fusion()) {  // the norm and every update in a few launches

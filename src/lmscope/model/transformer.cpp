@@ -324,22 +324,21 @@ void Transformer::forward(bool for_backward) {
     ScopedRange r(ranges, RangeLevel::op, "embedding");
     backend_.embedding_forward(ids_, embedding_->value, x);
   }
-  // With fusion each layer's last residual add also makes the norm after it (docs/speed.md).
-  Normed normed[2];
+  // With fusion each layer's last residual add also makes the norm after it (docs/speed.md): the
+  // next layer's ln1, which that layer takes from `normed` before writing its own successor's there.
+  Normed normed;
   for (int l = 0; l < config_.layers; ++l) {
     ScopedRange r(ranges, RangeLevel::layer, "layer", l);
     Layer L;
-    Normed *made = l > 0 && fusion_ ? &normed[l % 2] : nullptr, *next = fusion_ ? &normed[(l + 1) % 2] : nullptr;
-    x = layer_forward(l, std::move(x), L, keep, made, next);
+    x = layer_forward(l, std::move(x), L, keep, l > 0 && fusion_ ? &normed : nullptr, fusion_ ? &normed : nullptr);
     if (for_backward) s.layers.push_back(std::move(L));
   }
 
   OpRanges op(ranges);
   s.x_final = std::move(x);
   if (fusion_) {
-    Normed& final_norm = normed[config_.layers % 2];
-    s.rstd_final = std::move(final_norm.rstd);
-    s.n_final = std::move(final_norm.out);
+    s.rstd_final = std::move(normed.rstd);
+    s.n_final = std::move(normed.out);
   } else {
     op.next("ln_final");
     s.rstd_final = wide("ln_final.rstd", -1, {N});

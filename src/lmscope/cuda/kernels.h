@@ -41,7 +41,7 @@ inline constexpr int kNormBlocks = 256;
 void sum_squares(const float* x, std::int64_t n, double* partials, cudaStream_t s);
 void sum_partials_sqrt(const double* partials, std::int64_t count, float* out, cudaStream_t s);
 
-// The fused step: the same per tensor as sum_squares and adamw, kTensorsPerLaunch tensors a launch
+// The fused step: the same per tensor as sum_squares and adamw, up to kTensorsPerLaunch tensors a launch
 // (the copies of one launch all in the same elow). sum_squares_many writes tensor i's partials at
 // partials + i·kNormBlocks.
 inline constexpr int kTensorsPerLaunch = 24;

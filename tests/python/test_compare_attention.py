@@ -1,8 +1,8 @@
 """tools/compare_attention.py: the joined table, with and without --ceiling, and its bad inputs
 (one sentence on stderr, exit code 2). Inputs are a committed H100 measurement pair."""
 import os
-import subprocess
-import sys
+
+from tool_checks import check, check_refusals, run
 
 ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..")
 TOOL = os.path.join(ROOT, "tools", "compare_attention.py")
@@ -10,18 +10,8 @@ MEASURED = os.path.join(ROOT, "docs", "measurements", "2026-11-23-h100-d73727d-c
 OURS, THEIRS = MEASURED + "-lmscope.csv", MEASURED + "-pytorch.md"
 
 
-def run(*args):
-    return subprocess.run([sys.executable, TOOL, *args], capture_output=True, text=True)
-
-
-def check(condition, what):
-    if not condition:
-        print(f"FAILED: {what}")
-        sys.exit(1)
-
-
 def main():
-    plain = run(OURS, THEIRS)
+    plain = run(TOOL, OURS, THEIRS)
     check(plain.returncode == 0, f"plain run exits 0 ({plain.stderr})")
     rows = [line for line in plain.stdout.splitlines() if line.startswith("| flash | sdpa")]
     check(len(rows) == 5, f"five d 128 cells joined, got {len(rows)}")
@@ -30,12 +20,12 @@ def main():
     last = rows[-1]
     check("| 16384 | 128 |" in last and "| 1.08x |" in last, f"ratio of the 16384 cell: {last}")
 
-    with_ceiling = run(OURS, THEIRS, "--ceiling", "800")
+    with_ceiling = run(TOOL, OURS, THEIRS, "--ceiling", "800")
     check(with_ceiling.returncode == 0, "run with --ceiling exits 0")
     check("(of peak / of 800)" in with_ceiling.stdout, "header names the ceiling")
     check("522.1 (53% / 65%)" in with_ceiling.stdout, "shares of the 989 peak and of the 800 ceiling")
 
-    for args, said in (
+    check_refusals(TOOL, (
         ([OURS, THEIRS, "--ceiling", "0"], "positive"),
         ([OURS, THEIRS, "--ceiling", "-5"], "positive"),
         ([OURS, THEIRS, "--ceiling", "inf"], "positive"),
@@ -43,12 +33,7 @@ def main():
         ([OURS, THEIRS, "--ceiling"], "TFLOP/s figure"),
         ([], "give lmscope's .csv"),
         ([OURS, "missing.md"], "no such file"),
-    ):
-        bad = run(*args)
-        lines = bad.stderr.strip().splitlines()
-        check(bad.returncode == 2, f"{args}: exit code 2, got {bad.returncode}")
-        check(len(lines) == 1 and said in lines[0], f"{args}: one sentence saying '{said}', got {bad.stderr!r}")
-        check(bad.stdout == "", f"{args}: nothing on stdout")
+    ))
     print("compare_attention.py: ok")
 
 

@@ -2,22 +2,12 @@
 one call; a call whose torch.compile sweep ran out of time), and its bad inputs (one sentence on
 stderr, exit code 2)."""
 import os
-import subprocess
-import sys
+
+from tool_checks import check, check_refusals, run
 
 ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..")
 TOOL = os.path.join(ROOT, "tools", "compile_table.py")
 MEASURED = os.path.join(ROOT, "docs", "measurements", "2026-11-26-h200-bb92617-compile-train-")
-
-
-def run(*args):
-    return subprocess.run([sys.executable, TOOL, *args], capture_output=True, text=True)
-
-
-def check(condition, what):
-    if not condition:
-        print(f"FAILED: {what}")
-        sys.exit(1)
 
 
 def files(call, compiles):
@@ -25,7 +15,7 @@ def files(call, compiles):
 
 
 def main():
-    full = run(*files("d", ["default", "max-autotune"]))  # that call's eager file did not come back
+    full = run(TOOL, *files("d", ["default", "max-autotune"]))  # that call's eager file did not come back
     check(full.returncode == 0, f"exits 0 ({full.stderr})")
     check("| torch.compile | max-autotune |" in full.stdout and "eager" not in full.stdout,
           "a column for each PyTorch mode given")
@@ -37,7 +27,7 @@ def main():
     check(cells[-1] == "2.00x", f"9.51 / 4.75: {cells[-1]}")
     check("over 1 cells: 2.00x" in full.stdout, "the geometric mean")
 
-    partial = run(*files("b", ["none", "default"]))
+    partial = run(TOOL, *files("b", ["none", "default"]))
     check(partial.returncode == 0, f"exits 0 ({partial.stderr})")
     xl128 = next(line for line in partial.stdout.splitlines() if line.startswith("| xl | 128 |"))
     check(xl128.endswith("| 1.63x |"), f"64.60 / 39.65: {xl128}")
@@ -45,17 +35,12 @@ def main():
     check(len(later) == 4 and all(line.endswith("x* |") for line in later), f"starred without a compile time: {later}")
     check("over 1 cells" in partial.stdout, "the mean over the complete cells only")
 
-    for args, said in (
+    check_refusals(TOOL, (
         ([], "give lmscope's .csv"),
         ([MEASURED + "d-default-pytorch.md"], "give lmscope's .csv"),
         ([MEASURED + "d-lmscope.csv", "missing.md"], "no such file"),
         ([MEASURED + "z-lmscope.csv"], "no such file"),
-    ):
-        bad = run(*args)
-        lines = bad.stderr.strip().splitlines()
-        check(bad.returncode == 2, f"{args}: exit code 2, got {bad.returncode}")
-        check(len(lines) == 1 and said in lines[0], f"{args}: one sentence saying '{said}', got {bad.stderr!r}")
-        check(bad.stdout == "", f"{args}: nothing on stdout")
+    ))
     print("compile_table.py: ok")
 
 

@@ -25,12 +25,7 @@ bool same_bits(const std::vector<std::vector<float>>& a, const std::vector<std::
 TEST(Fusion, GivesTheUnfusedStepBitForBit) {
   auto be = make_backend("cpu", "fp32");
   OneStepSpec spec;
-  spec.model.name = "tiny";
-  spec.model.vocab = 37;
-  spec.model.d_model = 32;
-  spec.model.d_ff = 48;
-  spec.model.layers = 3;
-  spec.model.heads = 2;
+  spec.model = tiny_model();
   spec.ctx = 24;
   spec.steps = 2;
   for (Recompute r : {Recompute::none, Recompute::selective, Recompute::full})

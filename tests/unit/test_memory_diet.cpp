@@ -16,12 +16,7 @@ namespace {
 
 OneStepSpec small_step(AttentionKind attention) {
   OneStepSpec s;
-  s.model.name = "tiny";
-  s.model.vocab = 37;
-  s.model.d_model = 32;
-  s.model.d_ff = 48;
-  s.model.layers = 3;
-  s.model.heads = 2;
+  s.model = tiny_model();
   s.attention = attention;
   s.rows = s.micro = 2;
   s.ctx = 40;

@@ -15,7 +15,6 @@
 #include "lmscope/core/ranges.h"
 #include "lmscope/profile/kernel_profile.h"
 
-#include <algorithm>
 #include <array>
 #include <functional>
 #include <memory>

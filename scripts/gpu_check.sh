@@ -33,6 +33,27 @@ if [[ "${1:-}" == "--training" ]]; then
   done
 fi
 
+# --data-parallel: the data-parallel tests through NCCL (a world of one on one GPU: every --ddp mode
+# gives the bits of the run without it; two ranks where there are two GPUs), the all-reduce benchmark,
+# and bench with each --ddp mode and --zero 1 on the ranks there are (lmscope launch, one per GPU).
+if [[ "${1:-}" == "--data-parallel" ]]; then
+  grep -q "NCCL found" "$OUT/configure.log" 2>/dev/null || echo "== note: the configure log does not say NCCL was found"
+  for prec in fp32 bf16; do
+    LMSCOPE="$B/lmscope" LMSCOPE_DDP_DEVICE=cuda LMSCOPE_DDP_PRECISION=$prec $PY tests/cli/test_ddp_cli.py -v \
+      >"$OUT/ddp-cuda-$prec.log" 2>&1
+    echo "== data-parallel tests on cuda, $prec: exit $?"; grep -E "ok$|skipped|FAIL|Error|Ran" "$OUT/ddp-cuda-$prec.log"
+  done
+  gpus=$(nvidia-smi -L | wc -l)
+  "$B/lmscope" launch --nproc "$gpus" -- allreduce --device cuda --format md >"$OUT/allreduce-cuda.md" 2>&1
+  echo "== allreduce over $gpus GPU(s): exit $?"; cat "$OUT/allreduce-cuda.md"
+  for par in "--ddp naive" "--ddp flat" "--ddp overlap" "--ddp bucketed" "--zero 1"; do
+    [[ "$par" == "--zero 1" && $gpus -lt 2 ]] && continue
+    "$B/lmscope" launch --nproc "$gpus" -- bench --device cuda --model "${LMSCOPE_DDP_MODELS:-medium}" --ctx 512 \
+      --batch $((4 * gpus)) --precision bf16 $par --warmup 3 --steps 10 >"$OUT/ddp-bench-${par// /}.md" 2>&1
+    echo "== bench $par: exit $?"; grep -E "^\| (small|medium|large|xl|2.7B) " "$OUT/ddp-bench-${par// /}.md"
+  done
+fi
+
 # --grid PRECISION MODELS CTXS [MODES] [ATTENTION]: lmscope and PyTorch over the same cells, batch 4,
 # 5 warm-up and 10 measured steps (MODES default train; ATTENTION naive, or flash against PyTorch's
 # SDPA). LMSCOPE_SKIP_GPU_TESTS=1 skips the tests before it.

@@ -7,9 +7,12 @@ OUT=${OUT:-$PWD/gpu-out}
 mkdir -p "$OUT"
 export PATH=/opt/torch/.venv/bin:/usr/local/cuda/bin:$PATH
 PY=/opt/torch/.venv/bin/python
+# NCCL ships inside PyTorch's wheel there (shared/GPU-MACHINE.md).
+NCCL=/opt/torch/.venv/lib/python3.12/site-packages/nvidia/nccl
 B=${LMSCOPE_BUILD_DIR:-build-gpu}
 if [[ -z "${LMSCOPE_BUILD_DIR:-}" ]]; then
-  cmake -S . -B build-gpu -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES="90a;80" >"$OUT/configure.log" 2>&1 \
+  cmake -S . -B build-gpu -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES="90a;80" \
+    -DLMSCOPE_NCCL_ROOT="$NCCL" >"$OUT/configure.log" 2>&1 \
     || { tail -30 "$OUT/configure.log"; exit 1; }
   cmake --build build-gpu -j 16 >"$OUT/build.log" 2>&1 || { grep -E "error" -A5 "$OUT/build.log" | head -60; exit 1; }
   echo "== build ok"
@@ -18,4 +21,4 @@ elif [[ ! -x "$B/lmscope" || ! -x "$B/tests/lmscope_gpu_tests" ]]; then
   exit 2
 fi
 # Prebuilt binaries find the CUDA and CUPTI libraries here (a local build links them by rpath).
-export LD_LIBRARY_PATH=/usr/local/cuda/lib64:/usr/local/cuda/extras/CUPTI/lib64${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+export LD_LIBRARY_PATH=/usr/local/cuda/lib64:/usr/local/cuda/extras/CUPTI/lib64:$NCCL/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}

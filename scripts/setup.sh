@@ -5,7 +5,8 @@
 #                             to draw the memory timeline as a person sees it)
 set -euo pipefail
 
-packages=(cmake ninja-build g++ libcli11-dev nlohmann-json3-dev libfmt-dev libopenblas-openmp-dev libgtest-dev zlib1g-dev)
+packages=(cmake ninja-build g++ libcli11-dev nlohmann-json3-dev libfmt-dev libopenblas-openmp-dev libgtest-dev zlib1g-dev
+          libgloo-dev)
 if [[ "${1:-}" == "--test" ]]; then
   packages+=(python3 python3-numpy python3-torch chromium)
 fi

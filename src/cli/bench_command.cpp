@@ -65,24 +65,30 @@ class BenchCommand : public Command {
       s.cell.trace = !trace_.empty();
     }
     const ReportFormat format = parse_report_format(format_);
-    for (const std::string* path : {&out_, &trace_})
-      if (!path->empty()) write_file(*path, "");  // fail now, not after the sweep
-    warn_of_cells_that_cannot_fit(planned);       // a dry run's rows say it themselves
+    // With data parallelism every rank runs every cell (the collectives need them all); rank 0 reports.
+    const bool reports = planned.empty() || planned.front().cell.world.rank == 0;
+    if (reports) {
+      for (const std::string* path : {&out_, &trace_})
+        if (!path->empty()) write_file(*path, "");  // fail now, not after the sweep
+      warn_of_cells_that_cannot_fit(planned);       // a dry run's rows say it themselves
+    }
 
     SweepProgress shown;
     std::vector<BenchResult> rows;
     for (std::size_t i = 0; i < planned.size(); ++i) {
       const BenchSpec& s = planned[i].cell;
-      shown.start(fmt::format("[{}/{}] {}", i + 1, planned.size(), cell_label(planned[i])));
-      auto progress = [&](int done, int total) { shown.step(done, total, done <= s.warmup ? " (warm-up)" : ""); };
+      if (reports) shown.start(fmt::format("[{}/{}] {}", i + 1, planned.size(), cell_label(planned[i])));
+      auto progress = [&](int done, int total) {
+        if (reports) shown.step(done, total, done <= s.warmup ? " (warm-up)" : "");
+      };
       rows.push_back(cells_.dry_run() ? dry_run_cell(planned[i]) : run_bench_cell(s, progress));
+      if (!reports) continue;
       shown.finish(rows.back().status);
       if (!trace_.empty() && !rows.back().trace.empty()) write_file(trace_, rows.back().trace);
       // Rewritten after every cell: an interrupted sweep keeps every row it finished.
       if (!out_.empty()) write_file(out_, format_bench(rows, format));
     }
-    const std::string table = format_bench(rows, out_.empty() ? format : ReportFormat::markdown);
-    fmt::print("{}", table);
+    if (reports) fmt::print("{}", format_bench(rows, out_.empty() ? format : ReportFormat::markdown));
     return 0;
   }
 

@@ -23,5 +23,7 @@ std::unique_ptr<Command> add_memory_command(CLI::App& parent);
 std::unique_ptr<Command> add_plan_command(CLI::App& parent);
 std::unique_ptr<Command> add_precision_command(CLI::App& parent);
 std::unique_ptr<Command> add_report_command(CLI::App& parent);
+std::unique_ptr<Command> add_launch_command(CLI::App& parent);
+std::unique_ptr<Command> add_allreduce_command(CLI::App& parent);
 
 }  // namespace lmscope::cli

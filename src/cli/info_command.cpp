@@ -121,8 +121,18 @@ class InfoCommand : public Command {
       user_error("{}", kTransientNeedsBf16);
     std::vector<MemoryRow> rows;
     for (BenchMode mode : {BenchMode::inference, BenchMode::forward, BenchMode::forward_backward, BenchMode::train}) {
-      const BenchSpec cell{c, device_, precision_, attention, mode,      batch_, ctx_,
-                           1, 1,       0,          false,     recompute, 1,      weight_copies};
+      BenchSpec cell;
+      cell.model = c;
+      cell.device = device_;
+      cell.precision = precision_;
+      cell.attention = attention;
+      cell.mode = mode;
+      cell.batch = batch_;
+      cell.ctx = ctx_;
+      cell.warmup = 1;
+      cell.steps = 1;
+      cell.recompute = recompute;
+      cell.weight_copies = weight_copies;
       rows.push_back(memory_row(record_memory(MemorySpec{cell, true, limit}), 1));
     }
     return rows;

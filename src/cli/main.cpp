@@ -7,7 +7,25 @@
 #include <fmt/core.h>
 
 #include <cstdio>
+#include <cstdlib>
 #include <string>
+
+namespace {
+
+// "lmscope: " and, in one rank of several, "rank R: ", so the lines of N ranks sharing a terminal say
+// whose they are. Read leniently: a malformed variable is the command's to report, not this prefix's.
+std::string error_prefix() {
+  for (auto [rank_var, size_var] : {std::pair{"RANK", "WORLD_SIZE"}, std::pair{"SLURM_PROCID", "SLURM_NTASKS"}}) {
+    const char* rank = std::getenv(rank_var);
+    const char* size = std::getenv(size_var);
+    if (rank == nullptr || size == nullptr) continue;
+    if (std::atoi(size) > 1 && *rank != '\0') return fmt::format("lmscope: rank {}: ", rank);
+    return "lmscope: ";
+  }
+  return "lmscope: ";
+}
+
+}  // namespace
 
 int main(int argc, char** argv) {
   CLI::App app{"lmscope: train, benchmark and profile Transformer language models", "lmscope"};
@@ -22,19 +40,22 @@ int main(int argc, char** argv) {
   commands.push_back(lmscope::cli::add_plan_command(app));
   commands.push_back(lmscope::cli::add_precision_command(app));
   commands.push_back(lmscope::cli::add_report_command(app));
+  commands.push_back(lmscope::cli::add_launch_command(app));
+  commands.push_back(lmscope::cli::add_allreduce_command(app));
   // Every command there is, for the messages below.
   std::string names;
   for (std::size_t i = 0; i < commands.size(); ++i)
     names += (i == 0 ? "" : i + 1 == commands.size() ? " or " : ", ") + commands[i]->app->get_name();
+  const std::string prefix = error_prefix();
   if (argc < 2) {
-    fmt::print(stderr, "lmscope: error: a command is required: {} (see lmscope --help)\n", names);
+    fmt::print(stderr, "{}error: a command is required: {} (see lmscope --help)\n", prefix, names);
     return 2;
   }
   const std::string first = argv[1];
   bool known = first[0] == '-';
   for (const auto& c : commands) known |= c->app->get_name() == first;
   if (!known) {
-    fmt::print(stderr, "lmscope: error: unknown command '{}' (use {})\n", first, names);
+    fmt::print(stderr, "{}error: unknown command '{}' (use {})\n", prefix, first, names);
     return 2;
   }
   try {
@@ -46,20 +67,20 @@ int main(int argc, char** argv) {
   } catch (const CLI::CallForVersion& e) {
     return app.exit(e);
   } catch (const CLI::ParseError& e) {
-    fmt::print(stderr, "lmscope: error: {} (see lmscope --help)\n", e.what());
+    fmt::print(stderr, "{}error: {} (see lmscope --help)\n", prefix, e.what());
     return 2;
   }
   try {
     for (auto& c : commands)
       if (c->app->parsed()) return c->run();
   } catch (const lmscope::OutOfMemory& e) {
-    fmt::print(stderr, "lmscope: error: {}\n", e.what());
+    fmt::print(stderr, "{}error: {}\n", prefix, e.what());
     return 2;
   } catch (const lmscope::UserError& e) {
-    fmt::print(stderr, "lmscope: error: {}\n", e.what());
+    fmt::print(stderr, "{}error: {}\n", prefix, e.what());
     return 2;
   } catch (const std::exception& e) {
-    fmt::print(stderr, "lmscope: internal error: {}\n", e.what());
+    fmt::print(stderr, "{}internal error: {}\n", prefix, e.what());
     return 1;
   }
   return 1;

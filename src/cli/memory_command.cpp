@@ -39,15 +39,20 @@ class MemoryCommand : public Command {
     if (svg_by_ != "kind" && svg_by_ != "layer") user_error("unknown --svg-by '{}' (use kind or layer)", svg_by_);
     if ((!snapshot_.empty() || !svg_.empty()) && cells.size() != 1)
       user_error("--snapshot and --svg draw one cell, and the flags make {}", cells.size());
-    for (const std::string* path : {&out_, &snapshot_, &svg_})
-      if (!path->empty()) write_file(*path, "");  // fail now, not after the sweep
-    warn_of_cells_that_cannot_fit(cells);
+    // With data parallelism every rank runs every cell (the collectives need them all); rank 0 reports.
+    const bool reports = cells.empty() || cells.front().cell.world.rank == 0;
+    if (reports) {
+      for (const std::string* path : {&out_, &snapshot_, &svg_})
+        if (!path->empty()) write_file(*path, "");  // fail now, not after the sweep
+      warn_of_cells_that_cannot_fit(cells);
+    }
 
     SweepProgress shown;
     std::vector<MemoryRow> rows;
     for (std::size_t i = 0; i < cells.size(); ++i) {
-      shown.start(fmt::format("[{}/{}] {}", i + 1, cells.size(), cell_label(cells[i])));
+      if (reports) shown.start(fmt::format("[{}/{}] {}", i + 1, cells.size(), cell_label(cells[i])));
       MemoryRecord record = record_memory(cells[i]);
+      if (!reports) continue;
       shown.finish(record.status);
       if (!snapshot_.empty() && !record.events.empty()) write_file(snapshot_, memory_snapshot_pickle(record));
       if (!svg_.empty() && record.has_step())
@@ -56,7 +61,7 @@ class MemoryCommand : public Command {
       rows.push_back(memory_row(std::move(record), top_));
       if (!out_.empty()) write_file(out_, format_memory(rows, format));
     }
-    fmt::print("{}", format_memory(rows, out_.empty() ? format : ReportFormat::markdown));
+    if (reports) fmt::print("{}", format_memory(rows, out_.empty() ? format : ReportFormat::markdown));
     return 0;
   }
 

@@ -23,6 +23,7 @@ void MemoryCellFlags::add_to(CLI::App& app, bool with_dry_run_flags) {
   app.add_option("--weight-copies", weight_copies, weight_copies_help(true))->capture_default_str();
   app.add_option("--warmup", warmup, warmup_help)->capture_default_str();
   app.add_option("--seed", seed_, seed_help)->capture_default_str();
+  parallel_.add_to(app, with_dry_run_flags);
   if (!with_dry_run_flags) return;
   app.add_flag("--dry-run", dry_run_,
                always_dry_ ? "Always on here: every cell runs on the shape-only backend" : dry_run_help);
@@ -77,9 +78,22 @@ std::vector<MemorySpec> MemoryCellFlags::resolve() const {
                   for (auto b : batches)
                     for (auto t : ctxs) {
                       MemorySpec s;
-                      s.cell = BenchSpec{
-                          m, d, p, a, md, b, t, warmup, 1, seed_, false, rc, has_backward(md) ? static_cast<int>(k) : 1,
-                          wc};
+                      s.cell.model = m;
+                      s.cell.device = d;
+                      s.cell.precision = p;
+                      s.cell.attention = a;
+                      s.cell.mode = md;
+                      s.cell.batch = b;
+                      s.cell.ctx = t;
+                      s.cell.warmup = warmup;
+                      s.cell.steps = 1;
+                      s.cell.seed = seed_;
+                      s.cell.recompute = rc;
+                      s.cell.grad_accum = has_backward(md) ? static_cast<int>(k) : 1;
+                      s.cell.weight_copies = wc;
+                      const ParallelFlags::Resolved parallel = parallel_.resolve(b, dry_run_);
+                      s.cell.parallel = parallel.spec;
+                      s.cell.world = parallel.world;
                       s.dry_run = dry_run_;
                       s.memory_limit = limit;
                       cells.push_back(s);

@@ -4,6 +4,7 @@
 #pragma once
 
 #include "model_flags.h"
+#include "parallel_flags.h"
 
 #include "lmscope/memory/memory_run.h"
 
@@ -17,6 +18,7 @@ namespace lmscope::cli {
 class MemoryCellFlags {
  public:
   // with_dry_run_flags: add --dry-run and --memory-limit (a command that has its own leaves them off).
+  // The data-parallel flags (--ddp, --zero, ...; --world-size with the dry-run flags) come with them.
   void add_to(CLI::App& app, bool with_dry_run_flags = true);
   // Before add_to: every cell is a dry run (plan's), --dry-run being accepted and implied.
   void always_dry_run() { dry_run_ = always_dry_ = true; }
@@ -36,6 +38,7 @@ class MemoryCellFlags {
 
  private:
   ModelFlags model_;
+  ParallelFlags parallel_;
   bool dry_run_ = false, always_dry_ = false;
   std::string memory_limit_;
   std::uint64_t seed_ = 0;

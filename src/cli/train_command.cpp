@@ -4,11 +4,14 @@
 // --resume from the newest complete one, and held-out loss every --eval-every steps.
 #include "commands.h"
 #include "model_flags.h"
+#include "parallel_flags.h"
 #include "sweep_output.h"
 #include "train_settings.h"
 
 #include "lmscope/backend/backend.h"
+#include "lmscope/backend/devices.h"
 #include "lmscope/bench/trace_session.h"
+#include "lmscope/dist/data_parallel_run.h"
 #include "lmscope/io/checkpoint.h"
 #include "lmscope/io/durable_file.h"
 #include "lmscope/io/safetensors.h"
@@ -74,6 +77,7 @@ class TrainCommand : public Command {
     app = parent.add_subcommand("train", "Train the model on a token file");
     model_.add_to(*app, false);
     s_.add_to(*app);
+    parallel_.add_to(*app);
   }
 
   int run() override {
@@ -90,6 +94,18 @@ class TrainCommand : public Command {
       s_.model = model_.resolve_one();
     }
     s_.validate(*app);
+    // Data parallelism: this process is one rank of the world the environment names; --batch is the
+    // global batch, each rank running its share of the rows one process would.
+    const ParallelFlags::Resolved parallel = parallel_.resolve(s_.batch);
+    const bool main_rank = parallel.world.rank == 0;
+    if (parallel.spec && parallel.spec->zero == 1 && (!s_.checkpoint_dir.empty() || !s_.resume.empty()))
+      user_error("--zero 1 cannot write or resume checkpoints yet (each rank holds only its part of AdamW's state)");
+    if (parallel.spec && s_.graphs == "on" && s_.device == "cuda") {
+      if (app->count("--graphs") > 0 && main_rank)
+        fmt::print("note: data parallelism runs without device graphs (its collectives are not recorded)\n");
+      s_.graphs = "off";
+    }
+    if (!main_rank) s_.trace.clear();                 // what only one process writes: rank 0's
     if (!s_.trace.empty()) write_file(s_.trace, "");  // fail now, not after the first steps
     const ModelConfig& c = s_.model;
 
@@ -102,14 +118,29 @@ class TrainCommand : public Command {
     }
     BatchSampler sampler(data, s_.batch, s_.ctx, s_.sample == "sequential", s_.seed);
 
+    if (parallel.world.size > 1 && s_.device == "cuda") use_gpu(parallel.world.local_rank);
     std::unique_ptr<Backend> backend = make_backend(s_.device, s_.precision);
+    std::unique_ptr<dist::DataParallelRun> dp;
+    if (parallel.spec) dp = std::make_unique<dist::DataParallelRun>(parallel.world, *backend, *parallel.spec);
+    const std::int64_t local_batch = dp ? dp->local_batch(s_.batch) : s_.batch;
+    const std::int64_t first_row = dp ? dp->first_row(s_.batch) : 0;
     Transformer model(c, *backend, DType::f32, compute_dtype(s_.precision), parse_attention(s_.attention));
     model.set_recompute(parse_recompute(s_.recompute));
     model.set_weight_copies(parse_weight_copies(s_.weight_copies));
     model.set_graphs(s_.graphs == "on");
     model.set_fusion(s_.fusion == "on");
     std::int64_t start = 0;
-    AdamW opt(model, s_.optimizer);
+    // The starting weights (all ranks load or make the same; rank 0's are broadcast all the same, as
+    // DDP does) before AdamW, whose moments a sharded run keeps for its part only.
+    if (!resumed) {
+      if (s_.init.empty())
+        model.init_parameters(s_.seed);
+      else
+        load_parameters(model, s_.init);
+    }
+    if (dp) dp->attach(model);
+    AdamW opt(model, s_.optimizer, dp ? dp->sharding() : nullptr);
+    if (dp) dp->configure(opt);
     if (app->count("--loss-scale") + app->count("--loss-scale-interval") > 0 && !opt.loss_scaler().on())
       fmt::print("note: --loss-scale and --loss-scale-interval apply to fp16, and this run is {}\n", s_.precision);
     if (resumed) {
@@ -119,25 +150,30 @@ class TrainCommand : public Command {
                    resumed->state.loss_scaler->scale);
       sampler.restore(resumed->state.sampler);
       start = resumed->state.step;
-    } else if (s_.init.empty()) {
-      model.init_parameters(s_.seed);
-    } else {
-      load_parameters(model, s_.init);
     }
     std::ofstream log;
-    if (!s_.log.empty()) log = open_log(s_.log, resumed ? std::optional(start) : std::nullopt);
-    if (!s_.checkpoint_dir.empty()) {
+    if (!s_.log.empty() && main_rank) log = open_log(s_.log, resumed ? std::optional(start) : std::nullopt);
+    if (!s_.checkpoint_dir.empty() || dp) {
       std::signal(SIGINT, record_stop_signal);
       std::signal(SIGTERM, record_stop_signal);
     }
 
     const std::size_t micro = static_cast<std::size_t>(s_.batch * s_.ctx);
     const std::size_t tokens_per_step = micro * static_cast<std::size_t>(s_.grad_accum);
-    fmt::print("training {} ({} parameters) on {}: {} tokens in '{}', {} steps of {}{}x{} tokens{}\n", c.name,
-               c.parameter_count(), backend->name(), data.size(), s_.data, s_.steps,
-               s_.grad_accum > 1 ? fmt::format("{} micro-batches of ", s_.grad_accum) : "", s_.batch, s_.ctx,
-               resumed ? fmt::format(", resumed at step {} from '{}'", start, resumed->path) : "");
+    if (main_rank)
+      fmt::print(
+          "training {} ({} parameters) on {}: {} tokens in '{}', {} steps of {}{}x{} tokens{}{}\n", c.name,
+          c.parameter_count(), backend->name(), data.size(), s_.data, s_.steps,
+          s_.grad_accum > 1 ? fmt::format("{} micro-batches of ", s_.grad_accum) : "", s_.batch, s_.ctx,
+          dp ? fmt::format(" over {} ranks ({} rows each, {} over {}{})", parallel.world.size, local_batch,
+                           dp->spec().zero ? "ZeRO-1" : dist::ddp_mode_name(dp->spec().mode), dp->communicator().name(),
+                           dp->spec().zero || dp->spec().mode == dist::DdpMode::bucketed
+                               ? fmt::format(", {:g} MiB buckets", dp->spec().bucket_mb)
+                               : "")
+             : "",
+          resumed ? fmt::format(", resumed at step {} from '{}'", start, resumed->path) : "");
     auto save_checkpoint = [&](std::int64_t step) {
+      if (!main_rank) return;  // every rank holds the same weights and moments: rank 0 writes them
       const std::string path = write_checkpoint(
           s_.checkpoint_dir, model, opt,
           CheckpointState{step, opt.steps_taken(), sampler.position(), s_.to_json(),
@@ -164,7 +200,8 @@ class TrainCommand : public Command {
         double loss = 0;
         for (int k = 0; k < s_.grad_accum; ++k) {
           sampler.next(ids.data(), targets.data());
-          model.set_batch(s_.batch, s_.ctx, ids.data(), targets.data());
+          const std::size_t first = static_cast<std::size_t>(first_row * s_.ctx);
+          model.set_batch(local_batch, s_.ctx, ids.data() + first, targets.data() + first);
           {
             ScopedRange r(ranges, RangeLevel::phase, "forward");
             model.forward();
@@ -172,9 +209,11 @@ class TrainCommand : public Command {
           {
             ScopedRange r(ranges, RangeLevel::phase, "backward");
             model.backward({k, s_.grad_accum});
+            if (dp) dp->after_backward({k, s_.grad_accum});
           }
           loss += model.read_loss() / s_.grad_accum;
         }
+        if (dp) loss = dp->mean_over_ranks(loss);
         const double lr = s_.schedule.at(it);
         bool applied = true;
         {
@@ -185,7 +224,7 @@ class TrainCommand : public Command {
         const double norm = opt.last_grad_norm();
         if (!std::isfinite(loss)) user_error("the loss became {} at step {}; lower --lr or enable --clip", loss, step);
         std::optional<double> val_loss;
-        if (val && ((s_.eval_every > 0 && step % s_.eval_every == 0) || step == s_.steps)) {
+        if (val && main_rank && ((s_.eval_every > 0 && step % s_.eval_every == 0) || step == s_.steps)) {
           ScopedRange r(ranges, RangeLevel::phase, "held-out loss");
           val_loss = held_out_loss(model, *val, s_);
         }
@@ -208,7 +247,7 @@ class TrainCommand : public Command {
           }
           log << j.dump() << "\n" << std::flush;
         }
-        if (step % s_.print_every == 0 || it == start || step == s_.steps || val_loss)
+        if (main_rank && (step % s_.print_every == 0 || it == start || step == s_.steps || val_loss))
           fmt::print(
               "step {:>6}/{}  loss {:.4f}{}  lr {:.3e}  grad norm {:.3f}{}  {:.2f} s/step  {:.0f} tokens/s\n", step,
               s_.steps, loss,
@@ -229,21 +268,25 @@ class TrainCommand : public Command {
         trace.reset();
         fmt::print("wrote the trace of steps {} to {} to '{}'\n", start + 1, step, s_.trace);
       }
-      if (const int sig = stop_signal.load()) {
-        if (last_saved != step) save_checkpoint(step);
-        fmt::print("stopped by {} after step {}; resume with --resume {}\n", sig == SIGINT ? "SIGINT" : "SIGTERM", step,
-                   s_.checkpoint_dir);
-        return 128 + sig;
+      // Every rank stops after the same step: a signal any of them had stops them all.
+      const bool stop = dp ? dp->mean_over_ranks(stop_signal.load() != 0 ? 1.0 : 0.0) > 0 : stop_signal.load() != 0;
+      if (stop) {
+        if (!s_.checkpoint_dir.empty() && last_saved != step) save_checkpoint(step);
+        const int own = stop_signal.load() ? stop_signal.load() : SIGTERM;
+        if (main_rank)
+          fmt::print("stopped by {} after step {}{}\n", own == SIGINT ? "SIGINT" : "SIGTERM", step,
+                     s_.checkpoint_dir.empty() ? "" : fmt::format("; resume with --resume {}", s_.checkpoint_dir));
+        return 128 + own;
       }
     }
-    if (start >= s_.steps)
+    if (start >= s_.steps && main_rank)
       fmt::print("the checkpoint is at step {}, --steps is {}: nothing to train\n", start, s_.steps);
-    if (const Backend::GraphCounts g = backend->graph_counts(); g.given_up)
+    if (const Backend::GraphCounts g = backend->graph_counts(); g.given_up && main_rank)
       fmt::print(
           "note: device graphs stopped ({} recorded, {} replayed): the phases' memory kept changing, so the run "
           "went on op by op (--graphs off does so from the start)\n",
           g.recorded, g.replayed);
-    if (!s_.save.empty()) {
+    if (!s_.save.empty() && main_rank) {
       save_parameters(model, s_.save);
       fmt::print("saved weights to '{}'\n", s_.save);
     }
@@ -260,6 +303,7 @@ class TrainCommand : public Command {
 
   ModelFlags model_;
   TrainSettings s_;
+  ParallelFlags parallel_;
 };
 
 }  // namespace

@@ -23,6 +23,8 @@ TEST(KernelNames, Categories) {
   EXPECT_STREQ(kernel_category("nvjet_sm90_tst_128x256_64x4_2x1_v_bz_coopA_TNT"), "GEMM");
   EXPECT_STREQ(kernel_category("sm90_xmma_gemm_bf16bf16_bf16f32_f32_tn_n"), "GEMM");
   EXPECT_STREQ(kernel_category("flash_backward_dq_tc<64>"), "attention");
+  EXPECT_STREQ(kernel_category("ncclDevKernel_AllReduce_Sum_f32_RING_LL(ncclDevKernelArgsStorage<4096ul>)"),
+               "collective");
   EXPECT_STREQ(kernel_category("softmax_forward_kernel<float>"), "attention");
   EXPECT_STREQ(kernel_category("rmsnorm_backward_dw_kernel<float>"), "RMSNorm");
   EXPECT_STREQ(kernel_category("void lmscope::cuda::(anonymous namespace)::add_parts(const float *, int, long long, "

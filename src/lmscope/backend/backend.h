@@ -93,6 +93,9 @@ class Backend {
     update_ranges();
   }
   RangeListener* range_listener() const { return active_ranges_; }
+  // The CUDA stream the ops run on (a cudaStream_t), nullptr on other backends: collectives between
+  // GPUs order themselves after it.
+  virtual void* cuda_stream() const { return nullptr; }
   // The device's memory as its driver reports it, after a synchronize; none where there is no such
   // report (the CPU, the dry run).
   virtual std::optional<DeviceMemory> device_memory() { return std::nullopt; }

@@ -19,6 +19,9 @@ struct GpuInfo {
 bool built_with_cuda();
 // The CUDA devices the driver reports; empty without CUDA, driver or GPU.
 std::vector<GpuInfo> list_gpus();
+// Makes GPU `index` the one this process's CUDA work goes to (a rank's LOCAL_RANK), before its
+// backend is made; UserError when there is no such GPU.
+void use_gpu(int index);
 // What the flash-attention plan reads of the visible GPU (device 0); the build must have CUDA and
 // list_gpus() must not be empty.
 cuda::FlashKernelFacts visible_gpu_flash_facts();

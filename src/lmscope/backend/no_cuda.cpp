@@ -6,6 +6,9 @@ namespace lmscope {
 
 bool built_with_cuda() { return false; }
 std::vector<GpuInfo> list_gpus() { return {}; }
+void use_gpu(int) {
+  throw Unsupported("this build of lmscope has no CUDA backend (configured with -DLMSCOPE_CUDA=OFF)");
+}
 cuda::FlashKernelFacts visible_gpu_flash_facts() {
   throw Unsupported("this build of lmscope has no CUDA backend (configured with -DLMSCOPE_CUDA=OFF)");
 }

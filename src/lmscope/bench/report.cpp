@@ -35,6 +35,15 @@ nlohmann::ordered_json model_json(const ModelConfig& m) {
           {"parameters", m.parameter_count()}};
 }
 
+nlohmann::ordered_json data_parallel_json(const BenchSpec& s) {
+  if (!s.parallel) return nullptr;
+  const dist::DataParallelSpec& p = *s.parallel;
+  return {{"world_size", s.world.size},
+          {"ddp", p.zero ? nlohmann::ordered_json(nullptr) : nlohmann::ordered_json(dist::ddp_mode_name(p.mode))},
+          {"zero", p.zero},
+          {"bucket_mb", p.bucket_mb}};
+}
+
 namespace {
 
 std::string mean_std(const PhaseStats& s) { return s.n ? fmt::format("{:.2f} ± {:.2f}", s.mean, s.std) : "-"; }
@@ -115,6 +124,26 @@ nlohmann::ordered_json json_profile(const BenchResult& r) {
   return j;
 }
 
+bool measured_exchange(const BenchResult& r) { return r.ok() && !r.dry_run && r.spec.parallel; }
+
+// Data-parallel rows: the collectives' time, what of it the step waited for after the backward, and
+// the share that ran beside the forward and backward.
+std::string markdown_exchange(const std::vector<BenchResult>& rows) {
+  std::string out;
+  for (const BenchResult& r : rows) {
+    if (!measured_exchange(r)) continue;
+    if (out.empty())
+      out =
+          "\n### Gradient exchange (per step)\n\n| model | mode | batch | ctx | collectives ms | exposed after "
+          "backward "
+          "ms | hidden behind the backward |\n|---|---|---:|---:|---:|---:|---:|\n";
+    const BenchSpec& s = r.spec;
+    out += fmt::format("| {} | {} | {} | {} | {} | {} | {:.0f}% |\n", s.model.name, mode_label(s), s.batch, s.ctx,
+                       mean_std(r.communication), mean_std(r.exchange), 100 * r.hidden_share);
+  }
+  return out;
+}
+
 std::string markdown(const std::vector<BenchResult>& rows) {
   std::string out =
       "| model | device | precision | attention | mode | batch | ctx | forward ms | backward ms | optimizer ms | "
@@ -140,6 +169,7 @@ std::string markdown(const std::vector<BenchResult>& rows) {
           "\n{} {} ctx {}: the loss scaler skipped {} of the {} measured steps (their gradients overflowed fp16; "
           "no update in their optimizer phase); the scale is now {:g}.\n",
           r.spec.model.name, r.spec.precision, r.spec.ctx, *r.skipped_steps, r.spec.steps, r.loss_scale);
+  out += markdown_exchange(rows);
   for (const BenchResult& r : rows)
     if (r.ok() && r.kernels.steps > 0) out += markdown_profile(r);
   return out;
@@ -151,7 +181,8 @@ std::string csv(const std::vector<BenchResult>& rows) {
       "fusion,batch,ctx,warmup,steps";
   for (const char* p : kPhases)
     for (const char* f : {"mean_ms", "std_ms", "median_ms", "min_ms", "max_ms"}) out += fmt::format(",{}_{}", p, f);
-  out += ",tokens_per_s,model_tflops,mfu,peak_bytes,device_name,dry_run,status\n";
+  out += ",tokens_per_s,model_tflops,mfu,peak_bytes,device_name,dry_run,status";
+  out += ",world_size,ddp,zero,bucket_mb,communication_mean_ms,exchange_mean_ms,hidden_share\n";
   for (const BenchResult& r : rows) {
     const BenchSpec& s = r.spec;
     out += fmt::format("{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{}", csv_field(s.model.name),
@@ -173,7 +204,16 @@ std::string csv(const std::vector<BenchResult>& rows) {
                          csv_field(r.device_name));
     else
       out += ",,,,,";
-    out += fmt::format(",{},{}\n", r.dry_run ? 1 : 0, csv_field(r.status));
+    out += fmt::format(",{},{}", r.dry_run ? 1 : 0, csv_field(r.status));
+    if (s.parallel)
+      out += fmt::format(",{},{},{},{:g}", s.world.size, s.parallel->zero ? "" : dist::ddp_mode_name(s.parallel->mode),
+                         s.parallel->zero, s.parallel->bucket_mb);
+    else
+      out += ",1,,0,";
+    if (measured_exchange(r))
+      out += fmt::format(",{:.4f},{:.4f},{:.4f}\n", r.communication.mean, r.exchange.mean, r.hidden_share);
+    else
+      out += ",,,\n";
   }
   return out;
 }
@@ -199,6 +239,7 @@ std::string json(const std::vector<BenchResult>& rows) {
     j["steps"] = s.steps;
     j["status"] = r.status;
     j["dry_run"] = r.dry_run;
+    if (s.parallel) j["data_parallel"] = data_parallel_json(s);
     if (r.dry_run && r.ok()) {
       j["device_name"] = r.device_name;
       j["peak_bytes"] = r.peak_bytes;
@@ -223,6 +264,11 @@ std::string json(const std::vector<BenchResult>& rows) {
         j["loss_scale"] = r.loss_scale;
       }
       if (r.kernels.steps > 0) j["kernels"] = json_profile(r);
+      if (measured_exchange(r)) {
+        for (auto [name, p] : {std::pair{"communication", &r.communication}, std::pair{"exchange", &r.exchange}})
+          j["ms"][name] = {{"mean", p->mean}, {"std", p->std}, {"median", p->median}, {"min", p->min}, {"max", p->max}};
+        j["hidden_share"] = r.hidden_share;
+      }
     }
     arr.push_back(j);
   }

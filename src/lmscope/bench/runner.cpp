@@ -3,7 +3,9 @@
 #include "lmscope/bench/trace_session.h"
 
 #include "lmscope/backend/backend.h"
+#include "lmscope/backend/devices.h"
 #include "lmscope/core/rng.h"
+#include "lmscope/dist/data_parallel_run.h"
 #include "lmscope/model/optimizer.h"
 #include "lmscope/model/transformer.h"
 
@@ -35,6 +37,16 @@ std::string mode_label(const BenchSpec& s) {
   if (s.weight_copies == WeightCopies::transient) label += ", transient copies";
   if (!s.graphs && s.device == "cuda") label += ", graphs off";
   if (!s.fusion) label += ", fusion off";
+  if (s.parallel) {
+    const dist::DataParallelSpec& p = *s.parallel;
+    if (p.zero == 1)
+      label += fmt::format(", ZeRO-1 ({:g} MiB buckets)", p.bucket_mb);
+    else if (p.mode == dist::DdpMode::bucketed)
+      label += fmt::format(", DDP bucketed {:g} MiB", p.bucket_mb);
+    else
+      label += fmt::format(", DDP {}", dist::ddp_mode_name(p.mode));
+    label += fmt::format(", {} rank{}", s.world.size, s.world.size == 1 ? "" : "s");
+  }
   return label;
 }
 
@@ -79,27 +91,47 @@ PhaseStats summarize(std::vector<double> ms) {
 
 namespace {
 
+// The time the collectives' spans overlap [0, until) (ms from the step's start).
+double overlap_ms(const std::vector<dist::Communicator::Span>& spans, double until) {
+  double ms = 0;
+  for (const auto& s : spans) ms += std::max(0.0, std::min(s.end_ms, until) - s.start_ms);
+  return ms;
+}
+
 void run_cell(const BenchSpec& spec, BenchResult& r, const BenchProgress& progress) {
+  if (spec.parallel && !has_backward(spec.mode))
+    throw UserError("data parallelism exchanges gradients: it takes --mode train or forward-backward");
+  if (spec.parallel && spec.world.size > 1 && spec.device == "cuda") use_gpu(spec.world.local_rank);
   std::unique_ptr<Backend> backend = make_backend(spec.device, spec.precision);
   Transformer model(spec.model, *backend, DType::f32, compute_dtype(spec.precision), spec.attention);
   model.set_recompute(spec.recompute);
   model.set_weight_copies(spec.weight_copies);
-  model.set_graphs(spec.graphs);
+  model.set_graphs(spec.graphs && !spec.parallel);  // collectives are not recorded
   model.set_fusion(spec.fusion);
   model.init_parameters(spec.seed);
-  const std::int64_t n = spec.batch * spec.ctx;
+  std::unique_ptr<dist::DataParallelRun> dp;
+  if (spec.parallel) {
+    dp = std::make_unique<dist::DataParallelRun>(spec.world, *backend, *spec.parallel);
+    dp->attach(model);
+  }
+  const std::int64_t n = spec.batch * spec.ctx;  // the global batch: each rank runs its rows of it
   std::vector<std::int32_t> ids(static_cast<std::size_t>(n)), targets(static_cast<std::size_t>(n));
   Rng rng = Rng::stream(spec.seed, "bench.tokens");  // random tokens, never zeros
   for (auto& t : ids) t = static_cast<std::int32_t>(rng.below(static_cast<std::uint64_t>(spec.model.vocab)));
   for (auto& t : targets) t = static_cast<std::int32_t>(rng.below(static_cast<std::uint64_t>(spec.model.vocab)));
-  model.set_batch(spec.batch, spec.ctx, ids.data(), targets.data());
+  const std::int64_t local_batch = dp ? dp->local_batch(spec.batch) : spec.batch;
+  const std::size_t first = static_cast<std::size_t>((dp ? dp->first_row(spec.batch) : 0) * spec.ctx);
+  model.set_batch(local_batch, spec.ctx, ids.data() + first, targets.data() + first);
   std::unique_ptr<AdamW> opt;
-  if (spec.mode == BenchMode::train) opt = std::make_unique<AdamW>(model, OptimizerConfig{});
+  if (spec.mode == BenchMode::train) {
+    opt = std::make_unique<AdamW>(model, OptimizerConfig{}, dp ? dp->sharding() : nullptr);
+    if (dp) dp->configure(*opt);
+  }
 
   // Phases are timed by marks in the backend's stream (CUDA events on the GPU), so no phase waits
   // for the host; the whole step by a host clock around a synchronised region, the seeds' method.
   // With spec.profile, a tracer records every kernel of the measured steps, tagged with its phase.
-  std::vector<double> fwd, bwd, optim, step;
+  std::vector<double> fwd, bwd, optim, step, comm, exchange, hidden;
   // With spec.trace, the ranges the runner and the model mark, every allocation and the device's
   // work of the measured steps; its kernel tracer serves the profile too (one tracer at a time).
   std::unique_ptr<TraceSession> trace;
@@ -135,6 +167,7 @@ void run_cell(const BenchSpec& spec, BenchResult& r, const BenchProgress& progre
       ScopedRange whole(ranges, RangeLevel::step, "step", i - spec.warmup);
       // Each micro-batch's forward and backward; a phase's time is their sum.
       std::vector<int> marks{backend->mark()};
+      if (dp && i >= spec.warmup) dp->communicator().start_timing();
       for (int k = 0; k < micro_batches; ++k) {
         enter(Phase::forward);
         {
@@ -152,6 +185,11 @@ void run_cell(const BenchSpec& spec, BenchResult& r, const BenchProgress& progre
         }
         marks.push_back(backend->mark());
       }
+      if (dp) {  // the collectives the backward started, waited for (naive and flat: run) here
+        ScopedRange r(ranges, RangeLevel::phase, "gradient exchange");
+        dp->after_backward({micro_batches - 1, micro_batches});
+      }
+      marks.push_back(backend->mark());
       enter(Phase::optimizer);
       if (opt) {
         ScopedRange r(ranges, RangeLevel::phase, "optimizer");
@@ -171,8 +209,17 @@ void run_cell(const BenchSpec& spec, BenchResult& r, const BenchProgress& progre
       }
       fwd.push_back(f);
       bwd.push_back(b);
-      optim.push_back(backend->elapsed_ms(marks[2 * micro_batches], marks[2 * micro_batches + 1]));
+      const int backward_end = 2 * micro_batches;
+      exchange.push_back(backend->elapsed_ms(marks[backward_end], marks[backward_end + 1]));
+      optim.push_back(backend->elapsed_ms(marks[backward_end + 1], marks[backward_end + 2]));
       step.push_back(host_ms);
+      if (dp) {
+        const std::vector<dist::Communicator::Span> spans = dp->communicator().finish_timing();
+        double total = 0;
+        for (const auto& s : spans) total += s.end_ms - s.start_ms;
+        comm.push_back(total);
+        hidden.push_back(total > 0 ? overlap_ms(spans, backend->elapsed_ms(marks[0], marks[backward_end])) / total : 0);
+      }
     }
     backend->clear_marks();
     if (progress) progress(i + 1, total);
@@ -197,11 +244,18 @@ void run_cell(const BenchSpec& spec, BenchResult& r, const BenchProgress& progre
   if (has_backward(spec.mode)) r.backward = summarize(bwd);
   if (opt) r.optimizer = summarize(optim);
   r.step = summarize(step);
-  const double tokens = static_cast<double>(n) * micro_batches;  // per step
+  if (dp) {
+    r.communication = summarize(comm);
+    r.exchange = summarize(exchange);
+    r.hidden_share = summarize(hidden).mean;
+  }
+  const double tokens = static_cast<double>(n) * micro_batches;  // per step, every rank's
   r.tokens_per_s = tokens / (r.step.mean / 1e3);
   const double per_token = has_backward(spec.mode) ? spec.model.train_flops_per_token(spec.ctx)
                                                    : spec.model.forward_flops_per_token(spec.ctx);
-  r.model_tflops = per_token * tokens / (r.step.mean / 1e3) / 1e12;
+  // Per device: this rank's share of the tokens.
+  const double local_tokens = tokens * static_cast<double>(local_batch) / static_cast<double>(spec.batch);
+  r.model_tflops = per_token * local_tokens / (r.step.mean / 1e3) / 1e12;
   r.device_name = backend->allocator().device_name();
   r.peak_tflops = peak_tflops(r.device_name, spec.precision);
   if (r.peak_tflops > 0) r.mfu = r.model_tflops / r.peak_tflops;

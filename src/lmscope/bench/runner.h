@@ -3,6 +3,7 @@
 // timer around a synchronised region, as the seeds' PyTorch scripts do.
 #pragma once
 
+#include "lmscope/dist/data_parallel.h"
 #include "lmscope/model/attention.h"
 #include "lmscope/model/config.h"
 #include "lmscope/model/transformer.h"
@@ -41,12 +42,18 @@ struct BenchSpec {
   bool graphs = true;
   // The fused kernels (Transformer::set_fusion).
   bool fusion = true;
+  // Data parallelism (train and forward-backward): this process is rank world.rank of world.size,
+  // running batch / world.size of the batch's rows; on the dry run, a rank of a world of that size
+  // (nothing is exchanged, every buffer of the exchange is made). Device graphs are off with it.
+  std::optional<dist::DataParallelSpec> parallel;
+  dist::World world;
 };
 
 // The mode as tables show it: "train", with ", selective recompute" where something is recomputed,
 // ", 4 micro-batches" where gradients are accumulated, ", transient copies" where the bf16 weight
-// copies are transient, ", graphs off" where a CUDA cell runs without device graphs and ", fusion off"
-// where a cell runs the unfused ops.
+// copies are transient, ", graphs off" where a CUDA cell runs without device graphs, ", fusion off"
+// where a cell runs the unfused ops, and ", DDP bucketed 25 MiB, 2 ranks" or ", ZeRO-1, 2 ranks" with
+// data parallelism.
 std::string mode_label(const BenchSpec& s);
 
 // The datasheet peak of a GPU for a precision (bf16/tf32 dense tensor cores, fp32 CUDA cores),
@@ -64,6 +71,11 @@ struct BenchResult {
   BenchSpec spec;
   std::string status = "ok";  // "ok", "OOM: ...", "unsupported: ...", "error: ..."
   PhaseStats forward, backward, optimizer, step;
+  // Data parallelism: the step's collectives, in all (their spans on the device), and the wait for
+  // them after the backward (the exchange phase, between backward and optimizer); hidden_share: the
+  // part of the collectives' time that ran during the forward and backward.
+  PhaseStats communication, exchange;
+  double hidden_share = 0;
   double tokens_per_s = 0;
   double model_tflops = 0;  // model FLOPs of the mode per step over the mean step time
   std::string device_name;  // as the allocator names it, e.g. "cuda:0 (NVIDIA H100 80GB HBM3)"

@@ -68,6 +68,7 @@ class CudaBackend final : public Backend {
 
   std::string name() const override { return alloc_.device_name(); }
   Allocator& allocator() override { return alloc_; }
+  void* cuda_stream() const override { return stream_; }
   void synchronize() override {
     LMSCOPE_CHECK(!graphs_->active(), "a wait for the device inside a device graph");
     LMSCOPE_CUDA_CHECK(cudaStreamSynchronize(stream_));

@@ -1,4 +1,5 @@
 #include "lmscope/backend/devices.h"
+#include "lmscope/core/error.h"
 #include "lmscope/cuda/kernels.h"
 
 #include <cuda_runtime.h>
@@ -20,6 +21,15 @@ std::vector<GpuInfo> list_gpus() {
     out.push_back({p.name, p.major, p.minor, p.multiProcessorCount, p.totalGlobalMem});
   }
   return out;
+}
+
+void use_gpu(int index) {
+  const std::size_t n = list_gpus().size();
+  if (index < 0 || static_cast<std::size_t>(index) >= n)
+    user_error("this rank's local rank is {}, and the machine shows {} GPU{}: start at most one rank per GPU", index, n,
+               n == 1 ? "" : "s");
+  if (cudaSetDevice(index) != cudaSuccess)
+    user_error("cannot use GPU {}: {}", index, cudaGetErrorString(cudaGetLastError()));
 }
 
 cuda::FlashKernelFacts visible_gpu_flash_facts() { return cuda::flash_kernel_facts(); }

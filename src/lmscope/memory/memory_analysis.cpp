@@ -141,7 +141,10 @@ MemoryAnalysis analyze_memory(const MemoryRecord& record, int top) {
       a.held_at_backward = replay.allocated();
       mark(Phase::backward, replay.allocated());
     }
-    if (record.optimizer_begin && i == *record.optimizer_begin) mark(Phase::optimizer, replay.allocated());
+    if (record.optimizer_begin && i == *record.optimizer_begin) {
+      a.held_at_optimizer = replay.allocated();
+      mark(Phase::optimizer, replay.allocated());
+    }
     replay.apply(e);
     mark(phase, replay.allocated());
     a.peak_reserved = std::max(a.peak_reserved, replay.reserved());
@@ -160,7 +163,10 @@ MemoryAnalysis analyze_memory(const MemoryRecord& record, int top) {
     a.held_at_backward = replay.allocated();
     mark(Phase::backward, replay.allocated());
   }
-  if (record.optimizer_begin && *record.optimizer_begin >= events.size()) mark(Phase::optimizer, replay.allocated());
+  if (record.optimizer_begin && *record.optimizer_begin >= events.size()) {
+    a.held_at_optimizer = replay.allocated();
+    mark(Phase::optimizer, replay.allocated());
+  }
   a.at_step_end = replay.allocated();
   a.reserved_at_step_end = replay.reserved();
   a.paged_at_step_end = replay.reserved_in_pages();

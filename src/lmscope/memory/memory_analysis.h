@@ -52,6 +52,7 @@ struct MemoryAnalysis {
   std::vector<std::pair<std::string, std::size_t>> peak_by_op;  // largest first
   std::array<std::optional<std::size_t>, kPhases> phase_peak;   // phases the step has
   std::optional<std::size_t> held_at_backward;                  // when the step has one
+  std::optional<std::size_t> held_at_optimizer;                 // just before the optimizer step (train)
   std::vector<LiveBuffer> top;                                  // largest live buffers at the peak
   std::size_t live_at_peak = 0;                                 // how many buffers
 };

@@ -162,6 +162,7 @@ std::string json(const std::vector<MemoryRow>& rows) {
     const BenchSpec& c = r.spec.cell;
     nlohmann::ordered_json j;
     j["model"] = model_json(c.model);
+    if (c.parallel) j["data_parallel"] = data_parallel_json(c);
     j["device"] = c.device;
     j["dry_run"] = r.spec.dry_run;
     j["device_name"] = r.device_name;
@@ -185,6 +186,7 @@ std::string json(const std::vector<MemoryRow>& rows) {
       j["step_end_bytes"] = a.at_step_end;
       j["peak_reserved_bytes"] = a.peak_reserved;
       j["held_at_backward_bytes"] = a.held_at_backward ? nlohmann::ordered_json(*a.held_at_backward) : nullptr;
+      j["held_at_optimizer_bytes"] = a.held_at_optimizer ? nlohmann::ordered_json(*a.held_at_optimizer) : nullptr;
       nlohmann::ordered_json phases;
       for (int p = 0; p < kPhases; ++p)
         if (a.phase_peak[p]) phases[phase_name(static_cast<Phase>(p))] = *a.phase_peak[p];

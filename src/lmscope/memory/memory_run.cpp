@@ -2,6 +2,7 @@
 
 #include "lmscope/backend/meta/meta_backend.h"
 #include "lmscope/core/rng.h"
+#include "lmscope/dist/data_parallel_run.h"
 #include "lmscope/memory/memory_analysis.h"
 #include "lmscope/model/optimizer.h"
 #include "lmscope/model/transformer.h"
@@ -27,7 +28,7 @@ std::unique_ptr<Backend> make_cell_backend(const MemorySpec& spec, MemoryRecord&
 }
 
 void run_steps(const MemorySpec& spec, MemoryRecord& r, Backend& backend, std::optional<Transformer>& model,
-               std::unique_ptr<AdamW>& opt) {
+               std::unique_ptr<dist::DataParallelRun>& dp, std::unique_ptr<AdamW>& opt) {
   Allocator& mem = backend.allocator();
   const BenchSpec& c = spec.cell;
   model.emplace(c.model, backend, DType::f32, compute_dtype(c.precision), c.attention);
@@ -40,13 +41,23 @@ void run_steps(const MemorySpec& spec, MemoryRecord& r, Backend& backend, std::o
   // seeded draw, and costs nothing at 2.7B (the draw takes the host tens of seconds).
   for (Parameter& p : model->parameters()) backend.fill(p.value, 0.02);
   model->refresh_lowp_copies();
-  const std::int64_t n = c.batch * c.ctx;
+  if (c.parallel) {  // a rank: its share of the batch, and the exchange's buffers (ZeRO-1: its shard)
+    if (!has_backward(c.mode))
+      throw UserError("data parallelism exchanges gradients: it takes --mode train or forward-backward");
+    dp = std::make_unique<dist::DataParallelRun>(c.world, backend, *c.parallel);
+    dp->attach(*model);
+  }
+  const std::int64_t local_batch = dp ? dp->local_batch(c.batch) : c.batch;
+  const std::int64_t n = local_batch * c.ctx;
   std::vector<std::int32_t> ids(static_cast<std::size_t>(n)), targets(static_cast<std::size_t>(n));
   Rng rng = Rng::stream(c.seed, "memory.tokens");
   for (auto& t : ids) t = static_cast<std::int32_t>(rng.below(static_cast<std::uint64_t>(c.model.vocab)));
   for (auto& t : targets) t = static_cast<std::int32_t>(rng.below(static_cast<std::uint64_t>(c.model.vocab)));
-  model->set_batch(c.batch, c.ctx, ids.data(), targets.data());
-  if (c.mode == BenchMode::train) opt = std::make_unique<AdamW>(*model, OptimizerConfig{});
+  model->set_batch(local_batch, c.ctx, ids.data(), targets.data());
+  if (c.mode == BenchMode::train) {
+    opt = std::make_unique<AdamW>(*model, OptimizerConfig{}, dp ? dp->sharding() : nullptr);
+    if (dp) dp->configure(*opt);
+  }
   const int micro_batches = has_backward(c.mode) ? c.grad_accum : 1;
   for (int i = 0; i <= c.warmup; ++i) {
     const bool measured = i == c.warmup;
@@ -56,6 +67,7 @@ void run_steps(const MemorySpec& spec, MemoryRecord& r, Backend& backend, std::o
       if (has_backward(c.mode)) {
         if (measured && k == 0) r.backward_begin = mem.events().size();
         model->backward({k, micro_batches});
+        if (dp) dp->after_backward({k, micro_batches});
       } else {
         model->discard_activations();
       }
@@ -81,10 +93,11 @@ void run_cell(const MemorySpec& spec, MemoryRecord& r, std::unique_ptr<Backend>&
   r.start_epoch_us =
       std::chrono::duration<double, std::micro>(std::chrono::system_clock::now().time_since_epoch()).count();
   std::optional<Transformer> model;
+  std::unique_ptr<dist::DataParallelRun> dp;  // before the optimizer it shards, after the model it hooks into
   std::unique_ptr<AdamW> opt;
   mem.record_events(true);
   try {
-    run_steps(spec, r, *backend, model, opt);
+    run_steps(spec, r, *backend, model, dp, opt);
   } catch (...) {
     r.events = mem.events();
     mem.record_events(false);

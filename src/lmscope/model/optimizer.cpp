@@ -34,14 +34,23 @@ double LrSchedule::at(std::int64_t it) const {
   return lr_min + 0.5 * (1.0 + std::cos(std::numbers::pi * progress)) * (lr_max - lr_min);
 }
 
-AdamW::AdamW(Transformer& model, const OptimizerConfig& config)
+AdamW::AdamW(Transformer& model, const OptimizerConfig& config, OptimizerSharding* sharding)
     : model_(model),
       config_(config),
+      sharding_(sharding),
       scaler_(config.loss_scaling, config.loss_scaling.force || model.compute_dtype() == DType::f16) {
   config_.validate();
   model_.set_loss_scale(scaler_.scale());
   Backend& be = model_.backend();
+  if (sharding_) {  // the moments of this rank's part only, side by side as the shard lays it out
+    const Shape shard{sharding_->shard_elements()};
+    m_.push_back(be.allocator().allocate(shard, model_.dtype(), {MemKind::optimizer_state, "adamw.m.shard", -1}));
+    v_.push_back(be.allocator().allocate(shard, model_.dtype(), {MemKind::optimizer_state, "adamw.v.shard", -1}));
+    be.fill(m_.back(), 0.0);
+    be.fill(v_.back(), 0.0);
+  }
   for (Parameter& p : model_.parameters()) {
+    if (sharding_) break;
     m_.push_back(be.allocator().allocate(p.spec.shape, model_.dtype(),
                                          {MemKind::optimizer_state, "adamw.m." + p.spec.name, p.spec.layer}));
     v_.push_back(be.allocator().allocate(p.spec.shape, model_.dtype(),
@@ -64,6 +73,7 @@ bool AdamW::step(double lr) {
     grads.push_back(p.grad);
   }
   last_scale_ = scaler_.scale();
+  const double divisor = last_scale_ * static_cast<double>(ranks_);
   const AdamWArgs args{.lr = lr,
                        .beta1 = config_.beta1,
                        .beta2 = config_.beta2,
@@ -71,7 +81,7 @@ bool AdamW::step(double lr) {
                        .weight_decay = config_.weight_decay,
                        .step = t_ + 1,
                        .max_norm = config_.clip,
-                       .grad_scale = 1.0 / last_scale_,
+                       .grad_scale = 1.0 / divisor,
                        .step_scalars = step_scalars_,
                        .skip_nonfinite = scaler_.on()};
   // The step's rate goes to the device before the step's ops, so a recorded step replays at it.
@@ -82,6 +92,11 @@ bool AdamW::step(double lr) {
         be, model_.graphs(),
         hash_mix(hash_mix(model_.graph_key("optimizer"), config_.clip), reinterpret_cast<std::uintptr_t>(this)));
     auto& params = model_.parameters();
+    if (sharding_) {
+      sharded_step(args);
+      graph.end();
+      return finish_step();
+    }
     // Each gradient goes once read; the low-precision copies AdamW writes (when the copies are kept)
     // take the memory the gradients left (one by one, or Backend::adamw_all's groups), so no more than
     // one copy ever sits beside every gradient. With loss scaling, a step whose norm is not finite
@@ -109,6 +124,29 @@ bool AdamW::step(double lr) {
   return finish_step();
 }
 
+void AdamW::sharded_step(const AdamWArgs& args) {
+  Backend& be = model_.backend();
+  Allocator& mem = be.allocator();
+  auto& params = model_.parameters();
+  Allocation grad =
+      mem.allocate({sharding_->shard_elements()}, model_.dtype(), {MemKind::gradient, "zero.gradient_shard", -1});
+  sharding_->reduce_scatter_gradients(grad);
+  {
+    Allocation partial = mem.allocate({1}, model_.dtype(), {MemKind::workspace, "zero.partial_norm", -1});
+    const Tensor g = grad.tensor();
+    be.global_norm(std::span(&g, 1), partial);
+    sharding_->combine_norms(partial, grad_norm_);
+  }
+  for (const ShardPiece& piece : sharding_->pieces()) {
+    const Tensor value = params[piece.param].value.tensor().view({params[piece.param].value.tensor().numel()});
+    auto part = [&](const Tensor& t, std::int64_t at) { return t.rows(at, piece.length); };
+    be.adamw(part(value, piece.offset), part(grad, piece.shard_offset), part(m_[0], piece.shard_offset),
+             part(v_[0], piece.shard_offset), args, grad_norm_, Tensor{});
+  }
+  grad.reset();
+  sharding_->all_gather_parameters();
+}
+
 bool AdamW::finish_step() {
   if (scaler_.on()) {
     const bool applied = scaler_.update(std::isfinite(read_scalar(model_.backend(), grad_norm_)));
@@ -119,7 +157,9 @@ bool AdamW::finish_step() {
   return true;
 }
 
-double AdamW::last_grad_norm() { return read_scalar(model_.backend(), grad_norm_) / last_scale_; }
+double AdamW::last_grad_norm() {
+  return read_scalar(model_.backend(), grad_norm_) / (last_scale_ * static_cast<double>(ranks_));
+}
 
 void AdamW::restore_loss_scaler(const LossScaler::State& s) {
   scaler_.restore(s);

@@ -22,19 +22,53 @@ struct LrSchedule {
   void validate() const;
 };
 
+// Optimizer-state sharding (ZeRO-1): this rank updates only its part of the parameters, and keeps
+// AdamW's moments for that part alone. The part is pieces of parameters laid side by side in a shard
+// of shard_elements(); the implementation (dist/zero_sharding.h) moves gradients and parameters
+// between the ranks.
+struct ShardPiece {
+  std::size_t param = 0;                // index in the model's parameters()
+  std::int64_t offset = 0, length = 0;  // elements of that parameter (flattened)
+  std::int64_t shard_offset = 0;        // where they sit in the shard
+};
+class OptimizerSharding {
+ public:
+  virtual ~OptimizerSharding() = default;
+  virtual const std::vector<ShardPiece>& pieces() const = 0;
+  virtual std::int64_t shard_elements() const = 0;
+  // shard [shard_elements()] = the sum over the ranks of this rank's part of the gradients; frees
+  // every gradient.
+  virtual void reduce_scatter_gradients(const Tensor& shard) = 0;
+  // norm [1] = the global norm from every rank's `partial` [1] (the norm of its part).
+  virtual void combine_norms(const Tensor& partial, const Tensor& norm) = 0;
+  // Every rank's updated part into every parameter, and the low-precision copies AdamW would write.
+  virtual void all_gather_parameters() = 0;
+};
+
 class AdamW {
  public:
-  AdamW(Transformer& model, const OptimizerConfig& config);
+  // sharding: ZeRO-1 (nullptr: every parameter updated here, the moments of all of them kept).
+  AdamW(Transformer& model, const OptimizerConfig& config, OptimizerSharding* sharding = nullptr);
   // One update from the gradients now held by the model, at learning rate lr; frees them. With loss
   // scaling, the update is skipped when the gradients' norm is not finite, and the host reads the
   // norm afterwards (a wait for the device, as GradScaler's step makes); returns whether the update
   // was made. One device graph when the model's graphs are on.
   bool step(double lr);
   std::int64_t steps_taken() const { return t_; }
+  // The gradients hold the sum of `ranks` ranks' gradients (data parallelism): the step divides
+  // them by it, in the multiply that undoes a loss scale, and so does last_grad_norm.
+  void set_gradient_sum_of(int ranks) { ranks_ = ranks; }
+  bool sharded() const { return sharding_ != nullptr; }
   // The moments of parameter i (the model's order), and the step count, as a checkpoint saves and
-  // restores them.
-  const Allocation& first_moment(std::size_t i) const { return m_.at(i); }
-  const Allocation& second_moment(std::size_t i) const { return v_.at(i); }
+  // restores them (not when sharded: each rank holds the moments of its part only).
+  const Allocation& first_moment(std::size_t i) const {
+    LMSCOPE_CHECK(!sharded(), "the moments of a sharded AdamW are in pieces");
+    return m_.at(i);
+  }
+  const Allocation& second_moment(std::size_t i) const {
+    LMSCOPE_CHECK(!sharded(), "the moments of a sharded AdamW are in pieces");
+    return v_.at(i);
+  }
   void set_steps_taken(std::int64_t t) { t_ = t; }
   // The global gradient norm of the last step, before clipping and without the loss scale (reads the
   // backend); not finite for a skipped step.
@@ -47,8 +81,13 @@ class AdamW {
   // After the updates: the loss scaler learns whether the step overflowed (reading the norm), and the
   // step count goes on unless it did.
   bool finish_step();
+  // The updates of ZeRO-1: this rank's part from the summed gradients, then every rank's part into
+  // every parameter.
+  void sharded_step(const AdamWArgs& args);
   Transformer& model_;
   OptimizerConfig config_;
+  OptimizerSharding* sharding_ = nullptr;
+  int ranks_ = 1;
   std::vector<Allocation> m_, v_;
   Allocation norm_and_scalars_;
   Tensor grad_norm_, step_scalars_;  // [1] and [3] of it (AdamWArgs::step_scalars)

@@ -111,6 +111,11 @@ const Tensor& Transformer::weight(Parameter* p) {
   return p->value_lowp;
 }
 
+void Transformer::gradients_done(std::initializer_list<Parameter*> done) {
+  if (!last_micro_batch_ || !gradient_ready_) return;
+  for (Parameter* p : done) gradient_ready_(static_cast<std::size_t>(p - params_.data()));
+}
+
 void Transformer::drop_lowp_copies(std::initializer_list<Parameter*> done) {
   if (last_micro_batch_ || weight_copies_ == WeightCopies::transient)
     for (Parameter* p : done) p->value_lowp.reset();

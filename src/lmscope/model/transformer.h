@@ -8,6 +8,7 @@
 #include "lmscope/model/config.h"
 
 #include <cstdint>
+#include <functional>
 #include <optional>
 #include <vector>
 
@@ -131,6 +132,11 @@ class Transformer {
   // gradient, so small gradients stay above fp16's smallest numbers; the optimizer divides by S.
   void set_loss_scale(double scale) { loss_scale_ = scale; }
   double loss_scale() const { return loss_scale_; }
+  // Called in the step's last micro-batch as each parameter's gradient becomes final (with the index
+  // of the parameter in parameters()), in the order the backward finishes them: data parallelism
+  // starts its collectives from here while the backward goes on. Empty: none.
+  using GradientReady = std::function<void(std::size_t)>;
+  void set_gradient_ready(GradientReady f) { gradient_ready_ = std::move(f); }
   // Drops what forward saved, for forward-only runs.
   void discard_activations();
   // Logits of the last forward [batch·ctx, vocab]; valid until backward or discard. A forward for a
@@ -171,6 +177,8 @@ class Transformer {
   // Frees the low-precision copies of weights whose last use in this backward is behind (each right
   // after its input-gradient GEMM): in the step's last micro-batch, or in every one when transient.
   void drop_lowp_copies(std::initializer_list<Parameter*> done);
+  // Tells gradient_ready_ (in the last micro-batch) that these parameters' gradients are final.
+  void gradients_done(std::initializer_list<Parameter*> done);
   // The same in a forward whose copies are transient (keep_copies false).
   void drop_lowp_copies_after_forward(bool keep_copies, std::initializer_list<Parameter*> done);
   void linear(const Tensor& x, const Tensor& w, const Tensor& y);
@@ -213,6 +221,7 @@ class Transformer {
   std::vector<Saved> saved_;   // empty or one element: the last forward's activations
   bool accumulating_ = false;  // the backward under way adds into the gradients
   bool last_micro_batch_ = true;
+  GradientReady gradient_ready_;
 };
 
 }  // namespace lmscope

@@ -111,6 +111,7 @@ void Transformer::backward(MicroBatch micro) {
     linear_backward_input(chunk, weight(lm_head_), dn.tensor().rows(r, n), 0.0f);
   }
   drop_lowp_copies({lm_head_});
+  gradients_done({lm_head_});
   s.lse.reset();
   s.n_final.reset();
   head.next("ln_final");
@@ -118,6 +119,7 @@ void Transformer::backward(MicroBatch micro) {
   parameter_gradient(ln_final_, [&](const Tensor& dw) {
     backend_.rmsnorm_backward(dn, s.x_final, ln_final_->value, s.rstd_final, dx, dw);
   });
+  gradients_done({ln_final_});
   s.x_final.reset();
   s.rstd_final.reset();
 
@@ -143,6 +145,7 @@ void Transformer::backward(MicroBatch micro) {
       backend_.swiglu_forward(L.a, L.b, L.gate);
     }
     linear_backward_weight(dx_c, L.gate, gradient(*P.w2));
+    gradients_done({P.w2});
     L.gate.reset();
     dx_scratch.reset();
     op.next("SwiGLU");
@@ -162,12 +165,14 @@ void Transformer::backward(MicroBatch micro) {
     }
     linear_backward_weight(da, L.n2, gradient(*P.w1));
     linear_backward_weight(db, L.n2, gradient(*P.w3));
+    gradients_done({P.w1, P.w3});
     da.reset();
     db.reset();
     L.n2.reset();
     op.next("ln2 and residual");
     Allocation dh = wide("grad.attn.residual", l, {N, d});
     norm_backward_add(P.ln2, dn, L.h, L.rstd2, dx, dh);
+    gradients_done({P.ln2});
     dn.reset();
     dx.reset();
     L.h.reset();
@@ -181,6 +186,7 @@ void Transformer::backward(MicroBatch micro) {
     linear_backward_input(dh_c, weight(P.wo), d_o, 0.0f);
     drop_lowp_copies({P.wo});
     linear_backward_weight(dh_c, L.o, gradient(*P.wo));
+    gradients_done({P.wo});
     dh_scratch.reset();
     Allocation o_heads;  // flash's backward reads the output; re-split from o rather than saved twice
     if (attention_ == AttentionKind::flash) {
@@ -222,12 +228,14 @@ void Transformer::backward(MicroBatch micro) {
       linear_backward_input(dproj, weight(weights[i]), dn, i == 0 ? 0.0f : 1.0f);
       drop_lowp_copies({weights[i]});
       linear_backward_weight(dproj, L.n1, gradient(*weights[i]));
+      gradients_done({weights[i]});
     }
     dproj.reset();
     L.n1.reset();
     op.next("ln1 and residual");
     dx = wide("grad.residual", l, {N, d});
     norm_backward_add(P.ln1, dn, L.x, L.rstd1, dh, dx);
+    gradients_done({P.ln1});
     dn.reset();
     dh.reset();
     L.x.reset();
@@ -237,6 +245,7 @@ void Transformer::backward(MicroBatch micro) {
     ScopedRange r(ranges, RangeLevel::op, "embedding");
     backend_.embedding_backward(ids_, dx, gradient(*embedding_), accumulating_);  // adds in place: no scratch
   }
+  gradients_done({embedding_});
   accumulating_ = false;
   dx.reset();
   graph.end();

@@ -1,0 +1,58 @@
+#include "parallel_flags.h"
+
+#include "lmscope/core/error.h"
+
+namespace lmscope::cli {
+
+void ParallelFlags::add_to(CLI::App& app, bool with_world_size) {
+  app_ = &app;
+  if (with_world_size)
+    app.add_option("--world-size", world_size,
+                   "With --dry-run: the number of ranks the run is one of (a real run's comes from lmscope launch, "
+                   "torchrun or Slurm)");
+  app.add_option("--ddp", ddp,
+                 "Data parallelism over the ranks (lmscope launch, torchrun or Slurm start them): naive (each "
+                 "gradient all-reduced after the backward), flat (one buffer), overlap (each gradient's all-reduce "
+                 "started as the backward finishes it) or bucketed (the default with several ranks)");
+  app.add_option("--bucket-mb", bucket_mb, "Bucket size of --ddp bucketed and of --zero 1's exchange (MiB)")
+      ->capture_default_str();
+  app.add_option("--zero", zero,
+                 "1: shard AdamW's moments across the ranks (ZeRO-1: gradients reduce-scattered, each rank updates "
+                 "its part, parameters all-gathered)")
+      ->capture_default_str();
+  app.add_option("--rendezvous", rendezvous,
+                 "Where the ranks meet: file:DIR (a directory every rank sees) or tcp:HOST:PORT (default: "
+                 "MASTER_ADDR and MASTER_PORT)");
+}
+
+ParallelFlags::Resolved ParallelFlags::resolve(std::int64_t global_batch, bool dry_run) const {
+  const CLI::App& app = *app_;
+  const bool sized = app.get_option_no_throw("--world-size") && app.count("--world-size") > 0;
+  if (sized && !dry_run)
+    user_error(
+        "--world-size sets the world of a dry run (--dry-run); a real run's ranks come from lmscope launch, "
+        "torchrun or Slurm");
+  if (sized && world_size < 1) user_error("--world-size must be positive, got {}", world_size);
+  Resolved r;
+  if (sized)
+    r.world.size = world_size;  // rank 0 of it: every rank's share is the same size
+  else
+    r.world = dist::world_from_environment(rendezvous);
+  const bool asked = app.count("--ddp") + app.count("--zero") + app.count("--bucket-mb") > 0;
+  if (r.world.size == 1 && !asked) return r;
+  dist::DataParallelSpec spec;
+  if (!ddp.empty()) spec.mode = dist::parse_ddp_mode(ddp);
+  spec.bucket_mb = bucket_mb;
+  spec.zero = zero;
+  spec.validate(r.world.size);
+  if (zero == 1 && !ddp.empty())
+    user_error(
+        "--zero 1 exchanges the gradients its own way (reduce-scattered in --bucket-mb buckets); leave --ddp "
+        "out");
+  if (global_batch % r.world.size != 0)
+    user_error("--batch {} is the global batch and must split evenly across the {} ranks", global_batch, r.world.size);
+  r.spec = spec;
+  return r;
+}
+
+}  // namespace lmscope::cli

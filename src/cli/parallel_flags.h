@@ -1,0 +1,37 @@
+// The data-parallel flags train and bench share (--ddp, --bucket-mb, --zero, --rendezvous), and the
+// run they ask for in the world this process finds itself in (dist/world.h).
+#pragma once
+
+#include "lmscope/dist/data_parallel.h"
+#include "lmscope/dist/world.h"
+
+#include <CLI/CLI.hpp>
+
+#include <optional>
+#include <string>
+
+namespace lmscope::cli {
+
+struct ParallelFlags {
+  std::string ddp, rendezvous;
+  double bucket_mb = 25;
+  int zero = 0;
+  int world_size = 0;  // --world-size: the world a dry run stands for (0: the environment's)
+
+  // with_world_size: add --world-size (commands with a dry run).
+  void add_to(CLI::App& app, bool with_world_size = false);
+  // The world from the environment and --rendezvous, and the data-parallel spec: none for a world
+  // of one that asked for nothing (the plain path), else the flags' (bucketed by default). UserError,
+  // one sentence, for a bad value, --zero 1 in a world of one, --ddp beside --zero 1, or a global
+  // batch the world's size does not divide. dry_run: --world-size may set the world (rank 0 of it).
+  struct Resolved {
+    dist::World world;
+    std::optional<dist::DataParallelSpec> spec;
+  };
+  Resolved resolve(std::int64_t global_batch, bool dry_run = false) const;
+
+ private:
+  const CLI::App* app_ = nullptr;
+};
+
+}  // namespace lmscope::cli

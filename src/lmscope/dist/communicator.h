@@ -1,0 +1,72 @@
+// Collectives behind one small interface: NCCL between GPUs (on its own CUDA stream), Gloo between
+// CPU processes, and a shape-only one for the dry run. Every op works on backend tensors in place
+// where it can; every rank calls the same ops in the same order, as NCCL and Gloo require.
+#pragma once
+
+#include "lmscope/core/tensor.h"
+#include "lmscope/dist/store.h"
+#include "lmscope/dist/world.h"
+
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace lmscope {
+class Backend;
+}
+
+namespace lmscope::dist {
+
+// A collective under way. wait() orders what the backend does next after it: on the CPU it blocks
+// until the collective is done; on CUDA the backend's stream waits for it (the host goes on), as
+// torch.distributed's Work.wait() does.
+class CollectiveWork {
+ public:
+  virtual ~CollectiveWork() = default;
+  virtual void wait() = 0;
+};
+
+class Communicator {
+ public:
+  virtual ~Communicator() = default;
+  virtual std::string name() const = 0;  // "nccl", "gloo", "dry run"
+  virtual int rank() const = 0;
+  virtual int size() const = 0;
+
+  // Each starts after the work the backend has enqueued so far (it reads what that work wrote) and
+  // returns at once; the result is there after wait().
+  // t = the sum of every rank's t (f32 or f64; bf16 on NCCL).
+  virtual std::unique_ptr<CollectiveWork> all_reduce_async(const Tensor& t) = 0;
+  // out [n] = the sum over ranks of in's part `rank` (in [size·n]); out may be that part of in.
+  virtual std::unique_ptr<CollectiveWork> reduce_scatter_async(const Tensor& in, const Tensor& out) = 0;
+  // out [size·n] = every rank's in [n], in rank order; in may be this rank's part of out.
+  virtual std::unique_ptr<CollectiveWork> all_gather_async(const Tensor& in, const Tensor& out) = 0;
+  // t = root's t on every rank.
+  virtual std::unique_ptr<CollectiveWork> broadcast_async(const Tensor& t, int root) = 0;
+  // Returns when every rank has called it (and, on CUDA, their work before it is done).
+  virtual void barrier() = 0;
+
+  // Timing (bench): from start_timing(), each collective's span on the device is kept, in ms from
+  // that call on the backend's clock (CUDA: events on the GPU, from one recorded on the backend's
+  // stream then; CPU: the host's clock). finish_timing() returns them and stops, once the backend
+  // has synchronised and every collective since has been waited for.
+  struct Span {
+    double start_ms = 0, end_ms = 0;
+  };
+  virtual void start_timing() = 0;
+  virtual std::vector<Span> finish_timing() = 0;
+
+  void all_reduce(const Tensor& t) { all_reduce_async(t)->wait(); }
+  void reduce_scatter(const Tensor& in, const Tensor& out) { reduce_scatter_async(in, out)->wait(); }
+  void all_gather(const Tensor& in, const Tensor& out) { all_gather_async(in, out)->wait(); }
+  void broadcast(const Tensor& t, int root) { broadcast_async(t, root)->wait(); }
+};
+
+// The communicator for `backend`'s device: NCCL for CUDA (meeting through `store`), Gloo for the CPU,
+// the shape-only one for the dry run (moves nothing; the world's size shapes the buffers). Throws
+// Unsupported when this build lacks the library the device needs.
+std::unique_ptr<Communicator> make_communicator(Backend& backend, const World& world, Store& store);
+// The dry run's: rank `rank` of `size`, every op a no-op.
+std::unique_ptr<Communicator> make_shape_only_communicator(int rank, int size);
+
+}  // namespace lmscope::dist

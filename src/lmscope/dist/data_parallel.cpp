@@ -1,0 +1,141 @@
+#include "lmscope/dist/data_parallel.h"
+
+#include "lmscope/core/error.h"
+
+#include <cmath>
+#include <limits>
+
+namespace lmscope::dist {
+
+const char* ddp_mode_name(DdpMode m) {
+  switch (m) {
+    case DdpMode::naive:
+      return "naive";
+    case DdpMode::flat:
+      return "flat";
+    case DdpMode::overlap:
+      return "overlap";
+    case DdpMode::bucketed:
+      return "bucketed";
+  }
+  return "?";
+}
+
+DdpMode parse_ddp_mode(const std::string& s) {
+  for (DdpMode m : {DdpMode::naive, DdpMode::flat, DdpMode::overlap, DdpMode::bucketed})
+    if (s == ddp_mode_name(m)) return m;
+  user_error("unknown --ddp '{}' (use naive, flat, overlap or bucketed)", s);
+}
+
+void DataParallelSpec::validate(int world_size) const {
+  if (!(bucket_mb > 0 && std::isfinite(bucket_mb))) user_error("--bucket-mb must be positive, got {}", bucket_mb);
+  if (zero != 0 && zero != 1) user_error("--zero takes 0 or 1 (optimizer-state sharding), got {}", zero);
+  if (zero == 1 && world_size < 2)
+    user_error(
+        "--zero 1 shards the optimizer's state across ranks, and this is a world of {} (start several with "
+        "lmscope launch --nproc N, torchrun or Slurm)",
+        world_size);
+}
+
+std::vector<Bucket> make_buckets(const std::vector<Parameter>& params, std::size_t bucket_bytes) {
+  std::vector<Bucket> buckets;
+  std::size_t bytes = 0;
+  for (std::size_t k = params.size(); k-- > 0;) {
+    const Tensor& v = params[k].value;
+    if (buckets.empty() || bucket_bytes == 0 || (bytes > 0 && bytes + v.bytes() > bucket_bytes)) {
+      buckets.emplace_back();
+      bytes = 0;
+    }
+    buckets.back().params.push_back(k);
+    buckets.back().elements += v.numel();
+    bytes += v.bytes();
+  }
+  return buckets;
+}
+
+namespace {
+std::size_t bucket_bytes_for(const DataParallelSpec& spec) {
+  switch (spec.mode) {
+    case DdpMode::naive:
+    case DdpMode::overlap:
+      return 0;  // each gradient by itself
+    case DdpMode::flat:
+      return std::numeric_limits<std::size_t>::max();
+    case DdpMode::bucketed:
+      break;
+  }
+  return static_cast<std::size_t>(spec.bucket_mb * 1024 * 1024);
+}
+}  // namespace
+
+GradientSync::GradientSync(Transformer& model, Communicator& comm, const DataParallelSpec& spec)
+    : model_(model), comm_(comm), spec_(spec) {
+  buckets_ = make_buckets(model.parameters(), bucket_bytes_for(spec));
+  bucket_of_.resize(model.parameters().size());
+  for (std::size_t b = 0; b < buckets_.size(); ++b)
+    for (std::size_t p : buckets_[b].params) bucket_of_[p] = b;
+  pending_.resize(buckets_.size());
+  in_flight_.resize(buckets_.size());
+  for (std::size_t b = 0; b < buckets_.size(); ++b) pending_[b] = buckets_[b].params.size();
+  // Overlapping modes start a bucket's collective from the backward itself.
+  if (spec.mode == DdpMode::overlap || spec.mode == DdpMode::bucketed)
+    model_.set_gradient_ready([this](std::size_t p) { gradient_ready(p); });
+}
+
+GradientSync::~GradientSync() { model_.set_gradient_ready({}); }
+
+void GradientSync::gradient_ready(std::size_t param) {
+  const std::size_t b = bucket_of_.at(param);
+  LMSCOPE_CHECK(pending_[b] > 0, "gradient {} reported final twice in one step", param);
+  if (--pending_[b] == 0) launch(b);
+}
+
+void GradientSync::launch(std::size_t b) {
+  InFlight& f = in_flight_[b];
+  LMSCOPE_CHECK(!f.work, "bucket {} launched twice in one step", b);
+  std::vector<Parameter>& params = model_.parameters();
+  const Bucket& bucket = buckets_[b];
+  if (bucket.params.size() == 1) {
+    f.work = comm_.all_reduce_async(params[bucket.params[0]].grad);
+    return;
+  }
+  Backend& be = model_.backend();
+  f.buffer = be.allocator().allocate({bucket.elements}, model_.dtype(),
+                                     {MemKind::gradient, spec_.mode == DdpMode::flat ? "ddp.flat" : "ddp.bucket", -1});
+  std::int64_t at = 0;
+  for (std::size_t p : bucket.params) {
+    const Tensor& g = params[p].grad;
+    be.cast(g, f.buffer.tensor().rows(at, g.numel()).view(g.shape));
+    at += g.numel();
+  }
+  f.work = comm_.all_reduce_async(f.buffer);
+}
+
+void GradientSync::finish(std::size_t b) {
+  InFlight& f = in_flight_[b];
+  LMSCOPE_CHECK(f.work != nullptr, "bucket {} was never launched", b);
+  f.work->wait();
+  f.work.reset();
+  if (!f.buffer.empty()) {
+    std::vector<Parameter>& params = model_.parameters();
+    std::int64_t at = 0;
+    for (std::size_t p : buckets_[b].params) {
+      const Tensor& g = params[p].grad;
+      model_.backend().cast(f.buffer.tensor().rows(at, g.numel()).view(g.shape), g);
+      at += g.numel();
+    }
+    f.buffer.reset();
+  }
+  pending_[b] = buckets_[b].params.size();
+}
+
+void GradientSync::after_backward(MicroBatch micro) {
+  if (micro.index != micro.count - 1) return;
+  const bool launched = spec_.mode == DdpMode::overlap || spec_.mode == DdpMode::bucketed;
+  for (std::size_t b = 0; b < buckets_.size(); ++b) {
+    if (!launched) launch(b);
+    finish(b);  // naive and flat: each collective waited for before the next starts
+  }
+}
+
+}  // namespace lmscope::dist

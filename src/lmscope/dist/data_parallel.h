@@ -1,0 +1,69 @@
+// Data parallelism as the CS336 assignment studies it: every rank runs the whole model on its share
+// of the batch, and the ranks' gradients are summed before the optimizer step, in one of four ways.
+// The sum is left as it is (the optimizer divides by the world's size with its loss-scale multiply:
+// AdamW::set_gradient_sum_of), so N ranks step as one process with the whole batch would.
+#pragma once
+
+#include "lmscope/dist/communicator.h"
+#include "lmscope/model/transformer.h"
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace lmscope::dist {
+
+// naive: each gradient all-reduced by itself after the backward; flat: all of them copied into one
+// buffer, one all-reduce, copied back; overlap: each gradient's all-reduce launched (asynchronously)
+// as the backward finishes it; bucketed: gradients grouped in the order the backward finishes them
+// into buckets of --bucket-mb, each bucket's all-reduce launched as its last gradient is done.
+enum class DdpMode { naive, flat, overlap, bucketed };
+const char* ddp_mode_name(DdpMode m);
+DdpMode parse_ddp_mode(const std::string& s);  // throws UserError naming the choices
+
+struct DataParallelSpec {
+  DdpMode mode = DdpMode::bucketed;
+  double bucket_mb = 25;                // bucketed's, and ZeRO-1's exchange's, bucket size (MiB of gradient)
+  int zero = 0;                         // 1: AdamW's moments sharded across the ranks (optimizer/zero_sharding)
+  void validate(int world_size) const;  // UserError for a bad bucket size or --zero without ranks
+};
+
+// Parameter indices grouped into buckets: the backward's order (the model's order reversed), a new
+// bucket once the next gradient would take one past `bucket_bytes` (a parameter larger than that
+// gets a bucket of its own). bucket_bytes 0: one bucket per parameter.
+struct Bucket {
+  std::vector<std::size_t> params;
+  std::int64_t elements = 0;
+};
+std::vector<Bucket> make_buckets(const std::vector<Parameter>& params, std::size_t bucket_bytes);
+
+class GradientSync {
+ public:
+  // Hooks itself into the model's backward (Transformer::set_gradient_ready) until destroyed.
+  GradientSync(Transformer& model, Communicator& comm, const DataParallelSpec& spec);
+  ~GradientSync();
+  GradientSync(const GradientSync&) = delete;
+  GradientSync& operator=(const GradientSync&) = delete;
+  // After each micro-batch's backward; after the step's last, every gradient holds the sum over the
+  // ranks (the collectives launched during the backward are waited for).
+  void after_backward(MicroBatch micro);
+
+ private:
+  void gradient_ready(std::size_t param);
+  void launch(std::size_t bucket);
+  void finish(std::size_t bucket);
+  Transformer& model_;
+  Communicator& comm_;
+  DataParallelSpec spec_;
+  std::vector<Bucket> buckets_;
+  std::vector<std::size_t> bucket_of_;  // parameter index -> bucket
+  std::vector<std::size_t> pending_;    // per bucket: gradients not yet final this step
+  struct InFlight {
+    Allocation buffer;  // the bucket's gradients side by side (none when the bucket is one gradient)
+    std::unique_ptr<CollectiveWork> work;
+  };
+  std::vector<InFlight> in_flight_;  // per bucket
+};
+
+}  // namespace lmscope::dist

@@ -1,0 +1,46 @@
+#include "lmscope/dist/data_parallel_run.h"
+
+#include "lmscope/backend/meta/meta_backend.h"
+
+namespace lmscope::dist {
+
+DataParallelRun::DataParallelRun(const World& world, Backend& backend, const DataParallelSpec& spec)
+    : world_(world), backend_(backend), spec_(spec) {
+  spec_.validate(world.size);
+  if (is_dry_run(backend)) {
+    comm_ = make_shape_only_communicator(world.rank, world.size);
+  } else {
+    store_ = open_store(world);
+    comm_ = make_communicator(backend, world, *store_);
+  }
+}
+
+DataParallelRun::~DataParallelRun() = default;
+
+std::int64_t DataParallelRun::local_batch(std::int64_t batch) const {
+  if (batch % world_.size != 0)
+    user_error("--batch {} is the global batch and must split evenly across the {} ranks", batch, world_.size);
+  return batch / world_.size;
+}
+
+void DataParallelRun::attach(Transformer& model) {
+  for (Parameter& p : model.parameters()) comm_->broadcast(p.value, 0);
+  model.refresh_lowp_copies();  // the copies of what rank 0 sent
+  if (spec_.zero == 1)
+    zero_ = std::make_unique<ZeroSharding>(model, *comm_, static_cast<std::size_t>(spec_.bucket_mb * 1024 * 1024));
+  else
+    sync_ = std::make_unique<GradientSync>(model, *comm_, spec_);
+}
+
+void DataParallelRun::after_backward(MicroBatch micro) {
+  if (sync_) sync_->after_backward(micro);
+}
+
+double DataParallelRun::mean_over_ranks(double x) {
+  Allocation t = backend_.allocator().allocate({1}, DType::f32, {MemKind::workspace, "ddp.mean", -1});
+  upload(backend_, t, std::span(&x, 1));
+  comm_->all_reduce(t);
+  return read_scalar(backend_, t) / static_cast<double>(world_.size);
+}
+
+}  // namespace lmscope::dist

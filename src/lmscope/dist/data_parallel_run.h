@@ -1,0 +1,52 @@
+// What one rank of a data-parallel run holds, for the commands that step a model (train, bench, the
+// dry run of memory): its place in the world, the communicator, and the gradients' exchange
+// (GradientSync, or ZeRO-1's sharding for the optimizer), wired into the model and AdamW.
+#pragma once
+
+#include "lmscope/dist/data_parallel.h"
+#include "lmscope/dist/zero_sharding.h"
+
+#include <memory>
+
+namespace lmscope::dist {
+
+class DataParallelRun {
+ public:
+  // A rank of `world` on `backend` (the dry run's shape-only exchange when the backend is a dry
+  // run: nothing is opened). Throws UserError when the spec does not suit the world.
+  DataParallelRun(const World& world, Backend& backend, const DataParallelSpec& spec);
+  ~DataParallelRun();
+  const World& world() const { return world_; }
+  Communicator& communicator() { return *comm_; }
+  const DataParallelSpec& spec() const { return spec_; }
+  bool main_rank() const { return world_.rank == 0; }
+
+  // A global batch of `batch` sequences split across the ranks: how many this rank runs, and the
+  // first of them (UserError when the world's size does not divide the batch).
+  std::int64_t local_batch(std::int64_t batch) const;
+  std::int64_t first_row(std::int64_t batch) const { return local_batch(batch) * world_.rank; }
+
+  // After the model's parameters are set (initialised or loaded), before AdamW is made: every rank
+  // takes rank 0's parameters (as DDP's constructor does), and the exchange hooks into the model.
+  void attach(Transformer& model);
+  // The sharding AdamW takes (ZeRO-1), nullptr otherwise; valid after attach.
+  OptimizerSharding* sharding() { return zero_.get(); }
+  // Tells AdamW its gradients are the sum of the world's (it divides by the world's size).
+  void configure(AdamW& optimizer) const { optimizer.set_gradient_sum_of(world_.size); }
+  // After each micro-batch's backward (see GradientSync::after_backward; nothing with ZeRO-1, whose
+  // exchange is the optimizer's).
+  void after_backward(MicroBatch micro);
+  // The mean of every rank's x (a loss for the log): one small all-reduce.
+  double mean_over_ranks(double x);
+
+ private:
+  World world_;
+  Backend& backend_;
+  DataParallelSpec spec_;
+  std::unique_ptr<Store> store_;
+  std::unique_ptr<Communicator> comm_;
+  std::unique_ptr<GradientSync> sync_;
+  std::unique_ptr<ZeroSharding> zero_;
+};
+
+}  // namespace lmscope::dist

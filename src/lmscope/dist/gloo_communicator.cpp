@@ -1,0 +1,235 @@
+// Collectives between CPU processes on Gloo over TCP. Gloo's calls block, so each rank runs them in
+// order on one worker thread (as PyTorch's Gloo process group does): an async op queues its call and
+// returns, and the compute goes on beside it, which is what overlapping a backward needs.
+#include "lmscope/dist/communicator.h"
+
+#include <gloo/allgather.h>
+#include <gloo/allreduce.h>
+#include <gloo/barrier.h>
+#include <gloo/broadcast.h>
+#include <gloo/math.h>
+#include <gloo/reduce_scatter.h>
+#include <gloo/rendezvous/context.h>
+#include <gloo/rendezvous/prefix_store.h>
+#include <gloo/transport/tcp/device.h>
+
+#include <fmt/format.h>
+
+#include <chrono>
+#include <condition_variable>
+#include <cstring>
+#include <deque>
+#include <functional>
+#include <future>
+#include <mutex>
+#include <thread>
+
+namespace lmscope::dist {
+namespace {
+
+class GlooWork final : public CollectiveWork {
+ public:
+  explicit GlooWork(std::future<void> done) : done_(std::move(done)) {}
+  void wait() override {
+    if (done_.valid()) done_.get();  // rethrows the worker's failure
+  }
+
+ private:
+  std::future<void> done_;
+};
+
+// The address other ranks reach this one at: loopback when the ranks meet on this machine, else the
+// host's name (Gloo resolves it), as torch.distributed does unless told an interface.
+std::string own_address(const World& world) {
+  if (world.rendezvous.starts_with("tcp:127.") || world.rendezvous.starts_with("tcp:localhost:")) return "127.0.0.1";
+  if (world.rendezvous.empty()) return "127.0.0.1";
+  char name[256] = {};
+  if (gethostname(name, sizeof name - 1) != 0) return "127.0.0.1";
+  return name;
+}
+
+class GlooCommunicator final : public Communicator {
+ public:
+  GlooCommunicator(const World& world, Store& store) : world_(world) {
+    auto device = gloo::transport::tcp::CreateDevice(gloo::transport::tcp::attr(own_address(world).c_str()));
+    auto context = std::make_shared<gloo::rendezvous::Context>(world.rank, world.size);
+    context->setTimeout(std::chrono::duration_cast<std::chrono::milliseconds>(world.timeout));
+    gloo::rendezvous::PrefixStore prefixed("gloo", store);
+    try {
+      context->connectFullMesh(prefixed, device);
+    } catch (const std::exception& e) {
+      throw std::runtime_error(fmt::format("rank {} could not connect to the other {} ranks through Gloo: {}",
+                                           world.rank, world.size - 1, first_line(e.what())));
+    }
+    context_ = std::move(context);
+    worker_ = std::thread([this] { run_queue(); });
+  }
+
+  ~GlooCommunicator() override {
+    {
+      std::lock_guard lock(mutex_);
+      stopping_ = true;
+    }
+    wake_.notify_all();
+    worker_.join();
+  }
+
+  std::string name() const override { return "gloo"; }
+  int rank() const override { return world_.rank; }
+  int size() const override { return world_.size; }
+
+  std::unique_ptr<CollectiveWork> all_reduce_async(const Tensor& t) override {
+    return queue("all-reduce", [this, t] {
+      with_type(t, [&](auto zero) {
+        using T = decltype(zero);
+        gloo::AllreduceOptions opts(context_);
+        opts.setOutput(t.as<T>(), static_cast<std::size_t>(t.numel()));
+        opts.setReduceFunction(static_cast<void (*)(void*, const void*, const void*, std::size_t)>(&gloo::sum<T>));
+        opts.setTag(next_tag());
+        gloo::allreduce(opts);
+      });
+    });
+  }
+
+  std::unique_ptr<CollectiveWork> reduce_scatter_async(const Tensor& in, const Tensor& out) override {
+    LMSCOPE_CHECK(in.dtype == out.dtype && in.numel() == out.numel() * world_.size, "reduce-scatter of {} into {}",
+                  in.numel(), out.numel());
+    return queue("reduce-scatter", [this, in, out] {
+      with_type(in, [&](auto zero) {
+        using T = decltype(zero);
+        const int n = static_cast<int>(out.numel());
+        // Sums in place over the whole of `in`; this rank's part is its rank-th n elements.
+        gloo::ReduceScatterHalvingDoubling<T> op(context_, {in.as<T>()}, static_cast<int>(in.numel()),
+                                                 std::vector<int>(static_cast<std::size_t>(world_.size), n));
+        op.run();
+        T* mine = in.as<T>() + static_cast<std::size_t>(world_.rank) * static_cast<std::size_t>(n);
+        if (mine != out.as<T>()) std::memcpy(out.data, mine, out.bytes());
+      });
+    });
+  }
+
+  std::unique_ptr<CollectiveWork> all_gather_async(const Tensor& in, const Tensor& out) override {
+    LMSCOPE_CHECK(in.dtype == out.dtype && out.numel() == in.numel() * world_.size, "all-gather of {} into {}",
+                  in.numel(), out.numel());
+    return queue("all-gather", [this, in, out] {
+      with_type(in, [&](auto zero) {
+        using T = decltype(zero);
+        T* mine = out.as<T>() + static_cast<std::size_t>(world_.rank) * static_cast<std::size_t>(in.numel());
+        if (mine != in.as<T>()) std::memcpy(mine, in.data, in.bytes());
+        gloo::AllgatherOptions opts(context_);
+        opts.setOutput(out.as<T>(), static_cast<std::size_t>(out.numel()));  // this rank's part is its input
+        opts.setTag(next_tag());
+        gloo::allgather(opts);
+      });
+    });
+  }
+
+  std::unique_ptr<CollectiveWork> broadcast_async(const Tensor& t, int root) override {
+    return queue("broadcast", [this, t, root] {
+      with_type(t, [&](auto zero) {
+        using T = decltype(zero);
+        gloo::BroadcastOptions opts(context_);
+        opts.setOutput(t.as<T>(), static_cast<std::size_t>(t.numel()));
+        opts.setRoot(root);
+        opts.setTag(next_tag());
+        gloo::broadcast(opts);
+      });
+    });
+  }
+
+  void start_timing() override {
+    std::lock_guard lock(mutex_);
+    origin_ = std::chrono::steady_clock::now();
+    timing_ = true;
+    spans_.clear();
+  }
+
+  std::vector<Span> finish_timing() override {
+    std::lock_guard lock(mutex_);
+    timing_ = false;
+    return std::move(spans_);
+  }
+
+  void barrier() override {
+    queue("barrier", [this] {
+      gloo::BarrierOptions opts(context_);
+      opts.setTag(next_tag());
+      gloo::barrier(opts);
+    })->wait();
+  }
+
+ private:
+  static std::string first_line(const std::string& s) { return s.substr(0, s.find('\n')); }
+
+  template <typename F>
+  static void with_type(const Tensor& t, F&& f) {
+    if (t.dtype == DType::f32)
+      f(float{});
+    else if (t.dtype == DType::f64)
+      f(double{});
+    else
+      throw std::runtime_error(fmt::format("Gloo's collectives here take f32 or f64, not {}", dtype_name(t.dtype)));
+  }
+
+  std::uint32_t next_tag() { return tag_++; }
+  double ms_since_origin(std::chrono::steady_clock::time_point t) const {
+    return std::chrono::duration<double, std::milli>(t - origin_).count();
+  }
+
+  // Runs `call` after every call queued before it; its failure, worded once, surfaces at wait().
+  std::unique_ptr<CollectiveWork> queue(const char* what, std::function<void()> call) {
+    auto task = std::make_shared<std::packaged_task<void()>>([this, what, call = std::move(call)] {
+      try {
+        const auto start = std::chrono::steady_clock::now();
+        call();
+        const auto end = std::chrono::steady_clock::now();
+        std::lock_guard lock(mutex_);
+        if (timing_) spans_.push_back({ms_since_origin(start), ms_since_origin(end)});
+      } catch (const std::exception& e) {
+        throw std::runtime_error(fmt::format("the {} over Gloo failed on rank {} of {}: {}", what, world_.rank,
+                                             world_.size, first_line(e.what())));
+      }
+    });
+    std::future<void> done = task->get_future();
+    {
+      std::lock_guard lock(mutex_);
+      tasks_.push_back([task] { (*task)(); });
+    }
+    wake_.notify_one();
+    return std::make_unique<GlooWork>(std::move(done));
+  }
+
+  void run_queue() {
+    for (;;) {
+      std::function<void()> task;
+      {
+        std::unique_lock lock(mutex_);
+        wake_.wait(lock, [this] { return stopping_ || !tasks_.empty(); });
+        if (tasks_.empty()) return;  // stopping, and nothing left to run
+        task = std::move(tasks_.front());
+        tasks_.pop_front();
+      }
+      task();
+    }
+  }
+
+  World world_;
+  std::shared_ptr<gloo::Context> context_;
+  std::uint32_t tag_ = 0;  // only the worker touches it
+  std::mutex mutex_;
+  std::condition_variable wake_;
+  std::deque<std::function<void()>> tasks_;
+  bool stopping_ = false;
+  bool timing_ = false;  // these three under mutex_
+  std::chrono::steady_clock::time_point origin_;
+  std::vector<Span> spans_;
+  std::thread worker_;
+};
+
+}  // namespace
+
+std::unique_ptr<Communicator> make_gloo_communicator(const World& world, Store& store) {
+  return std::make_unique<GlooCommunicator>(world, store);
+}
+
+}  // namespace lmscope::dist

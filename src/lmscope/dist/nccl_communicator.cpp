@@ -1,0 +1,194 @@
+// Collectives between GPUs on NCCL. Each runs on the communicator's own stream, after the work the
+// backend's stream had enqueued when it was called (an event between the two), so a gradient's
+// all-reduce overlaps the rest of the backward; wait() makes the backend's stream wait for it, and
+// the host goes on. The ranks meet once, in the store, for NCCL's unique id.
+#include "lmscope/backend/backend.h"
+#include "lmscope/cuda/cuda_check.h"
+#include "lmscope/dist/communicator.h"
+
+#include <nccl.h>
+
+#include <fmt/format.h>
+
+#include <cstring>
+
+namespace lmscope::dist {
+namespace {
+
+#define LMSCOPE_NCCL_CHECK(call, what)                                                               \
+  do {                                                                                               \
+    ncclResult_t r_ = (call);                                                                        \
+    if (r_ != ncclSuccess)                                                                           \
+      throw std::runtime_error(fmt::format("NCCL's {} failed on rank {}: {} ({})", what, rank_,      \
+                                           ncclGetErrorString(r_),                                   \
+                                           ncclGetLastError(comm_) ? ncclGetLastError(comm_) : "")); \
+  } while (0)
+
+ncclDataType_t nccl_type(DType t) {
+  switch (t) {
+    case DType::f32:
+      return ncclFloat32;
+    case DType::f64:
+      return ncclFloat64;
+    case DType::bf16:
+      return ncclBfloat16;
+    case DType::f16:
+      return ncclFloat16;
+    case DType::i32:
+      return ncclInt32;
+  }
+  return ncclFloat32;
+}
+
+// The backend's stream waits for `done` (recorded after the collective on the communicator's).
+class NcclWork final : public CollectiveWork {
+ public:
+  NcclWork(cudaEvent_t done, cudaStream_t compute) : done_(done), compute_(compute) {}
+  ~NcclWork() override { cudaEventDestroy(done_); }
+  void wait() override { LMSCOPE_CUDA_CHECK(cudaStreamWaitEvent(compute_, done_, 0)); }
+
+ private:
+  cudaEvent_t done_;
+  cudaStream_t compute_;
+};
+
+class NcclCommunicator final : public Communicator {
+ public:
+  NcclCommunicator(Backend& backend, const World& world, Store& store)
+      : compute_(static_cast<cudaStream_t>(backend.cuda_stream())), rank_(world.rank), size_(world.size) {
+    ncclUniqueId id{};
+    const std::string key = "nccl.unique_id";
+    if (world.rank == 0) {
+      LMSCOPE_NCCL_CHECK(ncclGetUniqueId(&id), "unique id");
+      store.set(key, std::vector<char>(id.internal, id.internal + sizeof id.internal));
+    } else {
+      store.wait({key}, std::chrono::duration_cast<std::chrono::milliseconds>(world.timeout));
+      const std::vector<char> got = store.get(key);
+      LMSCOPE_CHECK(got.size() == sizeof id.internal, "NCCL's unique id in the store has {} bytes", got.size());
+      std::memcpy(id.internal, got.data(), got.size());
+    }
+    LMSCOPE_NCCL_CHECK(ncclCommInitRank(&comm_, world.size, id, world.rank), "initialisation");
+    LMSCOPE_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
+    barrier_ = backend.allocator().allocate({1}, DType::f32, {MemKind::workspace, "nccl.barrier", -1});
+  }
+
+  ~NcclCommunicator() override {
+    cudaStreamSynchronize(stream_);
+    for (auto& t : timed_) {
+      cudaEventDestroy(t.first);
+      cudaEventDestroy(t.second);
+    }
+    if (origin_) cudaEventDestroy(origin_);
+    ncclCommDestroy(comm_);
+    cudaStreamDestroy(stream_);
+  }
+
+  std::string name() const override { return "nccl"; }
+  int rank() const override { return rank_; }
+  int size() const override { return size_; }
+
+  std::unique_ptr<CollectiveWork> all_reduce_async(const Tensor& t) override {
+    return launch([&] {
+      LMSCOPE_NCCL_CHECK(ncclAllReduce(t.data, t.data, static_cast<std::size_t>(t.numel()), nccl_type(t.dtype), ncclSum,
+                                       comm_, stream_),
+                         "all-reduce");
+    });
+  }
+
+  std::unique_ptr<CollectiveWork> reduce_scatter_async(const Tensor& in, const Tensor& out) override {
+    LMSCOPE_CHECK(in.dtype == out.dtype && in.numel() == out.numel() * size_, "reduce-scatter of {} into {}",
+                  in.numel(), out.numel());
+    return launch([&] {
+      LMSCOPE_NCCL_CHECK(ncclReduceScatter(in.data, out.data, static_cast<std::size_t>(out.numel()),
+                                           nccl_type(in.dtype), ncclSum, comm_, stream_),
+                         "reduce-scatter");
+    });
+  }
+
+  std::unique_ptr<CollectiveWork> all_gather_async(const Tensor& in, const Tensor& out) override {
+    LMSCOPE_CHECK(in.dtype == out.dtype && out.numel() == in.numel() * size_, "all-gather of {} into {}", in.numel(),
+                  out.numel());
+    return launch([&] {
+      LMSCOPE_NCCL_CHECK(
+          ncclAllGather(in.data, out.data, static_cast<std::size_t>(in.numel()), nccl_type(in.dtype), comm_, stream_),
+          "all-gather");
+    });
+  }
+
+  std::unique_ptr<CollectiveWork> broadcast_async(const Tensor& t, int root) override {
+    return launch([&] {
+      LMSCOPE_NCCL_CHECK(
+          ncclBroadcast(t.data, t.data, static_cast<std::size_t>(t.numel()), nccl_type(t.dtype), root, comm_, stream_),
+          "broadcast");
+    });
+  }
+
+  // An all-reduce of one number, waited for by the host: every rank has reached it.
+  void barrier() override {
+    all_reduce_async(barrier_)->wait();
+    LMSCOPE_CUDA_CHECK(cudaStreamSynchronize(compute_));
+  }
+
+  void start_timing() override {
+    if (!origin_) LMSCOPE_CUDA_CHECK(cudaEventCreate(&origin_));
+    LMSCOPE_CUDA_CHECK(cudaEventRecord(origin_, compute_));
+    timing_ = true;
+  }
+
+  std::vector<Span> finish_timing() override {
+    std::vector<Span> spans;
+    for (auto& [start, end] : timed_) {
+      float a = 0, b = 0;
+      LMSCOPE_CUDA_CHECK(cudaEventElapsedTime(&a, origin_, start));
+      LMSCOPE_CUDA_CHECK(cudaEventElapsedTime(&b, origin_, end));
+      spans.push_back({a, b});
+      cudaEventDestroy(start);
+      cudaEventDestroy(end);
+    }
+    timed_.clear();
+    timing_ = false;
+    return spans;
+  }
+
+ private:
+  // Orders `call` (an NCCL op on stream_) after the backend's work so far; its end is the work's.
+  template <typename Call>
+  std::unique_ptr<CollectiveWork> launch(Call&& call) {
+    cudaEvent_t ready = nullptr, done = nullptr;
+    LMSCOPE_CUDA_CHECK(cudaEventCreateWithFlags(&ready, cudaEventDisableTiming));
+    LMSCOPE_CUDA_CHECK(cudaEventRecord(ready, compute_));
+    LMSCOPE_CUDA_CHECK(cudaStreamWaitEvent(stream_, ready, 0));
+    cudaEventDestroy(ready);  // released once it has fired
+    cudaEvent_t start = nullptr;
+    if (timing_) {
+      LMSCOPE_CUDA_CHECK(cudaEventCreate(&start));
+      LMSCOPE_CUDA_CHECK(cudaEventRecord(start, stream_));
+    }
+    call();
+    LMSCOPE_CUDA_CHECK(cudaEventCreateWithFlags(&done, timing_ ? 0 : cudaEventDisableTiming));
+    LMSCOPE_CUDA_CHECK(cudaEventRecord(done, stream_));
+    if (timing_) {
+      cudaEvent_t end = nullptr;  // a copy of `done` the work does not destroy
+      LMSCOPE_CUDA_CHECK(cudaEventCreate(&end));
+      LMSCOPE_CUDA_CHECK(cudaEventRecord(end, stream_));
+      timed_.emplace_back(start, end);
+    }
+    return std::make_unique<NcclWork>(done, compute_);
+  }
+
+  cudaStream_t compute_ = nullptr, stream_ = nullptr;
+  int rank_ = 0, size_ = 1;
+  ncclComm_t comm_ = nullptr;
+  Allocation barrier_;
+  bool timing_ = false;
+  cudaEvent_t origin_ = nullptr;
+  std::vector<std::pair<cudaEvent_t, cudaEvent_t>> timed_;
+};
+
+}  // namespace
+
+std::unique_ptr<Communicator> make_nccl_communicator(Backend& backend, const World& world, Store& store) {
+  return std::make_unique<NcclCommunicator>(backend, world, store);
+}
+
+}  // namespace lmscope::dist

@@ -1,0 +1,40 @@
+// The key-value store ranks meet in before any collective (their addresses, NCCL's unique id):
+// Gloo's store interface, gloo::rendezvous::Store, where Gloo is installed. A build without Gloo (the
+// GPU machine has no Debian packages) declares the same interface here, so the TCP store and NCCL's
+// rendezvous build on both.
+#pragma once
+
+#include "lmscope/dist/world.h"
+
+#include <chrono>
+#include <memory>
+#include <string>
+#include <vector>
+
+#if LMSCOPE_HAVE_GLOO
+#include <gloo/rendezvous/store.h>
+namespace lmscope::dist {
+using Store = gloo::rendezvous::Store;
+}
+#else
+namespace lmscope::dist {
+class Store {
+ public:
+  virtual ~Store() = default;
+  virtual void set(const std::string& key, const std::vector<char>& data) = 0;
+  virtual std::vector<char> get(const std::string& key) = 0;
+  virtual void wait(const std::vector<std::string>& keys) = 0;
+  virtual void wait(const std::vector<std::string>& keys, const std::chrono::milliseconds& timeout) = 0;
+};
+}  // namespace lmscope::dist
+#endif
+
+namespace lmscope::dist {
+
+// The store of world.rendezvous: Gloo's FileStore in DIR for file:DIR (Unsupported in a build
+// without Gloo), a TcpStore for tcp:HOST:PORT (rank 0 serves it, every rank connects). Keys go under
+// world.run_id when it is set; get and wait give up after world.timeout with an error naming the key
+// and the rendezvous. A world of one without a rendezvous gets a store in this process's memory.
+std::unique_ptr<Store> open_store(const World& world);
+
+}  // namespace lmscope::dist

@@ -1,0 +1,88 @@
+#include "lmscope/dist/zero_sharding.h"
+
+#include <algorithm>
+
+namespace lmscope::dist {
+
+ZeroSharding::ZeroSharding(Transformer& model, Communicator& comm, std::size_t bucket_bytes)
+    : model_(model), comm_(comm) {
+  const std::int64_t n = comm.size(), rank = comm.rank();
+  const std::vector<Parameter>& params = model.parameters();
+  for (Bucket& b : make_buckets(params, bucket_bytes)) {
+    Slice s{std::move(b)};
+    s.padded = (s.bucket.elements + n - 1) / n * n;
+    s.per_rank = s.padded / n;
+    s.shard_offset = shard_elements_;
+    // This rank's slice [lo, hi) of the bucket's elements, cut into the parameters it crosses.
+    const std::int64_t lo = rank * s.per_rank, hi = lo + s.per_rank;
+    std::int64_t at = 0;
+    for (std::size_t p : s.bucket.params) {
+      const std::int64_t len = params[p].value.tensor().numel();
+      const std::int64_t from = std::max(at, lo), to = std::min(at + len, hi);
+      if (from < to) pieces_.push_back({p, from - at, to - from, s.shard_offset + from - lo});
+      at += len;
+    }
+    shard_elements_ += s.per_rank;
+    slices_.push_back(std::move(s));
+  }
+}
+
+Allocation ZeroSharding::bucket_buffer(const Slice& s, const char* what) {
+  Backend& be = model_.backend();
+  Allocation buffer = be.allocator().allocate({s.padded}, model_.dtype(), {MemKind::workspace, what, -1});
+  if (s.padded > s.bucket.elements)  // the padding takes part in the sums: zeros
+    be.fill(buffer.tensor().rows(s.bucket.elements, s.padded - s.bucket.elements), 0.0);
+  return buffer;
+}
+
+void ZeroSharding::reduce_scatter_gradients(const Tensor& shard) {
+  Backend& be = model_.backend();
+  std::vector<Parameter>& params = model_.parameters();
+  for (const Slice& s : slices_) {
+    Allocation buffer = bucket_buffer(s, "zero.gradient_bucket");
+    std::int64_t at = 0;
+    for (std::size_t p : s.bucket.params) {
+      Allocation& g = params[p].grad;
+      LMSCOPE_CHECK(!g.empty(), "optimizer step before backward");
+      be.cast(g, buffer.tensor().rows(at, g.tensor().numel()).view(g.tensor().shape));
+      at += g.tensor().numel();
+      g.reset();  // read: its memory serves what comes next
+    }
+    comm_.reduce_scatter(buffer, shard.rows(s.shard_offset, s.per_rank));
+  }
+}
+
+void ZeroSharding::combine_norms(const Tensor& partial, const Tensor& norm) {
+  Backend& be = model_.backend();
+  Allocation all = be.allocator().allocate({comm_.size()}, partial.dtype, {MemKind::workspace, "zero.norms", -1});
+  comm_.all_gather(partial, all);
+  const Tensor t = all.tensor();
+  be.global_norm(std::span(&t, 1), norm);  // √(Σ partialᵢ²): the norm of every gradient
+}
+
+void ZeroSharding::all_gather_parameters() {
+  Backend& be = model_.backend();
+  std::vector<Parameter>& params = model_.parameters();
+  for (const Slice& s : slices_) {
+    Allocation buffer = bucket_buffer(s, "zero.parameter_bucket");
+    const Tensor whole = buffer.tensor();
+    const Tensor mine = whole.rows(comm_.rank() * s.per_rank, s.per_rank);
+    for (const ShardPiece& piece : pieces_) {
+      if (piece.shard_offset < s.shard_offset || piece.shard_offset >= s.shard_offset + s.per_rank) continue;
+      const Tensor value = params[piece.param].value.tensor();
+      be.cast(value.view({value.numel()}).rows(piece.offset, piece.length),
+              mine.rows(piece.shard_offset - s.shard_offset, piece.length));
+    }
+    comm_.all_gather(mine, whole);
+    std::int64_t at = 0;
+    for (std::size_t p : s.bucket.params) {
+      Parameter& param = params[p];
+      const Tensor value = param.value.tensor();
+      be.cast(whole.rows(at, value.numel()).view(value.shape), value);
+      at += value.numel();
+      if (const Allocation& copy = model_.lowp_copy(param); !copy.empty()) be.cast(value, copy);
+    }
+  }
+}
+
+}  // namespace lmscope::dist

@@ -1,0 +1,39 @@
+// ZeRO-1 as llm.c shards it: the gradients, bucket by bucket in the backward's order, are
+// reduce-scattered so each rank holds the sum of its own slice of every bucket; it updates those
+// elements with the moments of them alone (1/N of AdamW's state), and the parameters are then
+// all-gathered back into every rank's whole model.
+#pragma once
+
+#include "lmscope/dist/communicator.h"
+#include "lmscope/dist/data_parallel.h"
+#include "lmscope/model/optimizer.h"
+
+namespace lmscope::dist {
+
+class ZeroSharding final : public OptimizerSharding {
+ public:
+  // bucket_bytes: the exchange's bucket size (each bucket's elements padded to a multiple of the
+  // world's size, so every rank's slice has the same length).
+  ZeroSharding(Transformer& model, Communicator& comm, std::size_t bucket_bytes);
+  const std::vector<ShardPiece>& pieces() const override { return pieces_; }
+  std::int64_t shard_elements() const override { return shard_elements_; }
+  void reduce_scatter_gradients(const Tensor& shard) override;
+  void combine_norms(const Tensor& partial, const Tensor& norm) override;
+  void all_gather_parameters() override;
+
+ private:
+  struct Slice {
+    Bucket bucket;
+    std::int64_t padded = 0;        // the bucket's elements rounded up to a multiple of the world's size
+    std::int64_t per_rank = 0;      // padded / the world's size: each rank's slice
+    std::int64_t shard_offset = 0;  // where this rank's slice sits in the shard
+  };
+  Allocation bucket_buffer(const Slice& s, const char* what);
+  Transformer& model_;
+  Communicator& comm_;
+  std::vector<Slice> slices_;
+  std::vector<ShardPiece> pieces_;
+  std::int64_t shard_elements_ = 0;
+};
+
+}  // namespace lmscope::dist

@@ -1,0 +1,173 @@
+"""Data parallelism end to end: two ranks started by `lmscope launch` (on the CPU, Gloo over
+loopback) with the global batch split between them give the losses and parameters of one process
+with the whole batch, within 1e-6 relative, for every --ddp mode and for --zero 1; a world of one
+through the same code path gives that process's bits, in every mode; bad input ends in one sentence
+and exit 2. Run by ctest with LMSCOPE pointing at the built program. LMSCOPE_DDP_DEVICE=cuda runs
+them on the GPUs through NCCL (scripts/gpu_check.sh --data-parallel), with LMSCOPE_DDP_PRECISION
+(default fp32); tests of two ranks then need two GPUs."""
+import json
+import os
+import subprocess
+import tempfile
+import unittest
+
+import numpy as np
+
+LMSCOPE = os.environ["LMSCOPE"]
+DEVICE = os.environ.get("LMSCOPE_DDP_DEVICE", "cpu")
+PRECISION = os.environ.get("LMSCOPE_DDP_PRECISION", "fp32")
+STEPS = 5
+MODES = (["--ddp", "naive"], ["--ddp", "flat"], ["--ddp", "overlap"], ["--ddp", "bucketed", "--bucket-mb", "0.01"],
+         ["--ddp", "bucketed"])
+MODEL = ["--device", DEVICE, "--precision", PRECISION, "--vocab", "50", "--d-model", "32", "--d-ff", "64", "--layers", "2", "--heads", "2",
+         "--batch", "4", "--ctx", "16", "--lr", "3e-3", "--print-every", "5"]
+
+
+def ranks_possible():
+    """How many ranks this machine can run: any number of CPU processes, one per GPU."""
+    if DEVICE == "cpu":
+        return 2
+    r = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True)
+    return len(r.stdout.strip().splitlines()) if r.returncode == 0 else 0
+
+
+TWO_RANKS = unittest.skipUnless(ranks_possible() >= 2, "two ranks need two GPUs")
+
+
+def run(*args, env=None):
+    return subprocess.run([LMSCOPE, *args], capture_output=True, text=True, timeout=300, env=env)
+
+
+def read_safetensors(path):
+    with open(path, "rb") as f:
+        raw = f.read()
+    n = int.from_bytes(raw[:8], "little")
+    header = json.loads(raw[8:8 + n])
+    body = raw[8 + n:]
+    out = {}
+    for name, t in header.items():
+        if name == "__metadata__":
+            continue
+        begin, end = t["data_offsets"]
+        out[name] = np.frombuffer(body[begin:end], dtype=np.float32).reshape(t["shape"])
+    return out
+
+
+def losses(path):
+    with open(path) as f:
+        return [json.loads(line)["loss"] for line in f]
+
+
+class TwoRanks(unittest.TestCase):
+    @classmethod
+    def setUpClass(cls):
+        cls.tmp = tempfile.TemporaryDirectory()
+        cls.data = cls.path("train.bin")
+        np.random.default_rng(0).integers(0, 50, size=20000, dtype=np.uint16).tofile(cls.data)
+        cls.reference = {}
+
+    @classmethod
+    def tearDownClass(cls):
+        cls.tmp.cleanup()
+
+    @classmethod
+    def path(cls, name):
+        return os.path.join(cls.tmp.name, name)
+
+    def train(self, name, *extra, ranks=0, steps=STEPS):
+        """Trains `name` (one process when ranks is 0, else under lmscope launch); returns its losses
+        and parameters."""
+        args = ["train", "--data", self.data, *MODEL, "--steps", str(steps), "--log", self.path(name + ".jsonl"),
+                "--save", self.path(name + ".safetensors"), *extra]
+        r = run("launch", "--nproc", str(ranks), "--", *args) if ranks else run(*args)
+        self.assertEqual(r.returncode, 0, r.stdout + r.stderr)
+        return losses(self.path(name + ".jsonl")), read_safetensors(self.path(name + ".safetensors"))
+
+    def one_process(self, *extra):
+        key = tuple(extra)
+        if key not in self.reference:
+            self.reference[key] = self.train("one" + str(len(self.reference)), *extra)
+        return self.reference[key]
+
+    def assertClose(self, got, want, what):
+        (got_losses, got_params), (want_losses, want_params) = got, want
+        self.assertEqual(len(got_losses), STEPS, what)
+        np.testing.assert_allclose(got_losses, want_losses, rtol=1e-6, err_msg=what)
+        self.assertEqual(sorted(got_params), sorted(want_params))
+        # The parameters as one vector: AdamW's m/√v turns a last-bit difference in a near-zero
+        # gradient into a difference of lr, so single elements are compared only through the whole.
+        diff = np.sqrt(sum(np.sum((got_params[n] - w) ** 2) for n, w in want_params.items()))
+        size = np.sqrt(sum(np.sum(w ** 2) for w in want_params.values()))
+        self.assertLess(diff / size, 1e-6, what)
+
+    @TWO_RANKS
+    def test_every_mode_steps_as_one_process_with_the_whole_batch(self):
+        reference = self.one_process("--sample", "sequential")
+        for mode in (*MODES, ["--zero", "1", "--bucket-mb", "0.01"], ["--zero", "1"]):
+            with self.subTest(mode=mode):
+                got = self.train("two", "--sample", "sequential", *mode, ranks=2)
+                self.assertClose(got, reference, " ".join(mode))
+        # The ranks' share of the rows moved: the parameters did not stay where one process leaves them
+        # by accident of a tiny learning rate.
+        start = self.train("start", "--sample", "sequential", steps=1)[1]
+        moved = max(np.abs(reference[1][n] - start[n]).max() for n in start)
+        self.assertGreater(moved, 1e-3)
+
+    @TWO_RANKS
+    def test_random_batches_and_micro_batches_split_the_same_way(self):
+        for extra in (["--sample", "random", "--seed", "3"], ["--grad-accum", "2"]):
+            with self.subTest(extra=extra):
+                reference = self.one_process(*extra)
+                self.assertClose(self.train("two", *extra, "--ddp", "bucketed", "--bucket-mb", "0.01", ranks=2),
+                                 reference, " ".join(extra))
+                self.assertClose(self.train("zero", *extra, "--zero", "1", ranks=2), reference, "zero " + " ".join(extra))
+
+    def test_a_world_of_one_through_the_same_path_gives_the_same_bits(self):
+        # (Device graphs are off with data parallelism: the process it is compared with runs without.)
+        losses_one, params_one = self.one_process("--sample", "sequential", "--graphs", "off")
+        for mode in MODES:
+            with self.subTest(mode=mode):
+                got_losses, got_params = self.train("world1", "--sample", "sequential", *mode)
+                self.assertEqual(got_losses, losses_one)
+                for name in params_one:
+                    np.testing.assert_array_equal(got_params[name], params_one[name])
+
+    @TWO_RANKS
+    def test_checkpoints_of_two_ranks_resume_where_they_stopped(self):
+        ref = self.train("whole", "--sample", "sequential", "--ddp", "flat", ranks=2)
+        directory = self.path("checkpoints")
+        self.train("first", "--sample", "sequential", "--ddp", "flat", "--checkpoint-dir", directory, ranks=2,
+                   steps=3)
+        r = run("launch", "--nproc", "2", "--", "train", "--resume", directory, "--steps", str(STEPS), "--ddp", "flat",
+                "--log", self.path("resumed.jsonl"), "--save", self.path("resumed.safetensors"))
+        self.assertEqual(r.returncode, 0, r.stdout + r.stderr)
+        self.assertEqual(losses(self.path("resumed.jsonl")), ref[0][3:])
+        resumed = read_safetensors(self.path("resumed.safetensors"))
+        for name in ref[1]:
+            np.testing.assert_array_equal(resumed[name], ref[1][name])
+
+    def test_bad_input_is_one_sentence_and_exit_2(self):
+        base = ["train", "--data", self.data, *MODEL, "--steps", "1"]
+        cases = [
+            (["launch", "--nproc", "3", "--", *base], "split evenly"),
+            ([*base, "--zero", "1"], "--zero 1"),
+            ([*base, "--ddp", "ring"], "unknown --ddp"),
+            ([*base, "--ddp", "flat", "--bucket-mb", "0"], "--bucket-mb"),
+            (["launch", "--nproc", "2", "--", *base, "--zero", "1", "--ddp", "flat"], "leave --ddp out"),
+            (["launch", "--nproc", "2", "--", *base, "--zero", "1", "--checkpoint-dir", self.path("z")], "--zero 1"),
+        ]
+        for args, words in cases:
+            with self.subTest(args=args):
+                r = run(*args)
+                self.assertEqual(r.returncode, 2, r.stdout + r.stderr)
+                self.assertIn(words, r.stderr)
+        env = {k: v for k, v in os.environ.items() if k not in ("MASTER_ADDR", "MASTER_PORT")}
+        env.update(RANK="1", WORLD_SIZE="2")
+        r = run(*base, env=env)
+        self.assertEqual(r.returncode, 2, r.stderr)
+        self.assertIn("MASTER_ADDR", r.stderr)
+        self.assertEqual(len(r.stderr.strip().splitlines()), 1, r.stderr)
+
+
+if __name__ == "__main__":
+    unittest.main()

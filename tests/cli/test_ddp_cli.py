@@ -146,6 +146,50 @@ class TwoRanks(unittest.TestCase):
         for name in ref[1]:
             np.testing.assert_array_equal(resumed[name], ref[1][name])
 
+    @TWO_RANKS
+    def test_bench_rows_say_the_exchange(self):
+        bench = ["bench", *MODEL[:MODEL.index("--lr")], "--steps", "3", "--warmup", "1", "--format", "json"]
+        for mode, hidden_possible in ((["--ddp", "naive"], False), (["--ddp", "overlap"], True),
+                                      (["--zero", "1"], False)):
+            with self.subTest(mode=mode):
+                out = self.path("bench.json")
+                r = run("launch", "--nproc", "2", "--", *bench, *mode, "--out", out)
+                self.assertEqual(r.returncode, 0, r.stdout + r.stderr)
+                self.assertEqual(r.stdout.count("| ok |"), 1, r.stdout)  # rank 0's table only
+                self.assertIn("Gradient exchange", r.stdout)
+                with open(out) as f:
+                    [row] = json.load(f)
+                self.assertEqual(row["status"], "ok")
+                self.assertEqual(row["data_parallel"]["world_size"], 2)
+                self.assertGreater(row["ms"]["communication"]["mean"], 0)
+                self.assertGreaterEqual(row["ms"]["exchange"]["mean"], 0)
+                self.assertTrue(0 <= row["hidden_share"] <= 1)
+                if not hidden_possible:  # everything exchanged after the backward
+                    self.assertEqual(row["hidden_share"], 0)
+
+    def test_the_dry_run_of_a_rank_shards_the_optimizer_state(self):
+        memory = ["memory", "--dry-run", "--device", "cuda", "--model", "xl", "--ctx", "128", "--batch", "4",
+                  "--format", "json"]
+        state = {}
+        for name, extra in (("one", []), ("ddp", ["--world-size", "2"]), ("zero2", ["--world-size", "2", "--zero", "1"]),
+                            ("zero4", ["--world-size", "4", "--zero", "1"])):
+            r = run(*memory, *extra, "--out", self.path(name + ".json"))
+            self.assertEqual(r.returncode, 0, r.stderr)
+            with open(self.path(name + ".json")) as f:
+                [row] = json.load(f)
+            state[name] = row["step_start_bytes"], row["peak_by_kind"]["optimizer_state"]
+        moments = state["one"][1]
+        self.assertEqual(state["ddp"][1], moments)
+        for n in (2, 4):  # 1/N of the moments (each bucket padded to N elements: a few bytes more)
+            self.assertAlmostEqual(state[f"zero{n}"][1] / moments, 1 / n, places=3)
+            self.assertAlmostEqual((state["one"][0] - state[f"zero{n}"][0]) / moments, 1 - 1 / n, places=3)
+        r = run(*memory, "--world-size", "3", "--zero", "1")
+        self.assertEqual(r.returncode, 2)
+        self.assertIn("split evenly", r.stderr)
+        r = run(memory[0], *memory[2:], "--world-size", "2")  # --world-size without --dry-run
+        self.assertEqual(r.returncode, 2)
+        self.assertIn("--world-size", r.stderr)
+
     def test_bad_input_is_one_sentence_and_exit_2(self):
         base = ["train", "--data", self.data, *MODEL, "--steps", "1"]
         cases = [

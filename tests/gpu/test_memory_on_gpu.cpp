@@ -23,6 +23,22 @@ void print_facts(const cuda::FlashKernelFacts& f) {
   std::printf("}}\n");
 }
 
+// A bf16/fp32 train cell on the GPU, batch 4, one warm-up step.
+BenchSpec train_cell(const ModelConfig& model, const std::string& precision, AttentionKind attention,
+                     std::int64_t ctx) {
+  BenchSpec s;
+  s.model = model;
+  s.device = "cuda";
+  s.precision = precision;
+  s.attention = attention;
+  s.mode = BenchMode::train;
+  s.batch = 4;
+  s.ctx = ctx;
+  s.warmup = 1;
+  s.steps = 1;
+  return s;
+}
+
 bool same(const cuda::FlashResidency& a, const cuda::FlashResidency& b) {
   return a.d == b.d && a.forward_tc == b.forward_tc && a.dkdv_tc == b.dkdv_tc && a.dkdv_tc_atomic == b.dkdv_tc_atomic &&
          a.dq_tc == b.dq_tc && a.forward_wgmma == b.forward_wgmma && a.backward_wgmma == b.backward_wgmma &&
@@ -71,7 +87,7 @@ TEST(MemoryOnGpu, DryRunRecordsWhatTheGpuRecordsAndTheDriverAgrees) {
       for (const char* precision : {"fp32", "bf16"})
         for (AttentionKind attention : {AttentionKind::naive, AttentionKind::flash}) {
           MemorySpec spec;
-          spec.cell = BenchSpec{preset(model), "cuda", precision, attention, BenchMode::train, 4, ctx, 1, 1, 0, false};
+          spec.cell = train_cell(preset(model), precision, attention, ctx);
           const std::string cell = fmt::format("{} ctx {} {} {}", model, ctx, precision, attention_name(attention));
           const MemoryRecord gpu = record_memory(spec);
           if (gpu.outcome == MemoryOutcome::out_of_memory) {  // the dry run must say it does not fit either
@@ -131,9 +147,10 @@ TEST(MemoryOnGpu, DryRunRecordsEveryRecomputeAccumulationAndCopiesMode) {
   cells.push_back({"large", 2048, "bf16", AttentionKind::naive, Recompute::selective, 2, WeightCopies::transient});
   for (const Cell& c : cells) {
     MemorySpec spec;
-    spec.cell =
-        BenchSpec{preset(c.model), "cuda",      c.precision,  c.attention,    BenchMode::train, 4, c.ctx, 1, 1, 0,
-                  false,           c.recompute, c.grad_accum, c.weight_copies};
+    spec.cell = train_cell(preset(c.model), c.precision, c.attention, c.ctx);
+    spec.cell.recompute = c.recompute;
+    spec.cell.grad_accum = c.grad_accum;
+    spec.cell.weight_copies = c.weight_copies;
     const std::string cell = fmt::format("{} ctx {} {} {} {} recompute, {} micro-batches, {} copies", c.model, c.ctx,
                                          c.precision, attention_name(c.attention), recompute_name(c.recompute),
                                          c.grad_accum, weight_copies_name(c.weight_copies));

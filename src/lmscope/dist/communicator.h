@@ -37,7 +37,8 @@ class Communicator {
   // returns at once; the result is there after wait().
   // t = the sum of every rank's t (f32 or f64; bf16 on NCCL).
   virtual std::unique_ptr<CollectiveWork> all_reduce_async(const Tensor& t) = 0;
-  // out [n] = the sum over ranks of in's part `rank` (in [size·n]); out may be that part of in.
+  // out [n] = the sum over ranks of in's part `rank` (in [size·n]); out may be that part of in, and
+  // the rest of in is left unspecified (Gloo's sums all of it in place).
   virtual std::unique_ptr<CollectiveWork> reduce_scatter_async(const Tensor& in, const Tensor& out) = 0;
   // out [size·n] = every rank's in [n], in rank order; in may be this rank's part of out.
   virtual std::unique_ptr<CollectiveWork> all_gather_async(const Tensor& in, const Tensor& out) = 0;

@@ -4,7 +4,8 @@ with the whole batch, within 1e-6 relative, for every --ddp mode and for --zero 
 through the same code path gives that process's bits, in every mode; bad input ends in one sentence
 and exit 2. Run by ctest with LMSCOPE pointing at the built program. LMSCOPE_DDP_DEVICE=cuda runs
 them on the GPUs through NCCL (scripts/gpu_check.sh --data-parallel), with LMSCOPE_DDP_PRECISION
-(default fp32); tests of two ranks then need two GPUs."""
+(default fp32) and LMSCOPE_DDP_STEPS (default 5); tests of two ranks then need two GPUs. Each comparison
+prints how close it came."""
 import json
 import os
 import subprocess
@@ -16,7 +17,10 @@ import numpy as np
 LMSCOPE = os.environ["LMSCOPE"]
 DEVICE = os.environ.get("LMSCOPE_DDP_DEVICE", "cpu")
 PRECISION = os.environ.get("LMSCOPE_DDP_PRECISION", "fp32")
-STEPS = 5
+STEPS = int(os.environ.get("LMSCOPE_DDP_STEPS", "5"))
+# How close N ranks come to one process: fp32 1e-6 relative; in bf16 the ranks' GEMMs over half the
+# rows round differently from one over all of them, and the difference grows with the steps.
+TOLERANCE = 1e-6 if PRECISION == "fp32" else 2e-2
 MODES = (["--ddp", "naive"], ["--ddp", "flat"], ["--ddp", "overlap"], ["--ddp", "bucketed", "--bucket-mb", "0.01"],
          ["--ddp", "bucketed"])
 MODEL = ["--device", DEVICE, "--precision", PRECISION, "--vocab", "50", "--d-model", "32", "--d-ff", "64", "--layers", "2", "--heads", "2",
@@ -92,13 +96,15 @@ class TwoRanks(unittest.TestCase):
     def assertClose(self, got, want, what):
         (got_losses, got_params), (want_losses, want_params) = got, want
         self.assertEqual(len(got_losses), STEPS, what)
-        np.testing.assert_allclose(got_losses, want_losses, rtol=1e-6, err_msg=what)
+        loss_diff = max(abs(g - w) / abs(w) for g, w in zip(got_losses, want_losses))
         self.assertEqual(sorted(got_params), sorted(want_params))
         # The parameters as one vector: AdamW's m/√v turns a last-bit difference in a near-zero
         # gradient into a difference of lr, so single elements are compared only through the whole.
         diff = np.sqrt(sum(np.sum((got_params[n] - w) ** 2) for n, w in want_params.items()))
         size = np.sqrt(sum(np.sum(w ** 2) for w in want_params.values()))
-        self.assertLess(diff / size, 1e-6, what)
+        print(f"\n{what}: losses within {loss_diff:.2e} relative, parameters {diff / size:.2e}", flush=True)
+        self.assertLess(loss_diff, TOLERANCE, what)
+        self.assertLess(diff / size, TOLERANCE, what)
 
     @TWO_RANKS
     def test_every_mode_steps_as_one_process_with_the_whole_batch(self):

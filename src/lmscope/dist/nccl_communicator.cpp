@@ -55,7 +55,10 @@ class NcclWork final : public CollectiveWork {
 class NcclCommunicator final : public Communicator {
  public:
   NcclCommunicator(Backend& backend, const World& world, Store& store)
-      : compute_(static_cast<cudaStream_t>(backend.cuda_stream())), rank_(world.rank), size_(world.size) {
+      : compute_(static_cast<cudaStream_t>(backend.cuda_stream())),
+        allocator_(backend.allocator()),
+        rank_(world.rank),
+        size_(world.size) {
     ncclUniqueId id{};
     const std::string key = "nccl.unique_id";
     if (world.rank == 0) {
@@ -69,7 +72,6 @@ class NcclCommunicator final : public Communicator {
     }
     LMSCOPE_NCCL_CHECK(ncclCommInitRank(&comm_, world.size, id, world.rank), "initialisation");
     LMSCOPE_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
-    barrier_ = backend.allocator().allocate({1}, DType::f32, {MemKind::workspace, "nccl.barrier", -1});
   }
 
   ~NcclCommunicator() override {
@@ -123,9 +125,11 @@ class NcclCommunicator final : public Communicator {
     });
   }
 
-  // An all-reduce of one number, waited for by the host: every rank has reached it.
+  // An all-reduce of one number, waited for by the host: every rank has reached it. (Its buffer is
+  // made here, not kept: a run's record stays the dry run's, whose collectives hold nothing.)
   void barrier() override {
-    all_reduce_async(barrier_)->wait();
+    Allocation one = allocator_.allocate({1}, DType::f32, {MemKind::workspace, "nccl.barrier", -1});
+    all_reduce_async(one)->wait();
     LMSCOPE_CUDA_CHECK(cudaStreamSynchronize(compute_));
   }
 
@@ -177,9 +181,9 @@ class NcclCommunicator final : public Communicator {
   }
 
   cudaStream_t compute_ = nullptr, stream_ = nullptr;
+  Allocator& allocator_;
   int rank_ = 0, size_ = 1;
   ncclComm_t comm_ = nullptr;
-  Allocation barrier_;
   bool timing_ = false;
   cudaEvent_t origin_ = nullptr;
   std::vector<std::pair<cudaEvent_t, cudaEvent_t>> timed_;

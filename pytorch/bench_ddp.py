@@ -1,0 +1,95 @@
+"""PyTorch's data parallelism on the cells `lmscope bench --ddp` runs, one process per GPU started by
+torchrun: the reference model (cs336_reference.py, SDPA attention, bf16 autocast around forward and
+loss) in DistributedDataParallel (buckets of --bucket-mb, 25 by default as in DDP) with
+torch.optim.AdamW(fused=True) (variant ddp), or the same DDP with ZeroRedundancyOptimizer over that
+AdamW (variant zero1: AdamW's state sharded, each rank's updated parameters broadcast). --batch is
+per rank. A step is zero_grad, forward, backward (DDP's all-reduces overlap it) and the optimizer
+step, timed on the host between synchronisations after --warmup steps; rank 0 prints one Markdown row
+per cell with the median step, the per-rank peak memory (max_memory_allocated, the largest of the
+ranks) and the status.
+
+  torchrun --nproc-per-node 2 pytorch/bench_ddp.py --model xl,2.7B --ctx 512,1024 --batch 4 --variant ddp,zero1
+"""
+import argparse
+import datetime
+import gc
+import os
+import statistics
+import time
+
+import torch
+import torch.distributed as dist
+from torch.distributed.optim import ZeroRedundancyOptimizer
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+import cs336_reference as ref
+
+
+def run_cell(a, model_name, ctx, variant, rank):
+    torch.manual_seed(0)
+    with torch.device("cuda"):
+        model = ref.TransformerLM(**ref.PRESETS[model_name], attention="sdpa").cuda()
+    model = DDP(model, device_ids=[torch.cuda.current_device()], bucket_cap_mb=a.bucket_mb)
+    adamw = dict(lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.01, fused=True)
+    if variant == "zero1":
+        opt = ZeroRedundancyOptimizer(model.parameters(), optimizer_class=torch.optim.AdamW, **adamw)
+    else:
+        opt = torch.optim.AdamW(model.parameters(), **adamw)
+    g = torch.Generator(device="cuda").manual_seed(1 + rank)
+    x = torch.randint(0, 10000, (a.batch, ctx), device="cuda", generator=g)
+    y = torch.randint(0, 10000, (a.batch, ctx), device="cuda", generator=g)
+    torch.cuda.reset_peak_memory_stats()
+    steps = []
+    for i in range(a.warmup + a.steps):
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        opt.zero_grad(set_to_none=True)
+        with torch.autocast(device_type="cuda", dtype=torch.bfloat16):
+            loss = ref.cross_entropy(model(x), y)
+        loss.backward()
+        opt.step()
+        torch.cuda.synchronize()
+        if i >= a.warmup:
+            steps.append((time.perf_counter() - t0) * 1e3)
+    peak = torch.tensor([torch.cuda.max_memory_allocated()], device="cuda")
+    dist.all_reduce(peak, op=dist.ReduceOp.MAX)
+    return statistics.median(steps), statistics.stdev(steps), peak.item() / 2**30
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--model", default="xl")
+    ap.add_argument("--ctx", default="512")
+    ap.add_argument("--batch", type=int, default=4, help="sequences per rank")
+    ap.add_argument("--variant", default="ddp,zero1", help="ddp and/or zero1")
+    ap.add_argument("--bucket-mb", type=float, default=25)
+    ap.add_argument("--warmup", type=int, default=3)
+    ap.add_argument("--steps", type=int, default=10)
+    a = ap.parse_args()
+    torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
+    # A rank out of memory would leave the other waiting in an all-reduce: give up after 3 minutes.
+    dist.init_process_group("nccl", timeout=datetime.timedelta(seconds=180))
+    rank, n = dist.get_rank(), dist.get_world_size()
+    if rank == 0:
+        print("| framework | model | ranks | variant | bucket MB | batch per rank | ctx | step median ms | step std ms "
+              "| peak GiB per rank | status |")
+        print("|---|---|---:|---|---:|---:|---:|---:|---:|---:|---|")
+    for model_name in a.model.split(","):
+        for ctx in map(int, a.ctx.split(",")):
+            for variant in a.variant.split(","):
+                head = (f"| PyTorch {torch.__version__} | {model_name} | {n} | {variant} | {a.bucket_mb:g} | {a.batch} "
+                        f"| {ctx} ")
+                try:
+                    median, std, peak = run_cell(a, model_name, ctx, variant, rank)
+                    row = head + f"| {median:.2f} | {std:.2f} | {peak:.2f} | ok |"
+                except torch.cuda.OutOfMemoryError:
+                    row = head + "| - | - | - | OOM |"
+                if rank == 0:
+                    print(row, flush=True)
+                gc.collect()
+                torch.cuda.empty_cache()
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()

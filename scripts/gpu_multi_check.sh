@@ -1,0 +1,65 @@
+#!/usr/bin/env bash
+# On a machine with two GPUs (the first two are used): build, the GPU tests on each GPU, then
+# lmscope's data parallelism beside PyTorch's in the same run: the data-parallel tests through NCCL
+# (two ranks equal one with the same global batch: fp32 5 steps, bf16 20 steps), lmscope allreduce
+# beside torch.distributed.all_reduce, and the train step of the models in LMSCOPE_DDP_MODELS
+# (default xl,2.7B) at LMSCOPE_DDP_CTXS (default 512,1024), bf16, flash, batch 4 per rank: lmscope on
+# one GPU, with each --ddp (bucketed at 1, 10, 25, 100 and 1000 MB) and --zero 1 on two, beside
+# PyTorch DDP (25 MB buckets) and ZeRO-1 (ZeroRedundancyOptimizer), and the dry run's prediction of a
+# ZeRO-1 rank's peak. Full logs in $OUT (or ./gpu-out); tools/ddp_table.py's short table prints last.
+# LMSCOPE_DDP_PARTS (default tests,allreduce,bench,table) runs only those parts, so the run can be
+# split across calls of a time limit (LMSCOPE_BUILD_DIR=build-gpu reuses the first call's build).
+set -uo pipefail
+source "$(dirname "$0")/gpu_env.sh"
+if (($(nvidia-smi -L | wc -l) < 2)); then
+  echo "gpu_multi_check.sh needs two GPUs; this machine has $(nvidia-smi -L | wc -l)"
+  exit 2
+fi
+export CUDA_VISIBLE_DEVICES=${CUDA_VISIBLE_DEVICES:-0,1}
+nvidia-smi --query-gpu=index,name,driver_version,memory.total --format=csv | tee "$OUT/gpus.txt"
+nvidia-smi topo -m >>"$OUT/gpus.txt" 2>&1
+date -u +%FT%TZ | tee -a "$OUT/gpus.txt"
+models=${LMSCOPE_DDP_MODELS:-xl,2.7B} ctxs=${LMSCOPE_DDP_CTXS:-512,1024}
+steps=(--warmup "${LMSCOPE_DDP_WARMUP:-3}" --steps "${LMSCOPE_DDP_MEASURED:-10}")
+parts=",${LMSCOPE_DDP_PARTS:-tests,allreduce,bench,table},"
+
+if [[ $parts == *,tests,* ]]; then
+  for g in 0 1; do CUDA_VISIBLE_DEVICES=$g "$B/tests/lmscope_gpu_tests" >"$OUT/gpu-tests-$g.log" 2>&1 & done
+  wait
+  for g in 0 1; do echo "== GPU tests on GPU $g: $(grep -E '^\[  (PASSED|FAILED) ' "$OUT/gpu-tests-$g.log" | tr '\n' ' ')"; done
+  for run in "fp32 5" "bf16 20"; do
+    set -- $run
+    LMSCOPE="$B/lmscope" LMSCOPE_DDP_DEVICE=cuda LMSCOPE_DDP_PRECISION=$1 LMSCOPE_DDP_STEPS=$2 \
+      $PY tests/cli/test_ddp_cli.py -v >"$OUT/ddp-tests-$1.log" 2>&1
+    echo "== data-parallel tests, two GPUs, $1, $2 steps: exit $?"
+    grep -E "within|ok$|FAIL|Error|Ran" "$OUT/ddp-tests-$1.log" | sort -u | head -20
+  done
+fi
+
+if [[ $parts == *,allreduce,* ]]; then
+  "$B/lmscope" launch --nproc 2 -- allreduce --device cuda --format json --out "$OUT/allreduce-lmscope.json" \
+    >"$OUT/allreduce-lmscope.md" 2>"$OUT/allreduce-lmscope.err"
+  echo "== lmscope allreduce: exit $?"
+  torchrun --nproc-per-node 2 pytorch/bench_allreduce.py >"$OUT/allreduce-pytorch.md" 2>"$OUT/allreduce-pytorch.err"
+  echo "== torch.distributed.all_reduce: exit $?"
+fi
+
+if [[ $parts == *,bench,* ]]; then
+  bench=(bench --device cuda --model "$models" --ctx "$ctxs" --precision bf16 --attention flash "${steps[@]}" --format json)
+  "$B/lmscope" "${bench[@]}" --batch 4 --graphs off,on --out "$OUT/ddp-one-gpu.json" >"$OUT/ddp-one-gpu.md" 2>&1
+  echo "== lmscope, one GPU: exit $?"
+  for par in "--ddp naive" "--ddp flat" "--ddp overlap" "--ddp bucketed --bucket-mb 1" "--ddp bucketed --bucket-mb 10" \
+    "--ddp bucketed --bucket-mb 25" "--ddp bucketed --bucket-mb 100" "--ddp bucketed --bucket-mb 1000" "--zero 1"; do
+    tag=$(echo "$par" | tr -d ' -')
+    "$B/lmscope" launch --nproc 2 -- "${bench[@]}" --batch 8 $par --out "$OUT/ddp-$tag.json" >"$OUT/ddp-$tag.md" 2>&1
+    echo "== lmscope, two GPUs, $par: exit $?"
+  done
+  (cd pytorch && torchrun --nproc-per-node 2 bench_ddp.py --model "$models" --ctx "$ctxs" --batch 4 --variant ddp,zero1 \
+    --warmup "${LMSCOPE_DDP_WARMUP:-3}" --steps "${LMSCOPE_DDP_MEASURED:-10}") >"$OUT/ddp-pytorch.md" 2>"$OUT/ddp-pytorch.err"
+  echo "== PyTorch DDP and ZeRO-1: exit $?"
+  "$B/lmscope" memory --dry-run --device cuda --model "$models" --ctx "$ctxs" --batch 8 --precision bf16 \
+    --world-size 2 --zero 1 --format json --out "$OUT/zero-dry-run.json" >/dev/null 2>&1
+  echo "== the dry run of a ZeRO-1 rank: exit $?"
+fi
+
+if [[ $parts == *,table,* ]]; then $PY tools/ddp_table.py "$OUT" | tee "$OUT/ddp-table.md"; fi

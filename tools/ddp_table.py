@@ -1,0 +1,145 @@
+"""The short table of scripts/gpu_multi_check.sh, from the files it leaves in OUT: lmscope allreduce
+beside torch.distributed.all_reduce (time, bus bandwidth, PyTorch over lmscope); per model and context
+the train step's median (ms) on one GPU (device graphs off and on) and on two with each --ddp mode
+and --zero 1, beside PyTorch DDP and ZeRO-1, with the collectives' time, the share hidden behind the
+backward and the per-rank peak; lmscope's bucketed step (25 MB) over its one-GPU step without graphs
+(the target: at most 1.1), PyTorch DDP's step over lmscope's fastest (> 1: lmscope faster), and ZeRO-1's
+measured peak beside the dry run's prediction.
+
+  python3 tools/ddp_table.py OUT
+"""
+import json
+import os
+import sys
+
+from result_tables import markdown_rows
+
+GiB = 2**30
+VARIANTS = ["ddpnaive", "ddpflat", "ddpoverlap", "ddpbucketedbucketmb1", "ddpbucketedbucketmb10",
+            "ddpbucketedbucketmb25", "ddpbucketedbucketmb100", "ddpbucketedbucketmb1000", "zero1"]
+NAMES = {"ddpnaive": "naive", "ddpflat": "flat", "ddpoverlap": "overlap", "ddpbucketedbucketmb1": "bucketed 1 MB",
+         "ddpbucketedbucketmb10": "bucketed 10 MB", "ddpbucketedbucketmb25": "bucketed 25 MB",
+         "ddpbucketedbucketmb100": "bucketed 100 MB", "ddpbucketedbucketmb1000": "bucketed 1000 MB",
+         "zero1": "ZeRO-1"}
+
+
+def fail(message):
+    print(f"ddp_table.py: {message}", file=sys.stderr)
+    sys.exit(2)
+
+
+def load(path):
+    try:
+        with open(path) as f:
+            return json.load(f)
+    except (OSError, json.JSONDecodeError):
+        return []
+
+
+def cell(row):
+    return row["model"]["name"], row["ctx"]
+
+
+def median(row):
+    return row["ms"]["step"]["median"] if row.get("status") == "ok" and "ms" in row else None
+
+
+def fmt(x, spec=".2f"):
+    return "-" if x is None else format(x, spec)
+
+
+def allreduce_table(out):
+    ours = {r["bytes"]: r for r in load(os.path.join(out, "allreduce-lmscope.json")) if r.get("status") == "ok"}
+    theirs = {}
+    path = os.path.join(out, "allreduce-pytorch.md")
+    if os.path.isfile(path):
+        units = {"KB": 10**3, "MB": 10**6, "GB": 10**9}
+        for r in markdown_rows(path):
+            size = r["size"]
+            theirs[int(float(size[:-2]) * units[size[-2:]])] = r
+    if not ours and not theirs:
+        return ""
+    backends = sorted({r["backend"] for r in ours.values()} | {r["backend"] for r in theirs.values()})
+    ranks = sorted({r["world"] for r in ours.values()} | {int(r["ranks"]) for r in theirs.values()})
+    text = (f"## all-reduce, float32, {'/'.join(map(str, ranks))} ranks ({', '.join(backends)})\n\n| size | lmscope ms | lmscope busbw GB/s | PyTorch ms | "
+            "PyTorch busbw GB/s | PyTorch / lmscope |\n|---:|---:|---:|---:|---:|---:|\n")
+    for size in sorted(set(ours) | set(theirs)):
+        o, t = ours.get(size), theirs.get(size)
+        o_ms = o["ms"]["mean"] if o else None
+        t_ms = float(t["mean ms"]) if t else None
+        text += (f"| {size / 1e6:g} MB | {fmt(o_ms, '.3f')} | {fmt(o['busbw_gbs'] if o else None, '.1f')} | "
+                 f"{fmt(t_ms, '.3f')} | {t['busbw GB/s'] if t else '-'} | "
+                 f"{fmt(t_ms / o_ms if o_ms and t_ms else None)} |\n")
+    return text + "\n"
+
+
+def main(out):
+    if not os.path.isdir(out):
+        fail(f"no such directory: {out}")
+    one = {}
+    for r in load(os.path.join(out, "ddp-one-gpu.json")):
+        one[(cell(r), r["graphs"])] = median(r)
+    two = {}
+    for v in VARIANTS:
+        for r in load(os.path.join(out, f"ddp-{v}.json")):
+            two[(cell(r), v)] = r
+    pt = {}
+    path = os.path.join(out, "ddp-pytorch.md")
+    if os.path.isfile(path):
+        for r in markdown_rows(path):
+            ok = r["status"] == "ok"
+            pt[((r["model"], int(r["ctx"])), r["variant"])] = (
+                float(r["step median ms"]) if ok else None, float(r["peak GiB per rank"]) if ok else None)
+    dry = {cell(r): r.get("peak_bytes") for r in load(os.path.join(out, "zero-dry-run.json"))}
+    cells = sorted({c for c, _ in one} | {c for c, _ in two} | {c for c, _ in pt})
+    if not cells:
+        fail(f"{out} holds none of gpu_multi_check.sh's results")
+    text = allreduce_table(out)
+    rows = [r for r in two.values()] + load(os.path.join(out, "ddp-one-gpu.json"))
+    precision = ", ".join(sorted({r["precision"] for r in rows})) or "?"
+    text += (f"## train step, {precision}, one GPU's batch per rank: median ms\n\n| model | ctx | one GPU, graphs off | one GPU, graphs on | "
+             + " | ".join(NAMES[v] for v in VARIANTS)
+             + " | PyTorch DDP | PyTorch ZeRO-1 | bucketed 25 MB / one GPU | PyTorch DDP / lmscope's fastest |\n"
+             + "|---|---:|" + "---:|" * (len(VARIANTS) + 6) + "\n")
+    for c in cells:
+        steps = {v: median(two[(c, v)]) if (c, v) in two else None for v in VARIANTS}
+        ddp = [s for v, s in steps.items() if s is not None and v != "zero1"]
+        base = one.get((c, False))
+        bucketed = steps["ddpbucketedbucketmb25"]
+        pt_ddp = pt.get((c, "ddp"), (None, None))[0]
+        text += (f"| {c[0]} | {c[1]} | {fmt(base)} | {fmt(one.get((c, True)))} | "
+                 + " | ".join(fmt(steps[v]) for v in VARIANTS)
+                 + f" | {fmt(pt_ddp)} | {fmt(pt.get((c, 'zero1'), (None, None))[0])} | "
+                 + f"{fmt(bucketed / base if bucketed and base else None)} | "
+                 + f"{fmt(pt_ddp / min(ddp) if pt_ddp and ddp else None)} |\n")
+    text += ("\n## where the exchange goes (two GPUs): collectives ms / exposed after the backward ms / hidden\n\n"
+             "| model | ctx | " + " | ".join(NAMES[v] for v in VARIANTS) + " |\n|---|---:|" + "---|" * len(VARIANTS)
+             + "\n")
+    for c in cells:
+        parts = []
+        for v in VARIANTS:
+            r = two.get((c, v))
+            if r is None or median(r) is None:
+                parts.append("-")
+            else:
+                parts.append(f"{r['ms']['communication']['mean']:.1f} / {r['ms']['exchange']['mean']:.1f} / "
+                             f"{100 * r['hidden_share']:.0f}%")
+        text += f"| {c[0]} | {c[1]} | " + " | ".join(parts) + " |\n"
+    text += ("\n## per-rank peak memory, GiB (two GPUs)\n\n| model | ctx | DDP bucketed 25 MB | ZeRO-1 measured | "
+             "ZeRO-1 dry run | measured − predicted, bytes | PyTorch DDP | PyTorch ZeRO-1 |\n"
+             "|---|---:|---:|---:|---:|---:|---:|---:|\n")
+    for c in cells:
+        b, z = two.get((c, "ddpbucketedbucketmb25")), two.get((c, "zero1"))
+        zb = z["peak_bytes"] if z and median(z) is not None else None
+        d = dry.get(c)
+        text += (f"| {c[0]} | {c[1]} | {fmt(b['peak_bytes'] / GiB if b and median(b) else None, '.4g')} | "
+                 f"{fmt(zb / GiB if zb else None, '.4g')} | {fmt(d / GiB if d else None, '.4g')} | "
+                 f"{zb - d if zb is not None and d is not None else '-'} | "
+                 f"{fmt(pt.get((c, 'ddp'), (None, None))[1])} | {fmt(pt.get((c, 'zero1'), (None, None))[1])} |\n")
+    print(text, end="")
+
+
+if __name__ == "__main__":
+    if len(sys.argv) != 2:
+        fail("give the directory gpu_multi_check.sh wrote (its OUT)")
+    main(sys.argv[1])

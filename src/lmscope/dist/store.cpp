@@ -84,7 +84,42 @@ class Keyed : public Store {
   std::string where_;
 };
 
+// Another store's keys under a prefix; the other store stays its owner's.
+class Prefixed : public Store {
+ public:
+  Prefixed(Store& base, std::string prefix) : base_(base), prefix_(std::move(prefix)) {}
+  void set(const std::string& key, const std::vector<char>& data) override { base_.set(prefix_ + key, data); }
+  std::vector<char> get(const std::string& key) override { return base_.get(prefix_ + key); }
+  void wait(const std::vector<std::string>& keys) override { base_.wait(under(keys)); }
+  void wait(const std::vector<std::string>& keys, const std::chrono::milliseconds& timeout) override {
+    base_.wait(under(keys), timeout);
+  }
+
+ private:
+  std::vector<std::string> under(const std::vector<std::string>& keys) const {
+    std::vector<std::string> out;
+    for (const std::string& k : keys) out.push_back(prefix_ + k);
+    return out;
+  }
+  Store& base_;
+  std::string prefix_;
+};
+
 }  // namespace
+
+Store& process_store(const World& world) {
+  static std::mutex mutex;
+  static std::map<std::string, std::unique_ptr<Store>> stores;
+  const std::string key = fmt::format("{}|{}|{}|{}", world.rendezvous, world.run_id, world.rank, world.size);
+  std::lock_guard lock(mutex);
+  std::unique_ptr<Store>& store = stores[key];
+  if (!store) store = open_store(world);
+  return *store;
+}
+
+std::unique_ptr<Store> prefixed_store(Store& base, std::string prefix) {
+  return std::make_unique<Prefixed>(base, std::move(prefix));
+}
 
 std::unique_ptr<Store> open_store(const World& world) {
   const std::string& r = world.rendezvous;

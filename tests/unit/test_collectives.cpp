@@ -15,6 +15,7 @@
 namespace lmscope::dist {
 namespace {
 
+#if LMSCOPE_HAVE_GLOO  // (a build without Gloo, the GPU machine's, has no CPU ranks)
 // Runs body(rank, backend, communicator) on `size` ranks at once; every rank's failure is reported.
 void on_ranks(int size, const std::function<void(int, Backend&, Communicator&)>& body) {
   const std::filesystem::path dir =
@@ -59,7 +60,6 @@ void expect_values(Backend& be, const Tensor& t, const std::function<double(std:
     ASSERT_EQ(got[static_cast<std::size_t>(i)], want(i)) << what << ", rank " << rank << ", element " << i;
 }
 
-#if LMSCOPE_HAVE_GLOO
 constexpr int kRanks = 3;
 
 TEST(GlooCollectives, EveryOpGivesItsValues) {

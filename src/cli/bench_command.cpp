@@ -46,12 +46,15 @@ class BenchCommand : public Command {
   int run() override {
     // Everything is checked before the first cell runs, so a typo never costs a half-run sweep.
     std::vector<MemorySpec> planned;
+    const std::vector<bool> graph_modes = on_off_list("--graphs", graphs_);
     for (const MemorySpec& cell : cells_.resolve())
       for (bool fusion : on_off_list("--fusion", fusion_))
-        for (bool graphs : on_off_list("--graphs", graphs_)) {
+        for (bool graphs : graph_modes) {
+          // Data parallelism runs op by op (its collectives are not recorded): its cells say so, once.
+          if (cell.cell.parallel && graphs && graph_modes.size() > 1) continue;
           planned.push_back(cell);
           planned.back().cell.fusion = fusion;
-          planned.back().cell.graphs = graphs;
+          planned.back().cell.graphs = graphs && !cell.cell.parallel;
         }
     if (steps_ <= 0) user_error("--steps must be positive, got {}", steps_);
     if (profile_ && cells_.dry_run()) user_error("--profile traces kernels, and a dry run runs none");

@@ -167,6 +167,7 @@ class TwoRanks(unittest.TestCase):
                     [row] = json.load(f)
                 self.assertEqual(row["status"], "ok")
                 self.assertEqual(row["data_parallel"]["world_size"], 2)
+                self.assertFalse(row["graphs"])  # op by op with data parallelism, and the row says so
                 self.assertGreater(row["ms"]["communication"]["mean"], 0)
                 self.assertGreaterEqual(row["ms"]["exchange"]["mean"], 0)
                 self.assertTrue(0 <= row["hidden_share"] <= 1)

@@ -192,6 +192,9 @@ class LaunchCommand : public Command {
       const pid_t pid = ::fork();
       if (pid == 0) {  // only async-signal-safe calls until exec
         ::pthread_sigmask(SIG_SETMASK, &before_, nullptr);
+        // A process group of its own: a terminal's Ctrl-C reaches the launcher alone, which passes it
+        // on once (a rank that got it twice would stop at once, without its checkpoint).
+        ::setpgid(0, 0);
         ::prctl(PR_SET_PDEATHSIG, SIGKILL);
         if (::getppid() != launcher) ::_exit(1);
         ::execve(exe.c_str(), argv.data(), envp.data());

@@ -79,6 +79,9 @@ int main(int argc, char** argv) {
   } catch (const lmscope::UserError& e) {
     fmt::print(stderr, "{}error: {}\n", prefix, e.what());
     return 2;
+  } catch (const lmscope::RankFailure& e) {
+    fmt::print(stderr, "{}error: {}\n", prefix, e.what());
+    return 1;
   } catch (const std::exception& e) {
     fmt::print(stderr, "{}internal error: {}\n", prefix, e.what());
     return 1;

@@ -92,6 +92,7 @@ std::vector<MemorySpec> MemoryCellFlags::resolve() const {
                       s.cell.grad_accum = has_backward(md) ? static_cast<int>(k) : 1;
                       s.cell.weight_copies = wc;
                       const ParallelFlags::Resolved parallel = parallel_.resolve(b, dry_run_);
+                      if (parallel.spec) parallel.spec->check_step(has_backward(md), md == BenchMode::train);
                       s.cell.parallel = parallel.spec;
                       s.cell.world = parallel.world;
                       s.dry_run = dry_run_;

@@ -39,19 +39,23 @@ extern "C" void record_stop_signal(int sig) {
 }
 
 // Mean loss over the first `batches` windows of the held-out data (the same each time), from
-// forwards that keep nothing for a backward.
-double held_out_loss(Transformer& model, const TokenData& data, const TrainSettings& s) {
+// forwards that keep nothing for a backward. With data parallelism each rank runs its rows of each
+// batch, as in training, and the ranks' means are averaged.
+double held_out_loss(Transformer& model, const TokenData& data, const TrainSettings& s, std::int64_t local_batch,
+                     std::int64_t first_row, dist::DataParallelRun* dp) {
   BatchSampler sampler(data, s.batch, s.ctx, true, 0);
   std::vector<std::int32_t> ids(static_cast<std::size_t>(s.batch * s.ctx)), targets(ids.size());
+  const std::size_t first = static_cast<std::size_t>(first_row * s.ctx);
   double sum = 0;
   for (std::int64_t b = 0; b < s.eval_batches; ++b) {
     sampler.next(ids.data(), targets.data());
-    model.set_batch(s.batch, s.ctx, ids.data(), targets.data());
+    model.set_batch(local_batch, s.ctx, ids.data() + first, targets.data() + first);
     model.forward(false);
     sum += model.read_loss();
     model.discard_activations();
   }
-  return sum / static_cast<double>(s.eval_batches);
+  const double mean = sum / static_cast<double>(s.eval_batches);
+  return dp ? dp->mean_over_ranks(mean) : mean;
 }
 
 // A log resumed at `step`: the lines of later steps (written before the stop, to be written again)
@@ -118,27 +122,32 @@ class TrainCommand : public Command {
     }
     BatchSampler sampler(data, s_.batch, s_.ctx, s_.sample == "sequential", s_.seed);
 
-    if (parallel.world.size > 1 && s_.device == "cuda") use_gpu(parallel.world.local_rank);
+    dist::use_rank_gpu(parallel.world, s_.device);
     std::unique_ptr<Backend> backend = make_backend(s_.device, s_.precision);
-    std::unique_ptr<dist::DataParallelRun> dp;
-    if (parallel.spec) dp = std::make_unique<dist::DataParallelRun>(parallel.world, *backend, *parallel.spec);
-    const std::int64_t local_batch = dp ? dp->local_batch(s_.batch) : s_.batch;
-    const std::int64_t first_row = dp ? dp->first_row(s_.batch) : 0;
+    // The log before the ranks meet: rank 0 failing to open it must not leave the others waiting.
+    std::ofstream log;
+    if (!s_.log.empty() && main_rank)
+      log = open_log(s_.log, resumed ? std::optional(resumed->state.step) : std::nullopt);
     Transformer model(c, *backend, DType::f32, compute_dtype(s_.precision), parse_attention(s_.attention));
     model.set_recompute(parse_recompute(s_.recompute));
     model.set_weight_copies(parse_weight_copies(s_.weight_copies));
     model.set_graphs(s_.graphs == "on");
     model.set_fusion(s_.fusion == "on");
+    std::unique_ptr<dist::DataParallelRun> dp;  // after the model it hooks into, which outlives it
+    if (parallel.spec) dp = std::make_unique<dist::DataParallelRun>(parallel.world, *backend, *parallel.spec);
+    const std::int64_t local_batch = dp ? dp->local_batch(s_.batch) : s_.batch;
+    const std::int64_t first_row = dp ? dp->first_row(s_.batch) : 0;
     std::int64_t start = 0;
-    // The starting weights (all ranks load or make the same; rank 0's are broadcast all the same, as
-    // DDP does) before AdamW, whose moments a sharded run keeps for its part only.
+    // The starting weights (every rank makes or loads the same, and takes rank 0's all the same, as
+    // DDP does) before AdamW, whose moments a sharded run keeps for its part only; a resumed run's
+    // ranks each load the checkpoint once AdamW is made.
     if (!resumed) {
       if (s_.init.empty())
         model.init_parameters(s_.seed);
       else
         load_parameters(model, s_.init);
     }
-    if (dp) dp->attach(model);
+    if (dp) dp->attach(model, !resumed);
     AdamW opt(model, s_.optimizer, dp ? dp->sharding() : nullptr);
     if (dp) dp->configure(opt);
     if (app->count("--loss-scale") + app->count("--loss-scale-interval") > 0 && !opt.loss_scaler().on())
@@ -151,8 +160,6 @@ class TrainCommand : public Command {
       sampler.restore(resumed->state.sampler);
       start = resumed->state.step;
     }
-    std::ofstream log;
-    if (!s_.log.empty() && main_rank) log = open_log(s_.log, resumed ? std::optional(start) : std::nullopt);
     if (!s_.checkpoint_dir.empty() || dp) {
       std::signal(SIGINT, record_stop_signal);
       std::signal(SIGTERM, record_stop_signal);
@@ -224,9 +231,9 @@ class TrainCommand : public Command {
         const double norm = opt.last_grad_norm();
         if (!std::isfinite(loss)) user_error("the loss became {} at step {}; lower --lr or enable --clip", loss, step);
         std::optional<double> val_loss;
-        if (val && main_rank && ((s_.eval_every > 0 && step % s_.eval_every == 0) || step == s_.steps)) {
+        if (val && ((s_.eval_every > 0 && step % s_.eval_every == 0) || step == s_.steps)) {
           ScopedRange r(ranges, RangeLevel::phase, "held-out loss");
-          val_loss = held_out_loss(model, *val, s_);
+          val_loss = held_out_loss(model, *val, s_, local_batch, first_row, dp.get());
         }
         const double elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
         const double done = static_cast<double>(step - start);

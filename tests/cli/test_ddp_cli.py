@@ -139,6 +139,20 @@ class TwoRanks(unittest.TestCase):
                     np.testing.assert_array_equal(got_params[name], params_one[name])
 
     @TWO_RANKS
+    def test_the_held_out_loss_is_one_processs(self):
+        val = self.path("val.bin")
+        np.random.default_rng(1).integers(0, 50, size=3000, dtype=np.uint16).tofile(val)
+        held_out = ["--val-data", val, "--eval-every", "2", "--eval-batches", "3", "--sample", "sequential"]
+        self.train("val1", *held_out)
+        self.train("val2", *held_out, "--ddp", "flat", ranks=2)
+        logs = []
+        for name in ("val1", "val2"):
+            with open(self.path(name + ".jsonl")) as f:
+                logs.append([json.loads(line)["val_loss"] for line in f if "val_loss" in line])
+        self.assertEqual(len(logs[0]), 3)  # steps 2, 4 and the last
+        np.testing.assert_allclose(logs[1], logs[0], rtol=TOLERANCE)
+
+    @TWO_RANKS
     def test_checkpoints_of_two_ranks_resume_where_they_stopped(self):
         ref = self.train("whole", "--sample", "sequential", "--ddp", "flat", ranks=2)
         directory = self.path("checkpoints")
@@ -206,6 +220,10 @@ class TwoRanks(unittest.TestCase):
             ([*base, "--ddp", "flat", "--bucket-mb", "0"], "--bucket-mb"),
             (["launch", "--nproc", "2", "--", *base, "--zero", "1", "--ddp", "flat"], "leave --ddp out"),
             (["launch", "--nproc", "2", "--", *base, "--zero", "1", "--checkpoint-dir", self.path("z")], "--zero 1"),
+            (["bench", *MODEL[:MODEL.index("--lr")], "--steps", "1", "--mode", "forward", "--ddp", "flat"],
+             "--mode train or forward-backward"),
+            (["bench", *MODEL[:MODEL.index("--lr")], "--steps", "1", "--mode", "forward-backward", "--zero", "1",
+              "--world-size", "2", "--dry-run"], "it takes --mode train"),
         ]
         for args, words in cases:
             with self.subTest(args=args):

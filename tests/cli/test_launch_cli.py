@@ -86,6 +86,8 @@ class Launch(unittest.TestCase):
         p = subprocess.Popen([LMSCOPE, "launch", "--nproc", "2", "--", *LONG], stdout=subprocess.DEVNULL,
                              stderr=subprocess.PIPE, text=True)
         kids = ranks_of(p, 2)
+        # Each rank leads a process group of its own: a terminal's Ctrl-C reaches the launcher alone.
+        self.assertEqual([os.getpgid(k) for k in kids], kids)
         time.sleep(0.5)
         t0 = time.monotonic()
         p.send_signal(signal.SIGTERM)

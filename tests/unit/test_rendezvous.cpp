@@ -90,6 +90,23 @@ TEST(World, TorchrunVariables) {
   EXPECT_EQ(world(launched, "tcp:a:5").rendezvous, "tcp:a:5");
 }
 
+// torchrun's agent serves its own store on MASTER_PORT: ours takes the next port; its run id names the
+// keys of a shared file store.
+TEST(World, UnderTorchrunsAgentStore) {
+  Env env{{"RANK", "0"},
+          {"WORLD_SIZE", "2"},
+          {"MASTER_ADDR", "h"},
+          {"MASTER_PORT", "29500"},
+          {"TORCHELASTIC_USE_AGENT_STORE", "True"},
+          {"TORCHELASTIC_RUN_ID", "abc"}};
+  EXPECT_EQ(world(env).rendezvous, "tcp:h:29501");
+  EXPECT_EQ(world(env).run_id, "torchrun-abc");
+  env["TORCHELASTIC_USE_AGENT_STORE"] = "False";
+  env["TORCHELASTIC_RUN_ID"] = "none";  // torchrun's word for no id
+  EXPECT_EQ(world(env).rendezvous, "tcp:h:29500");
+  EXPECT_EQ(world(env).run_id, "");
+}
+
 TEST(World, SlurmVariables) {
   const World w = world({{"SLURM_PROCID", "5"},
                          {"SLURM_NTASKS", "8"},

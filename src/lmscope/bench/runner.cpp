@@ -99,9 +99,8 @@ double overlap_ms(const std::vector<dist::Communicator::Span>& spans, double unt
 }
 
 void run_cell(const BenchSpec& spec, BenchResult& r, const BenchProgress& progress) {
-  if (spec.parallel && !has_backward(spec.mode))
-    throw UserError("data parallelism exchanges gradients: it takes --mode train or forward-backward");
-  if (spec.parallel && spec.world.size > 1 && spec.device == "cuda") use_gpu(spec.world.local_rank);
+  if (spec.parallel) spec.parallel->check_step(has_backward(spec.mode), spec.mode == BenchMode::train);
+  if (spec.parallel) dist::use_rank_gpu(spec.world, spec.device);
   std::unique_ptr<Backend> backend = make_backend(spec.device, spec.precision);
   Transformer model(spec.model, *backend, DType::f32, compute_dtype(spec.precision), spec.attention);
   model.set_recompute(spec.recompute);

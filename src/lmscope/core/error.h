@@ -22,6 +22,13 @@ class Unsupported : public UserError {
   using UserError::UserError;
 };
 
+// The ranks of a distributed run could not work together (a port taken, a rank gone, a rendezvous
+// that never came): not a bug and not the input's fault; exit 1 with its sentence.
+class RankFailure : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
 // A request for memory the device (or host) cannot give. Sweeps turn it into an OOM row.
 class OutOfMemory : public std::runtime_error {
  public:

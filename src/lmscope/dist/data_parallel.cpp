@@ -37,6 +37,12 @@ void DataParallelSpec::validate(int world_size) const {
         world_size);
 }
 
+void DataParallelSpec::check_step(bool backward, bool optimizer) const {
+  if (!backward)
+    user_error("data parallelism exchanges gradients: --ddp and --zero take --mode train or forward-backward");
+  if (zero == 1 && !optimizer) user_error("--zero 1 shards the optimizer's state: it takes --mode train");
+}
+
 std::vector<Bucket> make_buckets(const std::vector<Parameter>& params, std::size_t bucket_bytes) {
   std::vector<Bucket> buckets;
   std::size_t bytes = 0;

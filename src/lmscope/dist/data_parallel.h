@@ -27,6 +27,8 @@ struct DataParallelSpec {
   double bucket_mb = 25;                // bucketed's, and ZeRO-1's exchange's, bucket size (MiB of gradient)
   int zero = 0;                         // 1: AdamW's moments sharded across the ranks (optimizer/zero_sharding)
   void validate(int world_size) const;  // UserError for a bad bucket size or --zero without ranks
+  // UserError unless the step has a backward (the gradients exchanged) and, for ZeRO-1, an optimizer.
+  void check_step(bool backward, bool optimizer) const;
 };
 
 // Parameter indices grouped into buckets: the backward's order (the model's order reversed), a new

@@ -1,5 +1,6 @@
 #include "lmscope/dist/data_parallel_run.h"
 
+#include "lmscope/backend/devices.h"
 #include "lmscope/backend/meta/meta_backend.h"
 
 #include <fmt/format.h>
@@ -28,9 +29,15 @@ std::int64_t DataParallelRun::local_batch(std::int64_t batch) const {
   return batch / world_.size;
 }
 
-void DataParallelRun::attach(Transformer& model) {
-  for (Parameter& p : model.parameters()) comm_->broadcast(p.value, 0);
-  model.refresh_lowp_copies();  // the copies of what rank 0 sent
+void use_rank_gpu(const World& world, const std::string& device) {
+  if (world.size > 1 && device == "cuda") use_gpu(world.local_rank);
+}
+
+void DataParallelRun::attach(Transformer& model, bool take_rank0_parameters) {
+  if (take_rank0_parameters) {
+    for (Parameter& p : model.parameters()) comm_->broadcast(p.value, 0);
+    model.refresh_lowp_copies();  // the copies of what rank 0 sent
+  }
   if (spec_.zero == 1)
     zero_ = std::make_unique<ZeroSharding>(model, *comm_, static_cast<std::size_t>(spec_.bucket_mb * 1024 * 1024));
   else

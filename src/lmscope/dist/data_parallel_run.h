@@ -10,6 +10,9 @@
 
 namespace lmscope::dist {
 
+// Before a rank's backend is made: on CUDA in a world of several, the GPU of its local rank.
+void use_rank_gpu(const World& world, const std::string& device);
+
 class DataParallelRun {
  public:
   // A rank of `world` on `backend` (the dry run's shape-only exchange when the backend is a dry
@@ -26,9 +29,10 @@ class DataParallelRun {
   std::int64_t local_batch(std::int64_t batch) const;
   std::int64_t first_row(std::int64_t batch) const { return local_batch(batch) * world_.rank; }
 
-  // After the model's parameters are set (initialised or loaded), before AdamW is made: every rank
-  // takes rank 0's parameters (as DDP's constructor does), and the exchange hooks into the model.
-  void attach(Transformer& model);
+  // Before AdamW is made: the exchange hooks into the model, and, with take_rank0_parameters (the
+  // parameters set, initialised or loaded), every rank takes rank 0's, as DDP's constructor does. A
+  // resumed run's ranks load the same checkpoint after AdamW is made instead.
+  void attach(Transformer& model, bool take_rank0_parameters = true);
   // The sharding AdamW takes (ZeRO-1), nullptr otherwise; valid after attach.
   OptimizerSharding* sharding() { return zero_.get(); }
   // Tells AdamW its gradients are the sum of the world's (it divides by the world's size).

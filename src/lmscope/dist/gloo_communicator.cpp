@@ -57,17 +57,20 @@ class GlooCommunicator final : public Communicator {
     try {
       context->connectFullMesh(prefixed, device);
     } catch (const std::exception& e) {
-      throw std::runtime_error(fmt::format("rank {} could not connect to the other {} ranks through Gloo: {}",
-                                           world.rank, world.size - 1, first_line(e.what())));
+      throw RankFailure(fmt::format("rank {} could not connect to the other {} ranks through Gloo: {}", world.rank,
+                                    world.size - 1, first_line(e.what())));
     }
     context_ = std::move(context);
     worker_ = std::thread([this] { run_queue(); });
   }
 
+  // Collectives queued but not started are dropped (after an exception, their tensors may be gone);
+  // on the normal path every one has been waited for.
   ~GlooCommunicator() override {
     {
       std::lock_guard lock(mutex_);
       stopping_ = true;
+      tasks_.clear();
     }
     wake_.notify_all();
     worker_.join();
@@ -188,8 +191,8 @@ class GlooCommunicator final : public Communicator {
         std::lock_guard lock(mutex_);
         if (timing_) spans_.push_back({ms_since_origin(start), ms_since_origin(end)});
       } catch (const std::exception& e) {
-        throw std::runtime_error(fmt::format("the {} over Gloo failed on rank {} of {}: {}", what, world_.rank,
-                                             world_.size, first_line(e.what())));
+        throw RankFailure(fmt::format("the {} over Gloo failed on rank {} of {}: {}", what, world_.rank, world_.size,
+                                      first_line(e.what())));
       }
     });
     std::future<void> done = task->get_future();

@@ -15,13 +15,12 @@
 namespace lmscope::dist {
 namespace {
 
-#define LMSCOPE_NCCL_CHECK(call, what)                                                               \
-  do {                                                                                               \
-    ncclResult_t r_ = (call);                                                                        \
-    if (r_ != ncclSuccess)                                                                           \
-      throw std::runtime_error(fmt::format("NCCL's {} failed on rank {}: {} ({})", what, rank_,      \
-                                           ncclGetErrorString(r_),                                   \
-                                           ncclGetLastError(comm_) ? ncclGetLastError(comm_) : "")); \
+#define LMSCOPE_NCCL_CHECK(call, what)                                                                           \
+  do {                                                                                                           \
+    ncclResult_t r_ = (call);                                                                                    \
+    if (r_ != ncclSuccess)                                                                                       \
+      throw RankFailure(fmt::format("NCCL's {} failed on rank {}: {} ({})", what, rank_, ncclGetErrorString(r_), \
+                                    ncclGetLastError(comm_) ? ncclGetLastError(comm_) : ""));                    \
   } while (0)
 
 ncclDataType_t nccl_type(DType t) {

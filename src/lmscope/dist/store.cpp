@@ -70,7 +70,7 @@ class Keyed : public Store {
     } catch (const std::exception&) {  // the file and memory stores' waits throw only when time is up
       std::string names;
       for (const std::string& k : keys) names += fmt::format("{}'{}'", names.empty() ? "" : ", ", k);
-      throw std::runtime_error(
+      throw RankFailure(
           fmt::format("waited {:g} s for key{} {} at the rendezvous {} (LMSCOPE_DIST_TIMEOUT "
                       "sets how long)",
                       timeout.count() / 1000.0, keys.size() == 1 ? "" : "s", names, where_));

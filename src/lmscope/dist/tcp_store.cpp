@@ -5,6 +5,8 @@
 // per client, a condition variable), so a waiting rank sends nothing until it is answered.
 #include "lmscope/dist/tcp_store.h"
 
+#include "lmscope/core/error.h"
+
 #include <fmt/format.h>
 
 #include <netdb.h>
@@ -99,7 +101,7 @@ class TcpStore::Server {
         ::bind(fd_, reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0 || ::listen(fd_, 1024) != 0) {
       const int err = errno;
       if (fd_ >= 0) ::close(fd_);
-      throw std::runtime_error(fmt::format("cannot listen on {} for the rendezvous: {}", where, std::strerror(err)));
+      throw RankFailure(fmt::format("cannot listen on {} for the rendezvous: {}", where, std::strerror(err)));
     }
     acceptor_ = std::thread([this] { accept_loop(); });
   }
@@ -210,8 +212,7 @@ TcpStore::TcpStore(const std::string& host, int port, bool serve, std::chrono::m
     }
     if (fd_ >= 0) break;
     if (Clock::now() >= deadline)
-      throw std::runtime_error(
-          fmt::format("cannot reach the rendezvous at {} within {}: {}", where_, seconds(timeout), why));
+      throw RankFailure(fmt::format("cannot reach the rendezvous at {} within {}: {}", where_, seconds(timeout), why));
     std::this_thread::sleep_for(std::chrono::milliseconds(50));
   }
   const int one = 1;
@@ -237,16 +238,15 @@ std::vector<char> TcpStore::request(char op, const std::vector<std::string>& key
   char status = 0;
   std::vector<std::string> blobs;
   if (!send_all(fd_, msg) || !recv_message(fd_, &status, 1, blobs, &deadline))
-    throw std::runtime_error(
+    throw RankFailure(
         fmt::format("lost the rendezvous server at {} while asking for key '{}'", where_, keys.empty() ? "" : keys[0]));
   if (status != 0) {
     if (op == 'C') return {};
     std::string names;
     for (const std::string& k : blobs)
       names += fmt::format("{}'{}'", names.empty() ? "" : ", ", k.substr(std::min(prefix_.size(), k.size())));
-    throw std::runtime_error(
-        fmt::format("waited {} for key{} {} at the rendezvous {} (LMSCOPE_DIST_TIMEOUT sets how long)",
-                    seconds(timeout), blobs.size() == 1 ? "" : "s", names, where_));
+    throw RankFailure(fmt::format("waited {} for key{} {} at the rendezvous {} (LMSCOPE_DIST_TIMEOUT sets how long)",
+                                  seconds(timeout), blobs.size() == 1 ? "" : "s", names, where_));
   }
   if (op == 'C') return {1};
   return blobs.empty() ? std::vector<char>{} : std::vector<char>(blobs[0].begin(), blobs[0].end());

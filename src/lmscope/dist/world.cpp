@@ -85,7 +85,14 @@ World world_from(const Getenv& getenv, const std::string& rendezvous_flag) {
   } else if (const auto addr = lookup(getenv, "MASTER_ADDR"); addr && !addr->empty()) {
     const auto port = lookup(getenv, "MASTER_PORT");
     if (!port) user_error("MASTER_ADDR is set ({}) but MASTER_PORT is not: set it to a free port on that host", *addr);
-    w.rendezvous = "tcp:" + *addr + ":" + std::to_string(port_number("MASTER_PORT", *port));
+    int p = port_number("MASTER_PORT", *port);
+    // torchrun's agent serves its own store on MASTER_PORT (TORCHELASTIC_USE_AGENT_STORE): ours takes
+    // the next port, every rank alike.
+    if (const auto agent = lookup(getenv, "TORCHELASTIC_USE_AGENT_STORE"); agent && *agent == "True") {
+      if (p == 65535) user_error("MASTER_PORT is 65535, and under torchrun lmscope's store needs the port after it");
+      ++p;
+    }
+    w.rendezvous = "tcp:" + *addr + ":" + std::to_string(p);
   } else if (w.size > 1) {
     user_error("{} is set ({}) but MASTER_ADDR is not: set MASTER_ADDR and MASTER_PORT, or give --rendezvous file:DIR",
                rank_var, *rank);
@@ -104,6 +111,9 @@ World world_from(const Getenv& getenv, const std::string& rendezvous_flag) {
   } else if (const auto job = lookup(getenv, "SLURM_JOB_ID")) {
     const auto step = lookup(getenv, "SLURM_STEP_ID");
     w.run_id = "slurm-" + *job + (step ? "." + *step : "");
+  } else if (const auto torchrun = lookup(getenv, "TORCHELASTIC_RUN_ID");
+             torchrun && !torchrun->empty() && *torchrun != "none" && torchrun->find('/') == std::string::npos) {
+    w.run_id = "torchrun-" + *torchrun;
   }
   return w;
 }

@@ -18,7 +18,8 @@ struct World {
   // error naming what it waited for. LMSCOPE_DIST_TIMEOUT (seconds), 300 by default.
   std::chrono::seconds timeout{300};
   // Names this run's keys in a store other runs may have used (a file store's directory): the
-  // launcher's LMSCOPE_RUN_ID, else Slurm's job and step ids ("slurm-JOB.STEP"), else empty.
+  // launcher's LMSCOPE_RUN_ID, else Slurm's job and step ids ("slurm-JOB.STEP"), else torchrun's
+  // TORCHELASTIC_RUN_ID ("torchrun-ID"), else empty.
   std::string run_id;
 };
 
@@ -26,7 +27,8 @@ struct World {
 // WORLD_SIZE, LOCAL_RANK (RANK when unset), MASTER_ADDR, MASTER_PORT; else Slurm's: SLURM_PROCID,
 // SLURM_NTASKS, SLURM_LOCALID (with MASTER_ADDR and MASTER_PORT, or --rendezvous file:DIR). Neither:
 // a world of one. The rendezvous is --rendezvous, else LMSCOPE_RENDEZVOUS (which `lmscope launch
-// --rendezvous file:DIR` sets), else tcp:MASTER_ADDR:MASTER_PORT. Throws UserError, one sentence
+// --rendezvous file:DIR` sets), else tcp:MASTER_ADDR:MASTER_PORT (PORT + 1 when torchrun's agent
+// serves its own store on MASTER_PORT: TORCHELASTIC_USE_AGENT_STORE=True). Throws UserError, one sentence
 // naming the variable and its value, for a value that is not a whole number, a rank outside
 // [0, size), a world size below 1, RANK without WORLD_SIZE (or WORLD_SIZE above 1 without RANK), a
 // world of several without MASTER_ADDR and without a rendezvous, MASTER_ADDR without MASTER_PORT, a

@@ -21,6 +21,7 @@ std::unique_ptr<Backend> make_cell_backend(const MemorySpec& spec, MemoryRecord&
     }
     return make_meta_backend(target, spec.cell.precision);
   }
+  if (spec.cell.parallel) dist::use_rank_gpu(spec.cell.world, spec.cell.device);
   std::unique_ptr<Backend> backend = make_backend(spec.cell.device, spec.cell.precision);
   if (spec.memory_limit > 0 && spec.memory_limit < backend->allocator().capacity())
     throw Unsupported("--memory-limit holds only dry runs (--dry-run) to a smaller memory than the device's");
@@ -42,8 +43,7 @@ void run_steps(const MemorySpec& spec, MemoryRecord& r, Backend& backend, std::o
   for (Parameter& p : model->parameters()) backend.fill(p.value, 0.02);
   model->refresh_lowp_copies();
   if (c.parallel) {  // a rank: its share of the batch, and the exchange's buffers (ZeRO-1: its shard)
-    if (!has_backward(c.mode))
-      throw UserError("data parallelism exchanges gradients: it takes --mode train or forward-backward");
+    c.parallel->check_step(has_backward(c.mode), c.mode == BenchMode::train);
     dp = std::make_unique<dist::DataParallelRun>(c.world, backend, *c.parallel);
     dp->attach(*model);
   }

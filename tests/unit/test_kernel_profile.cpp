@@ -75,5 +75,27 @@ TEST(KernelSummary, PerStepTotalsByPhaseCategoryAndKernel) {
   EXPECT_EQ(p.categories[3].category, "optimizer");
 }
 
+// NCCL's kernels run on their own stream beside the others: their time, and the part of it other
+// kernels ran beside (merged where those overlap one another), kept out of the phases' busy time.
+TEST(KernelSummary, CollectivesAndTheShareOtherKernelsRanBeside) {
+  auto kernel = [](const char* name, std::uint64_t start, std::uint64_t end) {
+    KernelRecord r;
+    r.name = name;
+    r.phase = Phase::backward;
+    r.start_ns = start;
+    r.end_ns = end;
+    return r;
+  };
+  const char* nccl = "ncclDevKernel_AllReduce_Sum_f32_RING_LL";
+  const std::vector<KernelRecord> records = {
+      kernel("nvjet_a", 0, 1000),    kernel(nccl, 500, 2500),  // 500 beside nvjet_a, 500 beside nvjet_b
+      kernel("nvjet_b", 2000, 3000), kernel("add_kernel", 2200, 2800), kernel(nccl, 4000, 5000),  // alone
+  };
+  const KernelProfile p = summarize_kernels(records, 1);
+  EXPECT_DOUBLE_EQ(p.collective_ms, 0.003);
+  EXPECT_DOUBLE_EQ(p.collective_overlapped_ms, 0.001);
+  EXPECT_DOUBLE_EQ(p.busy_ms(Phase::backward), (1000 + 1000 + 600) / 1e6);
+}
+
 }  // namespace
 }  // namespace lmscope

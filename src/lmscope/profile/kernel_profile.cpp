@@ -62,9 +62,36 @@ std::string short_kernel_name(const char* raw) {
 double KernelProfile::busy_ms(Phase p) const {
   double ms = 0;
   for (const KernelSummary& c : categories)
-    if (c.phase == p) ms += c.ms_per_step;
+    if (c.phase == p && c.category != "collective") ms += c.ms_per_step;
   return ms;
 }
+
+namespace {
+// The collectives' time, and the part of it that other kernels ran beside (both summed, in ns).
+std::pair<double, double> collective_overlap(const std::vector<KernelRecord>& records) {
+  std::vector<std::pair<std::uint64_t, std::uint64_t>> others, merged;
+  for (const KernelRecord& r : records)
+    if (r.work == DeviceWork::kernel && std::string_view(kernel_category(r.name)) != "collective")
+      others.emplace_back(r.start_ns, r.end_ns);
+  std::sort(others.begin(), others.end());
+  for (const auto& [a, b] : others)
+    if (!merged.empty() && a <= merged.back().second)
+      merged.back().second = std::max(merged.back().second, b);
+    else
+      merged.emplace_back(a, b);
+  double total = 0, overlapped = 0;
+  for (const KernelRecord& r : records) {
+    if (std::string_view(kernel_category(r.name)) != "collective") continue;
+    total += static_cast<double>(r.end_ns - r.start_ns);
+    auto it = std::lower_bound(merged.begin(), merged.end(), std::pair{r.start_ns, std::uint64_t(0)});
+    if (it != merged.begin()) --it;
+    for (; it != merged.end() && it->first < r.end_ns; ++it)
+      if (it->second > r.start_ns)
+        overlapped += static_cast<double>(std::min(it->second, r.end_ns) - std::max(it->first, r.start_ns));
+  }
+  return {total, overlapped};
+}
+}  // namespace
 
 KernelProfile summarize_kernels(const std::vector<KernelRecord>& records, int steps) {
   KernelProfile out;
@@ -84,6 +111,9 @@ KernelProfile summarize_kernels(const std::vector<KernelRecord>& records, int st
     }
   }
   auto longest_first = [](const KernelSummary& a, const KernelSummary& b) { return a.ms_per_step > b.ms_per_step; };
+  const auto [collective_ns, overlapped_ns] = collective_overlap(records);
+  out.collective_ms = collective_ns / 1e6 / steps;
+  out.collective_overlapped_ms = overlapped_ns / 1e6 / steps;
   for (auto& [key, k] : by_kernel) out.kernels.push_back(k);
   std::sort(out.kernels.begin(), out.kernels.end(), longest_first);
   for (auto& [key, k] : by_category) out.categories.push_back(k);

@@ -55,7 +55,7 @@ class KernelTracer {
 };
 
 // What a kernel is for, from its name: "GEMM", "attention", "RMSNorm", "RoPE/heads", "SwiGLU",
-// "loss", "embedding", "optimizer", "elementwise", "memset/memcpy" or "other".
+// "loss", "embedding", "optimizer", "elementwise", "memset/memcpy", "collective" or "other".
 const char* kernel_category(std::string_view name);
 
 struct KernelSummary {
@@ -68,8 +68,12 @@ struct KernelProfile {
   int steps = 0;                          // 0: no profile was taken
   std::vector<KernelSummary> kernels;     // one per (phase, name), longest first
   std::vector<KernelSummary> categories;  // one per (phase, category) with name empty, in phase order, longest first
-  // Sum of kernel durations per step in a phase (kernels of one stream never overlap).
+  // Sum of kernel durations per step in a phase, collectives aside (they run on a stream of their
+  // own, beside the others; the others, on one stream, never overlap).
   double busy_ms(Phase p) const;
+  // Collective kernels (NCCL's) per step: their time, and how much of it other kernels ran beside,
+  // the communication hidden behind computation as the device saw it.
+  double collective_ms = 0, collective_overlapped_ms = 0;
 };
 
 KernelProfile summarize_kernels(const std::vector<KernelRecord>& records, int steps);

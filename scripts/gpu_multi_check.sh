@@ -6,9 +6,12 @@
 # (default xl,2.7B) at LMSCOPE_DDP_CTXS (default 512,1024), bf16, flash, batch 4 per rank: lmscope on
 # one GPU, with each --ddp (bucketed at 1, 10, 25, 100 and 1000 MB) and --zero 1 on two, beside
 # PyTorch DDP (25 MB buckets) and ZeRO-1 (ZeroRedundancyOptimizer), and the dry run's prediction of a
-# ZeRO-1 rank's peak. Full logs in $OUT (or ./gpu-out); tools/ddp_table.py's short table prints last.
-# LMSCOPE_DDP_PARTS (default tests,allreduce,bench,table) runs only those parts, so the run can be
-# split across calls of a time limit (LMSCOPE_BUILD_DIR=build-gpu reuses the first call's build).
+# ZeRO-1 rank's peak. Also: lmscope's ranks started by torchrun itself (their losses against those
+# of ranks started by lmscope launch), and bench --profile over two ranks (NCCL's kernels in the
+# kernel profile). Full logs in $OUT (or ./gpu-out); tools/ddp_table.py's short table prints last.
+# LMSCOPE_DDP_PARTS (default tests,ddptests,torchrun,profile,allreduce,bench,table) runs only those
+# parts, so the run can be split across calls of a time limit (LMSCOPE_BUILD_DIR=build-gpu reuses
+# the first call's build).
 set -uo pipefail
 source "$(dirname "$0")/gpu_env.sh"
 if (($(nvidia-smi -L | wc -l) < 2)); then
@@ -21,12 +24,15 @@ nvidia-smi topo -m >>"$OUT/gpus.txt" 2>&1
 date -u +%FT%TZ | tee -a "$OUT/gpus.txt"
 models=${LMSCOPE_DDP_MODELS:-xl,2.7B} ctxs=${LMSCOPE_DDP_CTXS:-512,1024}
 steps=(--warmup "${LMSCOPE_DDP_WARMUP:-3}" --steps "${LMSCOPE_DDP_MEASURED:-10}")
-parts=",${LMSCOPE_DDP_PARTS:-tests,allreduce,bench,table},"
+parts=",${LMSCOPE_DDP_PARTS:-tests,ddptests,torchrun,profile,allreduce,bench,table},"
 
 if [[ $parts == *,tests,* ]]; then
   for g in 0 1; do CUDA_VISIBLE_DEVICES=$g "$B/tests/lmscope_gpu_tests" >"$OUT/gpu-tests-$g.log" 2>&1 & done
   wait
   for g in 0 1; do echo "== GPU tests on GPU $g: $(grep -E '^\[  (PASSED|FAILED) ' "$OUT/gpu-tests-$g.log" | tr '\n' ' ')"; done
+fi
+
+if [[ $parts == *,ddptests,* ]]; then
   for run in "fp32 5" "bf16 20"; do
     set -- $run
     LMSCOPE="$B/lmscope" LMSCOPE_DDP_DEVICE=cuda LMSCOPE_DDP_PRECISION=$1 LMSCOPE_DDP_STEPS=$2 \
@@ -34,6 +40,33 @@ if [[ $parts == *,tests,* ]]; then
     echo "== data-parallel tests, two GPUs, $1, $2 steps: exit $?"
     grep -E "within|ok$|FAIL|Error|Ran" "$OUT/ddp-tests-$1.log" | sort -u | head -20
   done
+fi
+
+if [[ $parts == *,torchrun,* ]]; then
+  # The same training run, its ranks started by torchrun (which serves its own store on MASTER_PORT)
+  # and by lmscope launch: the same losses, bit for bit.
+  $PY -c "import numpy as np; np.random.default_rng(0).integers(0, 10000, 400000, dtype=np.uint16).tofile('$OUT/tokens.bin')"
+  train=(train --device cuda --model small --data "$OUT/tokens.bin" --steps 10 --batch 8 --ctx 256 --precision bf16
+    --sample sequential --ddp bucketed --print-every 5)
+  torchrun --nproc-per-node 2 --no-python "$B/lmscope" "${train[@]}" --log "$OUT/train-torchrun.jsonl" \
+    >"$OUT/train-torchrun.log" 2>&1
+  echo "== lmscope train, two ranks started by torchrun: exit $?"
+  "$B/lmscope" launch --nproc 2 -- "${train[@]}" --log "$OUT/train-launch.jsonl" >"$OUT/train-launch.log" 2>&1
+  echo "== lmscope train, two ranks started by lmscope launch: exit $?"
+  $PY - "$OUT/train-torchrun.jsonl" "$OUT/train-launch.jsonl" <<'PY'
+import json, sys
+a, b = ([json.loads(line)["loss"] for line in open(p)] for p in sys.argv[1:])
+print(f"   losses, {len(a)} and {len(b)} steps:", "the same bits" if a == b and a else f"differ: {a} {b}")
+PY
+fi
+
+if [[ $parts == *,profile,* ]]; then
+  # NCCL's kernels in the kernel profile: their time and the part other kernels ran beside.
+  "$B/lmscope" launch --nproc 2 -- bench --device cuda --model xl --ctx 1024 --precision bf16 --attention flash \
+    --batch 8 --ddp bucketed --warmup 2 --steps 5 --profile --out "$OUT/profile-ddp.json" --format json \
+    >"$OUT/profile-ddp.md" 2>&1
+  echo "== bench --profile, two ranks: exit $?"
+  grep -iE "collective|exchange|hidden" "$OUT/profile-ddp.md" | head -12
 fi
 
 if [[ $parts == *,allreduce,* ]]; then

@@ -73,6 +73,15 @@ TEST(GlooCollectives, EveryOpGivesItsValues) {
       comm.all_reduce(a);
       expect_values(
           be, a, [](std::int64_t i) { return 30 + 3 * i; }, "all-reduce", rank);
+      // all-reduce of several tensors in one call (a bucket's gradients where they lie)
+      Allocation g1 = filled(be, dtype, 5, [&](std::int64_t i) { return rank + i; });
+      Allocation g2 = filled(be, dtype, 9, [&](std::int64_t i) { return rank * i; });
+      const Tensor group[] = {g1.tensor(), g2.tensor()};
+      comm.all_reduce_async(group)->wait();
+      expect_values(
+          be, g1, [](std::int64_t i) { return 3.0 + 3 * i; }, "all-reduce of a group, first", rank);
+      expect_values(
+          be, g2, [](std::int64_t i) { return 3.0 * i; }, "all-reduce of a group, second", rank);
       // reduce-scatter: rank r gets the sum of every rank's part r (5 values each)
       Allocation in = filled(be, dtype, 5 * kRanks, [&](std::int64_t i) { return (rank + 1) * (i + 1); });
       Allocation out = filled(be, dtype, 5, [](std::int64_t) { return -1; });

@@ -24,7 +24,10 @@ class ShapeOnlyCommunicator final : public Communicator {
   std::string name() const override { return "dry run"; }
   int rank() const override { return rank_; }
   int size() const override { return size_; }
-  std::unique_ptr<CollectiveWork> all_reduce_async(const Tensor&) override { return std::make_unique<Done>(); }
+  using Communicator::all_reduce_async;
+  std::unique_ptr<CollectiveWork> all_reduce_async(std::span<const Tensor>) override {
+    return std::make_unique<Done>();
+  }
   std::unique_ptr<CollectiveWork> reduce_scatter_async(const Tensor& in, const Tensor& out) override {
     LMSCOPE_CHECK(in.numel() == out.numel() * size_, "reduce-scatter of {} into {}", in.numel(), out.numel());
     return std::make_unique<Done>();

@@ -8,6 +8,7 @@
 #include "lmscope/dist/world.h"
 
 #include <memory>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -35,8 +36,10 @@ class Communicator {
 
   // Each starts after the work the backend has enqueued so far (it reads what that work wrote) and
   // returns at once; the result is there after wait().
-  // t = the sum of every rank's t (f32 or f64; bf16 on NCCL).
-  virtual std::unique_ptr<CollectiveWork> all_reduce_async(const Tensor& t) = 0;
+  // Each t = the sum of every rank's t (f32 or f64; bf16 on NCCL), in place, as one call: an NCCL
+  // group (one launch, no copies into a flat buffer), on Gloo one after another.
+  virtual std::unique_ptr<CollectiveWork> all_reduce_async(std::span<const Tensor> ts) = 0;
+  std::unique_ptr<CollectiveWork> all_reduce_async(const Tensor& t) { return all_reduce_async({&t, 1}); }
   // out [n] = the sum over ranks of in's part `rank` (in [size·n]); out may be that part of in, and
   // the rest of in is left unspecified (Gloo's sums all of it in place).
   virtual std::unique_ptr<CollectiveWork> reduce_scatter_async(const Tensor& in, const Tensor& out) = 0;

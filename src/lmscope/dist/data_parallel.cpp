@@ -101,13 +101,15 @@ void GradientSync::launch(std::size_t b) {
   LMSCOPE_CHECK(!f.work, "bucket {} launched twice in one step", b);
   std::vector<Parameter>& params = model_.parameters();
   const Bucket& bucket = buckets_[b];
-  if (bucket.params.size() == 1) {
-    f.work = comm_.all_reduce_async(params[bucket.params[0]].grad);
+  if (spec_.mode != DdpMode::flat) {
+    std::vector<Tensor> grads;
+    for (std::size_t p : bucket.params) grads.push_back(params[p].grad.tensor());
+    f.work = comm_.all_reduce_async(grads);
     return;
   }
+  // The assignment's flat variant: flatten, one all-reduce, unflatten (finish).
   Backend& be = model_.backend();
-  f.buffer = be.allocator().allocate({bucket.elements}, model_.dtype(),
-                                     {MemKind::gradient, spec_.mode == DdpMode::flat ? "ddp.flat" : "ddp.bucket", -1});
+  f.buffer = be.allocator().allocate({bucket.elements}, model_.dtype(), {MemKind::gradient, "ddp.flat", -1});
   std::int64_t at = 0;
   for (std::size_t p : bucket.params) {
     const Tensor& g = params[p].grad;

@@ -17,7 +17,8 @@ namespace lmscope::dist {
 // naive: each gradient all-reduced by itself after the backward; flat: all of them copied into one
 // buffer, one all-reduce, copied back; overlap: each gradient's all-reduce launched (asynchronously)
 // as the backward finishes it; bucketed: gradients grouped in the order the backward finishes them
-// into buckets of --bucket-mb, each bucket's all-reduce launched as its last gradient is done.
+// into buckets of --bucket-mb, each bucket's all-reduce launched as its last gradient is done: one
+// call over the bucket's gradients where they lie (an NCCL group), so no copies in or out.
 enum class DdpMode { naive, flat, overlap, bucketed };
 const char* ddp_mode_name(DdpMode m);
 DdpMode parse_ddp_mode(const std::string& s);  // throws UserError naming the choices
@@ -62,7 +63,7 @@ class GradientSync {
   std::vector<std::size_t> bucket_of_;  // parameter index -> bucket
   std::vector<std::size_t> pending_;    // per bucket: gradients not yet final this step
   struct InFlight {
-    Allocation buffer;  // the bucket's gradients side by side (none when the bucket is one gradient)
+    Allocation buffer;  // flat's: every gradient side by side
     std::unique_ptr<CollectiveWork> work;
   };
   std::vector<InFlight> in_flight_;  // per bucket

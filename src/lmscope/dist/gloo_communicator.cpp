@@ -80,16 +80,18 @@ class GlooCommunicator final : public Communicator {
   int rank() const override { return world_.rank; }
   int size() const override { return world_.size; }
 
-  std::unique_ptr<CollectiveWork> all_reduce_async(const Tensor& t) override {
-    return queue("all-reduce", [this, t] {
-      with_type(t, [&](auto zero) {
-        using T = decltype(zero);
-        gloo::AllreduceOptions opts(context_);
-        opts.setOutput(t.as<T>(), static_cast<std::size_t>(t.numel()));
-        opts.setReduceFunction(static_cast<void (*)(void*, const void*, const void*, std::size_t)>(&gloo::sum<T>));
-        opts.setTag(next_tag());
-        gloo::allreduce(opts);
-      });
+  using Communicator::all_reduce_async;
+  std::unique_ptr<CollectiveWork> all_reduce_async(std::span<const Tensor> ts) override {
+    return queue("all-reduce", [this, ts = std::vector<Tensor>(ts.begin(), ts.end())] {
+      for (const Tensor& t : ts)
+        with_type(t, [&](auto zero) {
+          using T = decltype(zero);
+          gloo::AllreduceOptions opts(context_);
+          opts.setOutput(t.as<T>(), static_cast<std::size_t>(t.numel()));
+          opts.setReduceFunction(static_cast<void (*)(void*, const void*, const void*, std::size_t)>(&gloo::sum<T>));
+          opts.setTag(next_tag());
+          gloo::allreduce(opts);
+        });
     });
   }
 

@@ -88,11 +88,15 @@ class NcclCommunicator final : public Communicator {
   int rank() const override { return rank_; }
   int size() const override { return size_; }
 
-  std::unique_ptr<CollectiveWork> all_reduce_async(const Tensor& t) override {
+  using Communicator::all_reduce_async;
+  std::unique_ptr<CollectiveWork> all_reduce_async(std::span<const Tensor> ts) override {
     return launch([&] {
-      LMSCOPE_NCCL_CHECK(ncclAllReduce(t.data, t.data, static_cast<std::size_t>(t.numel()), nccl_type(t.dtype), ncclSum,
-                                       comm_, stream_),
-                         "all-reduce");
+      LMSCOPE_NCCL_CHECK(ncclGroupStart(), "group start");
+      for (const Tensor& t : ts)
+        LMSCOPE_NCCL_CHECK(ncclAllReduce(t.data, t.data, static_cast<std::size_t>(t.numel()), nccl_type(t.dtype),
+                                         ncclSum, comm_, stream_),
+                           "all-reduce");
+      LMSCOPE_NCCL_CHECK(ncclGroupEnd(), "all-reduce");
     });
   }
 

@@ -133,15 +133,43 @@ TEST_F(CudaVsCpu, FusedResidualAndRmsNorm) {
 }
 
 TEST_F(CudaVsCpu, HeadsWithRope) {
-  const std::int64_t B = 3, T = 1029, H = 5, dk = 18;
-  for (double theta : {0.0, 10000.0}) {
-    auto x = random({B, T, H, dk}), y = output({B, H, T, dk}), back = output({B, T, H, dk});
-    cpu->split_heads(x.cpu, y.cpu, theta);
-    gpu->split_heads(x.gpu, y.gpu, theta);
-    cpu->merge_heads(y.cpu, back.cpu, theta);
-    gpu->merge_heads(y.gpu, back.gpu, theta);
-    expect_close(y, kFp32, "split_heads");
-    expect_close(back, kFp32, "merge_heads");
+  // dk 18: one pair a thread; dk 64: 16 bytes a thread.
+  for (auto [T, dk] : {std::pair<std::int64_t, std::int64_t>{1029, 18}, {77, 64}})
+    for (double theta : {0.0, 10000.0}) {
+      const std::int64_t B = 3, H = 5;
+      auto x = random({B, T, H, dk}), y = output({B, H, T, dk}), back = output({B, T, H, dk});
+      cpu->split_heads(x.cpu, y.cpu, theta);
+      gpu->split_heads(x.gpu, y.gpu, theta);
+      cpu->merge_heads(y.cpu, back.cpu, theta);
+      gpu->merge_heads(y.gpu, back.gpu, theta);
+      expect_close(y, kFp32, "split_heads");
+      expect_close(back, kFp32, "merge_heads");
+    }
+}
+
+TEST_F(CudaVsCpu, HeadsSixteenBytesAThreadGiveTheOnePairKernelsBits) {
+  // Rows one pair off 16-byte alignment take the one-pair kernel; aligned rows the 16-byte one.
+  const std::int64_t B = 2, T = 37, H = 3, dk = 64, n = B * T * H * dk;
+  for (DType dt : {DType::f32, DType::bf16}) {
+    SCOPED_TRACE(dtype_name(dt));
+    auto x = random({n});
+    Allocation xs = gpu->allocator().allocate({n + 2}, dt, {}), ys = gpu->allocator().allocate({n + 2}, dt, {});
+    std::vector<std::vector<std::uint8_t>> got;
+    for (std::int64_t at : {0, 2}) {
+      const Tensor in = xs.tensor().rows(at, n).view({B, T, H, dk}), out = ys.tensor().rows(at, n).view({B, H, T, dk});
+      gpu->cast(x.gpu, xs.tensor().rows(at, n));
+      for (bool split : {true, false}) {
+        if (split)
+          gpu->split_heads(in, out, 10000.0);
+        else
+          gpu->merge_heads(out, in, 10000.0);
+        std::vector<std::uint8_t> bytes(static_cast<std::size_t>(n) * dtype_size(dt));
+        gpu->copy_to_host(bytes.data(), split ? out : in);
+        got.push_back(std::move(bytes));
+      }
+    }
+    EXPECT_EQ(got[0], got[2]) << "split";
+    EXPECT_EQ(got[1], got[3]) << "merge";
   }
 }
 

@@ -1,11 +1,14 @@
-// Head split/merge with RoPE: one thread per interleaved pair. The rotation angles come from a
-// table of cos and sin per (position, pair), formed once in double as the CPU reference forms them:
-// evaluating pow and sincos in double for every pair made this kernel six times slower than its
-// memory traffic.
+// Head split/merge with RoPE. The rotation angles come from a table of cos and sin per (position,
+// pair), formed once in double as the CPU reference forms them: evaluating pow and sincos in double
+// for every pair made this kernel six times slower than its memory traffic. Each thread moves 16
+// bytes (a few interleaved pairs) where the rows allow: one pair a thread, 4 bytes in bf16, kept the
+// kernel at 40% of the memory's bandwidth (docs/speed.md).
 #include "lmscope/cuda/kernels.h"
 #include "lmscope/cuda/launch_check.cuh"
 #include "lmscope/cuda/reduce.cuh"
 #include "lmscope/cuda/storage.cuh"
+
+#include <algorithm>
 
 namespace lmscope::cuda {
 namespace {
@@ -56,6 +59,36 @@ __global__ void permute_heads_kernel(const E* in, E* out, std::int64_t T, int H,
   st2(y, make_float2(x.x * c - x.y * s, x.x * s + x.y * c));
 }
 
+// The same, P pairs (16 bytes) a thread: rows of dk elements, dk a multiple of 2P, both buffers
+// 16-byte aligned. The arithmetic per pair is the one-pair kernel's, so the bits are too.
+template <typename E, int P>
+__global__ void permute_heads_vec_kernel(const E* in, E* out, std::int64_t T, int H, int dk, const float2* rope,
+                                         bool to_heads_major, float sign) {
+  const int pairs = dk / 2, groups = pairs / P, j = blockIdx.y * blockDim.x + threadIdx.x;
+  if (j >= H * groups) return;
+  const std::int64_t token = blockIdx.x, b = token / T, t = token % T;
+  const int h = j / groups, i = (j - h * groups) * P;
+  const std::int64_t token_major = token * H * dk + 2 * (h * pairs + i),
+                     head_major = ((b * H + h) * T + t) * dk + 2 * i;
+  union Pack {
+    uint4 raw;
+    E e[2 * P];
+  } x, y;
+  x.raw = *reinterpret_cast<const uint4*>(in + (to_heads_major ? token_major : head_major));
+#pragma unroll
+  for (int k = 0; k < P; ++k) {
+    const float2 v = ld2(&x.e[2 * k]);
+    if (!rope) {
+      st2(&y.e[2 * k], v);
+      continue;
+    }
+    const float2 cs = rope[t * pairs + i + k];
+    const float c = cs.x, s = sign * cs.y;
+    st2(&y.e[2 * k], make_float2(v.x * c - v.y * s, v.x * s + v.y * c));
+  }
+  *reinterpret_cast<uint4*>(out + (to_heads_major ? head_major : token_major)) = y.raw;
+}
+
 }  // namespace
 
 void rope_table(float* table, std::int64_t t, std::int64_t dk, double theta, cudaStream_t s) {
@@ -65,15 +98,29 @@ void rope_table(float* table, std::int64_t t, std::int64_t dk, double theta, cud
 
 void permute_heads(const void* in, void* out, Elem e, std::int64_t b, std::int64_t t, std::int64_t h, std::int64_t dk,
                    const float* rope, bool to_heads_major, cudaStream_t s) {
-  constexpr int kThreads = 128;
-  const dim3 grid(static_cast<unsigned>(b * t), static_cast<unsigned>((h * (dk / 2) + kThreads - 1) / kThreads));
   with_elem(e, [&](auto tag) {
     using T = typename decltype(tag)::type;
-    permute_heads_kernel<T><<<grid, kThreads, 0, s>>>(
-        static_cast<const T*>(in), static_cast<T*>(out), t, static_cast<int>(h), static_cast<int>(dk),
-        reinterpret_cast<const float2*>(rope), to_heads_major, to_heads_major ? 1.0f : -1.0f);
+    constexpr int kPairs = 16 / (2 * sizeof(T));  // pairs in 16 bytes
+    const auto* table = reinterpret_cast<const float2*>(rope);
+    const float sign = to_heads_major ? 1.0f : -1.0f;
+    if (dk % (2 * kPairs) == 0 && aligned16({in, out})) {
+      // One block per token, as many threads as its 16-byte groups (rounded to whole warps, at most 256).
+      const std::int64_t groups = h * dk / (2 * kPairs);
+      const int threads = static_cast<int>(std::min<std::int64_t>(256, (groups + 31) / 32 * 32));
+      const dim3 grid(static_cast<unsigned>(b * t), static_cast<unsigned>((groups + threads - 1) / threads));
+      permute_heads_vec_kernel<T, kPairs><<<grid, threads, 0, s>>>(static_cast<const T*>(in), static_cast<T*>(out), t,
+                                                                   static_cast<int>(h), static_cast<int>(dk), table,
+                                                                   to_heads_major, sign);
+      check_launch("permute_heads_vec_kernel");
+      return;
+    }
+    constexpr int kThreads = 128;
+    const dim3 grid(static_cast<unsigned>(b * t), static_cast<unsigned>((h * (dk / 2) + kThreads - 1) / kThreads));
+    permute_heads_kernel<T><<<grid, kThreads, 0, s>>>(static_cast<const T*>(in), static_cast<T*>(out), t,
+                                                      static_cast<int>(h), static_cast<int>(dk), table, to_heads_major,
+                                                      sign);
+    check_launch("permute_heads_kernel");
   });
-  check_launch("permute_heads_kernel");
 }
 
 }  // namespace lmscope::cuda

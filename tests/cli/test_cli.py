@@ -4,13 +4,12 @@ Run by ctest with LMSCOPE pointing at the built program."""
 import csv
 import json
 import os
-import struct
 import subprocess
-import sys
-import tempfile
 import unittest
 
 import numpy as np
+
+from cli_support import FilesTest, read_safetensors, write_safetensors, write_tokens
 
 LMSCOPE = os.environ["LMSCOPE"]
 TINY = ["--vocab", "50", "--d-model", "16", "--d-ff", "24", "--layers", "2", "--heads", "2"]
@@ -25,33 +24,11 @@ def run(*args):
     return subprocess.run([LMSCOPE, *args], capture_output=True, text=True, timeout=300)
 
 
-def write_safetensors(path, tensors, dtype="F32"):
-    header, blobs, off = {}, [], 0
-    np_type = {"F32": np.float32, "I64": np.int64}[dtype]
-    for name, a in tensors.items():
-        b = np.asarray(a, dtype=np_type).tobytes()
-        header[name] = {"dtype": dtype, "shape": list(np.shape(a)), "data_offsets": [off, off + len(b)]}
-        off += len(b)
-        blobs.append(b)
-    h = json.dumps(header).encode()
-    with open(path, "wb") as f:
-        f.write(struct.pack("<Q", len(h)) + h + b"".join(blobs))
-
-
-class Cli(unittest.TestCase):
+class Cli(FilesTest):
     @classmethod
     def setUpClass(cls):
-        cls.tmp = tempfile.TemporaryDirectory()
-        cls.data = cls.path("tokens.bin")
-        np.random.default_rng(0).integers(0, 50, size=4000, dtype=np.uint16).tofile(cls.data)
-
-    @classmethod
-    def tearDownClass(cls):
-        cls.tmp.cleanup()
-
-    @classmethod
-    def path(cls, name):
-        return os.path.join(cls.tmp.name, name)
+        super().setUpClass()
+        cls.data = write_tokens(cls.path("tokens.bin"), 4000)
 
     def assertUserError(self, result, needle):
         self.assertEqual(result.returncode, 2, result.stderr + result.stdout)
@@ -212,13 +189,7 @@ class Cli(unittest.TestCase):
         good = self.path("good.safetensors")
         r = run("train", *TINY, "--data", self.data, "--steps", "0", "--save", good)
         self.assertEqual(r.returncode, 0, r.stderr)
-        with open(good, "rb") as f:
-            raw = f.read()
-        (n,) = struct.unpack("<Q", raw[:8])
-        header = {k: v for k, v in json.loads(raw[8:8 + n]).items() if k != "__metadata__"}
-        data = raw[8 + n:]
-        tensors = {k: np.frombuffer(data[v["data_offsets"][0]:v["data_offsets"][1]], np.float32).reshape(v["shape"])
-                   for k, v in header.items()}
+        tensors = read_safetensors(good)
 
         def train_from(name, ts, dtype="F32"):
             p = self.path(name)
@@ -233,6 +204,8 @@ class Cli(unittest.TestCase):
         self.assertUserError(train_from("shape.st", bad_shape), "has shape [16, 50], but the model needs [50, 16]")
         self.assertUserError(train_from("dtype.st", tensors, "I64"), "must be F32, F64, BF16 or F16")
         trunc = self.path("trunc.st")
+        with open(good, "rb") as f:
+            raw = f.read()
         with open(trunc, "wb") as f:
             f.write(raw[: len(raw) - 100])
         self.assertUserError(run("train", *TINY, "--data", self.data, "--steps", "1", "--init", trunc), "truncated")

@@ -9,10 +9,11 @@ prints how close it came."""
 import json
 import os
 import subprocess
-import tempfile
 import unittest
 
 import numpy as np
+
+from cli_support import FilesTest, read_safetensors, write_tokens
 
 LMSCOPE = os.environ["LMSCOPE"]
 DEVICE = os.environ.get("LMSCOPE_DDP_DEVICE", "cpu")
@@ -42,41 +43,17 @@ def run(*args, env=None):
     return subprocess.run([LMSCOPE, *args], capture_output=True, text=True, timeout=300, env=env)
 
 
-def read_safetensors(path):
-    with open(path, "rb") as f:
-        raw = f.read()
-    n = int.from_bytes(raw[:8], "little")
-    header = json.loads(raw[8:8 + n])
-    body = raw[8 + n:]
-    out = {}
-    for name, t in header.items():
-        if name == "__metadata__":
-            continue
-        begin, end = t["data_offsets"]
-        out[name] = np.frombuffer(body[begin:end], dtype=np.float32).reshape(t["shape"])
-    return out
-
-
 def losses(path):
     with open(path) as f:
         return [json.loads(line)["loss"] for line in f]
 
 
-class TwoRanks(unittest.TestCase):
+class TwoRanks(FilesTest):
     @classmethod
     def setUpClass(cls):
-        cls.tmp = tempfile.TemporaryDirectory()
-        cls.data = cls.path("train.bin")
-        np.random.default_rng(0).integers(0, 50, size=20000, dtype=np.uint16).tofile(cls.data)
+        super().setUpClass()
+        cls.data = write_tokens(cls.path("train.bin"), 20000)
         cls.reference = {}
-
-    @classmethod
-    def tearDownClass(cls):
-        cls.tmp.cleanup()
-
-    @classmethod
-    def path(cls, name):
-        return os.path.join(cls.tmp.name, name)
 
     def train(self, name, *extra, ranks=0, steps=STEPS):
         """Trains `name` (one process when ranks is 0, else under lmscope launch); returns its losses

@@ -15,6 +15,8 @@ import unittest
 import xml.etree.ElementTree as ET
 import zlib
 
+from cli_support import FilesTest
+
 LMSCOPE = os.environ["LMSCOPE"]
 TINY = ["--layers", "1", "--vocab", "256"]
 
@@ -83,10 +85,10 @@ class Tags(html.parser.HTMLParser):
         self.open.pop()
 
 
-class Report(unittest.TestCase):
+class Report(FilesTest):
     @classmethod
     def setUpClass(cls):
-        cls.tmp = tempfile.TemporaryDirectory()
+        super().setUpClass()
         d = cls.dir = cls.tmp.name
         cls.bench, cls.attention, cls.memory = (os.path.join(d, n) for n in ("b.json", "a.json", "m.json"))
         cls.timeline = os.path.join(d, "t.svg")
@@ -126,10 +128,6 @@ class Report(unittest.TestCase):
         assert r.returncode == 0, r.stderr
         with open(cls.html) as f:
             cls.page = f.read()
-
-    @classmethod
-    def tearDownClass(cls):
-        cls.tmp.cleanup()
 
     def test_the_page_is_whole_and_needs_nothing_from_outside(self):
         tags = Tags()

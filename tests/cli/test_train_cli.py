@@ -14,11 +14,12 @@ import random
 import shutil
 import signal
 import subprocess
-import tempfile
 import time
 import unittest
 
 import numpy as np
+
+from cli_support import FilesTest
 
 LMSCOPE = os.environ["LMSCOPE"]
 STEPS = 80
@@ -67,10 +68,10 @@ def checkpoints(directory):
     return sorted(glob.glob(os.path.join(directory, "step-*")))
 
 
-class Checkpoints(unittest.TestCase):
+class Checkpoints(FilesTest):
     @classmethod
     def setUpClass(cls):
-        cls.tmp = tempfile.TemporaryDirectory()
+        super().setUpClass()
         rng = np.random.default_rng(0)
         cls.data, cls.val = cls.path("train.bin"), cls.path("val.bin")
         rng.integers(0, 50, size=20000, dtype=np.uint16).tofile(cls.data)
@@ -81,14 +82,6 @@ class Checkpoints(unittest.TestCase):
         assert r.returncode == 0, r.stderr
         cls.ref_log = read_log(cls.path("ref.jsonl"))
         cls.ref_weights = read_bytes(cls.path("ref.safetensors"))
-
-    @classmethod
-    def tearDownClass(cls):
-        cls.tmp.cleanup()
-
-    @classmethod
-    def path(cls, name):
-        return os.path.join(cls.tmp.name, name)
 
     @classmethod
     def train_args(cls, name):

@@ -89,8 +89,9 @@ class CudaVsCpu : public ::testing::Test {
 constexpr double kFp32 = 1e-5;
 
 TEST_F(CudaVsCpu, RmsNorm) {
-  // Fewer rows than the dw kernel's row groups; then rows for every block of a cluster.
-  for (auto [N, d] : {std::array<std::int64_t, 2>{37, 203}, {1000, 203}}) {
+  // Fewer rows than the dw kernel's row groups; then rows for every block of a cluster; d 256: the dx
+  // kernel's four elements at a time.
+  for (auto [N, d] : {std::array<std::int64_t, 2>{37, 203}, {1000, 203}, {37, 256}}) {
     SCOPED_TRACE(N);
     auto x = random({N, d}), w = random({d}), dy = random({N, d});
     auto y = output({N, d}), r = output({N}), dx = output({N, d}), dw = output({d});
@@ -110,25 +111,28 @@ TEST_F(CudaVsCpu, RmsNorm) {
 // The fused residual add + RMSNorm and RMSNorm backward + residual gradient: the CPU's values, and
 // on the GPU the very values of the two ops they replace.
 TEST_F(CudaVsCpu, FusedResidualAndRmsNorm) {
-  const std::int64_t N = 37, d = 203;
-  auto x = random({N, d}), y = random({N, d}), w = random({d}), dy = random({N, d}), dres = random({N, d});
-  auto h = output({N, d}), out = output({N, d}), r = output({N}), dx = output({N, d}), dw = output({d});
-  for (Backend* b : {cpu.get(), gpu.get()}) {
-    const bool c = b == cpu.get();
-    b->add_rmsnorm_forward(c ? x.cpu : x.gpu, c ? y.cpu : y.gpu, c ? h.cpu : h.gpu, c ? w.cpu : w.gpu,
-                           c ? out.cpu : out.gpu, c ? r.cpu : r.gpu, 1e-5);
-    b->rmsnorm_backward_add(c ? dy.cpu : dy.gpu, c ? h.cpu : h.gpu, c ? w.cpu : w.gpu, c ? r.cpu : r.gpu,
-                            c ? dres.cpu : dres.gpu, c ? dx.cpu : dx.gpu, c ? dw.cpu : dw.gpu);
+  for (const std::int64_t d : {203, 256}) {  // 256: the dx kernel's four elements at a time
+    SCOPED_TRACE(d);
+    const std::int64_t N = 37;
+    auto x = random({N, d}), y = random({N, d}), w = random({d}), dy = random({N, d}), dres = random({N, d});
+    auto h = output({N, d}), out = output({N, d}), r = output({N}), dx = output({N, d}), dw = output({d});
+    for (Backend* b : {cpu.get(), gpu.get()}) {
+      const bool c = b == cpu.get();
+      b->add_rmsnorm_forward(c ? x.cpu : x.gpu, c ? y.cpu : y.gpu, c ? h.cpu : h.gpu, c ? w.cpu : w.gpu,
+                             c ? out.cpu : out.gpu, c ? r.cpu : r.gpu, 1e-5);
+      b->rmsnorm_backward_add(c ? dy.cpu : dy.gpu, c ? h.cpu : h.gpu, c ? w.cpu : w.gpu, c ? r.cpu : r.gpu,
+                              c ? dres.cpu : dres.gpu, c ? dx.cpu : dx.gpu, c ? dw.cpu : dw.gpu);
+    }
+    for (auto [t, what] : {std::pair{&h, "residual"}, {&out, "norm"}, {&r, "rstd"}, {&dx, "dx"}, {&dw, "dw"}})
+      expect_close(*t, kFp32, std::string("fused ") + what);
+    auto h2 = output({N, d}), out2 = output({N, d}), r2 = output({N}), dx2 = output({N, d}), dw2 = output({d});
+    gpu->add(x.gpu, y.gpu, h2.gpu);
+    gpu->rmsnorm_forward(h2.gpu, w.gpu, out2.gpu, r2.gpu, 1e-5);
+    gpu->rmsnorm_backward(dy.gpu, h2.gpu, w.gpu, r2.gpu, dx2.gpu, dw2.gpu);
+    gpu->add(dx2.gpu, dres.gpu, dx2.gpu);
+    for (auto [fused, plain] : {std::pair{&out, &out2}, {&r, &r2}, {&dx, &dx2}, {&dw, &dw2}})
+      EXPECT_EQ(download(*gpu, fused->gpu), download(*gpu, plain->gpu));
   }
-  for (auto [t, what] : {std::pair{&h, "residual"}, {&out, "norm"}, {&r, "rstd"}, {&dx, "dx"}, {&dw, "dw"}})
-    expect_close(*t, kFp32, std::string("fused ") + what);
-  auto h2 = output({N, d}), out2 = output({N, d}), r2 = output({N}), dx2 = output({N, d}), dw2 = output({d});
-  gpu->add(x.gpu, y.gpu, h2.gpu);
-  gpu->rmsnorm_forward(h2.gpu, w.gpu, out2.gpu, r2.gpu, 1e-5);
-  gpu->rmsnorm_backward(dy.gpu, h2.gpu, w.gpu, r2.gpu, dx2.gpu, dw2.gpu);
-  gpu->add(dx2.gpu, dres.gpu, dx2.gpu);
-  for (auto [fused, plain] : {std::pair{&out, &out2}, {&r, &r2}, {&dx, &dx2}, {&dw, &dw2}})
-    EXPECT_EQ(download(*gpu, fused->gpu), download(*gpu, plain->gpu));
 }
 
 TEST_F(CudaVsCpu, HeadsWithRope) {

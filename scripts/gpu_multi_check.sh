@@ -6,9 +6,10 @@
 # (default xl,2.7B) at LMSCOPE_DDP_CTXS (default 512,1024), bf16, flash, batch 4 per rank: lmscope on
 # one GPU, with each --ddp (bucketed at 1, 10, 25, 100 and 1000 MB) and --zero 1 on two, beside
 # PyTorch DDP (25 MB buckets) and ZeRO-1 (ZeroRedundancyOptimizer), and the dry run's prediction of a
-# ZeRO-1 rank's peak. Also: lmscope's ranks started by torchrun itself (their losses against those
-# of ranks started by lmscope launch), and bench --profile over two ranks (NCCL's kernels in the
-# kernel profile). Full logs in $OUT (or ./gpu-out); tools/ddp_table.py's short table prints last.
+# ZeRO-1 rank's peak. Also: lmscope's ranks started by torchrun itself (their trained weights against
+# those of ranks started by lmscope launch), and bench --profile over two ranks (NCCL's kernels in
+# the kernel profile, beside one GPU's profile of the same cell). Full logs in $OUT (or ./gpu-out);
+# tools/ddp_table.py's short table prints last.
 # LMSCOPE_DDP_PARTS (default tests,ddptests,torchrun,profile,allreduce,bench,table) runs only those
 # parts, so the run can be split across calls of a time limit (LMSCOPE_BUILD_DIR=build-gpu reuses
 # the first call's build).
@@ -59,12 +60,17 @@ if [[ $parts == *,torchrun,* ]]; then
 fi
 
 if [[ $parts == *,profile,* ]]; then
-  # NCCL's kernels in the kernel profile: their time and the part other kernels ran beside.
-  "$B/lmscope" launch --nproc 2 -- bench --device cuda --model xl --ctx 1024 --precision bf16 --attention flash \
-    --batch 8 --ddp bucketed --warmup 2 --steps 5 --profile --out "$OUT/profile-ddp.json" --format json \
+  # NCCL's kernels in the kernel profile: their time and the part other kernels ran beside; and the
+  # backward's kernels by category on one GPU and beside the exchange on two.
+  prof=(bench --device cuda --model xl --ctx 1024 --precision bf16 --attention flash --warmup 2 --steps 5 --profile
+    --format json)
+  "$B/lmscope" "${prof[@]}" --batch 4 --graphs off --out "$OUT/profile-one-gpu.json" >"$OUT/profile-one-gpu.md" 2>&1
+  echo "== bench --profile, one GPU: exit $?"
+  "$B/lmscope" launch --nproc 2 -- "${prof[@]}" --batch 8 --ddp bucketed --out "$OUT/profile-ddp.json" \
     >"$OUT/profile-ddp.md" 2>&1
   echo "== bench --profile, two ranks: exit $?"
-  grep -iE "collective|exchange|hidden" "$OUT/profile-ddp.md" | head -12
+  grep -E "^Collectives" "$OUT/profile-ddp.md"
+  for f in one-gpu ddp; do echo "   $f:"; grep -E "^\| backward \| [A-Za-z]" "$OUT/profile-$f.md" | head -6; done
 fi
 
 if [[ $parts == *,allreduce,* ]]; then

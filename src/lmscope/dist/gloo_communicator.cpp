@@ -83,15 +83,7 @@ class GlooCommunicator final : public Communicator {
   using Communicator::all_reduce_async;
   std::unique_ptr<CollectiveWork> all_reduce_async(std::span<const Tensor> ts) override {
     return queue("all-reduce", [this, ts = std::vector<Tensor>(ts.begin(), ts.end())] {
-      for (const Tensor& t : ts)
-        with_type(t, [&](auto zero) {
-          using T = decltype(zero);
-          gloo::AllreduceOptions opts(context_);
-          opts.setOutput(t.as<T>(), static_cast<std::size_t>(t.numel()));
-          opts.setReduceFunction(static_cast<void (*)(void*, const void*, const void*, std::size_t)>(&gloo::sum<T>));
-          opts.setTag(next_tag());
-          gloo::allreduce(opts);
-        });
+      for (const Tensor& t : ts) with_type(t, [&](auto zero) { sum_in_place(t.as<decltype(zero)>(), t.numel()); });
     });
   }
 
@@ -104,11 +96,7 @@ class GlooCommunicator final : public Communicator {
     return queue("reduce-scatter", [this, in, out] {
       with_type(in, [&](auto zero) {
         using T = decltype(zero);
-        gloo::AllreduceOptions opts(context_);
-        opts.setOutput(in.as<T>(), static_cast<std::size_t>(in.numel()));
-        opts.setReduceFunction(static_cast<void (*)(void*, const void*, const void*, std::size_t)>(&gloo::sum<T>));
-        opts.setTag(next_tag());
-        gloo::allreduce(opts);
+        sum_in_place(in.as<T>(), in.numel());
         T* mine = in.as<T>() + static_cast<std::size_t>(world_.rank) * static_cast<std::size_t>(out.numel());
         if (mine != out.as<T>()) std::memcpy(out.data, mine, out.bytes());
       });
@@ -179,6 +167,15 @@ class GlooCommunicator final : public Communicator {
   }
 
   std::uint32_t next_tag() { return tag_++; }
+  // Gloo's all-reduce of n values at p, summed over the ranks in place (on the worker thread).
+  template <typename T>
+  void sum_in_place(T* p, std::int64_t n) {
+    gloo::AllreduceOptions opts(context_);
+    opts.setOutput(p, static_cast<std::size_t>(n));
+    opts.setReduceFunction(static_cast<void (*)(void*, const void*, const void*, std::size_t)>(&gloo::sum<T>));
+    opts.setTag(next_tag());
+    gloo::allreduce(opts);
+  }
   double ms_since_origin(std::chrono::steady_clock::time_point t) const {
     return std::chrono::duration<double, std::milli>(t - origin_).count();
   }

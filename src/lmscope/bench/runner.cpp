@@ -3,7 +3,6 @@
 #include "lmscope/bench/trace_session.h"
 
 #include "lmscope/backend/backend.h"
-#include "lmscope/backend/devices.h"
 #include "lmscope/core/rng.h"
 #include "lmscope/dist/data_parallel_run.h"
 #include "lmscope/model/optimizer.h"
@@ -99,8 +98,10 @@ double overlap_ms(const std::vector<dist::Communicator::Span>& spans, double unt
 }
 
 void run_cell(const BenchSpec& spec, BenchResult& r, const BenchProgress& progress) {
-  if (spec.parallel) spec.parallel->check_step(has_backward(spec.mode), spec.mode == BenchMode::train);
-  if (spec.parallel) dist::use_rank_gpu(spec.world, spec.device);
+  if (spec.parallel) {
+    spec.parallel->check_step(has_backward(spec.mode), spec.mode == BenchMode::train);
+    dist::use_rank_gpu(spec.world, spec.device);
+  }
   std::unique_ptr<Backend> backend = make_backend(spec.device, spec.precision);
   Transformer model(spec.model, *backend, DType::f32, compute_dtype(spec.precision), spec.attention);
   model.set_recompute(spec.recompute);
@@ -267,6 +268,8 @@ BenchResult run_bench_cell(const BenchSpec& spec, const BenchProgress& progress)
   r.spec = spec;
   try {
     run_cell(spec, r, progress);
+  } catch (const RankFailure&) {
+    throw;  // the ranks cannot go on together: every later cell would wait out the timeout
   } catch (...) {
     r.status = failure_status(std::current_exception());
   }

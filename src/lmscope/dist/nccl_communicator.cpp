@@ -91,12 +91,17 @@ class NcclCommunicator final : public Communicator {
   using Communicator::all_reduce_async;
   std::unique_ptr<CollectiveWork> all_reduce_async(std::span<const Tensor> ts) override {
     return launch([&] {
+      // The group is closed whatever fails inside it: an open group would defer every later NCCL call
+      // of this thread (the next bench cell's too).
       LMSCOPE_NCCL_CHECK(ncclGroupStart(), "group start");
+      ncclResult_t first = ncclSuccess;
       for (const Tensor& t : ts)
-        LMSCOPE_NCCL_CHECK(ncclAllReduce(t.data, t.data, static_cast<std::size_t>(t.numel()), nccl_type(t.dtype),
-                                         ncclSum, comm_, stream_),
-                           "all-reduce");
-      LMSCOPE_NCCL_CHECK(ncclGroupEnd(), "all-reduce");
+        if (first == ncclSuccess)
+          first = ncclAllReduce(t.data, t.data, static_cast<std::size_t>(t.numel()), nccl_type(t.dtype), ncclSum, comm_,
+                                stream_);
+      const ncclResult_t end = ncclGroupEnd();
+      LMSCOPE_NCCL_CHECK(first, "all-reduce");
+      LMSCOPE_NCCL_CHECK(end, "all-reduce");
     });
   }
 

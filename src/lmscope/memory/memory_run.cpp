@@ -119,6 +119,8 @@ MemoryRecord record_memory(const MemorySpec& spec, bool measure_misfit) {
     } catch (const OutOfMemory&) {
       r.outcome = MemoryOutcome::out_of_memory;
       r.status = failure_status(std::current_exception());
+    } catch (const RankFailure&) {
+      throw;  // the ranks cannot go on together: every later cell would wait out the timeout
     } catch (...) {
       r.outcome = MemoryOutcome::failed;
       r.status = failure_status(std::current_exception());

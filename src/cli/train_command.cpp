@@ -9,7 +9,6 @@
 #include "train_settings.h"
 
 #include "lmscope/backend/backend.h"
-#include "lmscope/backend/devices.h"
 #include "lmscope/bench/trace_session.h"
 #include "lmscope/dist/data_parallel_run.h"
 #include "lmscope/io/checkpoint.h"

@@ -15,12 +15,11 @@ import sys
 from result_tables import markdown_rows
 
 GiB = 2**30
-VARIANTS = ["ddpnaive", "ddpflat", "ddpoverlap", "ddpbucketedbucketmb1", "ddpbucketedbucketmb10",
-            "ddpbucketedbucketmb25", "ddpbucketedbucketmb100", "ddpbucketedbucketmb1000", "zero1"]
 NAMES = {"ddpnaive": "naive", "ddpflat": "flat", "ddpoverlap": "overlap", "ddpbucketedbucketmb1": "bucketed 1 MB",
          "ddpbucketedbucketmb10": "bucketed 10 MB", "ddpbucketedbucketmb25": "bucketed 25 MB",
          "ddpbucketedbucketmb100": "bucketed 100 MB", "ddpbucketedbucketmb1000": "bucketed 1000 MB",
          "zero1": "ZeRO-1"}
+VARIANTS = list(NAMES)  # the files' tags (gpu_multi_check.sh: the flags without spaces and dashes), in order
 
 
 def fail(message):

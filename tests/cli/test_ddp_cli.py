@@ -118,7 +118,7 @@ class TwoRanks(FilesTest):
     @TWO_RANKS
     def test_the_held_out_loss_is_one_processs(self):
         val = self.path("val.bin")
-        np.random.default_rng(1).integers(0, 50, size=3000, dtype=np.uint16).tofile(val)
+        write_tokens(val, 3000, seed=1)
         held_out = ["--val-data", val, "--eval-every", "2", "--eval-batches", "3", "--sample", "sequential"]
         self.train("val1", *held_out)
         self.train("val2", *held_out, "--ddp", "flat", ranks=2)

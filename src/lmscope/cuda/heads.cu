@@ -24,69 +24,45 @@ __global__ void rope_table_kernel(float2* table, std::int64_t t, std::int64_t dk
   }
 }
 
-// A pair of neighbouring elements as one load and one store.
-__device__ __forceinline__ float2 ld2(const float* p) { return *reinterpret_cast<const float2*>(p); }
-__device__ __forceinline__ float2 ld2(const __nv_bfloat16* p) {
-  return __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(p));
-}
-__device__ __forceinline__ void st2(float* p, float2 v) { *reinterpret_cast<float2*>(p) = v; }
-__device__ __forceinline__ float2 ld2(const __half* p) { return __half22float2(*reinterpret_cast<const __half2*>(p)); }
-__device__ __forceinline__ void st2(__half* p, float2 v) { *reinterpret_cast<__half2*>(p) = __float22half2_rn(v); }
-__device__ __forceinline__ void st2(__nv_bfloat16* p, float2 v) {
-  *reinterpret_cast<__nv_bfloat162*>(p) = __float22bfloat162_rn(v);
-}
-
-// One block row per token (b, t), its threads over the token's h·dk/2 pairs: the only divisions
-// left are one 32-bit divide per pair (64-bit index arithmetic per element cost more than the
-// memory traffic). rope: [T, dk/2] (cos, sin), or nullptr for no rotation; sign −1 undoes the
-// rotation (backward).
-template <typename E>
+// P interleaved pairs (2P elements) a thread, moved as one load and one store: 16 bytes' worth where
+// dk and the buffers allow, else one pair. One block row per token (b, t), its threads over the
+// token's h·dk/(2P) groups: the only divisions left are one 32-bit divide per group (64-bit index
+// arithmetic per element cost more than the memory traffic). rope: [T, dk/2] (cos, sin), or nullptr
+// for no rotation; sign −1 undoes the rotation (backward). Every P does the same arithmetic per pair,
+// so gives the same bits.
+template <typename E, int P>
 __global__ void permute_heads_kernel(const E* in, E* out, std::int64_t T, int H, int dk, const float2* rope,
                                      bool to_heads_major, float sign) {
-  const int pairs = dk / 2, j = blockIdx.y * blockDim.x + threadIdx.x;
-  if (j >= H * pairs) return;
-  const std::int64_t token = blockIdx.x, b = token / T, t = token % T;
-  const int h = j / pairs, i = j - h * pairs;
-  const std::int64_t token_major = token * H * dk + 2 * j, head_major = ((b * H + h) * T + t) * dk + 2 * i;
-  const float2 x = ld2(in + (to_heads_major ? token_major : head_major));
-  E* y = out + (to_heads_major ? head_major : token_major);
-  if (!rope) {
-    st2(y, x);
-    return;
-  }
-  const float2 cs = rope[t * pairs + i];
-  const float c = cs.x, s = sign * cs.y;
-  st2(y, make_float2(x.x * c - x.y * s, x.x * s + x.y * c));
-}
-
-// The same, P pairs (16 bytes) a thread: rows of dk elements, dk a multiple of 2P, both buffers
-// 16-byte aligned. The arithmetic per pair is the one-pair kernel's, so the bits are too.
-template <typename E, int P>
-__global__ void permute_heads_vec_kernel(const E* in, E* out, std::int64_t T, int H, int dk, const float2* rope,
-                                         bool to_heads_major, float sign) {
   const int pairs = dk / 2, groups = pairs / P, j = blockIdx.y * blockDim.x + threadIdx.x;
   if (j >= H * groups) return;
   const std::int64_t token = blockIdx.x, b = token / T, t = token % T;
   const int h = j / groups, i = (j - h * groups) * P;
   const std::int64_t token_major = token * H * dk + 2 * (h * pairs + i),
                      head_major = ((b * H + h) * T + t) * dk + 2 * i;
-  union Pack {
-    uint4 raw;
-    E e[2 * P];
-  } x, y;
-  x.raw = *reinterpret_cast<const uint4*>(in + (to_heads_major ? token_major : head_major));
+  float x[2 * P];
+  load<2 * P>(in + (to_heads_major ? token_major : head_major), x);
+  if (rope) {
 #pragma unroll
-  for (int k = 0; k < P; ++k) {
-    const float2 v = ld2(&x.e[2 * k]);
-    if (!rope) {
-      st2(&y.e[2 * k], v);
-      continue;
+    for (int k = 0; k < P; ++k) {
+      const float2 cs = rope[t * pairs + i + k];
+      const float c = cs.x, s = sign * cs.y, re = x[2 * k], im = x[2 * k + 1];
+      x[2 * k] = re * c - im * s;
+      x[2 * k + 1] = re * s + im * c;
     }
-    const float2 cs = rope[t * pairs + i + k];
-    const float c = cs.x, s = sign * cs.y;
-    st2(&y.e[2 * k], make_float2(v.x * c - v.y * s, v.x * s + v.y * c));
   }
-  *reinterpret_cast<uint4*>(out + (to_heads_major ? head_major : token_major)) = y.raw;
+  store<2 * P>(out + (to_heads_major ? head_major : token_major), x);
+}
+
+template <typename E, int P>
+void launch_permute_heads(const E* in, E* out, std::int64_t b, std::int64_t t, std::int64_t h, std::int64_t dk,
+                          const float2* rope, bool to_heads_major, cudaStream_t s) {
+  // One block per token, as many threads as its groups (rounded to whole warps, at most 256).
+  const std::int64_t groups = h * dk / (2 * P);
+  const int threads = static_cast<int>(std::min<std::int64_t>(256, (groups + 31) / 32 * 32));
+  const dim3 grid(static_cast<unsigned>(b * t), static_cast<unsigned>((groups + threads - 1) / threads));
+  permute_heads_kernel<E, P><<<grid, threads, 0, s>>>(in, out, t, static_cast<int>(h), static_cast<int>(dk), rope,
+                                                      to_heads_major, to_heads_major ? 1.0f : -1.0f);
+  check_launch("permute_heads_kernel");
 }
 
 }  // namespace
@@ -100,26 +76,14 @@ void permute_heads(const void* in, void* out, Elem e, std::int64_t b, std::int64
                    const float* rope, bool to_heads_major, cudaStream_t s) {
   with_elem(e, [&](auto tag) {
     using T = typename decltype(tag)::type;
-    constexpr int kPairs = 16 / (2 * sizeof(T));  // pairs in 16 bytes
+    constexpr int kPairs = kPack<T> / 2;  // pairs in 16 bytes
     const auto* table = reinterpret_cast<const float2*>(rope);
-    const float sign = to_heads_major ? 1.0f : -1.0f;
-    if (dk % (2 * kPairs) == 0 && aligned16({in, out})) {
-      // One block per token, as many threads as its 16-byte groups (rounded to whole warps, at most 256).
-      const std::int64_t groups = h * dk / (2 * kPairs);
-      const int threads = static_cast<int>(std::min<std::int64_t>(256, (groups + 31) / 32 * 32));
-      const dim3 grid(static_cast<unsigned>(b * t), static_cast<unsigned>((groups + threads - 1) / threads));
-      permute_heads_vec_kernel<T, kPairs><<<grid, threads, 0, s>>>(static_cast<const T*>(in), static_cast<T*>(out), t,
-                                                                   static_cast<int>(h), static_cast<int>(dk), table,
-                                                                   to_heads_major, sign);
-      check_launch("permute_heads_vec_kernel");
-      return;
-    }
-    constexpr int kThreads = 128;
-    const dim3 grid(static_cast<unsigned>(b * t), static_cast<unsigned>((h * (dk / 2) + kThreads - 1) / kThreads));
-    permute_heads_kernel<T><<<grid, kThreads, 0, s>>>(static_cast<const T*>(in), static_cast<T*>(out), t,
-                                                      static_cast<int>(h), static_cast<int>(dk), table, to_heads_major,
-                                                      sign);
-    check_launch("permute_heads_kernel");
+    const auto* x = static_cast<const T*>(in);
+    auto* y = static_cast<T*>(out);
+    if (dk % (2 * kPairs) == 0 && aligned16({in, out}))
+      launch_permute_heads<T, kPairs>(x, y, b, t, h, dk, table, to_heads_major, s);
+    else
+      launch_permute_heads<T, 1>(x, y, b, t, h, dk, table, to_heads_major, s);
   });
 }
 

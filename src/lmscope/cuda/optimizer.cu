@@ -72,15 +72,24 @@ __device__ __forceinline__ void adamw_tensor(float* p, const float* g, float* m,
   }
 }
 
+// One tensor's step: the update, or after an overflow (the norm not finite, skip_nonfinite) the
+// parameter left as it is and only its copy written.
 template <typename L>
-__global__ void adamw_kernel(float* p, const float* g, float* m, float* v, std::int64_t n, std::int64_t n4,
-                             AdamWConsts c, const float* step_scalars, const float* grad_norm, L* lowp) {
+__device__ __forceinline__ void adamw_or_keep(float* p, const float* g, float* m, float* v, std::int64_t n,
+                                              std::int64_t n4, AdamWConsts c, const float* step_scalars,
+                                              const float* grad_norm, L* lowp) {
   float clip = 1.0f;
   if (adamw_step(c, step_scalars, grad_norm, clip)) {
     adamw_tensor(p, g, m, v, n, n4, c, clip, lowp);
-  } else if (lowp) {  // an overflow: the parameter stays, its copy is written
+  } else if (lowp) {
     GRID_STRIDE(i, n) lowp[i] = st<L>(p[i]);
   }
+}
+
+template <typename L>
+__global__ void adamw_kernel(float* p, const float* g, float* m, float* v, std::int64_t n, std::int64_t n4,
+                             AdamWConsts c, const float* step_scalars, const float* grad_norm, L* lowp) {
+  adamw_or_keep(p, g, m, v, n, n4, c, step_scalars, grad_norm, lowp);
 }
 
 // Up to kTensorsPerLaunch tensors, their pointers in the kernel's arguments (a launch's arguments
@@ -97,13 +106,8 @@ struct AdamWList {
 
 template <typename L>
 __global__ void adamw_many_kernel(AdamWList<L> t, AdamWConsts c, const float* step_scalars, const float* grad_norm) {
-  float clip = 1.0f;
   const int k = blockIdx.y;
-  if (adamw_step(c, step_scalars, grad_norm, clip)) {
-    adamw_tensor(t.p[k], t.g[k], t.m[k], t.v[k], t.n[k], t.n4[k], c, clip, t.lowp[k]);
-  } else if (t.lowp[k]) {  // an overflow: the parameter stays, its copy is written
-    GRID_STRIDE(i, t.n[k]) t.lowp[k][i] = st<L>(t.p[k][i]);
-  }
+  adamw_or_keep(t.p[k], t.g[k], t.m[k], t.v[k], t.n[k], t.n4[k], c, step_scalars, grad_norm, t.lowp[k]);
 }
 
 // The global norm in a fixed order, so the same gradients give the same norm bit for bit (a resumed

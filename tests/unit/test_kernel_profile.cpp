@@ -92,7 +92,7 @@ TEST(KernelSummary, CollectivesAndTheShareOtherKernelsRanBeside) {
       kernel("nvjet_b", 2000, 3000), kernel("add_kernel", 2200, 2800), kernel(nccl, 4000, 5000),  // alone
   };
   const KernelProfile p = summarize_kernels(records, 1);
-  EXPECT_DOUBLE_EQ(p.collective_ms, 0.003);
+  EXPECT_DOUBLE_EQ(p.collective_ms(), 0.003);
   EXPECT_DOUBLE_EQ(p.collective_overlapped_ms, 0.001);
   EXPECT_DOUBLE_EQ(p.busy_ms(Phase::backward), (1000 + 1000 + 600) / 1e6);
 }

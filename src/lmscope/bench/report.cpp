@@ -87,11 +87,11 @@ std::string markdown_profile(const BenchResult& r) {
     out += fmt::format("| {} | GPU idle (waiting for launches) | {:.3f} | {:.1f}% | |\n", phase_name(p.phase), idle,
                        100 * idle / p.ms);
   }
-  if (k.collective_ms > 0)
+  if (k.collective_ms() > 0)
     out += fmt::format(
         "\nCollectives (NCCL's kernels, on their own stream): {:.3f} ms per step, {:.0f}% of it while other kernels "
         "ran.\n",
-        k.collective_ms, 100 * k.collective_overlapped_ms / k.collective_ms);
+        k.collective_ms(), 100 * k.collective_overlapped_ms / k.collective_ms());
   out +=
       "\n| phase | kernel | category | calls | ms | µs per call | share of step |\n|---|---|---|---:|---:|---:|---:|\n";
   double step_ms = 0;
@@ -110,8 +110,8 @@ std::string markdown_profile(const BenchResult& r) {
 nlohmann::ordered_json json_profile(const BenchResult& r) {
   nlohmann::ordered_json j;
   j["steps"] = r.kernels.steps;
-  if (r.kernels.collective_ms > 0)
-    j["collectives"] = {{"ms", r.kernels.collective_ms}, {"overlapped_ms", r.kernels.collective_overlapped_ms}};
+  if (r.kernels.collective_ms() > 0)
+    j["collectives"] = {{"ms", r.kernels.collective_ms()}, {"overlapped_ms", r.kernels.collective_overlapped_ms}};
   for (const TimedPhase& p : profiled_phases(r)) {
     nlohmann::ordered_json ph;
     ph["phase"] = phase_name(p.phase);

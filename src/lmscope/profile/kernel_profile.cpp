@@ -66,30 +66,39 @@ double KernelProfile::busy_ms(Phase p) const {
   return ms;
 }
 
+double KernelProfile::collective_ms() const {
+  double ms = 0;
+  for (const KernelSummary& c : categories)
+    if (c.category == "collective") ms += c.ms_per_step;
+  return ms;
+}
+
 namespace {
-// The collectives' time, and the part of it that other kernels ran beside (both summed, in ns).
-std::pair<double, double> collective_overlap(const std::vector<KernelRecord>& records) {
+// The part of the collectives' time that other kernels ran beside (summed, in ns); category[i] is
+// records[i]'s.
+double collective_overlap_ns(const std::vector<KernelRecord>& records, const std::vector<const char*>& category) {
+  auto collective = [&](std::size_t i) { return std::string_view(category[i]) == "collective"; };
   std::vector<std::pair<std::uint64_t, std::uint64_t>> others, merged;
-  for (const KernelRecord& r : records)
-    if (r.work == DeviceWork::kernel && std::string_view(kernel_category(r.name)) != "collective")
-      others.emplace_back(r.start_ns, r.end_ns);
+  for (std::size_t i = 0; i < records.size(); ++i)
+    if (records[i].work == DeviceWork::kernel && !collective(i))
+      others.emplace_back(records[i].start_ns, records[i].end_ns);
   std::sort(others.begin(), others.end());
   for (const auto& [a, b] : others)
     if (!merged.empty() && a <= merged.back().second)
       merged.back().second = std::max(merged.back().second, b);
     else
       merged.emplace_back(a, b);
-  double total = 0, overlapped = 0;
-  for (const KernelRecord& r : records) {
-    if (std::string_view(kernel_category(r.name)) != "collective") continue;
-    total += static_cast<double>(r.end_ns - r.start_ns);
+  double overlapped = 0;
+  for (std::size_t i = 0; i < records.size(); ++i) {
+    if (!collective(i)) continue;
+    const KernelRecord& r = records[i];
     auto it = std::lower_bound(merged.begin(), merged.end(), std::pair{r.start_ns, std::uint64_t(0)});
     if (it != merged.begin()) --it;
     for (; it != merged.end() && it->first < r.end_ns; ++it)
       if (it->second > r.start_ns)
         overlapped += static_cast<double>(std::min(it->second, r.end_ns) - std::max(it->first, r.start_ns));
   }
-  return {total, overlapped};
+  return overlapped;
 }
 }  // namespace
 
@@ -98,8 +107,10 @@ KernelProfile summarize_kernels(const std::vector<KernelRecord>& records, int st
   out.steps = steps;
   if (steps <= 0) return out;
   std::map<std::tuple<Phase, std::string, std::string>, KernelSummary> by_kernel, by_category;
-  for (const KernelRecord& r : records) {
-    const std::string category = kernel_category(r.name);
+  std::vector<const char*> categories(records.size());
+  for (std::size_t i = 0; i < records.size(); ++i) {
+    const KernelRecord& r = records[i];
+    const char* category = categories[i] = kernel_category(r.name);
     const double ms = static_cast<double>(r.end_ns - r.start_ns) / 1e6;
     for (auto* m : {&by_kernel, &by_category}) {
       KernelSummary& k = (*m)[{r.phase, category, m == &by_kernel ? r.name : std::string()}];
@@ -111,9 +122,7 @@ KernelProfile summarize_kernels(const std::vector<KernelRecord>& records, int st
     }
   }
   auto longest_first = [](const KernelSummary& a, const KernelSummary& b) { return a.ms_per_step > b.ms_per_step; };
-  const auto [collective_ns, overlapped_ns] = collective_overlap(records);
-  out.collective_ms = collective_ns / 1e6 / steps;
-  out.collective_overlapped_ms = overlapped_ns / 1e6 / steps;
+  out.collective_overlapped_ms = collective_overlap_ns(records, categories) / 1e6 / steps;
   for (auto& [key, k] : by_kernel) out.kernels.push_back(k);
   std::sort(out.kernels.begin(), out.kernels.end(), longest_first);
   for (auto& [key, k] : by_category) out.categories.push_back(k);

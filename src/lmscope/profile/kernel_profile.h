@@ -71,9 +71,10 @@ struct KernelProfile {
   // Sum of kernel durations per step in a phase, collectives aside (they run on a stream of their
   // own, beside the others; the others, on one stream, never overlap).
   double busy_ms(Phase p) const;
-  // Collective kernels (NCCL's) per step: their time, and how much of it other kernels ran beside,
-  // the communication hidden behind computation as the device saw it.
-  double collective_ms = 0, collective_overlapped_ms = 0;
+  // Collective kernels (NCCL's) per step: their time (the "collective" categories'), and how much of
+  // it other kernels ran beside, the communication hidden behind computation as the device saw it.
+  double collective_ms() const;
+  double collective_overlapped_ms = 0;
 };
 
 KernelProfile summarize_kernels(const std::vector<KernelRecord>& records, int steps);

@@ -40,8 +40,8 @@ extern "C" void record_stop_signal(int sig) {
 // Mean loss over the first `batches` windows of the held-out data (the same each time), from
 // forwards that keep nothing for a backward. With data parallelism each rank runs its rows of each
 // batch, as in training, and the ranks' means are averaged.
-double held_out_loss(Transformer& model, const TokenData& data, const TrainSettings& s, std::int64_t local_batch,
-                     std::int64_t first_row, dist::DataParallelRun* dp) {
+double held_out_loss(Transformer& model, const TokenData& data, const TrainSettings& s, dist::DataParallelRun* dp) {
+  const std::int64_t local_batch = dp ? dp->local_batch(s.batch) : s.batch, first_row = dp ? dp->first_row(s.batch) : 0;
   BatchSampler sampler(data, s.batch, s.ctx, true, 0);
   std::vector<std::int32_t> ids(static_cast<std::size_t>(s.batch * s.ctx)), targets(ids.size());
   const std::size_t first = static_cast<std::size_t>(first_row * s.ctx);
@@ -56,6 +56,48 @@ double held_out_loss(Transformer& model, const TokenData& data, const TrainSetti
   const double mean = sum / static_cast<double>(s.eval_batches);
   return dp ? dp->mean_over_ranks(mean) : mean;
 }
+
+// What the loop says of a step: a line of the JSON-lines log, and one on the console.
+struct StepReport {
+  std::int64_t step = 0, steps = 0;
+  double loss = 0, lr = 0, grad_norm = 0;
+  std::int64_t tokens_per_step = 0;
+  double elapsed_s = 0;         // since the run (or its resumption) began
+  std::int64_t steps_done = 0;  // in that time
+  std::optional<double> val_loss;
+  std::optional<double> loss_scale;  // fp16's, when a scaler runs
+  bool applied = true;               // false: an overflow skipped the step
+  std::int64_t skipped_in_all = 0;
+
+  std::string log_line() const {
+    nlohmann::ordered_json j{{"step", step},
+                             {"loss", loss},
+                             {"lr", lr},
+                             {"grad_norm", grad_norm},
+                             {"tokens", tokens_per_step * step},
+                             {"elapsed_s", elapsed_s}};
+    if (val_loss) {
+      j["val_loss"] = *val_loss;
+      j["val_perplexity"] = std::exp(*val_loss);
+    }
+    if (loss_scale) {
+      j["loss_scale"] = *loss_scale;
+      j["skipped"] = !applied;
+    }
+    return j.dump();
+  }
+  std::string console_line() const {
+    const double done = static_cast<double>(steps_done);
+    return fmt::format(
+        "step {:>6}/{}  loss {:.4f}{}  lr {:.3e}  grad norm {:.3f}{}  {:.2f} s/step  {:.0f} tokens/s", step, steps,
+        loss, val_loss ? fmt::format("  val loss {:.4f} (perplexity {:.2f})", *val_loss, std::exp(*val_loss)) : "", lr,
+        grad_norm,
+        loss_scale ? fmt::format("  loss scale {:g}{} ({} skipped in all)", *loss_scale,
+                                 applied ? "" : ", overflow: step skipped", skipped_in_all)
+                   : "",
+        elapsed_s / done, static_cast<double>(tokens_per_step) * done / elapsed_s);
+  }
+};
 
 // A log resumed at `step`: the lines of later steps (written before the stop, to be written again)
 // dropped, the rest kept; then opened for appending.
@@ -226,43 +268,28 @@ class TrainCommand : public Command {
           ScopedRange r(ranges, RangeLevel::phase, "optimizer");
           applied = opt.step(lr);
         }
-        const LossScaler& scaler = opt.loss_scaler();
-        const double norm = opt.last_grad_norm();
         if (!std::isfinite(loss)) user_error("the loss became {} at step {}; lower --lr or enable --clip", loss, step);
         std::optional<double> val_loss;
         if (val && ((s_.eval_every > 0 && step % s_.eval_every == 0) || step == s_.steps)) {
           ScopedRange r(ranges, RangeLevel::phase, "held-out loss");
-          val_loss = held_out_loss(model, *val, s_, local_batch, first_row, dp.get());
+          val_loss = held_out_loss(model, *val, s_, dp.get());
         }
-        const double elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-        const double done = static_cast<double>(step - start);
-        if (log.is_open()) {
-          nlohmann::ordered_json j{{"step", step},
-                                   {"loss", loss},
-                                   {"lr", lr},
-                                   {"grad_norm", norm},
-                                   {"tokens", static_cast<std::int64_t>(tokens_per_step) * step},
-                                   {"elapsed_s", elapsed}};
-          if (val_loss) {
-            j["val_loss"] = *val_loss;
-            j["val_perplexity"] = std::exp(*val_loss);
-          }
-          if (scaler.on()) {
-            j["loss_scale"] = opt.last_loss_scale();
-            j["skipped"] = !applied;
-          }
-          log << j.dump() << "\n" << std::flush;
-        }
+        const StepReport report{
+            .step = step,
+            .steps = s_.steps,
+            .loss = loss,
+            .lr = lr,
+            .grad_norm = opt.last_grad_norm(),
+            .tokens_per_step = static_cast<std::int64_t>(tokens_per_step),
+            .elapsed_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(),
+            .steps_done = step - start,
+            .val_loss = val_loss,
+            .loss_scale = opt.loss_scaler().on() ? std::optional(opt.last_loss_scale()) : std::nullopt,
+            .applied = applied,
+            .skipped_in_all = opt.loss_scaler().skipped()};
+        if (log.is_open()) log << report.log_line() << "\n" << std::flush;
         if (main_rank && (step % s_.print_every == 0 || it == start || step == s_.steps || val_loss))
-          fmt::print(
-              "step {:>6}/{}  loss {:.4f}{}  lr {:.3e}  grad norm {:.3f}{}  {:.2f} s/step  {:.0f} tokens/s\n", step,
-              s_.steps, loss,
-              val_loss ? fmt::format("  val loss {:.4f} (perplexity {:.2f})", *val_loss, std::exp(*val_loss)) : "", lr,
-              norm,
-              scaler.on() ? fmt::format("  loss scale {:g}{} ({} skipped in all)", opt.last_loss_scale(),
-                                        applied ? "" : ", overflow: step skipped", scaler.skipped())
-                          : "",
-              elapsed / done, static_cast<double>(tokens_per_step) * done / elapsed);
+          fmt::print("{}\n", report.console_line());
         if (!s_.checkpoint_dir.empty() && ((s_.save_every > 0 && step % s_.save_every == 0) || step == s_.steps)) {
           ScopedRange r(ranges, RangeLevel::phase, "checkpoint");
           save_checkpoint(step);

@@ -106,7 +106,7 @@ void run_cell(const BenchSpec& spec, BenchResult& r, const BenchProgress& progre
   Transformer model(spec.model, *backend, DType::f32, compute_dtype(spec.precision), spec.attention);
   model.set_recompute(spec.recompute);
   model.set_weight_copies(spec.weight_copies);
-  model.set_graphs(spec.graphs && !spec.parallel);  // collectives are not recorded
+  model.set_graphs(spec.graphs);  // (off once a data-parallel run attaches: DataParallelRun::attach)
   model.set_fusion(spec.fusion);
   model.init_parameters(spec.seed);
   std::unique_ptr<dist::DataParallelRun> dp;

@@ -34,6 +34,7 @@ void use_rank_gpu(const World& world, const std::string& device) {
 }
 
 void DataParallelRun::attach(Transformer& model, bool take_rank0_parameters) {
+  model.set_graphs(false);
   if (take_rank0_parameters) {
     for (Parameter& p : model.parameters()) comm_->broadcast(p.value, 0);
     model.refresh_lowp_copies();  // the copies of what rank 0 sent

@@ -31,7 +31,8 @@ class DataParallelRun {
 
   // Before AdamW is made: the exchange hooks into the model, and, with take_rank0_parameters (the
   // parameters set, initialised or loaded), every rank takes rank 0's, as DDP's constructor does. A
-  // resumed run's ranks load the same checkpoint after AdamW is made instead.
+  // resumed run's ranks load the same checkpoint after AdamW is made instead. The model then runs
+  // without device graphs: the collectives are not recorded.
   void attach(Transformer& model, bool take_rank0_parameters = true);
   // The sharding AdamW takes (ZeRO-1), nullptr otherwise; valid after attach.
   OptimizerSharding* sharding() { return zero_.get(); }

@@ -143,8 +143,6 @@ class TrainCommand : public Command {
     // global batch, each rank running its share of the rows one process would.
     const ParallelFlags::Resolved parallel = parallel_.resolve(s_.batch);
     const bool main_rank = parallel.world.rank == 0;
-    if (parallel.spec && parallel.spec->zero == 1 && (!s_.checkpoint_dir.empty() || !s_.resume.empty()))
-      user_error("--zero 1 cannot write or resume checkpoints yet (each rank holds only its part of AdamW's state)");
     if (parallel.spec && s_.graphs == "on" && s_.device == "cuda") {
       if (app->count("--graphs") > 0 && main_rank)
         fmt::print("note: data parallelism runs without device graphs (its collectives are not recorded)\n");
@@ -221,7 +219,10 @@ class TrainCommand : public Command {
              : "",
           resumed ? fmt::format(", resumed at step {} from '{}'", start, resumed->path) : "");
     auto save_checkpoint = [&](std::int64_t step) {
-      if (!main_rank) return;  // every rank holds the same weights and moments: rank 0 writes them
+      if (!main_rank) {                     // every rank holds the same weights and moments: rank 0 writes them
+        join_checkpoint_write(model, opt);  // (ZeRO-1: each holds its part of the moments, sent to rank 0)
+        return;
+      }
       const std::string path = write_checkpoint(
           s_.checkpoint_dir, model, opt,
           CheckpointState{step, opt.steps_taken(), sampler.position(), s_.to_json(),

@@ -85,4 +85,18 @@ void ZeroSharding::all_gather_parameters() {
   }
 }
 
+Allocation ZeroSharding::whole(std::size_t param, const Tensor& shard) {
+  Backend& be = model_.backend();
+  const Tensor value = model_.parameters().at(param).value.tensor();
+  Allocation out = be.allocator().allocate(value.shape, shard.dtype, {MemKind::workspace, "zero.whole", -1});
+  be.fill(out, 0.0);
+  const Tensor flat = out.tensor().view({value.numel()});
+  for (const ShardPiece& piece : pieces_)
+    if (piece.param == param)
+      be.cast(shard.rows(piece.shard_offset, piece.length), flat.rows(piece.offset, piece.length));
+  // Each element is one rank's and zero on every other: the sum is that rank's value, exactly.
+  comm_.all_reduce(out);
+  return out;
+}
+
 }  // namespace lmscope::dist

@@ -20,6 +20,7 @@ class ZeroSharding final : public OptimizerSharding {
   void reduce_scatter_gradients(const Tensor& shard) override;
   void combine_norms(const Tensor& partial, const Tensor& norm) override;
   void all_gather_parameters() override;
+  Allocation whole(std::size_t param, const Tensor& shard) override;
 
  private:
   struct Slice {

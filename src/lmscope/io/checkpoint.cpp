@@ -100,9 +100,29 @@ std::string check(const fs::path& dir, CheckpointState& state) {
   return "";
 }
 
+// AdamW's moments by PyTorch's names, each parameter's first and second in the model's order: the
+// order a sharded AdamW's ranks assemble them in, the writer's and every other rank's alike.
+std::vector<TensorSource> moment_sources(Transformer& model, AdamW& opt) {
+  std::vector<TensorSource> moments;
+  auto& params = model.parameters();
+  for (std::size_t i = 0; i < params.size(); ++i)
+    for (const auto& [suffix, which] :
+         {std::pair{".exp_avg", AdamW::Moment::first}, std::pair{".exp_avg_sq", AdamW::Moment::second}})
+      moments.push_back({params[i].spec.name + suffix, params[i].spec.shape, [&opt, i, which = which] {
+                           const std::vector<double> v = opt.moment_values(i, which);
+                           return std::vector<float>(v.begin(), v.end());
+                         }});
+  return moments;
+}
+
 }  // namespace
 
-std::string write_checkpoint(const std::string& dir, Transformer& model, const AdamW& opt, const CheckpointState& state,
+void join_checkpoint_write(Transformer& model, AdamW& opt) {
+  if (!opt.sharded()) return;
+  for (const TensorSource& s : moment_sources(model, opt)) s.values();
+}
+
+std::string write_checkpoint(const std::string& dir, Transformer& model, AdamW& opt, const CheckpointState& state,
                              int keep) {
   const fs::path root(dir);
   std::error_code ec;
@@ -115,17 +135,8 @@ std::string write_checkpoint(const std::string& dir, Transformer& model, const A
   if (ec) user_error("cannot make '{}': {}", partial.string(), ec.message());
 
   const FileDigest weights = save_parameters(model, (partial / kModelFile).string());
-  std::vector<TensorSource> moments;
-  auto& params = model.parameters();
-  for (std::size_t i = 0; i < params.size(); ++i) {
-    const Parameter& p = params[i];
-    moments.push_back({p.spec.name + ".exp_avg", p.spec.shape,
-                       [&model, &opt, i] { return host_f32(model.backend(), opt.first_moment(i)); }});
-    moments.push_back({p.spec.name + ".exp_avg_sq", p.spec.shape,
-                       [&model, &opt, i] { return host_f32(model.backend(), opt.second_moment(i)); }});
-  }
   const FileDigest optimizer =
-      write_safetensors((partial / kOptimizerFile).string(), moments, {{"producer", "lmscope"}});
+      write_safetensors((partial / kOptimizerFile).string(), moment_sources(model, opt), {{"producer", "lmscope"}});
   nlohmann::ordered_json j;
   j["format"] = kFormat;
   j["version"] = kVersion;
@@ -178,14 +189,14 @@ void load_checkpoint(const FoundCheckpoint& c, Transformer& model, AdamW& opt) {
   auto& params = model.parameters();
   for (std::size_t i = 0; i < params.size(); ++i) {
     const Parameter& p = params[i];
-    for (const auto& [suffix, moment] :
-         {std::pair{".exp_avg", &opt.first_moment(i)}, std::pair{".exp_avg_sq", &opt.second_moment(i)}}) {
+    for (const auto& [suffix, which] :
+         {std::pair{".exp_avg", AdamW::Moment::first}, std::pair{".exp_avg_sq", AdamW::Moment::second}}) {
       const SafetensorsEntry* e = file.find(p.spec.name + suffix);
       if (!e) user_error("'{}' lacks AdamW's '{}{}'", path, p.spec.name, suffix);
       if (e->shape != p.spec.shape)
         user_error("'{}{}' in '{}' has shape {}, but the model needs {}", p.spec.name, suffix, path,
                    shape_str(e->shape), shape_str(p.spec.shape));
-      upload(model.backend(), *moment, file.read(*e));
+      opt.set_moment(i, which, file.read(*e));
     }
   }
   opt.set_steps_taken(c.state.adamw_steps);

@@ -35,9 +35,12 @@ struct CheckpointState {
 };
 
 // Writes the checkpoint of state.step into dir (made if missing), then removes all but the newest
-// `keep` (0 keeps all) and any partial one a dead run left. Returns the checkpoint's path.
-std::string write_checkpoint(const std::string& dir, Transformer& model, const AdamW& opt, const CheckpointState& state,
+// `keep` (0 keeps all) and any partial one a dead run left. Returns the checkpoint's path. One rank
+// writes; with a sharded AdamW (ZeRO-1) the moments are assembled from every rank's pieces as they
+// are written, so every other rank calls join_checkpoint_write meanwhile (it does nothing otherwise).
+std::string write_checkpoint(const std::string& dir, Transformer& model, AdamW& opt, const CheckpointState& state,
                              int keep);
+void join_checkpoint_write(Transformer& model, AdamW& opt);
 
 struct FoundCheckpoint {
   std::string path;
@@ -49,7 +52,8 @@ struct FoundCheckpoint {
 FoundCheckpoint find_checkpoint(const std::string& dir);
 
 // The weights and AdamW's moments and step count of a found checkpoint, into a model and optimizer
-// of its shape (UserError naming the first tensor that differs).
+// of its shape (UserError naming the first tensor that differs); a sharded AdamW takes its pieces.
+// The file holds whole moments either way, as an unsharded run writes them.
 void load_checkpoint(const FoundCheckpoint& c, Transformer& model, AdamW& opt);
 
 }  // namespace lmscope

@@ -147,6 +147,28 @@ void AdamW::sharded_step(const AdamWArgs& args) {
   sharding_->all_gather_parameters();
 }
 
+const Allocation& AdamW::held_moment(std::size_t i, Moment which) const {
+  const std::vector<Allocation>& all = which == Moment::first ? m_ : v_;
+  return all.at(sharding_ ? 0 : i);  // sharded: the one shard of every piece
+}
+
+std::vector<double> AdamW::moment_values(std::size_t i, Moment which) {
+  if (!sharding_) return download(model_.backend(), held_moment(i, which));
+  return download(model_.backend(), sharding_->whole(i, held_moment(i, which)));
+}
+
+void AdamW::set_moment(std::size_t i, Moment which, std::span<const double> values) {
+  const Allocation& own = held_moment(i, which);
+  if (!sharding_) {
+    upload(model_.backend(), own, values);
+    return;
+  }
+  for (const ShardPiece& piece : sharding_->pieces())
+    if (piece.param == i)
+      upload(model_.backend(), own.tensor().rows(piece.shard_offset, piece.length),
+             values.subspan(static_cast<std::size_t>(piece.offset), static_cast<std::size_t>(piece.length)));
+}
+
 bool AdamW::finish_step() {
   if (scaler_.on()) {
     const bool applied = scaler_.update(std::isfinite(read_scalar(model_.backend(), grad_norm_)));

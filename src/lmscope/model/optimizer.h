@@ -4,6 +4,9 @@
 #include "lmscope/model/loss_scaler.h"
 #include "lmscope/model/transformer.h"
 
+#include <span>
+#include <vector>
+
 namespace lmscope {
 
 struct OptimizerConfig {
@@ -43,6 +46,9 @@ class OptimizerSharding {
   virtual void combine_norms(const Tensor& partial, const Tensor& norm) = 0;
   // Every rank's updated part into every parameter, and the low-precision copies AdamW would write.
   virtual void all_gather_parameters() = 0;
+  // Parameter `param`'s values whole, in its shape, from every rank's pieces of it in `shard` (laid
+  // out as pieces() say: AdamW's moments): a collective, every rank calling it for the same param.
+  virtual Allocation whole(std::size_t param, const Tensor& shard) = 0;
 };
 
 class AdamW {
@@ -60,15 +66,12 @@ class AdamW {
   void set_gradient_sum_of(int ranks) { ranks_ = ranks; }
   bool sharded() const { return sharding_ != nullptr; }
   // The moments of parameter i (the model's order), and the step count, as a checkpoint saves and
-  // restores them (not when sharded: each rank holds the moments of its part only).
-  const Allocation& first_moment(std::size_t i) const {
-    LMSCOPE_CHECK(!sharded(), "the moments of a sharded AdamW are in pieces");
-    return m_.at(i);
-  }
-  const Allocation& second_moment(std::size_t i) const {
-    LMSCOPE_CHECK(!sharded(), "the moments of a sharded AdamW are in pieces");
-    return v_.at(i);
-  }
+  // restores them. moment_values: the whole tensor on the host; sharded, a collective (every
+  // rank calls it for the same i and moment, in the same order) assembling every rank's pieces.
+  // set_moment: from the whole tensor's values (sharded: this rank's pieces of them).
+  enum class Moment { first, second };
+  std::vector<double> moment_values(std::size_t i, Moment which);
+  void set_moment(std::size_t i, Moment which, std::span<const double> values);
   void set_steps_taken(std::int64_t t) { t_ = t; }
   // The global gradient norm of the last step, before clipping and without the loss scale (reads the
   // backend); not finite for a skipped step.
@@ -81,6 +84,8 @@ class AdamW {
   // After the updates: the loss scaler learns whether the step overflowed (reading the norm), and the
   // step count goes on unless it did.
   bool finish_step();
+  // Moment `which` of parameter i as this rank holds it: its tensor, or (sharded) the shard.
+  const Allocation& held_moment(std::size_t i, Moment which) const;
   // The updates of ZeRO-1: this rank's part from the summed gradients, then every rank's part into
   // every parameter.
   void sharded_step(const AdamWArgs& args);

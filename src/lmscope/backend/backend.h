@@ -43,6 +43,28 @@ struct GemmArgs {
   Tensor a, b, c;
   std::int64_t lda = 0, ldb = 0, ldc = 0;
   std::int64_t batch = 1, stride_a = 0, stride_b = 0, stride_c = 0;
+
+  // The product of packed operands (each matrix stored whole, rows one after another, a batch's
+  // matrices back to back): every stride follows from the shape.
+  static GemmArgs packed(bool trans_a, bool trans_b, std::int64_t m, std::int64_t n, std::int64_t k, const Tensor& a,
+                         const Tensor& b, const Tensor& c, float beta = 0, std::int64_t batch = 1) {
+    return {.trans_a = trans_a,
+            .trans_b = trans_b,
+            .m = m,
+            .n = n,
+            .k = k,
+            .beta = beta,
+            .a = a,
+            .b = b,
+            .c = c,
+            .lda = trans_a ? m : k,
+            .ldb = trans_b ? k : n,
+            .ldc = n,
+            .batch = batch,
+            .stride_a = m * k,
+            .stride_b = k * n,
+            .stride_c = m * n};
+  }
 };
 
 struct AdamWArgs {

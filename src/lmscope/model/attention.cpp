@@ -8,23 +8,7 @@ namespace {
 // One product per sequence: C = op(A)·op(B), operands [n, rows, cols] contiguous.
 void batched_gemm(Backend& backend, bool ta, bool tb, std::int64_t m, std::int64_t n, std::int64_t k, const Tensor& a,
                   const Tensor& b, const Tensor& c) {
-  backend.gemm({.trans_a = ta,
-                .trans_b = tb,
-                .m = m,
-                .n = n,
-                .k = k,
-                .alpha = 1,
-                .beta = 0,
-                .a = a,
-                .b = b,
-                .c = c,
-                .lda = ta ? m : k,
-                .ldb = tb ? k : n,
-                .ldc = n,
-                .batch = c.dim(0),
-                .stride_a = m * k,
-                .stride_b = k * n,
-                .stride_c = m * n});
+  backend.gemm(GemmArgs::packed(ta, tb, m, n, k, a, b, c, 0, c.dim(0)));
 }
 
 double scale_of(const Tensor& q) { return 1.0 / std::sqrt(static_cast<double>(q.dim(-1))); }

@@ -176,19 +176,7 @@ void Transformer::set_batch(std::int64_t batch, std::int64_t ctx, const std::int
 // y [N, out] = x [N, in] · Wᵀ, W [out, in].
 void Transformer::linear(const Tensor& x, const Tensor& w, const Tensor& y) {
   const std::int64_t in = w.dim(1), out = w.dim(0), n = x.numel() / in;
-  backend_.gemm({.trans_a = false,
-                 .trans_b = true,
-                 .m = n,
-                 .n = out,
-                 .k = in,
-                 .alpha = 1,
-                 .beta = 0,
-                 .a = x,
-                 .b = w,
-                 .c = y,
-                 .lda = in,
-                 .ldb = in,
-                 .ldc = out});
+  backend_.gemm(GemmArgs::packed(false, true, n, out, in, x, w, y));
 }
 
 AttentionCall Transformer::attention_call(int layer) const {

@@ -9,38 +9,14 @@ namespace lmscope {
 // dx [N, in] (= or +=, by beta) dy [N, out] · W.
 void Transformer::linear_backward_input(const Tensor& dy, const Tensor& w, const Tensor& dx, float beta) {
   const std::int64_t in = w.dim(1), out = w.dim(0), n = dy.numel() / out;
-  backend_.gemm({.trans_a = false,
-                 .trans_b = false,
-                 .m = n,
-                 .n = in,
-                 .k = out,
-                 .alpha = 1,
-                 .beta = beta,
-                 .a = dy,
-                 .b = w,
-                 .c = dx,
-                 .lda = out,
-                 .ldb = in,
-                 .ldc = in});
+  backend_.gemm(GemmArgs::packed(false, false, n, in, out, dy, w, dx, beta));
 }
 
 // dW [out, in] = dyᵀ · x, or += when accumulating micro-batches. Each weight is used once per
 // forward, so otherwise the gradient is overwritten.
 void Transformer::linear_backward_weight(const Tensor& dy, const Tensor& x, const Tensor& dw, bool add) {
   const std::int64_t in = dw.dim(1), out = dw.dim(0), n = dy.numel() / out;
-  backend_.gemm({.trans_a = true,
-                 .trans_b = false,
-                 .m = out,
-                 .n = in,
-                 .k = n,
-                 .alpha = 1,
-                 .beta = add ? 1.0f : 0.0f,
-                 .a = dy,
-                 .b = x,
-                 .c = dw,
-                 .lda = out,
-                 .ldb = in,
-                 .ldc = in});
+  backend_.gemm(GemmArgs::packed(true, false, out, in, n, dy, x, dw, add ? 1.0f : 0.0f));
 }
 
 template <typename Op>

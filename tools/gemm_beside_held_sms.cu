@@ -17,21 +17,21 @@
 #include <string>
 #include <vector>
 
-#define CHECK_CUDA(x)                                                                  \
-  do {                                                                                 \
-    cudaError_t e_ = (x);                                                              \
-    if (e_ != cudaSuccess) {                                                           \
+#define CHECK_CUDA(x)                                                                         \
+  do {                                                                                        \
+    cudaError_t e_ = (x);                                                                     \
+    if (e_ != cudaSuccess) {                                                                  \
       std::fprintf(stderr, "%s:%d %s: %s\n", __FILE__, __LINE__, #x, cudaGetErrorString(e_)); \
-      std::exit(1);                                                                    \
-    }                                                                                  \
+      std::exit(1);                                                                           \
+    }                                                                                         \
   } while (0)
-#define CHECK_LT(x)                                                                          \
-  do {                                                                                       \
-    cublasStatus_t s_ = (x);                                                                 \
-    if (s_ != CUBLAS_STATUS_SUCCESS) {                                                       \
+#define CHECK_LT(x)                                                                            \
+  do {                                                                                         \
+    cublasStatus_t s_ = (x);                                                                   \
+    if (s_ != CUBLAS_STATUS_SUCCESS) {                                                         \
       std::fprintf(stderr, "%s:%d %s: cuBLASLt status %d\n", __FILE__, __LINE__, #x, int(s_)); \
-      std::exit(1);                                                                          \
-    }                                                                                        \
+      std::exit(1);                                                                            \
+    }                                                                                          \
   } while (0)
 
 namespace {
@@ -78,9 +78,13 @@ struct Shape {
 struct Held {
   cudaStream_t stream;
   int* arrived;
-  // Holds `sms` SMs for `ms` and makes `waiter` wait until they are all held.
+  cudaEvent_t reset;
+  // Holds `sms` SMs for `ms` and makes `waiter` wait until they are all held (the count reset first:
+  // the wait must not read the previous run's).
   void start(int sms, float ms, cudaStream_t waiter) {
     CHECK_CUDA(cudaMemsetAsync(arrived, 0, sizeof(int), stream));
+    CHECK_CUDA(cudaEventRecord(reset, stream));
+    CHECK_CUDA(cudaStreamWaitEvent(waiter, reset, 0));
     hold_sm<<<sms, 128, kHoldSmem, stream>>>(static_cast<unsigned long long>(ms * 1e6), arrived);
     CHECK_CUDA(cudaGetLastError());
     wait_arrived<<<1, 1, 0, waiter>>>(arrived, sms);
@@ -136,15 +140,17 @@ int main(int argc, char** argv) {
   CHECK_CUDA(cudaStreamCreateWithFlags(&fg, cudaStreamNonBlocking));
   CHECK_CUDA(cudaStreamCreateWithFlags(&held.stream, cudaStreamNonBlocking));
   CHECK_CUDA(cudaMalloc(&held.arrived, sizeof(int)));
+  CHECK_CUDA(cudaEventCreateWithFlags(&held.reset, cudaEventDisableTiming));
   cublasLtHandle_t lt;
   CHECK_LT(cublasLtCreate(&lt));
   cudaEvent_t e0, e1;
   CHECK_CUDA(cudaEventCreate(&e0));
   CHECK_CUDA(cudaEventCreate(&e1));
 
-  std::printf("| shape | held SMs | first algo alone ms | beside | asked for %s SMs left: alone | beside | "
-              "fastest beside (of 8): alone | beside |\n|---|---:|---:|---:|---:|---:|---:|---:|\n",
-              "the");
+  std::printf(
+      "| shape | held SMs | first algo alone ms | beside | asked for %s SMs left: alone | beside | "
+      "fastest beside (of 8): alone | beside |\n|---|---:|---:|---:|---:|---:|---:|---:|\n",
+      "the");
   for (const Shape& s : shapes) {
     // Column-major view of row-major C = A·B: Cᵀ[n, m] = Bᵀ[n, k] · Aᵀ[k, m].
     cublasLtMatrixLayout_t la, lb, lc;
@@ -153,8 +159,7 @@ int main(int argc, char** argv) {
     CHECK_LT(cublasLtMatrixLayoutCreate(&lc, s.f32_out ? CUDA_R_32F : CUDA_R_16BF, s.n, s.m, s.n));
     const float alpha = 1, beta = 0;
     const double flop = 2.0 * s.m * s.n * s.k;
-    const int reps = std::max(3, static_cast<int>(5e-3 / (flop / 700e12)));  // about 5 ms a loop
-    const float hold_ms = 4 * reps * flop / 700e12 * 1e3;  // outlasts a loop slowed up to 4x
+    const int reps = std::max(3, static_cast<int>(5e-3 / (flop / 700e12)));  // about 5 ms a loop at the ceiling
 
     auto desc_for = [&](int target) {
       cublasLtMatmulDesc_t d;
@@ -175,19 +180,25 @@ int main(int argc, char** argv) {
       r.resize(found);
       return r;
     };
+    auto loop_ms = [&](cublasLtMatmulDesc_t d, const cublasLtMatmulAlgo_t& algo) {
+      CHECK_CUDA(cudaEventRecord(e0, fg));
+      for (int i = 0; i < reps; ++i)
+        CHECK_LT(
+            cublasLtMatmul(lt, d, &alpha, b, la, a, lb, &beta, c, lc, c, lc, &algo, workspace, workspace_bytes, fg));
+      CHECK_CUDA(cudaEventRecord(e1, fg));
+      CHECK_CUDA(cudaEventSynchronize(e1));
+      float ms;
+      CHECK_CUDA(cudaEventElapsedTime(&ms, e0, e1));
+      return ms;
+    };
     auto time_ms = [&](cublasLtMatmulDesc_t d, const cublasLtMatmulAlgo_t& algo, int hold) {
+      // The SMs are held 4x this algorithm's loop alone: a loop slowed up to 4x runs beside them throughout.
+      const float hold_ms = hold > 0 ? 4 * loop_ms(d, algo) + 1 : 0;
       std::vector<float> t;
       for (int run = 0; run < 3; ++run) {
         if (hold > 0) held.start(hold, hold_ms, fg);
-        CHECK_CUDA(cudaEventRecord(e0, fg));
-        for (int i = 0; i < reps; ++i)
-          CHECK_LT(cublasLtMatmul(lt, d, &alpha, b, la, a, lb, &beta, c, lc, c, lc, &algo, workspace, workspace_bytes,
-                                  fg));
-        CHECK_CUDA(cudaEventRecord(e1, fg));
-        CHECK_CUDA(cudaEventSynchronize(e1));
+        const float ms = loop_ms(d, algo);
         if (hold > 0) held.stop();
-        float ms;
-        CHECK_CUDA(cudaEventElapsedTime(&ms, e0, e1));
         if (hold > 0 && ms > hold_ms) std::printf("(a loop outlasted the held SMs: %.2f > %.2f ms)\n", ms, hold_ms);
         t.push_back(ms / reps);
       }

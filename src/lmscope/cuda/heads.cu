@@ -58,6 +58,7 @@ void launch_permute_heads(const E* in, E* out, std::int64_t b, std::int64_t t, s
                           const float2* rope, bool to_heads_major, cudaStream_t s) {
   // One block per token, as many threads as its groups (rounded to whole warps, at most 256).
   const std::int64_t groups = h * dk / (2 * P);
+  if (groups == 0 || b * t == 0) return;  // nothing to move (and no grid of zero blocks)
   const int threads = static_cast<int>(std::min<std::int64_t>(256, (groups + 31) / 32 * 32));
   const dim3 grid(static_cast<unsigned>(b * t), static_cast<unsigned>((groups + threads - 1) / threads));
   permute_heads_kernel<E, P><<<grid, threads, 0, s>>>(in, out, t, static_cast<int>(h), static_cast<int>(dk), rope,

@@ -8,6 +8,7 @@ them on the GPUs through NCCL (scripts/gpu_check.sh --data-parallel), with LMSCO
 prints how close it came."""
 import json
 import os
+import shutil
 import subprocess
 import unittest
 
@@ -133,27 +134,27 @@ class TwoRanks(FilesTest):
     def test_checkpoints_of_two_ranks_resume_where_they_stopped(self):
         # ZeRO-1 with 10 KiB buckets: the ranks' parts of the moments cut through parameters, and the
         # checkpoint holds them whole, so a run without sharding resumes from it too.
-        for mode, resumed_as in ((["--ddp", "flat"], ["--ddp", "flat"]),
-                                 (["--zero", "1", "--bucket-mb", "0.01"], ["--zero", "1", "--bucket-mb", "0.01"]),
-                                 (["--zero", "1", "--bucket-mb", "0.01"], ["--ddp", "flat"])):
-            with self.subTest(mode=mode, resumed_as=resumed_as):
-                tag = "-".join(mode + resumed_as).replace("-", "")
-                ref = self.train("whole" + tag, "--sample", "sequential", *mode, ranks=2)
-                directory = self.path("checkpoints" + tag)
-                self.train("first" + tag, "--sample", "sequential", *mode, "--checkpoint-dir", directory, ranks=2,
-                           steps=3)
-                r = run("launch", "--nproc", "2", "--", "train", "--resume", directory, "--steps", str(STEPS),
-                        *resumed_as, "--log", self.path(f"resumed{tag}.jsonl"),
-                        "--save", self.path(f"resumed{tag}.safetensors"))
-                self.assertEqual(r.returncode, 0, r.stdout + r.stderr)
-                resumed = read_safetensors(self.path(f"resumed{tag}.safetensors"))
-                if mode == resumed_as:  # the same run, stopped and resumed: the same bits
-                    self.assertEqual(losses(self.path(f"resumed{tag}.jsonl")), ref[0][3:])
-                    for name in ref[1]:
-                        np.testing.assert_array_equal(resumed[name], ref[1][name])
-                else:  # another exchange from step 3: the sums' order differs
-                    self.assertClose((losses(self.path(f"resumed{tag}.jsonl")), resumed), (ref[0][3:], ref[1]),
-                                     " ".join(mode + ["resumed as"] + resumed_as), steps=STEPS - 3)
+        flat, zero = ["--ddp", "flat"], ["--zero", "1", "--bucket-mb", "0.01"]
+        for mode, resumed_as in ((flat, [flat]), (zero, [zero, flat])):
+            tag = mode[1]
+            ref = self.train("whole" + tag, "--sample", "sequential", *mode, ranks=2)
+            directory = self.path("checkpoints" + tag)
+            self.train("first" + tag, "--sample", "sequential", *mode, "--checkpoint-dir", directory, ranks=2, steps=3)
+            for again in resumed_as:
+                with self.subTest(mode=mode, resumed_as=again):
+                    name = self.path(f"resumed-{tag}-{again[1]}")
+                    shutil.copytree(directory, name)  # a resumed run saves into its directory
+                    r = run("launch", "--nproc", "2", "--", "train", "--resume", name, "--steps", str(STEPS),
+                            *again, "--log", name + ".jsonl", "--save", name + ".safetensors")
+                    self.assertEqual(r.returncode, 0, r.stdout + r.stderr)
+                    got = losses(name + ".jsonl"), read_safetensors(name + ".safetensors")
+                    if again == mode:  # the same run, stopped and resumed: the same bits
+                        self.assertEqual(got[0], ref[0][3:])
+                        for n in ref[1]:
+                            np.testing.assert_array_equal(got[1][n], ref[1][n])
+                    else:  # another exchange from step 3: the sums' order differs
+                        self.assertClose(got, (ref[0][3:], ref[1]), " ".join(mode + ["resumed as"] + again),
+                                         steps=STEPS - 3)
 
     @TWO_RANKS
     def test_bench_rows_say_the_exchange(self):

@@ -6,6 +6,7 @@
 #include "lmscope/model/optimizer.h"
 
 #include <algorithm>
+#include <array>
 #include <filesystem>
 #include <fstream>
 #include <map>
@@ -100,26 +101,26 @@ std::string check(const fs::path& dir, CheckpointState& state) {
   return "";
 }
 
-// AdamW's moments by PyTorch's names, each parameter's first and second in the model's order: the
-// order a sharded AdamW's ranks assemble them in, the writer's and every other rank's alike.
+// AdamW's moments by PyTorch's names; the file holds each parameter's, in the model's order, in this
+// order: the order in which a sharded AdamW's ranks assemble them, the writer's and the others' alike.
+constexpr std::array<std::pair<const char*, AdamW::Moment>, 2> kMoments{
+    {{".exp_avg", AdamW::Moment::first}, {".exp_avg_sq", AdamW::Moment::second}}};
+
 std::vector<TensorSource> moment_sources(Transformer& model, AdamW& opt) {
   std::vector<TensorSource> moments;
   auto& params = model.parameters();
   for (std::size_t i = 0; i < params.size(); ++i)
-    for (const auto& [suffix, which] :
-         {std::pair{".exp_avg", AdamW::Moment::first}, std::pair{".exp_avg_sq", AdamW::Moment::second}})
-      moments.push_back({params[i].spec.name + suffix, params[i].spec.shape, [&opt, i, which = which] {
-                           const std::vector<double> v = opt.moment_values(i, which);
-                           return std::vector<float>(v.begin(), v.end());
-                         }});
+    for (const auto& [suffix, which] : kMoments)
+      moments.push_back({params[i].spec.name + suffix, params[i].spec.shape,
+                         [&opt, i, which = which] { return opt.moment_values(i, which); }});
   return moments;
 }
 
 }  // namespace
 
 void join_checkpoint_write(Transformer& model, AdamW& opt) {
-  if (!opt.sharded()) return;
-  for (const TensorSource& s : moment_sources(model, opt)) s.values();
+  for (std::size_t i = 0; i < model.parameters().size(); ++i)
+    for (const auto& [suffix, which] : kMoments) opt.join_moment_values(i, which);
 }
 
 std::string write_checkpoint(const std::string& dir, Transformer& model, AdamW& opt, const CheckpointState& state,
@@ -189,8 +190,7 @@ void load_checkpoint(const FoundCheckpoint& c, Transformer& model, AdamW& opt) {
   auto& params = model.parameters();
   for (std::size_t i = 0; i < params.size(); ++i) {
     const Parameter& p = params[i];
-    for (const auto& [suffix, which] :
-         {std::pair{".exp_avg", AdamW::Moment::first}, std::pair{".exp_avg_sq", AdamW::Moment::second}}) {
+    for (const auto& [suffix, which] : kMoments) {
       const SafetensorsEntry* e = file.find(p.spec.name + suffix);
       if (!e) user_error("'{}' lacks AdamW's '{}{}'", path, p.spec.name, suffix);
       if (e->shape != p.spec.shape)

@@ -152,9 +152,14 @@ const Allocation& AdamW::held_moment(std::size_t i, Moment which) const {
   return all.at(sharding_ ? 0 : i);  // sharded: the one shard of every piece
 }
 
-std::vector<double> AdamW::moment_values(std::size_t i, Moment which) {
-  if (!sharding_) return download(model_.backend(), held_moment(i, which));
-  return download(model_.backend(), sharding_->whole(i, held_moment(i, which)));
+std::vector<float> AdamW::moment_values(std::size_t i, Moment which) {
+  const std::vector<double> v = sharding_ ? download(model_.backend(), sharding_->whole(i, held_moment(i, which)))
+                                          : download(model_.backend(), held_moment(i, which));
+  return std::vector<float>(v.begin(), v.end());
+}
+
+void AdamW::join_moment_values(std::size_t i, Moment which) {
+  if (sharding_) sharding_->whole(i, held_moment(i, which));
 }
 
 void AdamW::set_moment(std::size_t i, Moment which, std::span<const double> values) {

@@ -67,10 +67,13 @@ class AdamW {
   bool sharded() const { return sharding_ != nullptr; }
   // The moments of parameter i (the model's order), and the step count, as a checkpoint saves and
   // restores them. moment_values: the whole tensor on the host; sharded, a collective (every
-  // rank calls it for the same i and moment, in the same order) assembling every rank's pieces.
-  // set_moment: from the whole tensor's values (sharded: this rank's pieces of them).
+  // rank calls it, or join_moment_values, for the same i and moment in the same order) assembling
+  // every rank's pieces. join_moment_values: a sharded rank's part in that, the values left on the
+  // device (a rank that does not write the checkpoint; nothing unsharded). set_moment: from the
+  // whole tensor's values (sharded: this rank's pieces of them).
   enum class Moment { first, second };
-  std::vector<double> moment_values(std::size_t i, Moment which);
+  std::vector<float> moment_values(std::size_t i, Moment which);
+  void join_moment_values(std::size_t i, Moment which);
   void set_moment(std::size_t i, Moment which, std::span<const double> values);
   void set_steps_taken(std::int64_t t) { t_ = t; }
   // The global gradient norm of the last step, before clipping and without the loss scale (reads the

@@ -94,7 +94,8 @@ Allocation ZeroSharding::whole(std::size_t param, const Tensor& shard) {
   for (const ShardPiece& piece : pieces_)
     if (piece.param == param)
       be.cast(shard.rows(piece.shard_offset, piece.length), flat.rows(piece.offset, piece.length));
-  // Each element is one rank's and zero on every other: the sum is that rank's value, exactly.
+  // Each element is one rank's and zero on every other: the sum is that rank's value, exactly (up to
+  // the sign of a zero).
   comm_.all_reduce(out);
   return out;
 }

@@ -12,7 +12,7 @@
 # tools/ddp_table.py's short table prints last.
 # LMSCOPE_DDP_PARTS (default tests,ddptests,torchrun,profile,allreduce,bench,table) runs only those
 # parts, so the run can be split across calls of a time limit (LMSCOPE_BUILD_DIR=build-gpu reuses
-# the first call's build).
+# the first call's build); the part overlap (not a default) probes the backward's slowdown beside NCCL.
 set -uo pipefail
 source "$(dirname "$0")/gpu_env.sh"
 if (($(nvidia-smi -L | wc -l) < 2)); then
@@ -97,6 +97,20 @@ if [[ $parts == *,bench,* ]]; then
   "$B/lmscope" memory --dry-run --device cuda --model "$models" --ctx "$ctxs" --batch 8 --precision bf16 \
     --world-size 2 --zero 1 --format json --out "$OUT/zero-dry-run.json" >/dev/null 2>&1
   echo "== the dry run of a ZeRO-1 rank: exit $?"
+fi
+
+if [[ $parts == *,overlap,* ]]; then
+  # Why the backward slows beside the exchange (docs/distributed.md): kernels beside NCCL's all-reduces
+  # and beside a kernel that only holds SMs, and cuBLASLt's GEMMs beside held SMs. Not in the default
+  # parts; the probe needs CuPy, which the GPU machine's Python has.
+  torchrun --nproc-per-node 2 pytorch/overlap_probe.py --label "NCCL's own" >"$OUT/overlap-probe.md" 2>&1
+  echo "== overlap probe, NCCL's own blocks: exit $?"
+  NCCL_MAX_CTAS=16 torchrun --nproc-per-node 2 pytorch/overlap_probe.py --label "16 NCCL blocks" \
+    --backgrounds none,allreduce,spin16_smem >"$OUT/overlap-probe-16.md" 2>&1
+  echo "== overlap probe, 16 NCCL blocks: exit $?"
+  CUDA_VISIBLE_DEVICES=0 "$B/gemm_beside_held_sms" 2,8,24 >"$OUT/gemm-beside-held-sms.md" 2>&1
+  echo "== cuBLASLt beside held SMs: exit $?"
+  grep -hE "^\| gemm|^# rank" "$OUT"/overlap-probe*.md | head -30
 fi
 
 if [[ $parts == *,table,* ]]; then $PY tools/ddp_table.py "$OUT" | tee "$OUT/ddp-table.md"; fi

@@ -20,6 +20,11 @@ void ParallelFlags::add_to(CLI::App& app, bool with_world_size) {
                  "1: shard AdamW's moments across the ranks (ZeRO-1: gradients reduce-scattered, each rank updates "
                  "its part, parameters all-gathered)")
       ->capture_default_str();
+  app.add_option("--symmetric-memory", symmetric_memory,
+                 "With --ddp: on: the gradients in NCCL's symmetric memory (a window every rank maps alike), whose "
+                 "all-reduce runs on a few SMs and leaves the backward beside it the rest; off: where the allocator "
+                 "puts them (NCCL's ring, on more SMs)")
+      ->capture_default_str();
   app.add_option("--rendezvous", rendezvous,
                  "Where the ranks meet: file:DIR (a directory every rank sees) or tcp:HOST:PORT (default: "
                  "MASTER_ADDR and MASTER_PORT)");
@@ -38,12 +43,16 @@ ParallelFlags::Resolved ParallelFlags::resolve(std::int64_t global_batch, bool d
     r.world.size = world_size;  // rank 0 of it: every rank's share is the same size
   else
     r.world = dist::world_from_environment(rendezvous);
-  const bool asked = app.count("--ddp") + app.count("--zero") + app.count("--bucket-mb") > 0;
+  if (symmetric_memory != "on" && symmetric_memory != "off")
+    user_error("unknown --symmetric-memory '{}' (use on or off)", symmetric_memory);
+  const bool asked =
+      app.count("--ddp") + app.count("--zero") + app.count("--bucket-mb") + app.count("--symmetric-memory") > 0;
   if (r.world.size == 1 && !asked) return r;
   dist::DataParallelSpec spec;
   if (!ddp.empty()) spec.mode = dist::parse_ddp_mode(ddp);
   spec.bucket_mb = bucket_mb;
   spec.zero = zero;
+  spec.symmetric_memory = symmetric_memory == "on";
   spec.validate(r.world.size);
   if (zero == 1 && !ddp.empty())
     user_error(

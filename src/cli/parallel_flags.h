@@ -1,4 +1,5 @@
-// The data-parallel flags train and bench share (--ddp, --bucket-mb, --zero, --rendezvous), and the
+// The data-parallel flags train and bench share (--ddp, --bucket-mb, --zero, --symmetric-memory,
+// --rendezvous), and the
 // run they ask for in the world this process finds itself in (dist/world.h).
 #pragma once
 
@@ -13,7 +14,7 @@
 namespace lmscope::cli {
 
 struct ParallelFlags {
-  std::string ddp, rendezvous;
+  std::string ddp, rendezvous, symmetric_memory = "on";
   double bucket_mb = 25;
   int zero = 0;
   int world_size = 0;  // --world-size: the world a dry run stands for (0: the environment's)

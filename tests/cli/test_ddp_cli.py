@@ -24,7 +24,7 @@ STEPS = int(os.environ.get("LMSCOPE_DDP_STEPS", "5"))
 # rows round differently from one over all of them, and the difference grows with the steps.
 TOLERANCE = 1e-6 if PRECISION == "fp32" else 2e-2
 MODES = (["--ddp", "naive"], ["--ddp", "flat"], ["--ddp", "overlap"], ["--ddp", "bucketed", "--bucket-mb", "0.01"],
-         ["--ddp", "bucketed"])
+         ["--ddp", "bucketed"], ["--ddp", "bucketed", "--symmetric-memory", "off"])
 MODEL = ["--device", DEVICE, "--precision", PRECISION, "--vocab", "50", "--d-model", "32", "--d-ff", "64", "--layers", "2", "--heads", "2",
          "--batch", "4", "--ctx", "16", "--lr", "3e-3", "--print-every", "5"]
 
@@ -207,6 +207,7 @@ class TwoRanks(FilesTest):
             (["launch", "--nproc", "3", "--", *base], "split evenly"),
             ([*base, "--zero", "1"], "--zero 1"),
             ([*base, "--ddp", "ring"], "unknown --ddp"),
+            ([*base, "--ddp", "flat", "--symmetric-memory", "yes"], "unknown --symmetric-memory"),
             ([*base, "--ddp", "flat", "--bucket-mb", "0"], "--bucket-mb"),
             (["launch", "--nproc", "2", "--", *base, "--zero", "1", "--ddp", "flat"], "leave --ddp out"),
             (["bench", *MODEL[:MODEL.index("--lr")], "--steps", "1", "--mode", "forward", "--ddp", "flat"],

@@ -5,6 +5,8 @@
 
 #include <gtest/gtest.h>
 
+#include <cstdlib>
+
 namespace lmscope::test {
 namespace {
 
@@ -107,12 +109,70 @@ TEST(Allocator, TheStateHashFollowsTheBlocksAndTheirCuts) {
   EXPECT_NE(a.state_hash(), x_alone);
 }
 
+Allocation gradient(Allocator& a, std::int64_t n, const char* what) {
+  return a.allocate({n}, DType::f32, {MemKind::gradient, what, -1});
+}
+
+std::uintptr_t address(const Allocation& x) { return reinterpret_cast<std::uintptr_t>(x.tensor().data); }
+
+// Data parallelism's gradients in one region (NCCL's symmetric window on GPUs): requests of its kind
+// go there first, small or large, at offsets that depend only on the requests; others never do.
+TEST(Allocator, ARegionServesItsKindAtOffsetsTheRequestsDecide) {
+  std::vector<std::vector<std::uintptr_t>> offsets;
+  for (int run = 0; run < 2; ++run) {
+    HostAllocator a(1024 * kMiB);
+    auto before = floats(a, run == 0 ? 1000 : 3 * kMiB, "before");  // the pools differ between the runs
+    a.open_region(MemKind::gradient, 6 * kMiB, {MemKind::gradient, "region", -1});
+    EXPECT_TRUE(a.region_open());
+    const std::size_t reserved = a.reserved_bytes();
+    auto act = floats(a, 100, "activation");  // not the region's kind: a pool's
+    auto g0 = gradient(a, 100, "g0"), g1 = gradient(a, kMiB, "g1"), g2 = gradient(a, 5000, "g2");
+    const std::uintptr_t base = address(g0);
+    offsets.push_back({address(g1) - base, address(g2) - base});
+    EXPECT_TRUE(address(act) < base || address(act) >= base + 6 * kMiB);
+    g1.reset();  // freed space in the region serves the next gradient that fits
+    auto g3 = gradient(a, kMiB / 2, "g3");
+    EXPECT_EQ(address(g3) - base, offsets.back()[0]);
+    auto g4 = gradient(a, 2 * kMiB, "g4");  // more than the region has left: a pool's
+    EXPECT_TRUE(address(g4) < base || address(g4) >= base + 6 * kMiB);
+    EXPECT_GT(a.reserved_bytes(), reserved);
+  }
+  EXPECT_EQ(offsets[0], offsets[1]);
+}
+
+TEST(Allocator, AClosedRegionServesNothingAndGoesBackOnceEmpty) {
+  HostAllocator a(1024 * kMiB);
+  int freed = 0;
+  RegionMemory memory{[](std::size_t bytes) { return std::aligned_alloc(256, bytes); },
+                      [&](void* p, std::size_t) {
+                        ++freed;
+                        std::free(p);
+                      }};
+  a.open_region(MemKind::gradient, 3 * kMiB, {MemKind::gradient, "region", -1}, memory);
+  EXPECT_EQ(a.reserved_bytes(), 4 * kMiB);  // whole segment units
+  auto g = gradient(a, kMiB, "g");
+  a.release_cache();
+  EXPECT_EQ(a.reserved_bytes(), 4 * kMiB) << "an open region is never given back";
+  a.close_region();
+  EXPECT_FALSE(a.region_open());
+  EXPECT_EQ(freed, 0) << "not while a gradient is in it";
+  auto later = gradient(a, kMiB, "later");
+  EXPECT_TRUE(address(later) < address(g) || address(later) >= address(g) + 4 * kMiB);
+  g.reset();
+  a.release_cache();
+  EXPECT_EQ(freed, 1) << "through the region's own free";
+  a.open_region(MemKind::gradient, 2 * kMiB, {MemKind::gradient, "next", -1});
+  EXPECT_THROW(a.open_region(MemKind::gradient, 2 * kMiB, {MemKind::gradient, "twice", -1}), std::exception);
+}
+
 TEST(Allocator, ARecordReplaysToTheAllocatorsNumbers) {
   HostAllocator a(1024 * kMiB);
   a.record_events(true);
   std::vector<Allocation> held;
+  a.open_region(MemKind::gradient, 2 * kMiB, {MemKind::gradient, "region", -1});  // a segment like the others
   for (int i = 0; i < 40; ++i) {
-    held.push_back(floats(a, (i % 7 + 1) * 100000 + (i % 3) * 64, "x"));
+    held.push_back(i % 4 == 0 ? gradient(a, (i % 5 + 1) * 20000, "g")
+                              : floats(a, (i % 7 + 1) * 100000 + (i % 3) * 64, "x"));
     if (i % 3 == 2) held.erase(held.begin() + i % 5 % static_cast<int>(held.size()));
   }
   MemoryReplay replay;

@@ -41,7 +41,8 @@ nlohmann::ordered_json data_parallel_json(const BenchSpec& s) {
   return {{"world_size", s.world.size},
           {"ddp", p.zero ? nlohmann::ordered_json(nullptr) : nlohmann::ordered_json(dist::ddp_mode_name(p.mode))},
           {"zero", p.zero},
-          {"bucket_mb", p.bucket_mb}};
+          {"bucket_mb", p.bucket_mb},
+          {"symmetric_memory", p.zero == 0 && p.symmetric_memory}};
 }
 
 namespace {

@@ -114,6 +114,10 @@ Allocation Allocator::allocate(Shape shape, DType dtype, AllocTag tag, std::sour
 // The smallest free block of the request's pool that holds it; else a new segment, with the
 // free segments given back to the system and one more try when the first fails.
 void* Allocator::raw_allocate(std::size_t bytes, const AllocTag& tag, const Shape& shape, DType dtype) {
+  if (open_region_ != 0 && tag.kind == region_kind_) {
+    std::set<FreeBlock>& free = region_free_.at(open_region_);
+    if (auto it = free.lower_bound(FreeBlock{bytes, 0, 0, 0}); it != free.end()) return take(free, it, bytes);
+  }
   std::set<FreeBlock>& free = bytes < kSmallRequest ? small_free_ : large_free_;
   if (auto it = free.lower_bound(FreeBlock{bytes, 0, 0, 0}); it != free.end()) return take(free, it, bytes);
   void* p = new_segment(bytes, true, tag, dtype);
@@ -140,10 +144,35 @@ void* Allocator::new_segment(std::size_t bytes, bool grown, const AllocTag& tag,
   const auto base = reinterpret_cast<std::uintptr_t>(p);
   if (recording_) record(MemAction::segment_alloc, size, base, tag, {}, dtype);
   Segment& s = segments_[base];
-  s = Segment{next_order_++, base, size, small, {{0, {size, true}}}};
+  s = Segment{next_order_++, base, size, small, {{0, {size, true}}}, false, {}};
   reserved_ += size;
   std::set<FreeBlock>& free = pool(s);
   return take(free, free.insert(FreeBlock{size, s.order, 0, base}).first, bytes);
+}
+
+void Allocator::open_region(MemKind kind, std::size_t bytes, AllocTag tag, RegionMemory memory) {
+  LMSCOPE_CHECK(open_region_ == 0, "a region is open already");
+  const std::size_t size = (std::max<std::size_t>(bytes, 1) + kSegmentUnit - 1) / kSegmentUnit * kSegmentUnit;
+  void* p = memory ? memory.allocate(size) : segment_allocate(size);
+  if (!p) {
+    release_cache();
+    p = memory ? memory.allocate(size) : segment_allocate(size);
+  }
+  if (!p) throw_oom(size, tag, {static_cast<std::int64_t>(size)}, DType::f32);
+  const auto base = reinterpret_cast<std::uintptr_t>(p);
+  if (recording_) record(MemAction::segment_alloc, size, base, tag, {}, DType::f32);
+  Segment& s = segments_[base];
+  s = Segment{next_order_++, base, size, false, {{0, {size, true}}}, true, std::move(memory.free)};
+  reserved_ += size;
+  pool(s).insert(FreeBlock{size, s.order, 0, base});
+  open_region_ = base;
+  region_kind_ = kind;
+}
+
+void Allocator::close_region() {
+  if (open_region_ == 0) return;
+  open_region_ = 0;
+  release_cache();  // the region goes back now if nothing is in it
 }
 
 // Hands out the front of a free block, leaving the rest free.
@@ -199,8 +228,9 @@ void Allocator::release(Allocation& a) {
 std::uint64_t Allocator::state_hash() const {
   std::uint64_t h = hash_mix(0, std::uint64_t{segments_.size()});
   for (const auto& [base, s] : segments_) {
-    h = hash_mix(hash_mix(hash_mix(hash_mix(h, std::uint64_t{base}), std::uint64_t{s.bytes}), s.order),
-                 std::uint64_t{s.small});
+    h = hash_mix(hash_mix(hash_mix(hash_mix(hash_mix(h, std::uint64_t{base}), std::uint64_t{s.bytes}), s.order),
+                          std::uint64_t{s.small}),
+                 std::uint64_t{s.region});
     for (const auto& [offset, block] : s.blocks)
       h = hash_mix(hash_mix(hash_mix(h, std::uint64_t{offset}), std::uint64_t{block.first}),
                    std::uint64_t{block.second});
@@ -212,16 +242,21 @@ void Allocator::release_cache() {
   if (segments_held_) return;
   std::vector<Segment*> idle;  // in the order made, so every backend gives back in the same order
   for (auto& [base, s] : segments_)
-    if (s.blocks.size() == 1 && s.blocks.begin()->second.second) idle.push_back(&s);
+    if (s.blocks.size() == 1 && s.blocks.begin()->second.second && base != open_region_) idle.push_back(&s);
   std::sort(idle.begin(), idle.end(), [](const Segment* a, const Segment* b) { return a->order < b->order; });
   for (Segment* s : idle) {
     const std::uintptr_t base = s->base;
     const std::size_t bytes = s->bytes;
     pool(*s).erase(FreeBlock{bytes, s->order, 0, base});
+    std::function<void(void*, std::size_t)> give_back = std::move(s->give_back);
+    if (s->region) region_free_.erase(base);
     segments_.erase(base);
     reserved_ -= bytes;
     if (recording_) record(MemAction::segment_free, bytes, base, {}, {}, DType::f32);
-    segment_free(reinterpret_cast<void*>(base), bytes);  // NOLINT
+    if (give_back)
+      give_back(reinterpret_cast<void*>(base), bytes);  // NOLINT
+    else
+      segment_free(reinterpret_cast<void*>(base), bytes);  // NOLINT
   }
 }
 

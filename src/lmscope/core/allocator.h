@@ -19,6 +19,7 @@
 #include <array>
 #include <chrono>
 #include <cstddef>
+#include <functional>
 #include <map>
 #include <set>
 #include <source_location>
@@ -68,6 +69,14 @@ struct MemEvent {
 };
 
 class Allocator;
+
+// Memory for a region (Allocator::open_region) from somewhere other than the allocator's own
+// segments: NCCL's symmetric window (dist/communicator.h).
+struct RegionMemory {
+  std::function<void*(std::size_t)> allocate;  // nullptr when there is none to be had
+  std::function<void(void*, std::size_t)> free;
+  explicit operator bool() const { return static_cast<bool>(allocate); }
+};
 
 // Move-only owner of one allocated tensor; gives the memory back when destroyed.
 class Allocation {
@@ -136,6 +145,16 @@ class Allocator {
   // While held, no segment goes back to the system, not even to retry a request that failed: a device
   // graph being recorded or replayed may use any block of any segment (Backend::begin_graph).
   void hold_segments(bool held) { segments_held_ = held; }
+  // A region of `bytes` that serves every request of `kind` it can hold, ahead of the pools, by a
+  // segment's rules (smallest block that holds it, lowest offset), so ranks that make the same requests
+  // get the same offsets in it: data parallelism's gradients in NCCL's symmetric window
+  // (dist/data_parallel.h). Its memory comes from `memory` when given, else from segment_allocate. A
+  // request it cannot hold goes to the pools. close_region ends the serving; the region is then a
+  // segment like the others, given back once nothing is in it. One region is open at a time.
+  void open_region(MemKind kind, std::size_t bytes, AllocTag tag, RegionMemory memory = {});
+  void close_region();
+  bool region_open() const { return open_region_ != 0; }
+
   // A hash of everything the next requests' addresses depend on: the segments (where, how large,
   // their age order) and how their blocks are cut and which are free. Two equal hashes mean the same
   // requests get the same addresses, which is what lets a recorded device graph be replayed
@@ -151,7 +170,10 @@ class Allocator {
   virtual void* segment_allocate(std::size_t bytes) = 0;
   virtual void segment_free(void* p, std::size_t bytes) = 0;
   // Derived destructors call this: segment_free is theirs and gone once they are.
-  void release_all() { release_cache(); }
+  void release_all() {
+    close_region();
+    release_cache();
+  }
 
  private:
   friend class Allocation;
@@ -168,6 +190,8 @@ class Allocator {
     std::size_t bytes = 0;
     bool small = false;
     std::map<std::size_t, std::pair<std::size_t, bool>> blocks;  // offset -> (bytes, free)
+    bool region = false;                                         // open_region's: a pool of its own
+    std::function<void(void*, std::size_t)> give_back;           // a region's RegionMemory::free
   };
   // A free block in a pool: the smallest that holds a request wins, then the oldest segment, then
   // the lowest offset.
@@ -180,7 +204,9 @@ class Allocator {
       return std::tie(bytes, order, offset) < std::tie(o.bytes, o.order, o.offset);
     }
   };
-  std::set<FreeBlock>& pool(const Segment& s) { return s.small ? small_free_ : large_free_; }
+  std::set<FreeBlock>& pool(const Segment& s) {
+    return s.region ? region_free_[s.base] : s.small ? small_free_ : large_free_;
+  }
   // A segment for a request of `bytes`, grown to Allocator's usual size or just the request's.
   void* new_segment(std::size_t bytes, bool grown, const AllocTag& tag, DType dtype);
   void* take(std::set<FreeBlock>& pool, std::set<FreeBlock>::iterator it, std::size_t bytes);
@@ -188,6 +214,9 @@ class Allocator {
 
   std::map<std::uintptr_t, Segment> segments_;  // by base address
   std::set<FreeBlock> small_free_, large_free_;
+  std::map<std::uintptr_t, std::set<FreeBlock>> region_free_;  // each region's, by its base
+  std::uintptr_t open_region_ = 0;                             // the base of the one serving, or 0
+  MemKind region_kind_ = MemKind::gradient;
   std::uint64_t next_order_ = 0;
   std::size_t reserved_ = 0;
   Phase phase_ = Phase::setup;

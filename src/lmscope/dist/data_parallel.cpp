@@ -86,9 +86,22 @@ GradientSync::GradientSync(Transformer& model, Communicator& comm, const DataPar
   // Overlapping modes start a bucket's collective from the backward itself.
   if (spec.mode == DdpMode::overlap || spec.mode == DdpMode::bucketed)
     model_.set_gradient_ready([this](std::size_t p) { gradient_ready(p); });
+  if (spec.symmetric_memory) {
+    // Room for every gradient at once (they all live from the backward to the optimizer), and for
+    // flat's buffer of them all beside.
+    std::size_t bytes = 0;
+    for (const Parameter& p : model.parameters())
+      bytes += Allocator::rounded_bytes(static_cast<std::size_t>(p.value.tensor().numel()) * dtype_size(model.dtype()));
+    if (spec.mode == DdpMode::flat) bytes *= 2;
+    model.backend().allocator().open_region(MemKind::gradient, bytes, {MemKind::gradient, "ddp.symmetric_memory", -1},
+                                            comm.symmetric_memory());
+  }
 }
 
-GradientSync::~GradientSync() { model_.set_gradient_ready({}); }
+GradientSync::~GradientSync() {
+  model_.set_gradient_ready({});
+  if (spec_.symmetric_memory) model_.backend().allocator().close_region();
+}
 
 void GradientSync::gradient_ready(std::size_t param) {
   const std::size_t b = bucket_of_.at(param);

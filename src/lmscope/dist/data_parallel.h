@@ -25,8 +25,11 @@ DdpMode parse_ddp_mode(const std::string& s);  // throws UserError naming the ch
 
 struct DataParallelSpec {
   DdpMode mode = DdpMode::bucketed;
-  double bucket_mb = 25;                // bucketed's, and ZeRO-1's exchange's, bucket size (MiB of gradient)
-  int zero = 0;                         // 1: AdamW's moments sharded across the ranks (optimizer/zero_sharding)
+  double bucket_mb = 25;  // bucketed's, and ZeRO-1's exchange's, bucket size (MiB of gradient)
+  int zero = 0;           // 1: AdamW's moments sharded across the ranks (optimizer/zero_sharding)
+  // The gradients in one region of the communicator's symmetric memory (GradientSync), so NCCL
+  // all-reduces them on a few SMs and the backward beside it keeps the rest (docs/distributed.md).
+  bool symmetric_memory = true;
   void validate(int world_size) const;  // UserError for a bad bucket size or --zero without ranks
   // UserError unless the step has a backward (the gradients exchanged) and, for ZeRO-1, an optimizer.
   void check_step(bool backward, bool optimizer) const;
@@ -43,7 +46,10 @@ std::vector<Bucket> make_buckets(const std::vector<Parameter>& params, std::size
 
 class GradientSync {
  public:
-  // Hooks itself into the model's backward (Transformer::set_gradient_ready) until destroyed.
+  // Hooks itself into the model's backward (Transformer::set_gradient_ready) until destroyed. With
+  // spec.symmetric_memory, every gradient (and flat's buffer) is made in a region of the
+  // communicator's symmetric memory (the backend's own memory where it has none, so the dry run's
+  // record is the run's), at the same offset on every rank, as NCCL's symmetric kernels require.
   GradientSync(Transformer& model, Communicator& comm, const DataParallelSpec& spec);
   ~GradientSync();
   GradientSync(const GradientSync&) = delete;

@@ -11,6 +11,9 @@
 #include <fmt/format.h>
 
 #include <cstring>
+#include <map>
+#include <memory>
+#include <vector>
 
 namespace lmscope::dist {
 namespace {
@@ -51,6 +54,16 @@ class NcclWork final : public CollectiveWork {
   cudaStream_t compute_;
 };
 
+// The symmetric windows a communicator registered (symmetric_memory). Deregistering is collective,
+// so it happens when the communicator goes, every rank at the same point; memory the allocator gives
+// back before then is freed then too.
+struct Windows {
+  ncclComm_t comm = nullptr;  // null once the communicator is gone
+  int rank = 0;
+  std::map<void*, ncclWindow_t> registered;
+  std::vector<void*> given_back;
+};
+
 class NcclCommunicator final : public Communicator {
  public:
   NcclCommunicator(Backend& backend, const World& world, Store& store)
@@ -71,10 +84,17 @@ class NcclCommunicator final : public Communicator {
     }
     LMSCOPE_NCCL_CHECK(ncclCommInitRank(&comm_, world.size, id, world.rank), "initialisation");
     LMSCOPE_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
+    windows_->comm = comm_;
+    windows_->rank = rank_;
   }
 
   ~NcclCommunicator() override {
     cudaStreamSynchronize(stream_);
+    for (auto& [p, window] : windows_->registered) ncclCommWindowDeregister(comm_, window);
+    for (void* p : windows_->given_back) ncclMemFree(p);
+    windows_->registered.clear();
+    windows_->given_back.clear();
+    windows_->comm = nullptr;
     for (auto& t : timed_) {
       cudaEventDestroy(t.first);
       cudaEventDestroy(t.second);
@@ -141,6 +161,31 @@ class NcclCommunicator final : public Communicator {
     LMSCOPE_CUDA_CHECK(cudaStreamSynchronize(compute_));
   }
 
+  RegionMemory symmetric_memory() override {
+    std::shared_ptr<Windows> w = windows_;
+    auto allocate = [w](std::size_t bytes) -> void* {
+      void* p = nullptr;
+      if (ncclMemAlloc(&p, bytes) != ncclSuccess) return nullptr;
+      ncclWindow_t window{};
+      const ncclResult_t r = ncclCommWindowRegister(w->comm, p, bytes, &window, NCCL_WIN_COLL_SYMMETRIC);
+      if (r != ncclSuccess) {
+        ncclMemFree(p);
+        throw RankFailure(fmt::format("NCCL's window registration failed on rank {}: {} ({})", w->rank,
+                                      ncclGetErrorString(r),
+                                      ncclGetLastError(w->comm) ? ncclGetLastError(w->comm) : ""));
+      }
+      w->registered[p] = window;
+      return p;
+    };
+    auto free = [w](void* p, std::size_t) {
+      if (w->comm && w->registered.count(p))
+        w->given_back.push_back(p);  // freed once deregistered, as the communicator goes
+      else
+        ncclMemFree(p);
+    };
+    return {allocate, free};
+  }
+
   void start_timing() override {
     if (!origin_) LMSCOPE_CUDA_CHECK(cudaEventCreate(&origin_));
     LMSCOPE_CUDA_CHECK(cudaEventRecord(origin_, compute_));
@@ -190,6 +235,7 @@ class NcclCommunicator final : public Communicator {
 
   cudaStream_t compute_ = nullptr, stream_ = nullptr;
   Allocator& allocator_;
+  std::shared_ptr<Windows> windows_ = std::make_shared<Windows>();
   int rank_ = 0, size_ = 1;
   ncclComm_t comm_ = nullptr;
   bool timing_ = false;

@@ -1,0 +1,324 @@
+// What a GEMM loses beside NCCL's all-reduce when the buffer is an ordinary one (NCCL's ring kernel,
+// 24 blocks on two H100s over NVLink) and when it lies in a symmetric window (ncclMemAlloc,
+// ncclCommWindowRegister with NCCL_WIN_COLL_SYMMETRIC: NCCL's symmetric kernels, which its cost
+// model runs on the fewest blocks within 2.5% of their peak). Two ranks, one thread and one GPU
+// each. For each buffer kind and dtype: the all-reduce alone (ms, bus bandwidth), and GEMMs of the
+// xl and 2.7B steps' shapes alone and beside a loop of those all-reduces (cuBLASLt's first
+// algorithm, and the fastest beside of its first eight asked for `held` SMs fewer). Random bf16
+// operands; medians of 3 loops; the all-reduce's result checked.
+//
+//   nccl_symmetric_beside_gemm [MiB per all-reduce, default 25] [SMs fewer for the GEMMs, default 8]
+#include <cublasLt.h>
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+#include <nccl.h>
+
+#include <algorithm>
+#include <condition_variable>
+#include <cstdio>
+#include <cstdlib>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#define CHECK_CUDA(x)                                                                         \
+  do {                                                                                        \
+    cudaError_t e_ = (x);                                                                     \
+    if (e_ != cudaSuccess) {                                                                  \
+      std::fprintf(stderr, "%s:%d %s: %s\n", __FILE__, __LINE__, #x, cudaGetErrorString(e_)); \
+      std::exit(1);                                                                           \
+    }                                                                                         \
+  } while (0)
+#define CHECK_LT(x)                                                                            \
+  do {                                                                                         \
+    cublasStatus_t s_ = (x);                                                                   \
+    if (s_ != CUBLAS_STATUS_SUCCESS) {                                                         \
+      std::fprintf(stderr, "%s:%d %s: cuBLASLt status %d\n", __FILE__, __LINE__, #x, int(s_)); \
+      std::exit(1);                                                                            \
+    }                                                                                          \
+  } while (0)
+#define CHECK_NCCL(x)                                                                         \
+  do {                                                                                        \
+    ncclResult_t r_ = (x);                                                                    \
+    if (r_ != ncclSuccess) {                                                                  \
+      std::fprintf(stderr, "%s:%d %s: %s\n", __FILE__, __LINE__, #x, ncclGetErrorString(r_)); \
+      std::exit(1);                                                                           \
+    }                                                                                         \
+  } while (0)
+
+namespace {
+
+__global__ void fill_random(__nv_bfloat16* p, size_t n, unsigned seed) {
+  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n; i += size_t(gridDim.x) * blockDim.x) {
+    unsigned x = static_cast<unsigned>(i) * 2654435761u ^ seed;
+    x ^= x >> 13;
+    x *= 0x5bd1e995u;
+    x ^= x >> 15;
+    p[i] = __float2bfloat16((x & 0xffff) / 32768.0f - 1.0f);
+  }
+}
+
+// p[i] = rank + 1 + (i % 7): after the sum over two ranks, 3 + 2·(i % 7), exact in bf16 too.
+template <typename T>
+__global__ void fill_known(T* p, size_t n, int rank) {
+  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n; i += size_t(gridDim.x) * blockDim.x)
+    p[i] = T(float(rank + 1 + int(i % 7)));
+}
+
+template <typename T>
+__global__ void count_wrong(const T* p, size_t n, unsigned long long* wrong) {
+  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n; i += size_t(gridDim.x) * blockDim.x)
+    if (float(p[i]) != float(3 + 2 * int(i % 7))) atomicAdd(wrong, 1ull);
+}
+
+struct Shape {
+  const char* name;
+  int m, n, k;  // row-major C[m, n] = A[m, k] · B[k, n]
+  bool f32_out;
+};
+
+const Shape kShapes[] = {
+    {"xl ffn up fwd", 4096, 6400, 1600, false},     {"xl ffn up dgrad", 4096, 1600, 6400, false},
+    {"xl ffn up wgrad", 6400, 1600, 4096, true},    {"xl ffn down wgrad", 1600, 6400, 4096, true},
+    {"2.7B ffn up wgrad", 10240, 2560, 4096, true},
+};
+
+// Both ranks' threads meet here (C++17's nvcc has no std::barrier).
+class Meet {
+ public:
+  void arrive_and_wait() {
+    std::unique_lock<std::mutex> lock(m_);
+    const long round = round_;
+    if (++arrived_ == 2) {
+      arrived_ = 0;
+      ++round_;
+      cv_.notify_all();
+    } else {
+      cv_.wait(lock, [&] { return round_ != round; });
+    }
+  }
+
+ private:
+  std::mutex m_;
+  std::condition_variable cv_;
+  int arrived_ = 0;
+  long round_ = 0;
+};
+
+struct Shared {
+  ncclUniqueId id{};
+  Meet both;
+  int reps[2] = {0, 0};  // each rank's background length; both run the larger
+  std::mutex out;
+  std::vector<std::string> lines[2];
+};
+
+float median3(std::vector<float> t) {
+  std::sort(t.begin(), t.end());
+  return t[t.size() / 2];
+}
+
+void run_rank(int rank, Shared& sh, size_t bytes, int fewer) {
+  CHECK_CUDA(cudaSetDevice(rank));
+  ncclComm_t comm;
+  CHECK_NCCL(ncclCommInitRank(&comm, 2, sh.id, rank));
+  int sms = 0;
+  CHECK_CUDA(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, rank));
+  auto say = [&](std::string s) { sh.lines[rank].push_back(std::move(s)); };
+
+  size_t max_elems = 0;
+  for (const Shape& s : kShapes)
+    max_elems = std::max({max_elems, size_t(s.m) * s.k, size_t(s.k) * s.n, size_t(s.m) * s.n});
+  __nv_bfloat16 *a, *b;
+  float* c;
+  CHECK_CUDA(cudaMalloc(&a, max_elems * 2));
+  CHECK_CUDA(cudaMalloc(&b, max_elems * 2));
+  CHECK_CUDA(cudaMalloc(&c, max_elems * 4));
+  fill_random<<<1024, 256>>>(a, max_elems, 1 + rank);
+  fill_random<<<1024, 256>>>(b, max_elems, 7 + rank);
+  size_t workspace_bytes = size_t(32) << 20;
+  void* workspace;
+  CHECK_CUDA(cudaMalloc(&workspace, workspace_bytes));
+  cublasLtHandle_t lt;
+  CHECK_LT(cublasLtCreate(&lt));
+  cudaStream_t fg, bg;
+  CHECK_CUDA(cudaStreamCreateWithFlags(&fg, cudaStreamNonBlocking));
+  CHECK_CUDA(cudaStreamCreateWithFlags(&bg, cudaStreamNonBlocking));
+  cudaEvent_t e0, e1, b0, b1;
+  for (cudaEvent_t* e : {&e0, &e1, &b0, &b1}) CHECK_CUDA(cudaEventCreate(e));
+  unsigned long long* wrong;
+  CHECK_CUDA(cudaMalloc(&wrong, sizeof *wrong));
+
+  void* plain;
+  CHECK_CUDA(cudaMalloc(&plain, bytes));
+  void* symmetric;
+  CHECK_NCCL(ncclMemAlloc(&symmetric, bytes));
+  ncclWindow_t window;
+  CHECK_NCCL(ncclCommWindowRegister(comm, symmetric, bytes, &window, NCCL_WIN_COLL_SYMMETRIC));
+
+  for (const char* kind : {"plain", "symmetric"}) {
+    for (ncclDataType_t type : {ncclFloat32, ncclBfloat16}) {
+      void* buf = std::string(kind) == "plain" ? plain : symmetric;
+      const size_t elem = type == ncclFloat32 ? 4 : 2, count = bytes / elem;
+      const std::string what = std::string(kind) + (type == ncclFloat32 ? " f32" : " bf16");
+      auto all_reduce = [&](int n) {
+        for (int i = 0; i < n; ++i) CHECK_NCCL(ncclAllReduce(buf, buf, count, type, ncclSum, comm, bg));
+      };
+      // Correct first.
+      if (type == ncclFloat32)
+        fill_known<float><<<1024, 256, 0, bg>>>(static_cast<float*>(buf), count, rank);
+      else
+        fill_known<__nv_bfloat16><<<1024, 256, 0, bg>>>(static_cast<__nv_bfloat16*>(buf), count, rank);
+      all_reduce(1);
+      CHECK_CUDA(cudaMemsetAsync(wrong, 0, sizeof *wrong, bg));
+      if (type == ncclFloat32)
+        count_wrong<float><<<1024, 256, 0, bg>>>(static_cast<float*>(buf), count, wrong);
+      else
+        count_wrong<__nv_bfloat16><<<1024, 256, 0, bg>>>(static_cast<__nv_bfloat16*>(buf), count, wrong);
+      unsigned long long bad = 0;
+      CHECK_CUDA(cudaMemcpyAsync(&bad, wrong, sizeof bad, cudaMemcpyDeviceToHost, bg));
+      CHECK_CUDA(cudaStreamSynchronize(bg));
+      // Alone: 20 all-reduces after 3.
+      all_reduce(3);
+      CHECK_CUDA(cudaEventRecord(b0, bg));
+      all_reduce(20);
+      CHECK_CUDA(cudaEventRecord(b1, bg));
+      CHECK_CUDA(cudaEventSynchronize(b1));
+      float ar_ms;
+      CHECK_CUDA(cudaEventElapsedTime(&ar_ms, b0, b1));
+      ar_ms /= 20;
+      char line[512];
+      std::snprintf(line, sizeof line, "%s all-reduce of %.1f MiB: %.3f ms alone, bus %.0f GB/s, %llu wrong",
+                    what.c_str(), bytes / 1048576.0, ar_ms, bytes / (ar_ms * 1e-3) / 1e9, bad);
+      say(line);
+
+      for (const Shape& s : kShapes) {
+        cublasLtMatrixLayout_t la, lb, lc;
+        CHECK_LT(cublasLtMatrixLayoutCreate(&la, CUDA_R_16BF, s.n, s.k, s.n));
+        CHECK_LT(cublasLtMatrixLayoutCreate(&lb, CUDA_R_16BF, s.k, s.m, s.k));
+        CHECK_LT(cublasLtMatrixLayoutCreate(&lc, s.f32_out ? CUDA_R_32F : CUDA_R_16BF, s.n, s.m, s.n));
+        const float alpha = 1, beta = 0;
+        const int reps = std::max(3, static_cast<int>(5e-3 / (2.0 * s.m * s.n * s.k / 700e12)));
+        auto desc_for = [&](int target) {
+          cublasLtMatmulDesc_t d;
+          CHECK_LT(cublasLtMatmulDescCreate(&d, CUBLAS_COMPUTE_32F, CUDA_R_32F));
+          if (target > 0)
+            CHECK_LT(cublasLtMatmulDescSetAttribute(d, CUBLASLT_MATMUL_DESC_SM_COUNT_TARGET, &target, sizeof(target)));
+          return d;
+        };
+        auto algos_for = [&](cublasLtMatmulDesc_t d, int n) {
+          cublasLtMatmulPreference_t pref;
+          CHECK_LT(cublasLtMatmulPreferenceCreate(&pref));
+          CHECK_LT(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
+                                                        &workspace_bytes, sizeof(workspace_bytes)));
+          std::vector<cublasLtMatmulHeuristicResult_t> r(n);
+          int found = 0;
+          CHECK_LT(cublasLtMatmulAlgoGetHeuristic(lt, d, la, lb, lc, lc, pref, n, r.data(), &found));
+          cublasLtMatmulPreferenceDestroy(pref);
+          r.resize(found);
+          return r;
+        };
+        auto loop_ms = [&](cublasLtMatmulDesc_t d, const cublasLtMatmulAlgo_t& algo) {
+          CHECK_CUDA(cudaEventRecord(e0, fg));
+          for (int i = 0; i < reps; ++i)
+            CHECK_LT(cublasLtMatmul(lt, d, &alpha, b, la, a, lb, &beta, c, lc, c, lc, &algo, workspace, workspace_bytes,
+                                    fg));
+          CHECK_CUDA(cudaEventRecord(e1, fg));
+          CHECK_CUDA(cudaEventSynchronize(e1));
+          float ms;
+          CHECK_CUDA(cudaEventElapsedTime(&ms, e0, e1));
+          return ms;
+        };
+        // Per GEMM, ms: alone, or beside a loop of all-reduces that both ranks run alike (4x the
+        // slower rank's GEMM loop alone); says when the loop outlasted it.
+        auto time_ms = [&](cublasLtMatmulDesc_t d, const cublasLtMatmulAlgo_t& algo, bool beside) {
+          std::vector<float> t;
+          int bg_reps = 0;
+          if (beside) {
+            sh.reps[rank] = std::max(1, static_cast<int>(4 * loop_ms(d, algo) / ar_ms) + 1);
+            sh.both.arrive_and_wait();
+            bg_reps = std::max(sh.reps[0], sh.reps[1]);
+            sh.both.arrive_and_wait();
+          }
+          for (int run = 0; run < 3; ++run) {
+            if (beside) {
+              sh.both.arrive_and_wait();
+              CHECK_CUDA(cudaEventRecord(b0, bg));
+              all_reduce(bg_reps);
+              CHECK_CUDA(cudaEventRecord(b1, bg));
+            }
+            const float ms = loop_ms(d, algo);
+            if (beside) {
+              CHECK_CUDA(cudaEventSynchronize(b1));
+              float bg_ms;
+              CHECK_CUDA(cudaEventElapsedTime(&bg_ms, b0, b1));
+              if (ms > bg_ms) say("(a GEMM loop outlasted the all-reduces)");
+            }
+            t.push_back(ms / reps);
+          }
+          return median3(t);
+        };
+        cublasLtMatmulDesc_t whole = desc_for(0), fewer_sms = desc_for(sms - fewer);
+        const auto first = algos_for(whole, 1);
+        time_ms(whole, first[0].algo, false);  // warm up
+        const float alone = time_ms(whole, first[0].algo, false);
+        const float beside = time_ms(whole, first[0].algo, true);
+        float best_beside = 1e30f, best_alone = 0;
+        for (const auto& cand : algos_for(fewer_sms, 8)) {
+          const float t = time_ms(fewer_sms, cand.algo, true);
+          if (t < best_beside) {
+            best_beside = t;
+            best_alone = time_ms(fewer_sms, cand.algo, false);
+          }
+        }
+        std::snprintf(line, sizeof line, "| %s | %s %dx%dx%d | %.4f | %.4f (%.2fx) | %.4f | %.4f (%.2fx) |",
+                      what.c_str(), s.name, s.m, s.n, s.k, alone, beside, beside / alone, best_alone, best_beside,
+                      best_beside / alone);
+        say(line);
+        cublasLtMatmulDescDestroy(whole);
+        cublasLtMatmulDescDestroy(fewer_sms);
+        cublasLtMatrixLayoutDestroy(la);
+        cublasLtMatrixLayoutDestroy(lb);
+        cublasLtMatrixLayoutDestroy(lc);
+      }
+    }
+  }
+  CHECK_CUDA(cudaDeviceSynchronize());
+  CHECK_NCCL(ncclCommWindowDeregister(comm, window));
+  CHECK_NCCL(ncclMemFree(symmetric));
+  CHECK_NCCL(ncclCommDestroy(comm));
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  const size_t bytes = size_t(argc > 1 ? std::atof(argv[1]) : 25.0) * 1048576;
+  const int fewer = argc > 2 ? std::atoi(argv[2]) : 8;
+  int devices = 0;
+  CHECK_CUDA(cudaGetDeviceCount(&devices));
+  if (devices < 2) {
+    std::fprintf(stderr, "needs two GPUs, found %d\n", devices);
+    return 1;
+  }
+  cudaDeviceProp prop{};
+  CHECK_CUDA(cudaGetDeviceProperties(&prop, 0));
+  int version = 0;
+  CHECK_NCCL(ncclGetVersion(&version));
+  std::printf(
+      "%s x2, NCCL %d; GEMMs' second pair of columns: the fastest beside of cuBLASLt's first 8 for %d SMs fewer\n\n",
+      prop.name, version, fewer);
+  Shared sh;
+  CHECK_NCCL(ncclGetUniqueId(&sh.id));
+  std::thread r1(run_rank, 1, std::ref(sh), bytes, fewer);
+  run_rank(0, sh, bytes, fewer);
+  r1.join();
+  for (int r = 0; r < 2; ++r) {
+    std::printf(
+        "rank %d\n| buffer | GEMM | alone ms | beside | fewer SMs: alone | beside |\n|---|---|---:|---:|---:|---:|\n",
+        r);
+    for (const std::string& l : sh.lines[r]) std::printf("%s\n", l.c_str());
+    std::printf("\n");
+  }
+  return 0;
+}

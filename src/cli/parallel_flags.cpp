@@ -2,6 +2,9 @@
 
 #include "lmscope/core/error.h"
 
+#include <stdexcept>
+#include <string>
+
 namespace lmscope::cli {
 
 void ParallelFlags::add_to(CLI::App& app, bool with_world_size) {
@@ -15,6 +18,12 @@ void ParallelFlags::add_to(CLI::App& app, bool with_world_size) {
                  "gradient all-reduced after the backward), flat (one buffer), overlap (each gradient's all-reduce "
                  "started as the backward finishes it) or bucketed (the default with several ranks)");
   app.add_option("--bucket-mb", bucket_mb, "Bucket size of --ddp bucketed and of --zero 1's exchange (MiB)")
+      ->capture_default_str();
+  app.add_option("--comm-sms", comm_sms,
+                 "GPUs, --ddp overlap or bucketed: the SMs the gradients' exchange may hold during the backward "
+                 "(NCCL's blocks capped to it), the backward's matrix products chosen for the SMs left by timing "
+                 "them beside that many held SMs; 0: NCCL's own choice and the products as alone; auto: 8 with "
+                 "--symmetric-memory on, else 0")
       ->capture_default_str();
   app.add_option("--zero", zero,
                  "1: shard AdamW's moments across the ranks (ZeRO-1: gradients reduce-scattered, each rank updates "
@@ -45,14 +54,24 @@ ParallelFlags::Resolved ParallelFlags::resolve(std::int64_t global_batch, bool d
     r.world = dist::world_from_environment(rendezvous);
   if (symmetric_memory != "on" && symmetric_memory != "off")
     user_error("unknown --symmetric-memory '{}' (use on or off)", symmetric_memory);
-  const bool asked =
-      app.count("--ddp") + app.count("--zero") + app.count("--bucket-mb") + app.count("--symmetric-memory") > 0;
+  const bool asked = app.count("--ddp") + app.count("--zero") + app.count("--bucket-mb") +
+                         app.count("--symmetric-memory") + app.count("--comm-sms") >
+                     0;
   if (r.world.size == 1 && !asked) return r;
   dist::DataParallelSpec spec;
   if (!ddp.empty()) spec.mode = dist::parse_ddp_mode(ddp);
   spec.bucket_mb = bucket_mb;
   spec.zero = zero;
   spec.symmetric_memory = symmetric_memory == "on";
+  if (comm_sms != "auto") {
+    try {
+      std::size_t used = 0;
+      spec.comm_sms = std::stoi(comm_sms, &used);
+      if (used != comm_sms.size() || spec.comm_sms < 0) throw std::invalid_argument(comm_sms);
+    } catch (const std::exception&) {
+      user_error("--comm-sms takes auto, or 0 (NCCL's choice) to 64, got '{}'", comm_sms);
+    }
+  }
   spec.validate(r.world.size);
   if (zero == 1 && !ddp.empty())
     user_error(

@@ -1,5 +1,5 @@
 // The data-parallel flags train and bench share (--ddp, --bucket-mb, --zero, --symmetric-memory,
-// --rendezvous), and the
+// --comm-sms, --rendezvous), and the
 // run they ask for in the world this process finds itself in (dist/world.h).
 #pragma once
 
@@ -17,6 +17,7 @@ struct ParallelFlags {
   std::string ddp, rendezvous, symmetric_memory = "on";
   double bucket_mb = 25;
   int zero = 0;
+  std::string comm_sms = "auto";
   int world_size = 0;  // --world-size: the world a dry run stands for (0: the environment's)
 
   // with_world_size: add --world-size (commands with a dry run).

@@ -235,38 +235,43 @@ TEST_F(CudaVsCpu, Embedding) {
   }
 }
 
+// Also planned beside 8 held SMs (data parallelism's backward): the algorithm is chosen by timing
+// it on the call's operands into scratch, so C (here added to, beta 0.25) is written once.
 TEST_F(CudaVsCpu, GemmEveryTranspositionAndBatch) {
   const std::int64_t M = 37, N = 45, K = 29, batch = 3;
-  for (GemmMath math : {GemmMath::fp32, GemmMath::tf32}) {
-    gpu = make_cuda_backend(math);
-    for (bool ta : {false, true})
-      for (bool tb : {false, true}) {
-        auto a = random({batch, M * K}), b = random({batch, K * N}), c = random({batch, M * N});
-        auto args = [&](const Tensor& A, const Tensor& Bm, const Tensor& C) {
-          return GemmArgs{.trans_a = ta,
-                          .trans_b = tb,
-                          .m = M,
-                          .n = N,
-                          .k = K,
-                          .alpha = 0.5f,
-                          .beta = 0.25f,
-                          .a = A,
-                          .b = Bm,
-                          .c = C,
-                          .lda = ta ? M : K,
-                          .ldb = tb ? K : N,
-                          .ldc = N,
-                          .batch = batch,
-                          .stride_a = M * K,
-                          .stride_b = K * N,
-                          .stride_c = M * N};
-        };
-        cpu->gemm(args(a.cpu, b.cpu, c.cpu));
-        gpu->gemm(args(a.gpu, b.gpu, c.gpu));
-        expect_close(c, math == GemmMath::fp32 ? kFp32 : 1e-3,
-                     fmt::format("gemm {} ta={} tb={}", math == GemmMath::fp32 ? "fp32" : "tf32", ta, tb));
-      }
-  }
+  for (GemmMath math : {GemmMath::fp32, GemmMath::tf32})
+    for (int held : {0, 8}) {
+      gpu = make_cuda_backend(math);
+      gpu->set_collective_sms(held);
+      for (bool ta : {false, true})
+        for (bool tb : {false, true}) {
+          auto a = random({batch, M * K}), b = random({batch, K * N}), c = random({batch, M * N});
+          auto args = [&](const Tensor& A, const Tensor& Bm, const Tensor& C) {
+            return GemmArgs{.trans_a = ta,
+                            .trans_b = tb,
+                            .m = M,
+                            .n = N,
+                            .k = K,
+                            .alpha = 0.5f,
+                            .beta = 0.25f,
+                            .a = A,
+                            .b = Bm,
+                            .c = C,
+                            .lda = ta ? M : K,
+                            .ldb = tb ? K : N,
+                            .ldc = N,
+                            .batch = batch,
+                            .stride_a = M * K,
+                            .stride_b = K * N,
+                            .stride_c = M * N};
+          };
+          cpu->gemm(args(a.cpu, b.cpu, c.cpu));
+          gpu->gemm(args(a.gpu, b.gpu, c.gpu));
+          expect_close(
+              c, math == GemmMath::fp32 ? kFp32 : 1e-3,
+              fmt::format("gemm {} ta={} tb={}, {} SMs held", math == GemmMath::fp32 ? "fp32" : "tf32", ta, tb, held));
+        }
+    }
 }
 
 TEST_F(CudaVsCpu, GlobalNormAndAdamW) {
@@ -394,19 +399,21 @@ INSTANTIATE_TEST_SUITE_P(Storage, LowpVsCpu, ::testing::Values(DType::bf16, DTyp
 
 TEST_P(LowpVsCpu, Gemm) {
   const std::int64_t M = 67, N = 45, K = 129;
-  for (bool wide_out : {false, true}) {
-    auto a = random({M, K}), b = random({N, K}), c = output({M, N});
-    GemmArgs g{
-        .trans_b = true, .m = M, .n = N, .k = K, .a = a.cpu, .b = b.cpu, .c = c.cpu, .lda = K, .ldb = K, .ldc = N};
-    cpu->gemm(g);
-    Allocation ab = lowp(a), bb = lowp(b), cb = lowp_output({M, N});
-    g.a = ab, g.b = bb, g.c = wide_out ? c.gpu.tensor() : cb.tensor();
-    gpu->gemm(g);
-    if (wide_out)
-      expect_close(c, kLowp, "16-bit gemm into f32");
-    else
-      expect_close_lowp(cb, c, "16-bit gemm into 16-bit");
-  }
+  for (bool wide_out : {false, true})
+    for (int held : {0, 8}) {
+      gpu->set_collective_sms(held);  // planned beside held SMs too (GemmEveryTranspositionAndBatch)
+      auto a = random({M, K}), b = random({N, K}), c = output({M, N});
+      GemmArgs g{
+          .trans_b = true, .m = M, .n = N, .k = K, .a = a.cpu, .b = b.cpu, .c = c.cpu, .lda = K, .ldb = K, .ldc = N};
+      cpu->gemm(g);
+      Allocation ab = lowp(a), bb = lowp(b), cb = lowp_output({M, N});
+      g.a = ab, g.b = bb, g.c = wide_out ? c.gpu.tensor() : cb.tensor();
+      gpu->gemm(g);
+      if (wide_out)
+        expect_close(c, kLowp, "16-bit gemm into f32");
+      else
+        expect_close_lowp(cb, c, "16-bit gemm into 16-bit");
+    }
 }
 
 TEST_P(LowpVsCpu, RowOps) {

@@ -121,6 +121,9 @@ class Backend {
   // The device's memory as its driver reports it, after a synchronize; none where there is no such
   // report (the CPU, the dry run).
   virtual std::optional<DeviceMemory> device_memory() { return std::nullopt; }
+  // How many SMs collectives may hold beside the ops from now on (data parallelism's exchange during
+  // the backward; 0 when none runs): CUDA then plans its GEMMs for the SMs left (cuda/gemm.h).
+  virtual void set_collective_sms(int /*sms*/) {}
 
   // Device graphs (CUDA graphs): what the ops enqueue between begin_graph(key) and end_graph() is
   // recorded into one graph the first time the key comes (and then run), and replayed as one launch

@@ -45,6 +45,8 @@ std::string mode_label(const BenchSpec& s) {
     else
       label += fmt::format(", DDP {}", dist::ddp_mode_name(p.mode));
     if (p.zero == 0 && !p.symmetric_memory) label += ", symmetric memory off";
+    if (p.exchange_sms() > 0 && s.device == "cuda" && s.world.size > 1)
+      label += fmt::format(", exchange on {} SMs", p.exchange_sms());
     label += fmt::format(", {} rank{}", s.world.size, s.world.size == 1 ? "" : "s");
   }
   return label;

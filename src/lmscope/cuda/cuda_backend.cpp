@@ -132,6 +132,11 @@ class CudaBackend final : public Backend {
     cuda::cast(in.data, elem(in), out.data, elem(out), in.numel(), stream_);
   }
 
+  void set_collective_sms(int sms) override {
+    LMSCOPE_CHECK(!graphs_->active(), "collectives beside a device graph");
+    gemm_->set_held_sms(sms);
+  }
+
   void gemm(const GemmArgs& g) override {
     if (graphs_->skip("gemm", g.trans_a, g.trans_b, g.m, g.n, g.k, g.alpha, g.beta, g.a, g.b, g.c, g.lda, g.ldb, g.ldc,
                       g.batch, g.stride_a, g.stride_b, g.stride_c))

@@ -2,6 +2,14 @@
 // (fp32 accumulation) with a result of their type or f32. A row-major C = op(A)·op(B) is the column-major
 // Cᵀ = op(B)ᵀ·op(A)ᵀ, so B is passed first. Plans (descriptors and the heuristic's algorithm)
 // are made once per shape and reused: a training step repeats its shapes exactly.
+//
+// Beside collectives (data parallelism's exchange during the backward), NCCL's kernels hold some SMs
+// for as long as they run, and the heuristic's GEMM, planned for every SM, waits on the ones it
+// cannot have: 1.3-1.9x slower with 24 SMs held on an H100, 1.5x with 2 held for some shapes
+// (docs/distributed.md). While set_held_sms(n) is in force a shape gets a plan of its own, chosen
+// by timing: the heuristic's first algorithm and its first eight for the SMs left
+// (CUBLASLT_MATMUL_DESC_SM_COUNT_TARGET), each run on the GEMM's own operands (its result into
+// scratch) while a kernel holds n SMs as NCCL's would; the fastest is kept.
 #pragma once
 
 #include "lmscope/backend/backend.h"
@@ -11,6 +19,7 @@
 
 #include <map>
 #include <tuple>
+#include <vector>
 
 namespace lmscope::cuda {
 
@@ -21,6 +30,8 @@ class Gemm {
   Gemm(const Gemm&) = delete;
   Gemm& operator=(const Gemm&) = delete;
   void run(const GemmArgs& g);
+  // SMs that collectives may hold beside the GEMMs from now on (0: none; see above).
+  void set_held_sms(int sms) { held_sms_ = sms; }
   std::size_t workspace_bytes() const { return workspace_bytes_; }
 
  private:
@@ -29,9 +40,11 @@ class Gemm {
     cublasLtMatrixLayout_t a = nullptr, b = nullptr, c = nullptr;
     cublasLtMatmulAlgo_t algo{};
   };
-  using Key = std::tuple<bool, bool, std::int64_t, std::int64_t, std::int64_t, std::int64_t, std::int64_t, std::int64_t,
-                         std::int64_t, std::int64_t, std::int64_t, std::int64_t, DType, DType>;
+  using Key = std::tuple<int, bool, bool, std::int64_t, std::int64_t, std::int64_t, std::int64_t, std::int64_t,
+                         std::int64_t, std::int64_t, std::int64_t, std::int64_t, std::int64_t, DType, DType>;
   Plan& plan(const GemmArgs& g);
+  std::vector<cublasLtMatmulHeuristicResult_t> heuristic(const Plan& p, int count) const;
+  void choose_beside_held_sms(const GemmArgs& g, Plan& p);
 
   GemmMath math_;
   cudaStream_t stream_;
@@ -39,6 +52,7 @@ class Gemm {
   void* workspace_ = nullptr;
   std::size_t workspace_bytes_ = std::size_t(32) << 20;
   std::map<Key, Plan> plans_;
+  int held_sms_ = 0;
 };
 
 }  // namespace lmscope::cuda

@@ -116,4 +116,9 @@ void flash_attention_backward(const void* q, const void* k, const void* v, const
                               std::int64_t tk, int d, float scale, bool causal, const FlashAttentionPlan& plan,
                               float* delta, float* row_stats, float* dq_accum, float* workspace, cudaStream_t s);
 
+// held_sms.cu: a stand-in for a collective's kernels, to time GEMMs beside them (gemm.cpp): `sms`
+// blocks on `holder`, one SM each, each held for `ms` from its start; work enqueued on `waiter` after
+// this call starts once every block has (*arrived, a device int, counts them; reset first).
+void hold_sms(int sms, double ms, int* arrived, cudaStream_t holder, cudaStream_t waiter);
+
 }  // namespace lmscope::cuda

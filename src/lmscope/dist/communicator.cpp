@@ -7,7 +7,7 @@ namespace lmscope::dist {
 
 // Defined where the library is there (gloo_communicator.cpp, nccl_communicator.cpp).
 std::unique_ptr<Communicator> make_gloo_communicator(const World& world, Store& store);
-std::unique_ptr<Communicator> make_nccl_communicator(Backend& backend, const World& world, Store& store);
+std::unique_ptr<Communicator> make_nccl_communicator(Backend& backend, const World& world, Store& store, int max_ctas);
 
 namespace {
 
@@ -51,11 +51,12 @@ std::unique_ptr<Communicator> make_shape_only_communicator(int rank, int size) {
   return std::make_unique<ShapeOnlyCommunicator>(rank, size);
 }
 
-std::unique_ptr<Communicator> make_communicator(Backend& backend, const World& world, [[maybe_unused]] Store& store) {
+std::unique_ptr<Communicator> make_communicator(Backend& backend, const World& world, [[maybe_unused]] Store& store,
+                                                [[maybe_unused]] int max_ctas) {
   if (is_dry_run(backend)) return make_shape_only_communicator(world.rank, world.size);
   if (backend.cuda_stream()) {
 #if LMSCOPE_HAVE_NCCL
-    return make_nccl_communicator(backend, world, store);
+    return make_nccl_communicator(backend, world, store, max_ctas);
 #else
     throw Unsupported(
         "this build has no NCCL, which carries the collectives between GPUs (give CMake "

@@ -75,8 +75,9 @@ class Communicator {
 
 // The communicator for `backend`'s device: NCCL for CUDA (meeting through `store`), Gloo for the CPU,
 // the shape-only one for the dry run (moves nothing; the world's size shapes the buffers). Throws
-// Unsupported when this build lacks the library the device needs.
-std::unique_ptr<Communicator> make_communicator(Backend& backend, const World& world, Store& store);
+// Unsupported when this build lacks the library the device needs. max_ctas > 0 caps the blocks (so
+// the SMs) an NCCL collective takes (0: NCCL's choice; Gloo has no such thing).
+std::unique_ptr<Communicator> make_communicator(Backend& backend, const World& world, Store& store, int max_ctas = 0);
 // The dry run's: rank `rank` of `size`, every op a no-op.
 std::unique_ptr<Communicator> make_shape_only_communicator(int rank, int size);
 

@@ -30,11 +30,19 @@ DdpMode parse_ddp_mode(const std::string& s) {
 void DataParallelSpec::validate(int world_size) const {
   if (!(bucket_mb > 0 && std::isfinite(bucket_mb))) user_error("--bucket-mb must be positive, got {}", bucket_mb);
   if (zero != 0 && zero != 1) user_error("--zero takes 0 or 1 (optimizer-state sharding), got {}", zero);
+  if (comm_sms != kAutoCommSms && (comm_sms < 0 || comm_sms > 64))
+    user_error("--comm-sms takes auto, or 0 (NCCL's choice) to 64, got {}", comm_sms);
   if (zero == 1 && world_size < 2)
     user_error(
         "--zero 1 shards the optimizer's state across ranks, and this is a world of {} (start several with "
         "lmscope launch --nproc N, torchrun or Slurm)",
         world_size);
+}
+
+int DataParallelSpec::exchange_sms() const {
+  if (zero != 0 || (mode != DdpMode::overlap && mode != DdpMode::bucketed)) return 0;
+  if (comm_sms != kAutoCommSms) return comm_sms;
+  return symmetric_memory ? 8 : 0;
 }
 
 void DataParallelSpec::check_step(bool backward, bool optimizer) const {
@@ -74,8 +82,8 @@ std::size_t bucket_bytes_for(const DataParallelSpec& spec) {
 }
 }  // namespace
 
-GradientSync::GradientSync(Transformer& model, Communicator& comm, const DataParallelSpec& spec)
-    : model_(model), comm_(comm), spec_(spec) {
+GradientSync::GradientSync(Transformer& model, Communicator& comm, const DataParallelSpec& spec, int held_sms)
+    : model_(model), comm_(comm), spec_(spec), held_sms_(held_sms) {
   buckets_ = make_buckets(model.parameters(), bucket_bytes_for(spec));
   bucket_of_.resize(model.parameters().size());
   for (std::size_t b = 0; b < buckets_.size(); ++b)
@@ -101,12 +109,18 @@ GradientSync::GradientSync(Transformer& model, Communicator& comm, const DataPar
 GradientSync::~GradientSync() {
   model_.set_gradient_ready({});
   if (spec_.symmetric_memory) model_.backend().allocator().close_region();
+  if (beside_backward_) model_.backend().set_collective_sms(0);  // a backward that threw
 }
 
 void GradientSync::gradient_ready(std::size_t param) {
   const std::size_t b = bucket_of_.at(param);
   LMSCOPE_CHECK(pending_[b] > 0, "gradient {} reported final twice in one step", param);
-  if (--pending_[b] == 0) launch(b);
+  if (--pending_[b] != 0) return;
+  if (held_sms_ > 0 && !beside_backward_) {
+    model_.backend().set_collective_sms(held_sms_);  // from here to the backward's end
+    beside_backward_ = true;
+  }
+  launch(b);
 }
 
 void GradientSync::launch(std::size_t b) {
@@ -157,6 +171,8 @@ void GradientSync::after_backward(MicroBatch micro) {
     if (!launched) launch(b);
     finish(b);  // naive and flat: each collective waited for before the next starts
   }
+  if (beside_backward_) model_.backend().set_collective_sms(0);
+  beside_backward_ = false;
 }
 
 }  // namespace lmscope::dist

@@ -30,6 +30,15 @@ struct DataParallelSpec {
   // The gradients in one region of the communicator's symmetric memory (GradientSync), so NCCL
   // all-reduces them on a few SMs and the backward beside it keeps the rest (docs/distributed.md).
   bool symmetric_memory = true;
+  // overlap and bucketed on GPUs: the SMs the exchange may hold during the backward (NCCL's blocks
+  // capped to it), the backward's GEMMs planned for the SMs left (cuda/gemm.h); 0: NCCL's choice and
+  // the GEMMs as alone; kAutoCommSms: exchange_sms() chooses.
+  static constexpr int kAutoCommSms = -1;
+  int comm_sms = kAutoCommSms;
+  // What comm_sms comes to: auto is 8 with symmetric memory (NCCL's symmetric all-reduce takes 7 SMs
+  // on an H100 or H200, by its own cost model) and 0 without (its ring wants its 24); always 0 for
+  // ZeRO-1 and the modes whose exchange follows the backward.
+  int exchange_sms() const;
   void validate(int world_size) const;  // UserError for a bad bucket size or --zero without ranks
   // UserError unless the step has a backward (the gradients exchanged) and, for ZeRO-1, an optimizer.
   void check_step(bool backward, bool optimizer) const;
@@ -50,7 +59,9 @@ class GradientSync {
   // spec.symmetric_memory, every gradient (and flat's buffer) is made in a region of the
   // communicator's symmetric memory (the backend's own memory where it has none, so the dry run's
   // record is the run's), at the same offset on every rank, as NCCL's symmetric kernels require.
-  GradientSync(Transformer& model, Communicator& comm, const DataParallelSpec& spec);
+  // held_sms: what the backend is told collectives hold while they may run beside the backward
+  // (Backend::set_collective_sms; 0: nothing said).
+  GradientSync(Transformer& model, Communicator& comm, const DataParallelSpec& spec, int held_sms = 0);
   ~GradientSync();
   GradientSync(const GradientSync&) = delete;
   GradientSync& operator=(const GradientSync&) = delete;
@@ -68,6 +79,8 @@ class GradientSync {
   std::vector<Bucket> buckets_;
   std::vector<std::size_t> bucket_of_;  // parameter index -> bucket
   std::vector<std::size_t> pending_;    // per bucket: gradients not yet final this step
+  int held_sms_;
+  bool beside_backward_ = false;  // a collective launched in this backward, the backend told
   struct InFlight {
     Allocation buffer;  // flat's: every gradient side by side
     std::unique_ptr<CollectiveWork> work;

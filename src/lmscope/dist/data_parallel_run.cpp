@@ -17,7 +17,7 @@ DataParallelRun::DataParallelRun(const World& world, Backend& backend, const Dat
     // under the next group's keys in the one store the process keeps.
     static int groups = 0;
     store_ = prefixed_store(process_store(world), fmt::format("group{}.", groups++));
-    comm_ = make_communicator(backend, world, *store_);
+    comm_ = make_communicator(backend, world, *store_, held_sms());
   }
 }
 
@@ -42,8 +42,10 @@ void DataParallelRun::attach(Transformer& model, bool take_rank0_parameters) {
   if (spec_.zero == 1)
     zero_ = std::make_unique<ZeroSharding>(model, *comm_, static_cast<std::size_t>(spec_.bucket_mb * 1024 * 1024));
   else
-    sync_ = std::make_unique<GradientSync>(model, *comm_, spec_);
+    sync_ = std::make_unique<GradientSync>(model, *comm_, spec_, held_sms());
 }
+
+int DataParallelRun::held_sms() const { return world_.size > 1 ? spec_.exchange_sms() : 0; }
 
 void DataParallelRun::after_backward(MicroBatch micro) {
   if (sync_) sync_->after_backward(micro);

@@ -45,6 +45,8 @@ class DataParallelRun {
   double mean_over_ranks(double x);
 
  private:
+  // DataParallelSpec::exchange_sms in a world of several, else 0.
+  int held_sms() const;
   World world_;
   Backend& backend_;
   DataParallelSpec spec_;

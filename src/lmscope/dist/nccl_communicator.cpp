@@ -66,7 +66,7 @@ struct Windows {
 
 class NcclCommunicator final : public Communicator {
  public:
-  NcclCommunicator(Backend& backend, const World& world, Store& store)
+  NcclCommunicator(Backend& backend, const World& world, Store& store, int max_ctas)
       : compute_(static_cast<cudaStream_t>(backend.cuda_stream())),
         allocator_(backend.allocator()),
         rank_(world.rank),
@@ -82,7 +82,9 @@ class NcclCommunicator final : public Communicator {
       LMSCOPE_CHECK(got.size() == sizeof id.internal, "NCCL's unique id in the store has {} bytes", got.size());
       std::memcpy(id.internal, got.data(), got.size());
     }
-    LMSCOPE_NCCL_CHECK(ncclCommInitRank(&comm_, world.size, id, world.rank), "initialisation");
+    ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
+    if (max_ctas > 0) config.maxCTAs = max_ctas;
+    LMSCOPE_NCCL_CHECK(ncclCommInitRankConfig(&comm_, world.size, id, world.rank, &config), "initialisation");
     LMSCOPE_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
     windows_->comm = comm_;
     windows_->rank = rank_;
@@ -245,8 +247,8 @@ class NcclCommunicator final : public Communicator {
 
 }  // namespace
 
-std::unique_ptr<Communicator> make_nccl_communicator(Backend& backend, const World& world, Store& store) {
-  return std::make_unique<NcclCommunicator>(backend, world, store);
+std::unique_ptr<Communicator> make_nccl_communicator(Backend& backend, const World& world, Store& store, int max_ctas) {
+  return std::make_unique<NcclCommunicator>(backend, world, store, max_ctas);
 }
 
 }  // namespace lmscope::dist

@@ -12,7 +12,8 @@
 # tools/ddp_table.py's short table prints last.
 # LMSCOPE_DDP_PARTS (default tests,ddptests,torchrun,profile,allreduce,bench,table) runs only those
 # parts, so the run can be split across calls of a time limit (LMSCOPE_BUILD_DIR=build-gpu reuses
-# the first call's build); the part overlap (not a default) probes the backward's slowdown beside NCCL.
+# the first call's build); the part overlap (not a default) probes the backward's slowdown beside NCCL
+# (and the GEMMs beside NCCL's symmetric all-reduce).
 set -uo pipefail
 source "$(dirname "$0")/gpu_env.sh"
 if (($(nvidia-smi -L | wc -l) < 2)); then
@@ -110,6 +111,10 @@ if [[ $parts == *,overlap,* ]]; then
   echo "== overlap probe, 16 NCCL blocks: exit $?"
   CUDA_VISIBLE_DEVICES=0 "$B/gemm_beside_held_sms" 2,8,24 >"$OUT/gemm-beside-held-sms.md" 2>&1
   echo "== cuBLASLt beside held SMs: exit $?"
+  # The same beside NCCL's all-reduce in ordinary memory (its ring) and in a symmetric window.
+  "$B/nccl_symmetric_beside_gemm" 25 8 >"$OUT/nccl-symmetric-beside-gemm.md" 2>&1
+  echo "== GEMMs beside NCCL's ring and symmetric all-reduce: exit $?"
+  grep -E "all-reduce of" "$OUT/nccl-symmetric-beside-gemm.md"
   grep -hE "^\| gemm|^# rank" "$OUT"/overlap-probe*.md | head -30
 fi
 

@@ -25,6 +25,8 @@ TEST(KernelNames, Categories) {
   EXPECT_STREQ(kernel_category("flash_backward_dq_tc<64>"), "attention");
   EXPECT_STREQ(kernel_category("ncclDevKernel_AllReduce_Sum_f32_RING_LL(ncclDevKernelArgsStorage<4096ul>)"),
                "collective");
+  EXPECT_STREQ(kernel_category("ncclSymkDevKernel_AllReduce_RSxLD_AGxST_Sum_f32(ncclSymkDevWorkArgs4K)"),
+               "collective");  // symmetric memory's
   EXPECT_STREQ(kernel_category("softmax_forward_kernel<float>"), "attention");
   EXPECT_STREQ(kernel_category("rmsnorm_backward_dw_kernel<float>"), "RMSNorm");
   EXPECT_STREQ(kernel_category("void lmscope::cuda::(anonymous namespace)::add_parts(const float *, int, long long, "

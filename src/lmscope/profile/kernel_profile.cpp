@@ -14,7 +14,8 @@ const char* kernel_category(std::string_view name) {
   auto has = [&](std::string_view s) { return name.find(s) != std::string_view::npos; };
   // Our own kernels are named for their op; cuBLASLt's carry one of these tags.
   if (has("[memset") || has("[memcpy")) return "memset/memcpy";
-  if (has("ncclDevKernel") || has("ncclKernel")) return "collective";  // NCCL's, on its own stream
+  // NCCL's, on its own stream: its ring and tree kernels, and those for symmetric memory.
+  if (has("ncclDevKernel") || has("ncclKernel") || has("ncclSymkDevKernel")) return "collective";
   if (has("gemm") || has("nvjet") || has("xmma") || has("cutlass") || has("cublas")) return "GEMM";
   // The flash kernels' helpers too: the parts' sums and the Hopper backward's dQ from its tiles.
   if (has("flash_") || has("softmax_") || has("add_parts") || has("combine_parts") || has("dq_from_tiles"))

@@ -165,6 +165,25 @@ TEST(Allocator, AClosedRegionServesNothingAndGoesBackOnceEmpty) {
   EXPECT_THROW(a.open_region(MemKind::gradient, 2 * kMiB, {MemKind::gradient, "twice", -1}), std::exception);
 }
 
+TEST(Allocator, ClosingAnEmptyRegionGivesBackItAloneAndChangesTheStateHash) {
+  HostAllocator a(1024 * kMiB);
+  floats(a, 3 * kMiB / 4, "cached").reset();  // a free segment in the cache
+  int freed = 0;
+  RegionMemory memory{[](std::size_t bytes) { return std::aligned_alloc(256, bytes); },
+                      [&](void* p, std::size_t) {
+                        ++freed;
+                        std::free(p);
+                      }};
+  const std::uint64_t before = a.state_hash();
+  a.open_region(MemKind::gradient, 2 * kMiB, {MemKind::gradient, "region", -1}, memory);
+  const std::uint64_t open = a.state_hash();
+  EXPECT_NE(open, before);
+  a.close_region();
+  EXPECT_EQ(freed, 1);
+  EXPECT_EQ(a.reserved_bytes(), 4 * kMiB) << "the cached segment stays";
+  EXPECT_EQ(a.state_hash(), before);
+}
+
 TEST(Allocator, ARecordReplaysToTheAllocatorsNumbers) {
   HostAllocator a(1024 * kMiB);
   a.record_events(true);

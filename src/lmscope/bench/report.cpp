@@ -43,7 +43,7 @@ nlohmann::ordered_json data_parallel_json(const BenchSpec& s) {
           {"zero", p.zero},
           {"bucket_mb", p.bucket_mb},
           {"symmetric_memory", p.zero == 0 && p.symmetric_memory},
-          {"comm_sms", p.exchange_sms()}};
+          {"comm_sms", exchange_sms(s)}};
 }
 
 namespace {
@@ -191,7 +191,8 @@ std::string csv(const std::vector<BenchResult>& rows) {
   for (const char* p : kPhases)
     for (const char* f : {"mean_ms", "std_ms", "median_ms", "min_ms", "max_ms"}) out += fmt::format(",{}_{}", p, f);
   out += ",tokens_per_s,model_tflops,mfu,peak_bytes,device_name,dry_run,status";
-  out += ",world_size,ddp,zero,bucket_mb,comm_sms,communication_mean_ms,exchange_mean_ms,hidden_share\n";
+  out +=
+      ",world_size,ddp,zero,bucket_mb,symmetric_memory,comm_sms,communication_mean_ms,exchange_mean_ms,hidden_share\n";
   for (const BenchResult& r : rows) {
     const BenchSpec& s = r.spec;
     out += fmt::format("{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{}", csv_field(s.model.name),
@@ -215,11 +216,12 @@ std::string csv(const std::vector<BenchResult>& rows) {
       out += ",,,,,";
     out += fmt::format(",{},{}", r.dry_run ? 1 : 0, csv_field(r.status));
     if (s.parallel)
-      out +=
-          fmt::format(",{},{},{},{:g},{}", s.world.size, s.parallel->zero ? "" : dist::ddp_mode_name(s.parallel->mode),
-                      s.parallel->zero, s.parallel->bucket_mb, s.parallel->exchange_sms());
+      out += fmt::format(",{},{},{},{:g},{},{}", s.world.size,
+                         s.parallel->zero ? "" : dist::ddp_mode_name(s.parallel->mode), s.parallel->zero,
+                         s.parallel->bucket_mb, s.parallel->zero == 0 && s.parallel->symmetric_memory ? "on" : "off",
+                         exchange_sms(s));
     else
-      out += ",1,,0,,";
+      out += ",1,,0,,,";
     if (measured_exchange(r))
       out += fmt::format(",{:.4f},{:.4f},{:.4f}\n", r.communication.mean, r.exchange.mean, r.hidden_share);
     else

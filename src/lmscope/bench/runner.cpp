@@ -29,6 +29,10 @@ const char* bench_mode_name(BenchMode m) {
   return "?";
 }
 
+int exchange_sms(const BenchSpec& s) {
+  return s.parallel && s.device == "cuda" && s.world.size > 1 ? s.parallel->exchange_sms() : 0;
+}
+
 std::string mode_label(const BenchSpec& s) {
   std::string label = bench_mode_name(s.mode);
   if (s.recompute != Recompute::none) label += fmt::format(", {} recompute", recompute_name(s.recompute));
@@ -45,8 +49,7 @@ std::string mode_label(const BenchSpec& s) {
     else
       label += fmt::format(", DDP {}", dist::ddp_mode_name(p.mode));
     if (p.zero == 0 && !p.symmetric_memory) label += ", symmetric memory off";
-    if (p.exchange_sms() > 0 && s.device == "cuda" && s.world.size > 1)
-      label += fmt::format(", exchange on {} SMs", p.exchange_sms());
+    if (exchange_sms(s) > 0) label += fmt::format(", exchange on {} SMs", exchange_sms(s));
     label += fmt::format(", {} rank{}", s.world.size, s.world.size == 1 ? "" : "s");
   }
   return label;

@@ -53,8 +53,11 @@ struct BenchSpec {
 // ", 4 micro-batches" where gradients are accumulated, ", transient copies" where the bf16 weight
 // copies are transient, ", graphs off" where a CUDA cell runs without device graphs, ", fusion off"
 // where a cell runs the unfused ops, and ", DDP bucketed 25 MiB, 2 ranks" or ", ZeRO-1, 2 ranks" with
-// data parallelism.
+// data parallelism (", symmetric memory off", ", exchange on 8 SMs" where so).
 std::string mode_label(const BenchSpec& s);
+// The SMs a data-parallel cell's exchange holds beside its backward (--comm-sms as it comes to):
+// 0 but on GPUs in a world of several.
+int exchange_sms(const BenchSpec& s);
 
 // The datasheet peak of a GPU for a precision (bf16/tf32 dense tensor cores, fp32 CUDA cores),
 // in TFLOP/s; 0 for devices not in the table (docs/timing.md lists it).

@@ -111,8 +111,9 @@ Allocation Allocator::allocate(Shape shape, DType dtype, AllocTag tag, std::sour
   return a;
 }
 
-// The smallest free block of the request's pool that holds it; else a new segment, with the
-// free segments given back to the system and one more try when the first fails.
+// The open region first for its kind; then the smallest free block of the request's pool that holds
+// it; else a new segment, with the free segments given back to the system and one more try when the
+// first fails.
 void* Allocator::raw_allocate(std::size_t bytes, const AllocTag& tag, const Shape& shape, DType dtype) {
   if (open_region_ != 0 && tag.kind == region_kind_) {
     std::set<FreeBlock>& free = region_free_.at(open_region_);
@@ -171,8 +172,9 @@ void Allocator::open_region(MemKind kind, std::size_t bytes, AllocTag tag, Regio
 
 void Allocator::close_region() {
   if (open_region_ == 0) return;
+  Segment& s = segments_.at(open_region_);
   open_region_ = 0;
-  release_cache();  // the region goes back now if nothing is in it
+  if (!segments_held_ && s.blocks.size() == 1 && s.blocks.begin()->second.second) give_back(s);
 }
 
 // Hands out the front of a free block, leaving the rest free.
@@ -226,7 +228,9 @@ void Allocator::release(Allocation& a) {
 }
 
 std::uint64_t Allocator::state_hash() const {
-  std::uint64_t h = hash_mix(0, std::uint64_t{segments_.size()});
+  // Which requests the open region serves decides addresses too.
+  std::uint64_t h = hash_mix(hash_mix(hash_mix(0, std::uint64_t{segments_.size()}), std::uint64_t{open_region_}),
+                             static_cast<std::uint64_t>(region_kind_));
   for (const auto& [base, s] : segments_) {
     h = hash_mix(hash_mix(hash_mix(hash_mix(hash_mix(h, std::uint64_t{base}), std::uint64_t{s.bytes}), s.order),
                           std::uint64_t{s.small}),
@@ -244,20 +248,22 @@ void Allocator::release_cache() {
   for (auto& [base, s] : segments_)
     if (s.blocks.size() == 1 && s.blocks.begin()->second.second && base != open_region_) idle.push_back(&s);
   std::sort(idle.begin(), idle.end(), [](const Segment* a, const Segment* b) { return a->order < b->order; });
-  for (Segment* s : idle) {
-    const std::uintptr_t base = s->base;
-    const std::size_t bytes = s->bytes;
-    pool(*s).erase(FreeBlock{bytes, s->order, 0, base});
-    std::function<void(void*, std::size_t)> give_back = std::move(s->give_back);
-    if (s->region) region_free_.erase(base);
-    segments_.erase(base);
-    reserved_ -= bytes;
-    if (recording_) record(MemAction::segment_free, bytes, base, {}, {}, DType::f32);
-    if (give_back)
-      give_back(reinterpret_cast<void*>(base), bytes);  // NOLINT
-    else
-      segment_free(reinterpret_cast<void*>(base), bytes);  // NOLINT
-  }
+  for (Segment* s : idle) give_back(*s);
+}
+
+void Allocator::give_back(Segment& s) {
+  const std::uintptr_t base = s.base;
+  const std::size_t bytes = s.bytes;
+  pool(s).erase(FreeBlock{bytes, s.order, 0, base});
+  std::function<void(void*, std::size_t)> free = std::move(s.give_back);
+  if (s.region) region_free_.erase(base);
+  segments_.erase(base);
+  reserved_ -= bytes;
+  if (recording_) record(MemAction::segment_free, bytes, base, {}, {}, DType::f32);
+  if (free)
+    free(reinterpret_cast<void*>(base), bytes);  // NOLINT
+  else
+    segment_free(reinterpret_cast<void*>(base), bytes);  // NOLINT
 }
 
 void Allocator::record(MemAction action, std::size_t bytes, std::uintptr_t address, const AllocTag& tag,

@@ -149,8 +149,9 @@ class Allocator {
   // segment's rules (smallest block that holds it, lowest offset), so ranks that make the same requests
   // get the same offsets in it: data parallelism's gradients in NCCL's symmetric window
   // (dist/data_parallel.h). Its memory comes from `memory` when given, else from segment_allocate. A
-  // request it cannot hold goes to the pools. close_region ends the serving; the region is then a
-  // segment like the others, given back once nothing is in it. One region is open at a time.
+  // request it cannot hold goes to the pools. close_region ends the serving: the region then serves
+  // nothing more and goes back (through `memory`'s free) at once if empty, else with the next
+  // release_cache after its last block is freed. One region is open at a time.
   void open_region(MemKind kind, std::size_t bytes, AllocTag tag, RegionMemory memory = {});
   void close_region();
   bool region_open() const { return open_region_ != 0; }
@@ -210,6 +211,7 @@ class Allocator {
   // A segment for a request of `bytes`, grown to Allocator's usual size or just the request's.
   void* new_segment(std::size_t bytes, bool grown, const AllocTag& tag, DType dtype);
   void* take(std::set<FreeBlock>& pool, std::set<FreeBlock>::iterator it, std::size_t bytes);
+  void give_back(Segment& s);  // a wholly free segment, to the system (or its region's memory)
   Segment& segment_of(std::uintptr_t p);
 
   std::map<std::uintptr_t, Segment> segments_;  // by base address

@@ -52,12 +52,10 @@ void set_sm_target(cublasLtMatmulDesc_t desc, std::int32_t sms) {
 
 // What timing plans beside held SMs needs, freed however it ends.
 struct BesideHeldSms {
-  void* c = nullptr;
   int* arrived = nullptr;
   cudaStream_t holder = nullptr;
   cudaEvent_t start = nullptr, end = nullptr;
-  explicit BesideHeldSms(std::size_t c_bytes) {
-    LMSCOPE_CUDA_CHECK(cudaMalloc(&c, c_bytes));
+  BesideHeldSms() {
     LMSCOPE_CUDA_CHECK(cudaMalloc(&arrived, sizeof(int)));
     LMSCOPE_CUDA_CHECK(cudaStreamCreateWithFlags(&holder, cudaStreamNonBlocking));
     LMSCOPE_CUDA_CHECK(cudaEventCreate(&start));
@@ -69,7 +67,6 @@ struct BesideHeldSms {
     cudaEventDestroy(end);
     cudaStreamDestroy(holder);
     cudaFree(arrived);
-    cudaFree(c);
   }
   BesideHeldSms(const BesideHeldSms&) = delete;
   BesideHeldSms& operator=(const BesideHeldSms&) = delete;
@@ -132,12 +129,19 @@ void Gemm::choose_beside_held_sms(const GemmArgs& g, Plan& p) {
   // The device quiet first: the collectives launched so far finish (every rank meets this GEMM at the
   // same point of its backward, after the same collectives), and nothing else runs beside the timing.
   LMSCOPE_CUDA_CHECK(cudaDeviceSynchronize());
-  const std::int64_t c_elements = std::max(g.m * g.ldc, g.stride_c * g.batch);
-  BesideHeldSms t(static_cast<std::size_t>(c_elements) * dtype_size(g.c.dtype));
+  // Timed into the call's own output, so no device memory is taken in the middle of the backward: the
+  // call overwrites it afterwards (beta 0), or it is kept on the host meanwhile and put back.
+  const std::int64_t c_elements = g.stride_c * (g.batch - 1) + g.m * g.ldc;
+  std::vector<char> kept;
+  if (g.beta != 0) {
+    kept.resize(static_cast<std::size_t>(c_elements) * dtype_size(g.c.dtype));
+    LMSCOPE_CUDA_CHECK(cudaMemcpy(kept.data(), g.c.data, kept.size(), cudaMemcpyDeviceToHost));
+  }
+  BesideHeldSms t;
   auto launch = [&](const Candidate& c) {
     set_sm_target(p.desc, c.sm_target);
-    return cublasLtMatmul(handle_, p.desc, &g.alpha, g.b.data, p.a, g.a.data, p.b, &g.beta, t.c, p.c, t.c, p.c, &c.algo,
-                          workspace_, workspace_bytes_, stream_);
+    return cublasLtMatmul(handle_, p.desc, &g.alpha, g.b.data, p.a, g.a.data, p.b, &g.beta, g.c.data, p.c, g.c.data,
+                          p.c, &c.algo, workspace_, workspace_bytes_, stream_);
   };
   auto loop_ms = [&](const Candidate& c, int reps) {
     LMSCOPE_CUDA_CHECK(cudaEventRecord(t.start, stream_));
@@ -173,6 +177,7 @@ void Gemm::choose_beside_held_sms(const GemmArgs& g, Plan& p) {
   LMSCOPE_CHECK(best < candidates.size(), "no cuBLASLt algorithm ran a {}x{}x{} GEMM", g.m, g.n, g.k);
   set_sm_target(p.desc, candidates[best].sm_target);
   p.algo = candidates[best].algo;
+  if (!kept.empty()) LMSCOPE_CUDA_CHECK(cudaMemcpy(g.c.data, kept.data(), kept.size(), cudaMemcpyHostToDevice));
 }
 
 void Gemm::run(const GemmArgs& g) {

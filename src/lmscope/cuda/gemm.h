@@ -8,8 +8,10 @@
 // cannot have: 1.3-1.9x slower with 24 SMs held on an H100, 1.5x with 2 held for some shapes
 // (docs/distributed.md). While set_held_sms(n) is in force a shape gets a plan of its own, chosen
 // by timing: the heuristic's first algorithm and its first eight for the SMs left
-// (CUBLASLT_MATMUL_DESC_SM_COUNT_TARGET), each run on the GEMM's own operands (its result into
-// scratch) while a kernel holds n SMs as NCCL's would; the fastest is kept.
+// (CUBLASLT_MATMUL_DESC_SM_COUNT_TARGET), each run on the GEMM's own operands and output (kept on
+// the host meanwhile when the call adds to it) while a kernel holds n SMs as NCCL's would; the
+// fastest is kept. Being chosen by the clock, such a plan may differ from run to run (and rank to
+// rank), and with it the product's rounding: runs that must repeat bit for bit take --comm-sms 0.
 #pragma once
 
 #include "lmscope/backend/backend.h"

@@ -1,6 +1,7 @@
 // Kernels that stand in for a collective's while GEMMs are timed beside one (gemm.cpp's plans for
 // the backward of data parallelism): NCCL's kernels hold an SM a block for as long as a collective
-// runs, and a GEMM planned for every SM waits on those it cannot have.
+// runs, and a GEMM planned for every SM waits on those it cannot have. (tools/gemm_beside_held_sms.cu
+// keeps a copy of these kernels: it builds with nvcc alone.)
 #include "lmscope/cuda/kernels.h"
 #include "lmscope/cuda/launch_check.cuh"
 

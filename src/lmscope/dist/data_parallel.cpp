@@ -91,9 +91,6 @@ GradientSync::GradientSync(Transformer& model, Communicator& comm, const DataPar
   pending_.resize(buckets_.size());
   in_flight_.resize(buckets_.size());
   for (std::size_t b = 0; b < buckets_.size(); ++b) pending_[b] = buckets_[b].params.size();
-  // Overlapping modes start a bucket's collective from the backward itself.
-  if (spec.mode == DdpMode::overlap || spec.mode == DdpMode::bucketed)
-    model_.set_gradient_ready([this](std::size_t p) { gradient_ready(p); });
   if (spec.symmetric_memory) {
     // Room for every gradient at once (they all live from the backward to the optimizer), and for
     // flat's buffer of them all beside.
@@ -104,12 +101,20 @@ GradientSync::GradientSync(Transformer& model, Communicator& comm, const DataPar
     model.backend().allocator().open_region(MemKind::gradient, bytes, {MemKind::gradient, "ddp.symmetric_memory", -1},
                                             comm.symmetric_memory());
   }
+  // Overlapping modes start a bucket's collective from the backward itself (hooked last: nothing
+  // after it can throw and leave the model calling a GradientSync that was never made).
+  if (spec.mode == DdpMode::overlap || spec.mode == DdpMode::bucketed)
+    model_.set_gradient_ready([this](std::size_t p) { gradient_ready(p); });
 }
 
 GradientSync::~GradientSync() {
   model_.set_gradient_ready({});
   if (spec_.symmetric_memory) model_.backend().allocator().close_region();
-  if (beside_backward_) model_.backend().set_collective_sms(0);  // a backward that threw
+  try {
+    if (beside_backward_) model_.backend().set_collective_sms(0);  // a backward that threw
+  } catch (const std::exception&) {
+    // Unwinding from that failure already; the backend's plans for held SMs just stay chosen.
+  }
 }
 
 void GradientSync::gradient_ready(std::size_t param) {

@@ -58,7 +58,8 @@ class GradientSync {
   // Hooks itself into the model's backward (Transformer::set_gradient_ready) until destroyed. With
   // spec.symmetric_memory, every gradient (and flat's buffer) is made in a region of the
   // communicator's symmetric memory (the backend's own memory where it has none, so the dry run's
-  // record is the run's), at the same offset on every rank, as NCCL's symmetric kernels require.
+  // allocator record is the run's; NCCL's own buffers are outside it, as ever), at the same offset on
+  // every rank, as NCCL's symmetric kernels require.
   // held_sms: what the backend is told collectives hold while they may run beside the backward
   // (Backend::set_collective_sms; 0: nothing said).
   GradientSync(Transformer& model, Communicator& comm, const DataParallelSpec& spec, int held_sms = 0);

@@ -51,7 +51,7 @@ class DataParallelRun {
   Backend& backend_;
   DataParallelSpec spec_;
   std::unique_ptr<Store> store_;
-  std::unique_ptr<Communicator> comm_;
+  std::unique_ptr<Communicator> comm_;  // declared before what uses it: destroyed after them
   std::unique_ptr<GradientSync> sync_;
   std::unique_ptr<ZeroSharding> zero_;
 };

@@ -10,8 +10,8 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <cstring>
-#include <map>
 #include <memory>
 #include <vector>
 
@@ -54,15 +54,24 @@ class NcclWork final : public CollectiveWork {
   cudaStream_t compute_;
 };
 
+// Symmetric windows (ncclCommWindowRegister) came with NCCL 2.27.3; with an older NCCL the
+// gradients sit in the backend's memory and the all-reduce is the ring's.
+#define LMSCOPE_NCCL_WINDOWS (NCCL_VERSION_CODE >= NCCL_VERSION(2, 27, 3))
+
+#if LMSCOPE_NCCL_WINDOWS
 // The symmetric windows a communicator registered (symmetric_memory). Deregistering is collective,
 // so it happens when the communicator goes, every rank at the same point; memory the allocator gives
 // back before then is freed then too.
 struct Windows {
   ncclComm_t comm = nullptr;  // null once the communicator is gone
   int rank = 0;
-  std::map<void*, ncclWindow_t> registered;
+  std::vector<std::pair<void*, ncclWindow_t>> registered;  // in the order made, the same on every rank
   std::vector<void*> given_back;
+  bool registered_here(void* p) const {
+    return std::any_of(registered.begin(), registered.end(), [&](const auto& r) { return r.first == p; });
+  }
 };
+#endif
 
 class NcclCommunicator final : public Communicator {
  public:
@@ -86,17 +95,22 @@ class NcclCommunicator final : public Communicator {
     if (max_ctas > 0) config.maxCTAs = max_ctas;
     LMSCOPE_NCCL_CHECK(ncclCommInitRankConfig(&comm_, world.size, id, world.rank, &config), "initialisation");
     LMSCOPE_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
+#if LMSCOPE_NCCL_WINDOWS
     windows_->comm = comm_;
     windows_->rank = rank_;
+#endif
   }
 
   ~NcclCommunicator() override {
     cudaStreamSynchronize(stream_);
-    for (auto& [p, window] : windows_->registered) ncclCommWindowDeregister(comm_, window);
+#if LMSCOPE_NCCL_WINDOWS
+    for (auto& [p, window] : windows_->registered)
+      if (window) ncclCommWindowDeregister(comm_, window);
     for (void* p : windows_->given_back) ncclMemFree(p);
     windows_->registered.clear();
     windows_->given_back.clear();
     windows_->comm = nullptr;
+#endif
     for (auto& t : timed_) {
       cudaEventDestroy(t.first);
       cudaEventDestroy(t.second);
@@ -163,6 +177,7 @@ class NcclCommunicator final : public Communicator {
     LMSCOPE_CUDA_CHECK(cudaStreamSynchronize(compute_));
   }
 
+#if LMSCOPE_NCCL_WINDOWS
   RegionMemory symmetric_memory() override {
     std::shared_ptr<Windows> w = windows_;
     auto allocate = [w](std::size_t bytes) -> void* {
@@ -176,17 +191,25 @@ class NcclCommunicator final : public Communicator {
                                       ncclGetErrorString(r),
                                       ncclGetLastError(w->comm) ? ncclGetLastError(w->comm) : ""));
       }
-      w->registered[p] = window;
+      // NCCL answers with no window where its symmetric kernels cannot run (GPUs without peer access,
+      // NCCL_WIN_ENABLE=0): the memory still serves, the all-reduce is the ring's.
+      if (!window && w->rank == 0)
+        fmt::print(stderr,
+                   "lmscope: NCCL made no symmetric window here; the gradients' all-reduce runs on its ring "
+                   "(give --comm-sms 0 then, or --symmetric-memory off)\n");
+      w->registered.emplace_back(p, window);
       return p;
     };
     auto free = [w](void* p, std::size_t) {
-      if (w->comm && w->registered.count(p))
+      if (w->comm && w->registered_here(p))
         w->given_back.push_back(p);  // freed once deregistered, as the communicator goes
       else
         ncclMemFree(p);
     };
     return {allocate, free};
   }
+
+#endif
 
   void start_timing() override {
     if (!origin_) LMSCOPE_CUDA_CHECK(cudaEventCreate(&origin_));
@@ -237,7 +260,9 @@ class NcclCommunicator final : public Communicator {
 
   cudaStream_t compute_ = nullptr, stream_ = nullptr;
   Allocator& allocator_;
+#if LMSCOPE_NCCL_WINDOWS
   std::shared_ptr<Windows> windows_ = std::make_shared<Windows>();
+#endif
   int rank_ = 0, size_ = 1;
   ncclComm_t comm_ = nullptr;
   bool timing_ = false;

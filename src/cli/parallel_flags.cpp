@@ -77,6 +77,15 @@ ParallelFlags::Resolved ParallelFlags::resolve(std::int64_t global_batch, bool d
     user_error(
         "--zero 1 exchanges the gradients its own way (reduce-scattered in --bucket-mb buckets); leave --ddp "
         "out");
+  if (zero == 1 && app.count("--symmetric-memory") + app.count("--comm-sms") > 0)
+    user_error(
+        "--symmetric-memory and --comm-sms shape --ddp's all-reduce; --zero 1 exchanges its own way: leave "
+        "them out");
+  if (app.count("--comm-sms") > 0 && (spec.mode == dist::DdpMode::naive || spec.mode == dist::DdpMode::flat))
+    user_error(
+        "--comm-sms plans the backward for an exchange beside it, and --ddp {} exchanges after it: use it "
+        "with --ddp overlap or bucketed",
+        dist::ddp_mode_name(spec.mode));
   if (global_batch % r.world.size != 0)
     user_error("--batch {} is the global batch and must split evenly across the {} ranks", global_batch, r.world.size);
   r.spec = spec;

@@ -213,6 +213,8 @@ class TwoRanks(FilesTest):
             ([*base, "--ddp", "flat", "--symmetric-memory", "yes"], "unknown --symmetric-memory"),
             ([*base, "--ddp", "flat", "--bucket-mb", "0"], "--bucket-mb"),
             ([*base, "--ddp", "bucketed", "--comm-sms", "-1"], "--comm-sms"),
+            ([*base, "--ddp", "flat", "--comm-sms", "8"], "overlap or bucketed"),
+            (["launch", "--nproc", "2", "--", *base, "--zero", "1", "--symmetric-memory", "off"], "leave them out"),
             (["launch", "--nproc", "2", "--", *base, "--zero", "1", "--ddp", "flat"], "leave --ddp out"),
             (["bench", *MODEL[:MODEL.index("--lr")], "--steps", "1", "--mode", "forward", "--ddp", "flat"],
              "--mode train or forward-backward"),

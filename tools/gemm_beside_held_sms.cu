@@ -7,6 +7,8 @@
 // first 8 for that target. Random bf16 operands, fp32 accumulation; medians of 3 runs of a loop.
 //
 //   gemm_beside_held_sms [held SM counts, default 2,8,24 (24: NCCL's CTAs for two H100s over NVLink)]
+#include "probe_support.cuh"
+
 #include <cublasLt.h>
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
@@ -16,23 +18,6 @@
 #include <cstdlib>
 #include <string>
 #include <vector>
-
-#define CHECK_CUDA(x)                                                                         \
-  do {                                                                                        \
-    cudaError_t e_ = (x);                                                                     \
-    if (e_ != cudaSuccess) {                                                                  \
-      std::fprintf(stderr, "%s:%d %s: %s\n", __FILE__, __LINE__, #x, cudaGetErrorString(e_)); \
-      std::exit(1);                                                                           \
-    }                                                                                         \
-  } while (0)
-#define CHECK_LT(x)                                                                            \
-  do {                                                                                         \
-    cublasStatus_t s_ = (x);                                                                   \
-    if (s_ != CUBLAS_STATUS_SUCCESS) {                                                         \
-      std::fprintf(stderr, "%s:%d %s: cuBLASLt status %d\n", __FILE__, __LINE__, #x, int(s_)); \
-      std::exit(1);                                                                            \
-    }                                                                                          \
-  } while (0)
 
 namespace {
 
@@ -57,16 +42,6 @@ __global__ void hold_sm(unsigned long long ns, int* arrived) {
 // Runs on the GEMMs' stream before them: they start only once every holding block has.
 __global__ void wait_arrived(const volatile int* arrived, int count) {
   while (*arrived < count) __nanosleep(500);
-}
-
-__global__ void fill_random(__nv_bfloat16* p, size_t n, unsigned seed) {
-  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n; i += size_t(gridDim.x) * blockDim.x) {
-    unsigned x = static_cast<unsigned>(i) * 2654435761u ^ seed;
-    x ^= x >> 13;
-    x *= 0x5bd1e995u;
-    x ^= x >> 15;
-    p[i] = __float2bfloat16((x & 0xffff) / 32768.0f - 1.0f);
-  }
 }
 
 struct Shape {

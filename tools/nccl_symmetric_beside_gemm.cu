@@ -8,6 +8,8 @@
 // operands; medians of 3 loops; the all-reduce's result checked.
 //
 //   nccl_symmetric_beside_gemm [MiB per all-reduce, default 25] [SMs fewer for the GEMMs, default 8]
+#include "probe_support.cuh"
+
 #include <cublasLt.h>
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
@@ -22,22 +24,6 @@
 #include <thread>
 #include <vector>
 
-#define CHECK_CUDA(x)                                                                         \
-  do {                                                                                        \
-    cudaError_t e_ = (x);                                                                     \
-    if (e_ != cudaSuccess) {                                                                  \
-      std::fprintf(stderr, "%s:%d %s: %s\n", __FILE__, __LINE__, #x, cudaGetErrorString(e_)); \
-      std::exit(1);                                                                           \
-    }                                                                                         \
-  } while (0)
-#define CHECK_LT(x)                                                                            \
-  do {                                                                                         \
-    cublasStatus_t s_ = (x);                                                                   \
-    if (s_ != CUBLAS_STATUS_SUCCESS) {                                                         \
-      std::fprintf(stderr, "%s:%d %s: cuBLASLt status %d\n", __FILE__, __LINE__, #x, int(s_)); \
-      std::exit(1);                                                                            \
-    }                                                                                          \
-  } while (0)
 #define CHECK_NCCL(x)                                                                         \
   do {                                                                                        \
     ncclResult_t r_ = (x);                                                                    \
@@ -48,16 +34,6 @@
   } while (0)
 
 namespace {
-
-__global__ void fill_random(__nv_bfloat16* p, size_t n, unsigned seed) {
-  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n; i += size_t(gridDim.x) * blockDim.x) {
-    unsigned x = static_cast<unsigned>(i) * 2654435761u ^ seed;
-    x ^= x >> 13;
-    x *= 0x5bd1e995u;
-    x ^= x >> 15;
-    p[i] = __float2bfloat16((x & 0xffff) / 32768.0f - 1.0f);
-  }
-}
 
 // p[i] = rank + 1 + (i % 7): after the sum over two ranks, 3 + 2·(i % 7), exact in bf16 too.
 template <typename T>

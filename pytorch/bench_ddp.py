@@ -2,7 +2,8 @@
 torchrun: the reference model (cs336_reference.py, SDPA attention, bf16 autocast around forward and
 loss) in DistributedDataParallel (buckets of --bucket-mb, 25 by default as in DDP) with
 torch.optim.AdamW(fused=True) (variant ddp), or the same DDP with ZeroRedundancyOptimizer over that
-AdamW (variant zero1: AdamW's state sharded, each rank's updated parameters broadcast). --batch is
+AdamW (variant zero1: AdamW's state sharded, each rank's updated parameters broadcast), or DDP with
+its bf16_compress_hook (variant ddp-bf16: each bucket cast to bf16, all-reduced, cast back). --batch is
 per rank. A step is zero_grad, forward, backward (DDP's all-reduces overlap it) and the optimizer
 step, timed on the host between synchronisations after --warmup steps; rank 0 prints one Markdown row
 per cell with the median step, the per-rank peak memory (max_memory_allocated, the largest of the
@@ -19,6 +20,7 @@ import time
 
 import torch
 import torch.distributed as dist
+from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 from torch.distributed.optim import ZeroRedundancyOptimizer
 from torch.nn.parallel import DistributedDataParallel as DDP
 
@@ -30,6 +32,8 @@ def run_cell(a, model_name, ctx, variant, rank):
     with torch.device("cuda"):
         model = ref.TransformerLM(**ref.PRESETS[model_name], attention="sdpa").cuda()
     model = DDP(model, device_ids=[torch.cuda.current_device()], bucket_cap_mb=a.bucket_mb)
+    if variant == "ddp-bf16":
+        model.register_comm_hook(None, default_hooks.bf16_compress_hook)
     adamw = dict(lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.01, fused=True)
     if variant == "zero1":
         opt = ZeroRedundancyOptimizer(model.parameters(), optimizer_class=torch.optim.AdamW, **adamw)
@@ -61,7 +65,7 @@ def main():
     ap.add_argument("--model", default="xl")
     ap.add_argument("--ctx", default="512")
     ap.add_argument("--batch", type=int, default=4, help="sequences per rank")
-    ap.add_argument("--variant", default="ddp,zero1", help="ddp and/or zero1")
+    ap.add_argument("--variant", default="ddp,zero1", help="ddp, zero1 and/or ddp-bf16")
     ap.add_argument("--bucket-mb", type=float, default=25)
     ap.add_argument("--warmup", type=int, default=3)
     ap.add_argument("--steps", type=int, default=10)

@@ -1,18 +1,22 @@
 #!/usr/bin/env bash
 # On a machine with two GPUs (the first two are used): build, the GPU tests on each GPU, then
 # lmscope's data parallelism beside PyTorch's in the same run: the data-parallel tests through NCCL
-# (two ranks equal one with the same global batch: fp32 5 steps, bf16 20 steps), lmscope allreduce
+# (two ranks equal one with the same global batch: fp32 5 steps, bf16 20 steps, bf16 with bf16
+# gradients 20 steps), lmscope allreduce
 # beside torch.distributed.all_reduce, and the train step of the models in LMSCOPE_DDP_MODELS
 # (default xl,2.7B) at LMSCOPE_DDP_CTXS (default 512,1024), bf16, flash, batch 4 per rank: lmscope on
-# one GPU, with each --ddp (bucketed at 1, 10, 25, 100 and 1000 MB) and --zero 1 on two, beside
-# PyTorch DDP (25 MB buckets) and ZeRO-1 (ZeroRedundancyOptimizer), and the dry run's prediction of a
+# one GPU, with each --ddp (bucketed at 1, 10, 25, 100 and 1000 MB) and --zero 1 on two, and bucketed
+# 25 MB with bf16 gradients (one GPU with them too), beside PyTorch DDP (25 MB buckets; also with its
+# bf16_compress_hook) and ZeRO-1 (ZeroRedundancyOptimizer), and the dry run's prediction of a
 # ZeRO-1 rank's peak. Also: lmscope's ranks started by torchrun itself (their trained weights against
 # those of ranks started by lmscope launch), and bench --profile over two ranks (NCCL's kernels in
 # the kernel profile, beside one GPU's profile of the same cell). Full logs in $OUT (or ./gpu-out);
 # tools/ddp_table.py's short table prints last.
 # LMSCOPE_DDP_PARTS (default tests,ddptests,torchrun,profile,allreduce,bench,table) runs only those
 # parts, so the run can be split across calls of a time limit (LMSCOPE_BUILD_DIR=build-gpu reuses
-# the first call's build); the part overlap (not a default) probes the backward's slowdown beside NCCL
+# the first call's build; LMSCOPE_DDP_VARIANTS, lmscope's flags a ';' apart, and LMSCOPE_DDP_PT_VARIANTS,
+# bench_ddp.py's --variant, and LMSCOPE_DDP_ONE_GPU, the one-GPU cells' flags, narrow the bench part);
+# the part overlap (not a default) probes the backward's slowdown beside NCCL
 # (and the GEMMs beside NCCL's symmetric all-reduce).
 set -uo pipefail
 source "$(dirname "$0")/gpu_env.sh"
@@ -27,6 +31,11 @@ date -u +%FT%TZ | tee -a "$OUT/gpus.txt"
 models=${LMSCOPE_DDP_MODELS:-xl,2.7B} ctxs=${LMSCOPE_DDP_CTXS:-512,1024}
 steps=(--warmup "${LMSCOPE_DDP_WARMUP:-3}" --steps "${LMSCOPE_DDP_MEASURED:-10}")
 parts=",${LMSCOPE_DDP_PARTS:-tests,ddptests,torchrun,profile,allreduce,bench,table},"
+variants=${LMSCOPE_DDP_VARIANTS:-"--ddp naive;--ddp flat;--ddp overlap;--ddp bucketed --bucket-mb 1;\
+--ddp bucketed --bucket-mb 10;--ddp bucketed --bucket-mb 25;--ddp bucketed --bucket-mb 100;\
+--ddp bucketed --bucket-mb 1000;--zero 1;--ddp bucketed --bucket-mb 25 --grad-dtype bf16"}
+pt_variants=${LMSCOPE_DDP_PT_VARIANTS:-ddp,zero1,ddp-bf16}
+one_gpu=${LMSCOPE_DDP_ONE_GPU:-"--graphs off,on --grad-dtype fp32,bf16"}
 
 if [[ $parts == *,tests,* ]]; then
   for g in 0 1; do CUDA_VISIBLE_DEVICES=$g "$B/tests/lmscope_gpu_tests" >"$OUT/gpu-tests-$g.log" 2>&1 & done
@@ -35,12 +44,12 @@ if [[ $parts == *,tests,* ]]; then
 fi
 
 if [[ $parts == *,ddptests,* ]]; then
-  for run in "fp32 5" "bf16 20"; do
+  for run in "fp32 5 fp32" "bf16 20 fp32" "bf16 20 bf16"; do
     set -- $run
-    LMSCOPE="$B/lmscope" LMSCOPE_DDP_DEVICE=cuda LMSCOPE_DDP_PRECISION=$1 LMSCOPE_DDP_STEPS=$2 \
-      $PY tests/cli/test_ddp_cli.py -v >"$OUT/ddp-tests-$1.log" 2>&1
-    echo "== data-parallel tests, two GPUs, $1, $2 steps: exit $?"
-    grep -E "within|ok$|FAIL|Error|Ran" "$OUT/ddp-tests-$1.log" | sort -u | head -20
+    LMSCOPE="$B/lmscope" LMSCOPE_DDP_DEVICE=cuda LMSCOPE_DDP_PRECISION=$1 LMSCOPE_DDP_STEPS=$2 LMSCOPE_DDP_GRAD_DTYPE=$3 \
+      $PY tests/cli/test_ddp_cli.py -v >"$OUT/ddp-tests-$1-$3.log" 2>&1
+    echo "== data-parallel tests, two GPUs, $1, $3 gradients, $2 steps: exit $?"
+    grep -E "within|ok$|FAIL|Error|Ran" "$OUT/ddp-tests-$1-$3.log" | sort -u | head -20
   done
 fi
 
@@ -84,15 +93,16 @@ fi
 
 if [[ $parts == *,bench,* ]]; then
   bench=(bench --device cuda --model "$models" --ctx "$ctxs" --precision bf16 --attention flash "${steps[@]}" --format json)
-  "$B/lmscope" "${bench[@]}" --batch 4 --graphs off,on --out "$OUT/ddp-one-gpu.json" >"$OUT/ddp-one-gpu.md" 2>&1
+  "$B/lmscope" "${bench[@]}" --batch 4 $one_gpu --out "$OUT/ddp-one-gpu.json" \
+    >"$OUT/ddp-one-gpu.md" 2>&1
   echo "== lmscope, one GPU: exit $?"
-  for par in "--ddp naive" "--ddp flat" "--ddp overlap" "--ddp bucketed --bucket-mb 1" "--ddp bucketed --bucket-mb 10" \
-    "--ddp bucketed --bucket-mb 25" "--ddp bucketed --bucket-mb 100" "--ddp bucketed --bucket-mb 1000" "--zero 1"; do
+  IFS=';' read -ra pars <<<"$variants"
+  for par in "${pars[@]}"; do
     tag=$(echo "$par" | tr -d ' -')
     "$B/lmscope" launch --nproc 2 -- "${bench[@]}" --batch 8 $par --out "$OUT/ddp-$tag.json" >"$OUT/ddp-$tag.md" 2>&1
     echo "== lmscope, two GPUs, $par: exit $?"
   done
-  (cd pytorch && torchrun --nproc-per-node 2 bench_ddp.py --model "$models" --ctx "$ctxs" --batch 4 --variant ddp,zero1 \
+  (cd pytorch && torchrun --nproc-per-node 2 bench_ddp.py --model "$models" --ctx "$ctxs" --batch 4 --variant "$pt_variants" \
     --warmup "${LMSCOPE_DDP_WARMUP:-3}" --steps "${LMSCOPE_DDP_MEASURED:-10}") >"$OUT/ddp-pytorch.md" 2>"$OUT/ddp-pytorch.err"
   echo "== PyTorch DDP and ZeRO-1: exit $?"
   "$B/lmscope" memory --dry-run --device cuda --model "$models" --ctx "$ctxs" --batch 8 --precision bf16 \

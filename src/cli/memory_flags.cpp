@@ -5,6 +5,8 @@
 
 #include <fmt/core.h>
 
+#include <algorithm>
+
 namespace lmscope::cli {
 
 void MemoryCellFlags::add_to(CLI::App& app, bool with_dry_run_flags) {
@@ -21,6 +23,7 @@ void MemoryCellFlags::add_to(CLI::App& app, bool with_dry_run_flags) {
   app.add_option("--recompute", recompute, recompute_help(true))->capture_default_str();
   app.add_option("--grad-accum", grad_accum, grad_accum_help(true))->capture_default_str();
   app.add_option("--weight-copies", weight_copies, weight_copies_help(true))->capture_default_str();
+  app.add_option("--grad-dtype", grad_dtype, grad_dtype_help(true))->capture_default_str();
   app.add_option("--warmup", warmup, warmup_help)->capture_default_str();
   app.add_option("--seed", seed_, seed_help)->capture_default_str();
   parallel_.add_to(app, with_dry_run_flags);
@@ -58,6 +61,8 @@ std::vector<MemorySpec> MemoryCellFlags::resolve() const {
   const auto accums = parse_positive_list("--grad-accum", grad_accum);
   std::vector<WeightCopies> copies;
   for (const auto& c : split_list(weight_copies)) copies.push_back(parse_weight_copies(c));
+  const auto grad_dtypes = split_list(grad_dtype);
+  for (const auto& g : grad_dtypes) check_grad_dtype(g, "bf16");  // the name; the precision per cell below
   if (warmup < 0) user_error("--warmup must be non-negative, got {}", warmup);
   const std::size_t limit = memory_limit();
   if (always_dry_ && !dry_run_) user_error("this command always runs dry; --dry-run=false is not possible");
@@ -70,37 +75,45 @@ std::vector<MemorySpec> MemoryCellFlags::resolve() const {
           for (auto md : modes)
             for (auto rc : recomputes)
               for (auto wc : copies)
-                for (auto k : accums) {
-                  // Only a backward accumulates: a mode without one runs once, as one micro-batch.
-                  if (!has_backward(md) && k != accums.front()) continue;
-                  // Only mixed precision has copies to make transient.
-                  if (wc == WeightCopies::transient && compute_dtype(p) == DType::f32) continue;
-                  for (auto b : batches)
-                    for (auto t : ctxs) {
-                      MemorySpec s;
-                      s.cell.model = m;
-                      s.cell.device = d;
-                      s.cell.precision = p;
-                      s.cell.attention = a;
-                      s.cell.mode = md;
-                      s.cell.batch = b;
-                      s.cell.ctx = t;
-                      s.cell.warmup = warmup;
-                      s.cell.steps = 1;
-                      s.cell.seed = seed_;
-                      s.cell.recompute = rc;
-                      s.cell.grad_accum = has_backward(md) ? static_cast<int>(k) : 1;
-                      s.cell.weight_copies = wc;
-                      const ParallelFlags::Resolved parallel = parallel_.resolve(b, dry_run_);
-                      if (parallel.spec) parallel.spec->check_step(has_backward(md), md == BenchMode::train);
-                      s.cell.parallel = parallel.spec;
-                      s.cell.world = parallel.world;
-                      s.dry_run = dry_run_;
-                      s.memory_limit = limit;
-                      cells.push_back(s);
-                    }
-                }
-  if (cells.empty()) user_error("{}", kTransientNeedsBf16);
+                for (const auto& gd : grad_dtypes)
+                  for (auto k : accums) {
+                    // Only a backward accumulates: a mode without one runs once, as one micro-batch.
+                    if (!has_backward(md) && k != accums.front()) continue;
+                    // Only mixed precision has copies to make transient.
+                    if (wc == WeightCopies::transient && compute_dtype(p) == DType::f32) continue;
+                    // Only bf16 computes the gradients it can keep in bf16.
+                    if (gd != "fp32" && p != "bf16") continue;
+                    for (auto b : batches)
+                      for (auto t : ctxs) {
+                        MemorySpec s;
+                        s.cell.model = m;
+                        s.cell.device = d;
+                        s.cell.precision = p;
+                        s.cell.attention = a;
+                        s.cell.mode = md;
+                        s.cell.batch = b;
+                        s.cell.ctx = t;
+                        s.cell.warmup = warmup;
+                        s.cell.steps = 1;
+                        s.cell.seed = seed_;
+                        s.cell.recompute = rc;
+                        s.cell.grad_accum = has_backward(md) ? static_cast<int>(k) : 1;
+                        s.cell.weight_copies = wc;
+                        s.cell.grad_dtype = gd;
+                        const ParallelFlags::Resolved parallel = parallel_.resolve(b, dry_run_);
+                        if (parallel.spec) parallel.spec->check_step(has_backward(md), md == BenchMode::train);
+                        s.cell.parallel = parallel.spec;
+                        s.cell.world = parallel.world;
+                        s.dry_run = dry_run_;
+                        s.memory_limit = limit;
+                        cells.push_back(s);
+                      }
+                  }
+  if (cells.empty()) {
+    if (std::find(grad_dtypes.begin(), grad_dtypes.end(), "fp32") == grad_dtypes.end())
+      check_grad_dtype(grad_dtypes.front(), precisions.front());  // --grad-dtype bf16 without bf16
+    user_error("{}", kTransientNeedsBf16);
+  }
   return cells;
 }
 

@@ -107,6 +107,13 @@ std::string weight_copies_help(bool list) {
          (list ? " (comma list sweeps)" : "");
 }
 
+std::string grad_dtype_help(bool list) {
+  return std::string(
+             "The gradients' type: fp32, or bf16 under --precision bf16 (the weight-gradient GEMMs write bf16, data "
+             "parallelism exchanges half the bytes, AdamW reads them as they are; its state stays fp32)") +
+         (list ? " (comma list sweeps)" : "");
+}
+
 std::string grad_accum_help(bool list) {
   return std::string(
              "Micro-batches of --batch sequences per optimizer step, their gradients summed (the step's batch is "

@@ -38,6 +38,8 @@ std::string weight_copies_help(bool list);
 // Why --weight-copies transient without bf16 is refused.
 inline constexpr const char* kTransientNeedsBf16 =
     "--weight-copies transient needs --precision bf16: under fp32 and tf32 the weights have no copies";
+// --grad-dtype's help (a comma list sweeps where `list`).
+std::string grad_dtype_help(bool list);
 // --grad-accum's help (a comma list sweeps where `list`).
 std::string grad_accum_help(bool list);
 // "80GiB", "81920MiB", "80GB" (10^9), "85899345920" (bytes) -> bytes; UserError otherwise.

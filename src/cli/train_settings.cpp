@@ -100,6 +100,7 @@ void TrainSettings::add_to(CLI::App& app) {
   app.add_option("--recompute", recompute, recompute_help(false))->capture_default_str();
   app.add_option("--grad-accum", grad_accum, grad_accum_help(false))->capture_default_str();
   app.add_option("--weight-copies", weight_copies, weight_copies_help(false))->capture_default_str();
+  app.add_option("--grad-dtype", grad_dtype, grad_dtype_help(false))->capture_default_str();
   app.add_option("--graphs", graphs,
                  "on: forward, backward and optimizer each run as one CUDA graph, recorded once and replayed (the "
                  "same bits as off, fewer launches); off: op by op (no effect on the CPU)")
@@ -143,6 +144,7 @@ void TrainSettings::validate(const CLI::App& app) {
     if (*value != "on" && *value != "off") user_error("unknown {} '{}' (use on or off)", flag, *value);
   if (parse_weight_copies(weight_copies) == WeightCopies::transient && compute_dtype(precision) == DType::f32)
     user_error("{}", kTransientNeedsBf16);
+  check_grad_dtype(grad_dtype, precision);
   if (checkpoint_dir.empty() && (app.count("--save-every") > 0 || app.count("--keep") > 0))
     user_error("--save-every and --keep need --checkpoint-dir");
   if (app.count("--save-every") > 0 && save_every <= 0)
@@ -167,6 +169,7 @@ nlohmann::ordered_json TrainSettings::to_json() const {
           {"attention", attention},
           {"recompute", recompute},
           {"weight_copies", weight_copies},
+          {"grad_dtype", grad_dtype},
           {"graphs", graphs},
           {"fusion", fusion},
           {"data", data},
@@ -218,6 +221,7 @@ std::vector<std::string> TrainSettings::take_from_checkpoint(const CLI::App& app
     take(app, saved, "--attention", attention, changes);
     take(app, saved, "--recompute", recompute, changes);
     take(app, saved, "--weight-copies", weight_copies, changes);
+    take(app, saved, "--grad-dtype", grad_dtype, changes);
     take(app, saved, "--graphs", graphs, changes);
     take(app, saved, "--fusion", fusion, changes);
     take(app, saved, "--data", data, changes);

@@ -29,7 +29,7 @@ struct TrainSettings {
   int grad_accum = 1;
   std::uint64_t seed = 0;
   std::string sample = "random", device, precision = "fp32", attention = "flash", recompute = "none",
-              weight_copies = "kept", lr_schedule = "constant", graphs = "on", fusion = "on";
+              weight_copies = "kept", grad_dtype = "fp32", lr_schedule = "constant", graphs = "on", fusion = "on";
   OptimizerConfig optimizer;
   LrSchedule schedule;
 

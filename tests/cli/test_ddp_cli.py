@@ -4,7 +4,8 @@ with the whole batch, within 1e-6 relative, for every --ddp mode and for --zero 
 through the same code path gives that process's bits, in every mode; bad input ends in one sentence
 and exit 2. Run by ctest with LMSCOPE pointing at the built program. LMSCOPE_DDP_DEVICE=cuda runs
 them on the GPUs through NCCL (scripts/gpu_check.sh --data-parallel), with LMSCOPE_DDP_PRECISION
-(default fp32) and LMSCOPE_DDP_STEPS (default 5); tests of two ranks then need two GPUs. Each comparison
+(default fp32), LMSCOPE_DDP_GRAD_DTYPE (--grad-dtype, default fp32) and LMSCOPE_DDP_STEPS (default 5);
+tests of two ranks then need two GPUs. Each comparison
 prints how close it came."""
 import json
 import os
@@ -20,6 +21,7 @@ LMSCOPE = os.environ["LMSCOPE"]
 DEVICE = os.environ.get("LMSCOPE_DDP_DEVICE", "cpu")
 PRECISION = os.environ.get("LMSCOPE_DDP_PRECISION", "fp32")
 STEPS = int(os.environ.get("LMSCOPE_DDP_STEPS", "5"))
+GRAD_DTYPE = os.environ.get("LMSCOPE_DDP_GRAD_DTYPE", "fp32")
 # How close N ranks come to one process: fp32 1e-6 relative; in bf16 the ranks' GEMMs over half the
 # rows round differently from one over all of them, and the difference grows with the steps.
 TOLERANCE = 1e-6 if PRECISION == "fp32" else 2e-2
@@ -29,7 +31,7 @@ MODES = (["--ddp", "naive"], ["--ddp", "flat"], ["--ddp", "overlap"], ["--ddp", 
          ["--ddp", "bucketed"], ["--ddp", "bucketed", "--symmetric-memory", "off"],
          ["--ddp", "bucketed", "--bucket-mb", "0.01", "--comm-sms", "8"])
 MODEL = ["--device", DEVICE, "--precision", PRECISION, "--vocab", "50", "--d-model", "32", "--d-ff", "64", "--layers", "2", "--heads", "2",
-         "--batch", "4", "--ctx", "16", "--lr", "3e-3", "--print-every", "5"]
+         "--grad-dtype", GRAD_DTYPE, "--batch", "4", "--ctx", "16", "--lr", "3e-3", "--print-every", "5"]
 
 
 def ranks_possible():

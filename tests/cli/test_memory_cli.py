@@ -91,6 +91,21 @@ class MemoryCommand(unittest.TestCase):
                             and x["mode"] == "train"][0]
         self.assertEqual(bf16_flash_train["peak_bytes"], 62760860160)
 
+    def test_bf16_gradients_take_half_the_bytes(self):
+        r = run("memory", "--dry-run", "--device", "cuda", "--model", "xl", "--ctx", "512", "--precision", "bf16",
+                "--grad-dtype", "fp32,bf16", "--format", "json")
+        self.assertEqual(r.returncode, 0, r.stderr)
+        wide, narrow = json.loads(r.stdout)
+        self.assertEqual((wide["grad_dtype"], narrow["grad_dtype"]), ("fp32", "bf16"))
+        ratio = narrow["peak_by_kind"]["gradient"] / wide["peak_by_kind"]["gradient"]
+        self.assertAlmostEqual(ratio, 0.5, delta=0.01)
+        self.assertLess(narrow["peak_bytes"], wide["peak_bytes"])
+        # Only bf16 cells have bf16 gradients: an fp32 cell of the sweep is left out.
+        r = run("memory", "--dry-run", "--device", "cuda", *TINY, "--precision", "fp32,bf16", "--grad-dtype", "bf16",
+                "--format", "json")
+        self.assertEqual(r.returncode, 0, r.stderr)
+        self.assertEqual([(x["precision"], x["grad_dtype"]) for x in json.loads(r.stdout)], [("bf16", "bf16")])
+
     def test_a_cell_that_cannot_fit_says_so_and_by_how_much(self):
         r = run("memory", "--dry-run", "--device", "cuda", "--model", "2.7B", "--ctx", "4096", "--precision", "bf16",
                 "--memory-limit", "80GiB", "--format", "json")
@@ -177,7 +192,7 @@ class MemoryCommand(unittest.TestCase):
         cases = [["--mode", "sideways"], ["--top", "0"], ["--snapshot", "/nonexistent/dir/x.pickle"],
                  ["--dry-run", "--memory-limit", "lots"], ["--memory-limit", "80GiB"], ["--svg-by", "colour"],
                  ["--ctx", "32,64", "--svg", os.path.join(self.dir, "two.svg")], ["--recompute", "most"],
-                 ["--grad-accum", "0"]]
+                 ["--grad-accum", "0"], ["--grad-dtype", "f16"], ["--grad-dtype", "bf16"]]
         for extra in cases:
             r = run("memory", "--device", "cpu", *TINY, *extra)
             self.assertEqual(r.returncode, 2, (extra, r.stderr))

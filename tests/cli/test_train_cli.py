@@ -233,7 +233,10 @@ class Checkpoints(FilesTest):
             ([*RUN[:-4], "--data", self.data, "--loss-scale-interval", "0"], "--loss-scale-interval must be positive"),
             ([*RUN[:-4], "--data", self.data, "--graphs", "yes"], "unknown --graphs 'yes'"),
             ([*RUN[:-4], "--data", self.data, "--fusion", "1"], "unknown --fusion '1'"),
+            ([*RUN[:-4], "--data", self.data, "--grad-dtype", "f16"], "unknown --grad-dtype 'f16'"),
         ]
+        if PRECISION != "bf16":
+            cases.append(([*RUN[:-4], "--data", self.data, "--grad-dtype", "bf16"], "needs --precision bf16"))
         empty = self.path("empty")
         os.makedirs(empty, exist_ok=True)
         cases.append((["--resume", empty], "holds no checkpoint"))

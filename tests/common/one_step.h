@@ -29,7 +29,8 @@ struct OneStepSpec {
   std::int64_t rows = 4, micro = 4, ctx = 32;  // rows sequences in micro-batches of micro
   double lr = 1e-3;
   std::size_t logit_chunk_bytes = Transformer::kLogitChunkBytes;
-  bool fusion = false;  // Transformer::set_fusion
+  bool fusion = false;            // Transformer::set_fusion
+  DType grad_dtype = DType::f32;  // Transformer::set_grad_dtype
 };
 
 // Three layers of width 32 over a vocabulary of 37: a step of it takes the CPU milliseconds.
@@ -44,9 +45,16 @@ inline ModelConfig tiny_model() {
   return c;
 }
 
+// t's values as floats (a tensor of another dtype cast to f32 on the backend first).
 inline std::vector<float> host_floats(Backend& be, const Tensor& t) {
   std::vector<float> v(static_cast<std::size_t>(t.numel()));
-  be.copy_to_host(v.data(), t);
+  if (t.dtype == DType::f32) {
+    be.copy_to_host(v.data(), t);
+    return v;
+  }
+  Allocation f = be.allocator().allocate(t.shape, DType::f32, {MemKind::workspace, "test.host_floats", -1});
+  be.cast(t, f);
+  be.copy_to_host(v.data(), f);
   return v;
 }
 
@@ -56,6 +64,7 @@ inline OneStep one_step(Backend& be, const OneStepSpec& s) {
   model.set_weight_copies(s.weight_copies);
   model.set_logit_chunk_bytes(s.logit_chunk_bytes);
   model.set_fusion(s.fusion);
+  model.set_grad_dtype(s.grad_dtype);
   model.init_parameters(6);
   const std::int64_t n = s.rows * s.ctx;
   std::vector<std::int32_t> ids(static_cast<std::size_t>(n)), targets(static_cast<std::size_t>(n));

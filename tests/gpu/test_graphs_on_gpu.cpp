@@ -2,7 +2,8 @@
 // of the run op by op: every step's loss, the gradient norm and every parameter after 20 steps, with
 // new tokens and a new learning rate each step, a held-out forward at another batch size between
 // steps, and in fp32, bf16 (kept and transient weight copies, recompute) and fp16 (a loss scale that
-// overflows, so steps are skipped on the device and the scale changes), fused but for one case. The
+// overflows, so steps are skipped on the device and the scale changes), fused but for one case; bf16
+// gradients fused and unfused. The
 // replays must have happened, or the test would compare the eager path with itself. Skipped without a
 // GPU.
 #include "lmscope/backend/backend.h"
@@ -28,6 +29,7 @@ struct Case {
   WeightCopies copies = WeightCopies::kept;
   double loss_scale = 65536;  // fp16's first scale
   bool fusion = true;
+  DType grad_dtype = DType::f32;
 };
 
 struct TrainedRun {
@@ -49,6 +51,7 @@ TrainedRun train(const Case& c, bool graphs) {
   Transformer model(cfg, *be, DType::f32, compute_dtype(c.precision));
   model.set_recompute(c.recompute);
   model.set_weight_copies(c.copies);
+  model.set_grad_dtype(c.grad_dtype);
   model.set_graphs(graphs);
   model.set_fusion(c.fusion);
   model.init_parameters(7);
@@ -115,11 +118,13 @@ TEST(GraphsOnGpu, ReplayedStepsGiveTheBitsOfStepsOpByOp) {
       {"bf16", 2, Recompute::selective, WeightCopies::transient},
       {"bf16", 1, Recompute::full},
       {"fp16", 1, Recompute::none, WeightCopies::kept, std::ldexp(1.0, 28)},  // overflows: skips, halves, trains
+      {"bf16", 2, Recompute::selective, WeightCopies::kept, 65536, true, DType::bf16},
+      {"bf16", 1, Recompute::none, WeightCopies::kept, 65536, false, DType::bf16},
   };
   for (const Case& c : cases) {
     const std::string what = std::string(c.precision) + ", " + std::to_string(c.micro_batches) + " micro-batches, " +
                              recompute_name(c.recompute) + " recompute, " + weight_copies_name(c.copies) + " copies" +
-                             (c.fusion ? "" : ", unfused");
+                             (c.fusion ? "" : ", unfused") + (c.grad_dtype == DType::f32 ? "" : ", bf16 gradients");
     const TrainedRun eager = train(c, false), graphed = train(c, true);
     expect_same_bits(graphed, eager, what.c_str());
     EXPECT_EQ(eager.graphs.recorded + eager.graphs.replayed, 0) << what;

@@ -329,6 +329,10 @@ void check_precision(const std::string& precision);
 std::unique_ptr<Backend> make_backend(const std::string& device, const std::string& precision = "fp32");
 // The model's compute dtype for a precision name: bf16 for "bf16", f16 for "fp16", else f32.
 DType compute_dtype(const std::string& precision);
+// --grad-dtype: "fp32" (the master dtype) or "bf16", which takes precision "bf16" (UserError
+// otherwise); gradient_dtype gives a checked value's dtype.
+void check_grad_dtype(const std::string& grad_dtype, const std::string& precision);
+DType gradient_dtype(const std::string& grad_dtype);
 // The device a command uses when none is named.
 std::string default_device();
 

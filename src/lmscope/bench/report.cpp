@@ -186,8 +186,8 @@ std::string markdown(const std::vector<BenchResult>& rows) {
 
 std::string csv(const std::vector<BenchResult>& rows) {
   std::string out =
-      "model,d_model,d_ff,layers,heads,vocab,device,precision,attention,mode,recompute,grad_accum,weight_copies,graphs,"
-      "fusion,batch,ctx,warmup,steps";
+      "model,d_model,d_ff,layers,heads,vocab,device,precision,attention,mode,recompute,grad_accum,weight_copies,"
+      "grad_dtype,graphs,fusion,batch,ctx,warmup,steps";
   for (const char* p : kPhases)
     for (const char* f : {"mean_ms", "std_ms", "median_ms", "min_ms", "max_ms"}) out += fmt::format(",{}_{}", p, f);
   out += ",tokens_per_s,model_tflops,mfu,peak_bytes,device_name,dry_run,status";
@@ -195,10 +195,10 @@ std::string csv(const std::vector<BenchResult>& rows) {
       ",world_size,ddp,zero,bucket_mb,symmetric_memory,comm_sms,communication_mean_ms,exchange_mean_ms,hidden_share\n";
   for (const BenchResult& r : rows) {
     const BenchSpec& s = r.spec;
-    out += fmt::format("{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{}", csv_field(s.model.name),
+    out += fmt::format("{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{}", csv_field(s.model.name),
                        s.model.d_model, s.model.d_ff, s.model.layers, s.model.heads, s.model.vocab, s.device,
                        s.precision, attention_name(s.attention), bench_mode_name(s.mode), recompute_name(s.recompute),
-                       s.grad_accum, weight_copies_name(s.weight_copies), s.graphs ? "on" : "off",
+                       s.grad_accum, weight_copies_name(s.weight_copies), s.grad_dtype, s.graphs ? "on" : "off",
                        s.fusion ? "on" : "off", s.batch, s.ctx, s.warmup, s.steps);
     for (int i = 0; i < 4; ++i) {
       const PhaseStats& p = phase(r, i);
@@ -243,6 +243,7 @@ std::string json(const std::vector<BenchResult>& rows) {
     j["recompute"] = recompute_name(s.recompute);
     j["grad_accum"] = s.grad_accum;
     j["weight_copies"] = weight_copies_name(s.weight_copies);
+    j["grad_dtype"] = s.grad_dtype;
     j["graphs"] = s.graphs;
     j["fusion"] = s.fusion;
     j["batch"] = s.batch;

@@ -38,6 +38,7 @@ std::string mode_label(const BenchSpec& s) {
   if (s.recompute != Recompute::none) label += fmt::format(", {} recompute", recompute_name(s.recompute));
   if (s.grad_accum > 1 && has_backward(s.mode)) label += fmt::format(", {} micro-batches", s.grad_accum);
   if (s.weight_copies == WeightCopies::transient) label += ", transient copies";
+  if (s.grad_dtype != "fp32") label += fmt::format(", {} gradients", s.grad_dtype);
   if (!s.graphs && s.device == "cuda") label += ", graphs off";
   if (!s.fusion) label += ", fusion off";
   if (s.parallel) {
@@ -112,6 +113,7 @@ void run_cell(const BenchSpec& spec, BenchResult& r, const BenchProgress& progre
   Transformer model(spec.model, *backend, DType::f32, compute_dtype(spec.precision), spec.attention);
   model.set_recompute(spec.recompute);
   model.set_weight_copies(spec.weight_copies);
+  model.set_grad_dtype(gradient_dtype(spec.grad_dtype));
   model.set_graphs(spec.graphs);  // (off once a data-parallel run attaches: DataParallelRun::attach)
   model.set_fusion(spec.fusion);
   model.init_parameters(spec.seed);

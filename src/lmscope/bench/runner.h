@@ -36,6 +36,7 @@ struct BenchSpec {
   Recompute recompute = Recompute::none;
   int grad_accum = 1;  // micro-batches of `batch` sequences per step (train and forward-backward)
   WeightCopies weight_copies = WeightCopies::kept;  // matters under mixed precision only
+  std::string grad_dtype = "fp32";                  // --grad-dtype: fp32, or bf16 under bf16 precision
   bool trace = false;  // record the measured steps' ranges and memory as a Chrome trace (BenchResult::trace)
   // Each phase as one device graph, recorded once and replayed (Transformer::set_graphs), where the
   // backend has them (CUDA).
@@ -51,9 +52,9 @@ struct BenchSpec {
 
 // The mode as tables show it: "train", with ", selective recompute" where something is recomputed,
 // ", 4 micro-batches" where gradients are accumulated, ", transient copies" where the bf16 weight
-// copies are transient, ", graphs off" where a CUDA cell runs without device graphs, ", fusion off"
-// where a cell runs the unfused ops, and ", DDP bucketed 25 MiB, 2 ranks" or ", ZeRO-1, 2 ranks" with
-// data parallelism (", symmetric memory off", ", exchange on 8 SMs" where so).
+// copies are transient, ", bf16 gradients" where gradients are bf16, ", graphs off" where a CUDA cell runs without
+// device graphs, ", fusion off" where a cell runs the unfused ops, and ", DDP bucketed 25 MiB, 2 ranks" or ", ZeRO-1, 2
+// ranks" with data parallelism (", symmetric memory off", ", exchange on 8 SMs" where so).
 std::string mode_label(const BenchSpec& s);
 // The SMs a data-parallel cell's exchange holds beside its backward (--comm-sms as it comes to):
 // 0 but on GPUs in a world of several.

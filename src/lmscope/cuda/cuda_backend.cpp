@@ -24,6 +24,12 @@ float* f32(const Tensor& t) {
   LMSCOPE_CHECK(t.dtype == DType::f32, "this CUDA op takes f32 here, got {}", dtype_name(t.dtype));
   return t.as<float>();
 }
+// A gradient, or a tensor the global norm reads: f32, or bf16 (--grad-dtype bf16).
+const void* grad_data(const Tensor& t) {
+  LMSCOPE_CHECK(t.dtype == DType::f32 || t.dtype == DType::bf16, "gradients are f32 or bf16 here, got {}",
+                dtype_name(t.dtype));
+  return t.data;
+}
 const std::int32_t* i32(const Tensor& t) {
   LMSCOPE_CHECK(t.dtype == DType::i32, "token ids must be i32, got {}", dtype_name(t.dtype));
   return t.as<std::int32_t>();
@@ -303,7 +309,8 @@ class CudaBackend final : public Backend {
     for (const Tensor& t : tensors) graphs_->note("global_norm input", t);
     if (graphs_->replaying()) return;
     for (std::size_t i = 0; i < tensors.size(); ++i)
-      cuda::sum_squares(f32(tensors[i]), tensors[i].numel(), partials + i * cuda::kNormBlocks, stream_);
+      cuda::sum_squares(grad_data(tensors[i]), elem(tensors[i]), tensors[i].numel(), partials + i * cuda::kNormBlocks,
+                        stream_);
     cuda::sum_partials_sqrt(partials, static_cast<std::int64_t>(tensors.size()) * cuda::kNormBlocks, f32(out), stream_);
   }
 
@@ -317,16 +324,18 @@ class CudaBackend final : public Backend {
     const Tensor& partials = norm_partials(params.size());
     graphs_->note("adamw_all", partials, grad_norm, a.beta1, a.beta2, a.eps, a.max_norm, a.step_scalars,
                   a.skip_nonfinite);
-    std::vector<const float*> xs;
+    std::vector<const void*> xs;
     std::vector<std::int64_t> ns;
+    const cuda::Elem eg = grads.empty() ? cuda::Elem::f32 : elem(grads[0]);
     for (std::size_t i = 0; i < params.size(); ++i) {
       for (const Tensor* t : {&grads[i], &m[i], &v[i]}) same_shape(params[i], *t, "adamw_all gradient or moment");
+      same_dtype(grads[0], grads[i], "adamw_all gradients");
       graphs_->note("adamw_all tensor", params[i], grads[i], m[i], v[i]);
-      xs.push_back(f32(grads[i]));
+      xs.push_back(grad_data(grads[i]));
       ns.push_back(grads[i].numel());
     }
     if (!graphs_->replaying()) {
-      cuda::sum_squares_many(xs.data(), ns.data(), static_cast<std::int64_t>(xs.size()), partials.as<double>(),
+      cuda::sum_squares_many(xs.data(), eg, ns.data(), static_cast<std::int64_t>(xs.size()), partials.as<double>(),
                              stream_);
       cuda::sum_partials_sqrt(partials.as<double>(), partials.numel(), f32(grad_norm), stream_);
     }
@@ -336,8 +345,8 @@ class CudaBackend final : public Backend {
         const Tensor& c = copies[i - first];
         check_lowp_copy(c, params[i]);
         graphs_->note("adamw_all copy", c);
-        ts.push_back({f32(params[i]), f32(grads[i]), f32(m[i]), f32(v[i]), params[i].numel(), c.data,
-                      c.empty() ? cuda::Elem::bf16 : elem(c)});
+        ts.push_back({f32(params[i]), grad_data(grads[i]), f32(m[i]), f32(v[i]), params[i].numel(), c.data,
+                      c.empty() ? cuda::Elem::bf16 : elem(c), eg});
       }
       if (!graphs_->replaying())
         cuda::adamw_many(ts.data(), static_cast<std::int64_t>(ts.size()), consts,
@@ -357,7 +366,8 @@ class CudaBackend final : public Backend {
     if (graphs_->skip("adamw", p, g, m, v, lowp_copy, a.beta1, a.beta2, a.eps, a.max_norm, a.step_scalars,
                       a.skip_nonfinite, read_norm ? grad_norm.data : nullptr))
       return;
-    cuda::adamw(f32(p), f32(g), f32(m), f32(v), p.numel(), consts,
+    same_shape(p, g, "adamw gradient");
+    cuda::adamw(f32(p), grad_data(g), elem(g), f32(m), f32(v), p.numel(), consts,
                 a.step_scalars.empty() ? nullptr : f32(a.step_scalars), read_norm ? f32(grad_norm) : nullptr,
                 lowp_copy.data, lowp_copy.empty() ? cuda::Elem::bf16 : elem(lowp_copy), stream_);
   }

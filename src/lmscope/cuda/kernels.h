@@ -31,14 +31,15 @@ struct AdamWConsts {
   float max_norm;
   bool skip_nonfinite;
 };
-// fp32 p, g, m, v. grad_norm: device pointer to the global norm (nullptr when neither clipping nor
-// skipping reads it); lowp: a copy of p in elow (bf16 or f16) to refresh in the same pass, or nullptr.
-void adamw(float* p, const float* g, float* m, float* v, std::int64_t n, const AdamWConsts& c,
+// fp32 p, m, v; g in eg (f32, or bf16 with --grad-dtype bf16). grad_norm: device pointer to the
+// global norm (nullptr when neither clipping nor skipping reads it); lowp: a copy of p in elow (bf16
+// or f16) to refresh in the same pass, or nullptr.
+void adamw(float* p, const void* g, Elem eg, float* m, float* v, std::int64_t n, const AdamWConsts& c,
            const float* step_scalars, const float* grad_norm, void* lowp, Elem elow, cudaStream_t s);
 // The global norm, deterministic: sum_squares writes kNormBlocks partial sums of x² (one per block)
-// at `partials`; sum_partials_sqrt adds `count` of them in a fixed order into √Σ.
+// at `partials`; sum_partials_sqrt adds `count` of them in a fixed order into √Σ. x in ex (f32 or bf16).
 inline constexpr int kNormBlocks = 256;
-void sum_squares(const float* x, std::int64_t n, double* partials, cudaStream_t s);
+void sum_squares(const void* x, Elem ex, std::int64_t n, double* partials, cudaStream_t s);
 void sum_partials_sqrt(const double* partials, std::int64_t count, float* out, cudaStream_t s);
 
 // The fused step: the same per tensor as sum_squares and adamw, up to kTensorsPerLaunch tensors a launch
@@ -47,14 +48,15 @@ void sum_partials_sqrt(const double* partials, std::int64_t count, float* out, c
 inline constexpr int kTensorsPerLaunch = 24;
 struct AdamWTensor {
   float* p;
-  const float* g;
+  const void* g;  // in eg, the same for every tensor of a launch
   float* m;
   float* v;
   std::int64_t n;
   void* lowp = nullptr;  // as adamw's lowp
   Elem elow = Elem::bf16;
+  Elem eg = Elem::f32;
 };
-void sum_squares_many(const float* const* x, const std::int64_t* n, std::int64_t count, double* partials,
+void sum_squares_many(const void* const* x, Elem ex, const std::int64_t* n, std::int64_t count, double* partials,
                       cudaStream_t s);
 void adamw_many(const AdamWTensor* tensors, std::int64_t count, const AdamWConsts& c, const float* step_scalars,
                 const float* grad_norm, cudaStream_t s);

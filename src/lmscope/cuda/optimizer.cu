@@ -15,8 +15,9 @@ namespace lmscope::cuda {
 namespace {
 
 // AdamW and the gradient norm are bound by memory (AdamW moves 30 bytes per parameter: p, g, m, v
-// read, p, m, v and the bf16 copy written), so they load and store four floats at a time wherever
-// the pointers are 16-byte aligned, which the allocator's blocks are; a tail goes one by one.
+// read, p, m, v and the bf16 copy written; 28 with bf16 gradients), so they load and store four
+// elements at a time wherever the pointers are 16-byte aligned, which the allocator's blocks are; a
+// tail goes one by one. Gradients are fp32 or bf16 (G), read into fp32 exactly either way.
 
 // Every operation here and in the norm is rounded as written, never contracted into a fused
 // multiply-add: the compiler chooses contractions per call site, so the per-tensor kernel, the
@@ -45,17 +46,18 @@ __device__ __forceinline__ bool adamw_step(AdamWConsts& c, const float* step_sca
 }
 
 // One tensor's update by this block's share of the grid's x dimension.
-template <typename L>
-__device__ __forceinline__ void adamw_tensor(float* p, const float* g, float* m, float* v, std::int64_t n,
-                                             std::int64_t n4, const AdamWConsts& c, float clip, L* lowp) {
+template <typename G, typename L>
+__device__ __forceinline__ void adamw_tensor(float* p, const G* g, float* m, float* v, std::int64_t n, std::int64_t n4,
+                                             const AdamWConsts& c, float clip, L* lowp) {
   GRID_STRIDE(i, n4) {
     float4 pi = reinterpret_cast<float4*>(p)[i], mi = reinterpret_cast<float4*>(m)[i],
            vi = reinterpret_cast<float4*>(v)[i];
-    const float4 gi = reinterpret_cast<const float4*>(g)[i];
-    adamw_update(pi.x, __fmul_rn(gi.x, clip), mi.x, vi.x, c);
-    adamw_update(pi.y, __fmul_rn(gi.y, clip), mi.y, vi.y, c);
-    adamw_update(pi.z, __fmul_rn(gi.z, clip), mi.z, vi.z, c);
-    adamw_update(pi.w, __fmul_rn(gi.w, clip), mi.w, vi.w, c);
+    float gi[4];
+    load<4>(g + 4 * i, gi);
+    adamw_update(pi.x, __fmul_rn(gi[0], clip), mi.x, vi.x, c);
+    adamw_update(pi.y, __fmul_rn(gi[1], clip), mi.y, vi.y, c);
+    adamw_update(pi.z, __fmul_rn(gi[2], clip), mi.z, vi.z, c);
+    adamw_update(pi.w, __fmul_rn(gi[3], clip), mi.w, vi.w, c);
     reinterpret_cast<float4*>(p)[i] = pi;
     reinterpret_cast<float4*>(m)[i] = mi;
     reinterpret_cast<float4*>(v)[i] = vi;
@@ -64,7 +66,7 @@ __device__ __forceinline__ void adamw_tensor(float* p, const float* g, float* m,
   GRID_STRIDE(j, n - 4 * n4) {
     const std::int64_t i = 4 * n4 + j;
     float pi = p[i], mi = m[i], vi = v[i];
-    adamw_update(pi, __fmul_rn(g[i], clip), mi, vi, c);
+    adamw_update(pi, __fmul_rn(ld(g[i]), clip), mi, vi, c);
     p[i] = pi;
     m[i] = mi;
     v[i] = vi;
@@ -74,10 +76,10 @@ __device__ __forceinline__ void adamw_tensor(float* p, const float* g, float* m,
 
 // One tensor's step: the update, or after an overflow (the norm not finite, skip_nonfinite) the
 // parameter left as it is and only its copy written.
-template <typename L>
-__device__ __forceinline__ void adamw_or_keep(float* p, const float* g, float* m, float* v, std::int64_t n,
-                                              std::int64_t n4, AdamWConsts c, const float* step_scalars,
-                                              const float* grad_norm, L* lowp) {
+template <typename G, typename L>
+__device__ __forceinline__ void adamw_or_keep(float* p, const G* g, float* m, float* v, std::int64_t n, std::int64_t n4,
+                                              AdamWConsts c, const float* step_scalars, const float* grad_norm,
+                                              L* lowp) {
   float clip = 1.0f;
   if (adamw_step(c, step_scalars, grad_norm, clip)) {
     adamw_tensor(p, g, m, v, n, n4, c, clip, lowp);
@@ -86,26 +88,28 @@ __device__ __forceinline__ void adamw_or_keep(float* p, const float* g, float* m
   }
 }
 
-template <typename L>
-__global__ void adamw_kernel(float* p, const float* g, float* m, float* v, std::int64_t n, std::int64_t n4,
-                             AdamWConsts c, const float* step_scalars, const float* grad_norm, L* lowp) {
+template <typename G, typename L>
+__global__ void adamw_kernel(float* p, const G* g, float* m, float* v, std::int64_t n, std::int64_t n4, AdamWConsts c,
+                             const float* step_scalars, const float* grad_norm, L* lowp) {
   adamw_or_keep(p, g, m, v, n, n4, c, step_scalars, grad_norm, lowp);
 }
 
 // Up to kTensorsPerLaunch tensors, their pointers in the kernel's arguments (a launch's arguments
 // may take 4 KiB); blockIdx.y picks the tensor.
-template <typename L>
+template <typename G, typename L>
 struct AdamWList {
+  using Grad = G;
+  using Copy = L;
   float* p[kTensorsPerLaunch];
-  const float* g[kTensorsPerLaunch];
+  const G* g[kTensorsPerLaunch];
   float* m[kTensorsPerLaunch];
   float* v[kTensorsPerLaunch];
   L* lowp[kTensorsPerLaunch];
   std::int64_t n[kTensorsPerLaunch], n4[kTensorsPerLaunch];
 };
 
-template <typename L>
-__global__ void adamw_many_kernel(AdamWList<L> t, AdamWConsts c, const float* step_scalars, const float* grad_norm) {
+template <typename G, typename L>
+__global__ void adamw_many_kernel(AdamWList<G, L> t, AdamWConsts c, const float* step_scalars, const float* grad_norm) {
   const int k = blockIdx.y;
   adamw_or_keep(t.p[k], t.g[k], t.m[k], t.v[k], t.n[k], t.n4[k], c, step_scalars, grad_norm, t.lowp[k]);
 }
@@ -113,27 +117,35 @@ __global__ void adamw_many_kernel(AdamWList<L> t, AdamWConsts c, const float* st
 // The global norm in a fixed order, so the same gradients give the same norm bit for bit (a resumed
 // run equals the run never stopped): kNormBlocks blocks per tensor, each writing its partial sum to
 // its own slot, then one block adding the slots in index order.
-__device__ __forceinline__ void sum_squares_tensor(const float* x, std::int64_t n, std::int64_t n4, double* partials) {
+template <typename G>
+__device__ __forceinline__ void sum_squares_tensor(const G* x, std::int64_t n, std::int64_t n4, double* partials) {
   float acc = 0;
   GRID_STRIDE(i, n4) {
-    const float4 v = reinterpret_cast<const float4*>(x)[i];
-    acc = __fadd_rn(acc, __fmaf_rn(v.w, v.w, __fmaf_rn(v.z, v.z, __fmaf_rn(v.y, v.y, __fmul_rn(v.x, v.x)))));
+    float v[4];
+    load<4>(x + 4 * i, v);
+    acc = __fadd_rn(acc, __fmaf_rn(v[3], v[3], __fmaf_rn(v[2], v[2], __fmaf_rn(v[1], v[1], __fmul_rn(v[0], v[0])))));
   }
-  GRID_STRIDE(j, n - 4 * n4) acc = __fmaf_rn(x[4 * n4 + j], x[4 * n4 + j], acc);
+  GRID_STRIDE(j, n - 4 * n4) {
+    const float v = ld(x[4 * n4 + j]);
+    acc = __fmaf_rn(v, v, acc);
+  }
   acc = block_sum(acc);
   if (threadIdx.x == 0) partials[blockIdx.x] = static_cast<double>(acc);
 }
 
-__global__ void sum_squares_kernel(const float* x, std::int64_t n, std::int64_t n4, double* partials) {
+template <typename G>
+__global__ void sum_squares_kernel(const G* x, std::int64_t n, std::int64_t n4, double* partials) {
   sum_squares_tensor(x, n, n4, partials);
 }
 
+template <typename G>
 struct NormList {
-  const float* x[kTensorsPerLaunch];
+  const G* x[kTensorsPerLaunch];
   std::int64_t n[kTensorsPerLaunch], n4[kTensorsPerLaunch];
 };
 
-__global__ void sum_squares_many_kernel(NormList t, double* partials) {
+template <typename G>
+__global__ void sum_squares_many_kernel(NormList<G> t, double* partials) {
   const int k = blockIdx.y;
   sum_squares_tensor(t.x[k], t.n[k], t.n4[k], partials + std::int64_t{k} * kNormBlocks);
 }
@@ -153,18 +165,30 @@ __global__ void sum_partials_sqrt_kernel(const double* partials, std::int64_t co
 
 }  // namespace
 
-void adamw(float* p, const float* g, float* m, float* v, std::int64_t n, const AdamWConsts& c,
+namespace {
+// Calls f(Tag<G>{}) with G the gradients' C++ type: float or __nv_bfloat16.
+template <typename F>
+void with_grad_elem(Elem e, F&& f) {
+  if (e == Elem::f16) throw std::invalid_argument("gradients are f32 or bf16, not f16");
+  with_elem(e, std::forward<F>(f));
+}
+}  // namespace
+
+void adamw(float* p, const void* g, Elem eg, float* m, float* v, std::int64_t n, const AdamWConsts& c,
            const float* step_scalars, const float* grad_norm, void* lowp, Elem elow, cudaStream_t s) {
   const bool vec = aligned16({p, g, m, v}) && reinterpret_cast<std::uintptr_t>(lowp) % 8 == 0;
   const std::int64_t n4 = vec ? n / 4 : 0;
-  auto launch = [&](auto* copy) {
-    adamw_kernel<<<grid_for(n4 > 0 ? n4 : n, kBlock), kBlock, 0, s>>>(p, g, m, v, n, n4, c, step_scalars, grad_norm,
-                                                                      copy);
-  };
-  if (elow == Elem::f16)
-    launch(static_cast<__half*>(lowp));
-  else
-    launch(static_cast<__nv_bfloat16*>(lowp));
+  with_grad_elem(eg, [&](auto gt) {
+    using G = typename decltype(gt)::type;
+    auto launch = [&](auto* copy) {
+      adamw_kernel<<<grid_for(n4 > 0 ? n4 : n, kBlock), kBlock, 0, s>>>(p, static_cast<const G*>(g), m, v, n, n4, c,
+                                                                        step_scalars, grad_norm, copy);
+    };
+    if (elow == Elem::f16)
+      launch(static_cast<__half*>(lowp));
+    else
+      launch(static_cast<__nv_bfloat16*>(lowp));
+  });
   check_launch("adamw_kernel");
 }
 
@@ -177,13 +201,15 @@ void adamw_many(const AdamWTensor* tensors, std::int64_t count, const AdamWConst
     for (int i = 0; i < k; ++i)
       if (group[i].lowp) elow = group[i].elow;
     auto launch = [&](auto list) {
-      using L = std::remove_pointer_t<std::remove_reference_t<decltype(list.lowp[0])>>;
+      using G = typename decltype(list)::Grad;
+      using L = typename decltype(list)::Copy;
       std::int64_t most = 1;
       for (int i = 0; i < k; ++i) {
         const AdamWTensor& t = group[i];
         if (t.lowp && t.elow != elow) throw std::invalid_argument("adamw_many: copies of two types in one launch");
+        if (t.eg != group[0].eg) throw std::invalid_argument("adamw_many: gradients of two types in one launch");
         list.p[i] = t.p;
-        list.g[i] = t.g;
+        list.g[i] = static_cast<const G*>(t.g);
         list.m[i] = t.m;
         list.v[i] = t.v;
         list.lowp[i] = static_cast<L*>(t.lowp);
@@ -196,34 +222,43 @@ void adamw_many(const AdamWTensor* tensors, std::int64_t count, const AdamWConst
       adamw_many_kernel<<<dim3(grid_for(most, kBlock), static_cast<unsigned>(k)), kBlock, 0, s>>>(list, c, step_scalars,
                                                                                                   grad_norm);
     };
-    if (elow == Elem::f16)
-      launch(AdamWList<__half>{});
-    else
-      launch(AdamWList<__nv_bfloat16>{});
+    with_grad_elem(group[0].eg, [&](auto gt) {
+      using G = typename decltype(gt)::type;
+      if (elow == Elem::f16)
+        launch(AdamWList<G, __half>{});
+      else
+        launch(AdamWList<G, __nv_bfloat16>{});
+    });
     check_launch("adamw_many_kernel");
   }
 }
 
-void sum_squares(const float* x, std::int64_t n, double* partials, cudaStream_t s) {
+void sum_squares(const void* x, Elem ex, std::int64_t n, double* partials, cudaStream_t s) {
   const std::int64_t n4 = aligned16({x}) ? n / 4 : 0;
-  sum_squares_kernel<<<kNormBlocks, kBlock, 0, s>>>(x, n, n4, partials);
+  with_grad_elem(ex, [&](auto xt) {
+    using G = typename decltype(xt)::type;
+    sum_squares_kernel<<<kNormBlocks, kBlock, 0, s>>>(static_cast<const G*>(x), n, n4, partials);
+  });
   check_launch("sum_squares_kernel");
 }
 
-void sum_squares_many(const float* const* x, const std::int64_t* n, std::int64_t count, double* partials,
+void sum_squares_many(const void* const* x, Elem ex, const std::int64_t* n, std::int64_t count, double* partials,
                       cudaStream_t s) {
-  for (std::int64_t first = 0; first < count; first += kTensorsPerLaunch) {
-    const int k = static_cast<int>(std::min<std::int64_t>(kTensorsPerLaunch, count - first));
-    NormList list{};
-    for (int i = 0; i < k; ++i) {
-      list.x[i] = x[first + i];
-      list.n[i] = n[first + i];
-      list.n4[i] = aligned16({x[first + i]}) ? n[first + i] / 4 : 0;
+  with_grad_elem(ex, [&](auto xt) {
+    using G = typename decltype(xt)::type;
+    for (std::int64_t first = 0; first < count; first += kTensorsPerLaunch) {
+      const int k = static_cast<int>(std::min<std::int64_t>(kTensorsPerLaunch, count - first));
+      NormList<G> list{};
+      for (int i = 0; i < k; ++i) {
+        list.x[i] = static_cast<const G*>(x[first + i]);
+        list.n[i] = n[first + i];
+        list.n4[i] = aligned16({x[first + i]}) ? n[first + i] / 4 : 0;
+      }
+      sum_squares_many_kernel<<<dim3(kNormBlocks, static_cast<unsigned>(k)), kBlock, 0, s>>>(
+          list, partials + first * kNormBlocks);
+      check_launch("sum_squares_many_kernel");
     }
-    sum_squares_many_kernel<<<dim3(kNormBlocks, static_cast<unsigned>(k)), kBlock, 0, s>>>(
-        list, partials + first * kNormBlocks);
-    check_launch("sum_squares_many_kernel");
-  }
+  });
 }
 
 void sum_partials_sqrt(const double* partials, std::int64_t count, float* out, cudaStream_t s) {

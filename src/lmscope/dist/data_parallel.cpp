@@ -96,7 +96,8 @@ GradientSync::GradientSync(Transformer& model, Communicator& comm, const DataPar
     // flat's buffer of them all beside.
     std::size_t bytes = 0;
     for (const Parameter& p : model.parameters())
-      bytes += Allocator::rounded_bytes(static_cast<std::size_t>(p.value.tensor().numel()) * dtype_size(model.dtype()));
+      bytes +=
+          Allocator::rounded_bytes(static_cast<std::size_t>(p.value.tensor().numel()) * dtype_size(model.grad_dtype()));
     if (spec.mode == DdpMode::flat) bytes *= 2;
     model.backend().allocator().open_region(MemKind::gradient, bytes, {MemKind::gradient, "ddp.symmetric_memory", -1},
                                             comm.symmetric_memory());
@@ -141,7 +142,7 @@ void GradientSync::launch(std::size_t b) {
   }
   // The assignment's flat variant: flatten, one all-reduce, unflatten (finish).
   Backend& be = model_.backend();
-  f.buffer = be.allocator().allocate({bucket.elements}, model_.dtype(), {MemKind::gradient, "ddp.flat", -1});
+  f.buffer = be.allocator().allocate({bucket.elements}, model_.grad_dtype(), {MemKind::gradient, "ddp.flat", -1});
   std::int64_t at = 0;
   for (std::size_t p : bucket.params) {
     const Tensor& g = params[p].grad;

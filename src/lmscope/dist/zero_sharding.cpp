@@ -27,9 +27,9 @@ ZeroSharding::ZeroSharding(Transformer& model, Communicator& comm, std::size_t b
   }
 }
 
-Allocation ZeroSharding::bucket_buffer(const Slice& s, const char* what) {
+Allocation ZeroSharding::bucket_buffer(const Slice& s, DType dtype, const char* what) {
   Backend& be = model_.backend();
-  Allocation buffer = be.allocator().allocate({s.padded}, model_.dtype(), {MemKind::workspace, what, -1});
+  Allocation buffer = be.allocator().allocate({s.padded}, dtype, {MemKind::workspace, what, -1});
   if (s.padded > s.bucket.elements)  // the padding takes part in the sums: zeros
     be.fill(buffer.tensor().rows(s.bucket.elements, s.padded - s.bucket.elements), 0.0);
   return buffer;
@@ -39,7 +39,7 @@ void ZeroSharding::reduce_scatter_gradients(const Tensor& shard) {
   Backend& be = model_.backend();
   std::vector<Parameter>& params = model_.parameters();
   for (const Slice& s : slices_) {
-    Allocation buffer = bucket_buffer(s, "zero.gradient_bucket");
+    Allocation buffer = bucket_buffer(s, model_.grad_dtype(), "zero.gradient_bucket");
     std::int64_t at = 0;
     for (std::size_t p : s.bucket.params) {
       Allocation& g = params[p].grad;
@@ -64,7 +64,7 @@ void ZeroSharding::all_gather_parameters() {
   Backend& be = model_.backend();
   std::vector<Parameter>& params = model_.parameters();
   for (const Slice& s : slices_) {
-    Allocation buffer = bucket_buffer(s, "zero.parameter_bucket");
+    Allocation buffer = bucket_buffer(s, model_.dtype(), "zero.parameter_bucket");
     const Tensor whole = buffer.tensor();
     const Tensor mine = whole.rows(comm_.rank() * s.per_rank, s.per_rank);
     for (const ShardPiece& piece : pieces_) {

@@ -1,7 +1,8 @@
 // ZeRO-1 as llm.c shards it: the gradients, bucket by bucket in the backward's order, are
 // reduce-scattered so each rank holds the sum of its own slice of every bucket; it updates those
 // elements with the moments of them alone (1/N of AdamW's state), and the parameters are then
-// all-gathered back into every rank's whole model.
+// all-gathered back into every rank's whole model. Gradients travel in their own dtype (bf16 with
+// --grad-dtype bf16), parameters in the master's.
 #pragma once
 
 #include "lmscope/dist/communicator.h"
@@ -29,7 +30,7 @@ class ZeroSharding final : public OptimizerSharding {
     std::int64_t per_rank = 0;      // padded / the world's size: each rank's slice
     std::int64_t shard_offset = 0;  // where this rank's slice sits in the shard
   };
-  Allocation bucket_buffer(const Slice& s, const char* what);
+  Allocation bucket_buffer(const Slice& s, DType dtype, const char* what);
   Transformer& model_;
   Communicator& comm_;
   std::vector<Slice> slices_;

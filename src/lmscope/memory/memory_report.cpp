@@ -114,7 +114,8 @@ std::string opt_bytes(const std::optional<std::size_t>& b) { return b ? std::to_
 
 std::string csv(const std::vector<MemoryRow>& rows) {
   std::string out =
-      "model,device,dry_run,precision,attention,mode,recompute,grad_accum,weight_copies,batch,ctx,peak_bytes,"
+      "model,device,dry_run,precision,attention,mode,recompute,grad_accum,weight_copies,grad_dtype,batch,ctx,"
+      "peak_bytes,"
       "peak_phase,"
       "peak_buffer,"
       "forward_peak_bytes,backward_peak_bytes,optimizer_peak_bytes,held_at_backward_bytes,step_start_bytes,"
@@ -125,9 +126,9 @@ std::string csv(const std::vector<MemoryRow>& rows) {
     const MemoryRecord& r = row.record;
     const MemoryAnalysis& a = row.analysis;
     const BenchSpec& c = r.spec.cell;
-    out += fmt::format("{},{},{},{},{},{},{},{},{},{},{}", csv_field(c.model.name), c.device, r.spec.dry_run ? 1 : 0,
+    out += fmt::format("{},{},{},{},{},{},{},{},{},{},{},{}", csv_field(c.model.name), c.device, r.spec.dry_run ? 1 : 0,
                        c.precision, attention_name(c.attention), bench_mode_name(c.mode), recompute_name(c.recompute),
-                       c.grad_accum, weight_copies_name(c.weight_copies), c.batch, c.ctx);
+                       c.grad_accum, weight_copies_name(c.weight_copies), c.grad_dtype, c.batch, c.ctx);
     if (!row.recorded) {
       out +=
           std::string(9 + kMemKinds + 3, ',') + fmt::format(",{},{}\n", csv_field(r.device_name), csv_field(r.status));
@@ -172,6 +173,7 @@ std::string json(const std::vector<MemoryRow>& rows) {
     j["recompute"] = recompute_name(c.recompute);
     j["grad_accum"] = c.grad_accum;
     j["weight_copies"] = weight_copies_name(c.weight_copies);
+    j["grad_dtype"] = c.grad_dtype;
     j["batch"] = c.batch;
     j["ctx"] = c.ctx;
     j["warmup"] = c.warmup;

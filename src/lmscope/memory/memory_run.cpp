@@ -35,6 +35,7 @@ void run_steps(const MemorySpec& spec, MemoryRecord& r, Backend& backend, std::o
   model.emplace(c.model, backend, DType::f32, compute_dtype(c.precision), c.attention);
   model->set_recompute(c.recompute);
   model->set_weight_copies(c.weight_copies);
+  model->set_grad_dtype(gradient_dtype(c.grad_dtype));
   model->set_fusion(c.fusion);
   // The op-by-op step, graphs or not: with graphs the bf16 copies are made by the forward rather than
   // AdamW (Transformer::lowp_copy), which holds them no longer, so the record is the upper bound.

@@ -129,7 +129,7 @@ void AdamW::sharded_step(const AdamWArgs& args) {
   Allocator& mem = be.allocator();
   auto& params = model_.parameters();
   Allocation grad =
-      mem.allocate({sharding_->shard_elements()}, model_.dtype(), {MemKind::gradient, "zero.gradient_shard", -1});
+      mem.allocate({sharding_->shard_elements()}, model_.grad_dtype(), {MemKind::gradient, "zero.gradient_shard", -1});
   sharding_->reduce_scatter_gradients(grad);
   {
     Allocation partial = mem.allocate({1}, model_.dtype(), {MemKind::workspace, "zero.partial_norm", -1});

@@ -37,7 +37,12 @@ WeightCopies parse_weight_copies(const std::string& s) {
 
 Transformer::Transformer(const ModelConfig& config, Backend& backend, DType dtype, std::optional<DType> compute,
                          AttentionKind attention)
-    : config_(config), backend_(backend), dtype_(dtype), compute_(compute.value_or(dtype)), attention_(attention) {
+    : config_(config),
+      backend_(backend),
+      dtype_(dtype),
+      compute_(compute.value_or(dtype)),
+      grad_dtype_(dtype),
+      attention_(attention) {
   config_.validate();
   std::unordered_map<std::string, Parameter*> by_name;
   for (ParameterSpec& s : parameter_specs(config_)) params_.push_back(Parameter{std::move(s), {}, {}, {}});
@@ -98,9 +103,20 @@ Allocation& Transformer::make_lowp_copy(Parameter& p) {
   return p.value_lowp;
 }
 
+void Transformer::set_grad_dtype(DType t) {
+  if (t != dtype_ && !(t == DType::bf16 && compute_ == DType::bf16))
+    user_error(
+        "gradients in {} need --precision bf16 (the weight-gradient GEMMs then write bf16); this model computes "
+        "in {}",
+        dtype_name(t), dtype_name(compute_));
+  for (const Parameter& p : params_)
+    LMSCOPE_CHECK(p.grad.empty(), "the gradients' dtype set while {} has a gradient", p.spec.name);
+  grad_dtype_ = t;
+}
+
 const Tensor& Transformer::gradient(Parameter& p) {
   if (p.grad.empty())
-    p.grad = backend_.allocator().allocate(p.spec.shape, dtype_, {MemKind::gradient, p.spec.name, p.spec.layer});
+    p.grad = backend_.allocator().allocate(p.spec.shape, grad_dtype_, {MemKind::gradient, p.spec.name, p.spec.layer});
   return p.grad;
 }
 
@@ -286,8 +302,9 @@ Allocation Transformer::layer_forward(int l, Allocation x, Layer& L, const Keep&
 
 std::uint64_t Transformer::graph_key(const char* phase) const {
   std::uint64_t h = hash_mix(reinterpret_cast<std::uintptr_t>(this), reinterpret_cast<std::uintptr_t>(phase));
-  for (std::uint64_t w : {std::uint64_t(batch_), std::uint64_t(ctx_), std::uint64_t(recompute_),
-                          std::uint64_t(weight_copies_), std::uint64_t(logit_chunk_bytes_), std::uint64_t(fusion_)})
+  for (std::uint64_t w :
+       {std::uint64_t(batch_), std::uint64_t(ctx_), std::uint64_t(recompute_), std::uint64_t(weight_copies_),
+        std::uint64_t(logit_chunk_bytes_), std::uint64_t(fusion_), std::uint64_t(grad_dtype_)})
     h = hash_mix(h, w);
   for (const Parameter& p : params_)
     for (const Allocation* a : {&p.value, &p.value_lowp, &p.grad})

@@ -85,6 +85,14 @@ class Transformer {
   std::uint64_t graph_key(const char* phase) const;
   // Before the weights are initialised or loaded (refresh_lowp_copies makes kept copies).
   void set_weight_copies(WeightCopies c);
+  // The parameters' gradients (--grad-dtype): the master dtype (the default), or bf16 under bf16
+  // compute, so the weight-gradient GEMMs write them in bf16 (fp32 accumulation inside each GEMM),
+  // data parallelism exchanges half the bytes and AdamW reads them as they are (each bf16 value is
+  // exact in fp32). Ops that write the master dtype (RMSNorm weights, the embedding) go through fp32
+  // scratch and one cast; micro-batches add into bf16 (each addition rounded: docs/precision.md).
+  // Before the first backward; throws UserError for any other dtype.
+  DType grad_dtype() const { return grad_dtype_; }
+  void set_grad_dtype(DType t);
   // A forward for a backward whose logits would take more than 8 chunks makes them in chunks of at
   // most this many bytes (rows rounded down to a multiple of 128 where there are that many), keeping
   // only their log-sum-exps; the backward makes each chunk again, one more LM-head GEMM. 32 MiB by
@@ -191,8 +199,9 @@ class Transformer {
   // Rows of logits per chunk in a forward for a backward: all of them while they take at most
   // kLogitChunksBeforeChunking chunks.
   std::int64_t logit_chunk_rows() const;
-  // A parameter gradient from an op that overwrites its output: into the gradient itself, or, when
-  // accumulating, into scratch that is then added to it.
+  // A parameter gradient from an op that overwrites its output (in the master dtype): into the
+  // gradient itself, or, when accumulating or when gradients have another dtype, into scratch that is
+  // then added to it or cast into it.
   template <typename Op>
   void parameter_gradient(Parameter* p, Op&& op);
   AttentionCall attention_call(int layer) const;
@@ -203,7 +212,7 @@ class Transformer {
 
   ModelConfig config_;
   Backend& backend_;
-  DType dtype_, compute_;
+  DType dtype_, compute_, grad_dtype_;
   AttentionKind attention_;
   Recompute recompute_ = Recompute::none;
   WeightCopies weight_copies_ = WeightCopies::kept;

@@ -21,14 +21,17 @@ void Transformer::linear_backward_weight(const Tensor& dy, const Tensor& x, cons
 
 template <typename Op>
 void Transformer::parameter_gradient(Parameter* p, Op&& op) {
-  if (!accumulating_) {
+  if (!accumulating_ && grad_dtype_ == dtype_) {
     op(gradient(*p));
     return;
   }
-  Allocation part =
-      backend_.allocator().allocate(p->spec.shape, dtype_, {MemKind::workspace, "grad.accumulate", p->spec.layer});
+  Allocation part = backend_.allocator().allocate(
+      p->spec.shape, dtype_, {MemKind::workspace, accumulating_ ? "grad.accumulate" : "grad.wide", p->spec.layer});
   op(part.tensor());
-  backend_.add(p->grad, part, p->grad);
+  if (accumulating_)
+    backend_.add(p->grad, part, p->grad);
+  else
+    backend_.cast(part, gradient(*p));
 }
 
 void Transformer::norm_backward_add(Parameter* norm, const Tensor& dn, const Tensor& x, const Tensor& rstd,
@@ -219,7 +222,10 @@ void Transformer::backward(MicroBatch micro) {
   }
   {
     ScopedRange r(ranges, RangeLevel::op, "embedding");
-    backend_.embedding_backward(ids_, dx, gradient(*embedding_), accumulating_);  // adds in place: no scratch
+    if (grad_dtype_ == dtype_)
+      backend_.embedding_backward(ids_, dx, gradient(*embedding_), accumulating_);  // adds in place: no scratch
+    else
+      parameter_gradient(embedding_, [&](const Tensor& dw) { backend_.embedding_backward(ids_, dx, dw, false); });
   }
   gradients_done({embedding_});
   accumulating_ = false;

@@ -62,7 +62,7 @@ std::vector<MemorySpec> MemoryCellFlags::resolve() const {
   std::vector<WeightCopies> copies;
   for (const auto& c : split_list(weight_copies)) copies.push_back(parse_weight_copies(c));
   const auto grad_dtypes = split_list(grad_dtype);
-  for (const auto& g : grad_dtypes) check_grad_dtype(g, "bf16");  // the name; the precision per cell below
+  for (const auto& g : grad_dtypes) check_grad_dtype(g, "bf16");  // the names; whether they fit, per cell
   if (warmup < 0) user_error("--warmup must be non-negative, got {}", warmup);
   const std::size_t limit = memory_limit();
   if (always_dry_ && !dry_run_) user_error("this command always runs dry; --dry-run=false is not possible");
@@ -78,11 +78,12 @@ std::vector<MemorySpec> MemoryCellFlags::resolve() const {
                 for (const auto& gd : grad_dtypes)
                   for (auto k : accums) {
                     // Only a backward accumulates: a mode without one runs once, as one micro-batch.
-                    if (!has_backward(md) && k != accums.front()) continue;
+                    // Nor are there gradients to keep in another dtype.
+                    if (!has_backward(md) && (k != accums.front() || gd != grad_dtypes.front())) continue;
                     // Only mixed precision has copies to make transient.
                     if (wc == WeightCopies::transient && compute_dtype(p) == DType::f32) continue;
                     // Only bf16 computes the gradients it can keep in bf16.
-                    if (gd != "fp32" && p != "bf16") continue;
+                    if (has_backward(md) && !grad_dtype_fits(gd, p)) continue;
                     for (auto b : batches)
                       for (auto t : ctxs) {
                         MemorySpec s;
@@ -99,7 +100,7 @@ std::vector<MemorySpec> MemoryCellFlags::resolve() const {
                         s.cell.recompute = rc;
                         s.cell.grad_accum = has_backward(md) ? static_cast<int>(k) : 1;
                         s.cell.weight_copies = wc;
-                        s.cell.grad_dtype = gd;
+                        s.cell.grad_dtype = has_backward(md) ? gd : "fp32";
                         const ParallelFlags::Resolved parallel = parallel_.resolve(b, dry_run_);
                         if (parallel.spec) parallel.spec->check_step(has_backward(md), md == BenchMode::train);
                         s.cell.parallel = parallel.spec;

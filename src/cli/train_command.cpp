@@ -170,7 +170,7 @@ class TrainCommand : public Command {
     Transformer model(c, *backend, DType::f32, compute_dtype(s_.precision), parse_attention(s_.attention));
     model.set_recompute(parse_recompute(s_.recompute));
     model.set_weight_copies(parse_weight_copies(s_.weight_copies));
-    if (s_.grad_dtype == "bf16") model.set_grad_dtype(DType::bf16);
+    if (s_.grad_dtype != "fp32") model.set_grad_dtype(gradient_dtype(s_.grad_dtype));
     model.set_graphs(s_.graphs == "on");
     model.set_fusion(s_.fusion == "on");
     std::unique_ptr<dist::DataParallelRun> dp;  // after the model it hooks into, which outlives it

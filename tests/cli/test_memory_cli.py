@@ -2,6 +2,8 @@
 record, the snapshot as PyTorch's tools read it (pickle, the opcodes MemoryViz.js's unpickler
 knows, torch.cuda._memory_viz), the SVG parsed and drawn by headless Chromium, and bad inputs.
 Run by ctest with LMSCOPE pointing at the built program."""
+import csv
+import io
 import json
 import os
 import pickle
@@ -105,6 +107,22 @@ class MemoryCommand(unittest.TestCase):
                 "--format", "json")
         self.assertEqual(r.returncode, 0, r.stderr)
         self.assertEqual([(x["precision"], x["grad_dtype"]) for x in json.loads(r.stdout)], [("bf16", "bf16")])
+        # A mode without a backward has no gradients: one cell, whatever --grad-dtype lists.
+        r = run("memory", "--dry-run", "--device", "cuda", *TINY, "--precision", "bf16", "--grad-dtype", "fp32,bf16",
+                "--mode", "inference,train", "--format", "json")
+        self.assertEqual(r.returncode, 0, r.stderr)
+        self.assertEqual([(x["mode"], x["grad_dtype"]) for x in json.loads(r.stdout)],
+                         [("inference", "fp32"), ("train", "fp32"), ("train", "bf16")])
+        # bench's and plan's rows say it too.
+        r = run("bench", "--dry-run", "--device", "cuda", *TINY, "--precision", "bf16", "--grad-dtype", "fp32,bf16",
+                "--format", "csv")
+        self.assertEqual(r.returncode, 0, r.stderr)
+        table = list(csv.reader(io.StringIO(r.stdout)))
+        at = table[0].index("grad_dtype")
+        self.assertEqual([row[at] for row in table[1:]], ["fp32", "bf16"])
+        r = run("plan", "--device", "cuda", *TINY, "--precision", "bf16", "--grad-dtype", "bf16", "--format", "json")
+        self.assertEqual(r.returncode, 0, r.stderr)
+        self.assertEqual(json.loads(r.stdout)[0]["grad_dtype"], "bf16")
 
     def test_a_cell_that_cannot_fit_says_so_and_by_how_much(self):
         r = run("memory", "--dry-run", "--device", "cuda", "--model", "2.7B", "--ctx", "4096", "--precision", "bf16",

@@ -90,10 +90,14 @@ DType compute_dtype(const std::string& precision) {
   return precision == "bf16" ? DType::bf16 : precision == "fp16" ? DType::f16 : DType::f32;
 }
 
+bool grad_dtype_fits(const std::string& grad_dtype, const std::string& precision) {
+  return grad_dtype == "fp32" || precision == "bf16";
+}
+
 void check_grad_dtype(const std::string& grad_dtype, const std::string& precision) {
   if (grad_dtype != "fp32" && grad_dtype != "bf16")
     user_error("unknown --grad-dtype '{}' (use fp32 or bf16)", grad_dtype);
-  if (grad_dtype == "bf16" && precision != "bf16")
+  if (!grad_dtype_fits(grad_dtype, precision))
     user_error(
         "--grad-dtype bf16 needs --precision bf16 (the weight-gradient GEMMs write bf16 from bf16 operands); "
         "this is {}",

@@ -8,7 +8,9 @@
 // - a backward op's inputs are exactly the activations its forward saved (see model/saved_activations.h);
 // - statistics (rstd, lse, loss, norms) are f32, or f64 when the op computes in f64;
 // - in mixed precision (bf16 compute), the residual stream, its gradient, parameters, gradients and
-//   optimizer state stay f32 and GEMM operands are bf16 (docs/precision.md names each op's types).
+//   optimizer state stay f32 and GEMM operands are bf16 (docs/precision.md names each op's types);
+//   with --grad-dtype bf16 the parameters' gradients are bf16 too, which the weight-gradient GEMMs
+//   write, and global_norm, adamw and adamw_all read (CUDA).
 #pragma once
 
 #include "lmscope/core/allocator.h"
@@ -221,6 +223,8 @@ class Backend {
                                       const Tensor& dlogits, double scale) = 0;
 
   // out [1] = sqrt(sum of squares over every tensor): the global gradient norm.
+  // (The tensors, and adamw's gradients, are of the master dtype, or bf16 where the backend has
+  // kernels for bf16 gradients: CUDA.)
   virtual void global_norm(std::span<const Tensor> tensors, const Tensor& out) = 0;
   // The assignment's AdamW on one parameter (MODEL.md), with its gradient multiplied by grad_scale
   // and then by min(1, max_norm/(grad_scale·norm+1e-6)) when max_norm > 0 (norm read from
@@ -329,8 +333,10 @@ void check_precision(const std::string& precision);
 std::unique_ptr<Backend> make_backend(const std::string& device, const std::string& precision = "fp32");
 // The model's compute dtype for a precision name: bf16 for "bf16", f16 for "fp16", else f32.
 DType compute_dtype(const std::string& precision);
-// --grad-dtype: "fp32" (the master dtype) or "bf16", which takes precision "bf16" (UserError
-// otherwise); gradient_dtype gives a checked value's dtype.
+// --grad-dtype: "fp32" (the master dtype) or "bf16", which takes precision "bf16".
+// grad_dtype_fits: whether the pair goes together (a known name assumed); check_grad_dtype: UserError
+// for an unknown name, or one that does not fit; gradient_dtype: a checked value's dtype.
+bool grad_dtype_fits(const std::string& grad_dtype, const std::string& precision);
 void check_grad_dtype(const std::string& grad_dtype, const std::string& precision);
 DType gradient_dtype(const std::string& grad_dtype);
 // The device a command uses when none is named.

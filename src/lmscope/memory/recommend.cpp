@@ -82,6 +82,7 @@ std::string way(const BenchSpec& s) {
   std::string r =
       s.recompute == Recompute::none ? "no recompute" : recompute_name(s.recompute) + std::string(" recompute");
   if (s.weight_copies == WeightCopies::transient) r += ", transient copies";
+  if (s.grad_dtype != "fp32") r += fmt::format(", {} gradients", s.grad_dtype);
   return s.grad_accum == 1 ? fmt::format("{}, one batch of {}", r, s.batch)
                            : fmt::format("{}, {} micro-batches of {}", r, s.grad_accum, s.batch);
 }
@@ -92,6 +93,7 @@ std::string flags(const BenchSpec& s) {
   if (s.recompute != Recompute::none) f.push_back(fmt::format("--recompute {}", recompute_name(s.recompute)));
   if (s.weight_copies != WeightCopies::kept)
     f.push_back(fmt::format("--weight-copies {}", weight_copies_name(s.weight_copies)));
+  if (s.grad_dtype != "fp32") f.push_back(fmt::format("--grad-dtype {}", s.grad_dtype));
   if (s.grad_accum > 1) f.push_back(fmt::format("--grad-accum {} --batch {}", s.grad_accum, s.batch));
   std::string joined;
   for (const std::string& part : f) joined += (joined.empty() ? "" : " ") + part;
@@ -144,19 +146,19 @@ std::string markdown(const std::vector<Recommendation>& rows) {
 
 std::string csv(const std::vector<Recommendation>& rows) {
   std::string out =
-      "model,device,device_name,memory_limit_bytes,precision,attention,ctx,sequences_per_step,recompute,grad_accum,"
-      "micro_batch,weight_copies,peak_bytes,device_need_bytes,step_ms,status,chosen\n";
+      "model,device,device_name,memory_limit_bytes,precision,grad_dtype,attention,ctx,sequences_per_step,recompute,"
+      "grad_accum,micro_batch,weight_copies,peak_bytes,device_need_bytes,step_ms,status,chosen\n";
   for (const Recommendation& r : rows) {
     const BenchSpec& s = r.spec.cell;
     if (r.candidates.empty())
-      out += fmt::format("{},{},{},{},{},{},{},{},,,,,,,,{},\n", csv_field(s.model.name), s.device,
-                         csv_field(r.device_name), r.limit, s.precision, attention_name(s.attention), s.ctx, s.batch,
-                         csv_field(r.failure.empty() ? "nothing fits" : r.failure));
+      out += fmt::format("{},{},{},{},{},{},{},{},{},,,,,,,,{},\n", csv_field(s.model.name), s.device,
+                         csv_field(r.device_name), r.limit, s.precision, s.grad_dtype, attention_name(s.attention),
+                         s.ctx, s.batch, csv_field(r.failure.empty() ? "nothing fits" : r.failure));
     for (std::size_t i = 0; i < r.candidates.size(); ++i) {
       const Candidate& c = r.candidates[i];
-      out += fmt::format("{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{}\n", csv_field(s.model.name), s.device,
-                         csv_field(r.device_name), r.limit, s.precision, attention_name(s.attention), s.ctx, s.batch,
-                         recompute_name(c.spec.recompute), c.spec.grad_accum, c.spec.batch,
+      out += fmt::format("{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{}\n", csv_field(s.model.name), s.device,
+                         csv_field(r.device_name), r.limit, s.precision, s.grad_dtype, attention_name(s.attention),
+                         s.ctx, s.batch, recompute_name(c.spec.recompute), c.spec.grad_accum, c.spec.batch,
                          weight_copies_name(c.spec.weight_copies), c.peak, c.need,
                          c.step_ms ? fmt::format("{:.3f}", *c.step_ms) : "", csv_field(c.status),
                          static_cast<int>(i) == r.chosen ? 1 : 0);
@@ -175,6 +177,7 @@ std::string json(const std::vector<Recommendation>& rows) {
     j["device_name"] = r.device_name;
     j["memory_limit_bytes"] = r.limit;
     j["precision"] = s.precision;
+    j["grad_dtype"] = s.grad_dtype;
     j["attention"] = attention_name(s.attention);
     j["mode"] = bench_mode_name(s.mode);
     j["ctx"] = s.ctx;

@@ -111,6 +111,7 @@ void Transformer::set_grad_dtype(DType t) {
         dtype_name(t), dtype_name(compute_));
   for (const Parameter& p : params_)
     LMSCOPE_CHECK(p.grad.empty(), "the gradients' dtype set while {} has a gradient", p.spec.name);
+  LMSCOPE_CHECK(!gradient_ready_, "the gradients' dtype set after data parallelism sized its buffers");
   grad_dtype_ = t;
 }
 

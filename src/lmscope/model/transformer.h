@@ -49,9 +49,9 @@ struct Parameter {
 
 class Transformer {
  public:
-  // dtype: parameters, gradients, optimizer state and the residual stream (f32; f64 on the CPU for
-  // gradient checks). compute: GEMM operands and the activations between GEMMs: the same as dtype,
-  // or bf16 or f16 for mixed precision (docs/precision.md); none means the same as dtype.
+  // dtype: parameters, gradients (unless set_grad_dtype says otherwise), optimizer state and the
+  // residual stream (f32; f64 on the CPU for gradient checks). compute: GEMM operands and the activations between
+  // GEMMs: the same as dtype, or bf16 or f16 for mixed precision (docs/precision.md); none means the same as dtype.
   // attention: flash (FlashAttention-2, the default) or naive (scores and probabilities in memory).
   Transformer(const ModelConfig& config, Backend& backend, DType dtype = DType::f32,
               std::optional<DType> compute = std::nullopt, AttentionKind attention = AttentionKind::flash);
@@ -90,7 +90,8 @@ class Transformer {
   // data parallelism exchanges half the bytes and AdamW reads them as they are (each bf16 value is
   // exact in fp32). Ops that write the master dtype (RMSNorm weights, the embedding) go through fp32
   // scratch and one cast; micro-batches add into bf16 (each addition rounded: docs/precision.md).
-  // Before the first backward; throws UserError for any other dtype.
+  // Before the first backward and before data parallelism hooks in (it sizes its buffers by it);
+  // throws UserError for any other dtype.
   DType grad_dtype() const { return grad_dtype_; }
   void set_grad_dtype(DType t);
   // A forward for a backward whose logits would take more than 8 chunks makes them in chunks of at

@@ -41,7 +41,10 @@ def main(paths):
             step = float(p["step"].split("±")[0])
             theirs = f"{step:.1f} [{p['peak']}]"
             ratio = f"{step / float(r['step_mean_ms']):.2f}x" if ours_ok else "-"
-        print(f"| {key[0]} | {key[1]} | {key[2]} | {key[3]} vs {peer} | {key[4]} | {ours} | {mfu} | {theirs} | {ratio} |")
+        # lmscope's own variants of a cell (PyTorch has one of each) told apart in the mode column.
+        mode = key[2] + (", transient copies" if r.get("weight_copies", "kept") == "transient" else "")
+        mode += f", {r['grad_dtype']} gradients" if r.get("grad_dtype", "fp32") != "fp32" else ""
+        print(f"| {key[0]} | {key[1]} | {mode} | {key[3]} vs {peer} | {key[4]} | {ours} | {mfu} | {theirs} | {ratio} |")
 
 
 if __name__ == "__main__":

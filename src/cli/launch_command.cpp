@@ -206,6 +206,9 @@ class LaunchCommand : public Command {
         for (const auto& [p, r] : ranks) ::waitpid(p, nullptr, 0);
         throw std::runtime_error(fmt::format("cannot start rank {}: {}", i, std::strerror(err)));
       }
+      // The parent sets it too (POSIX's way to close the race: whichever runs first makes it so, and
+      // the other's call fails harmlessly once the child has exec'd).
+      ::setpgid(pid, pid);
       ranks[pid] = i;
     }
     return ranks;

@@ -87,6 +87,10 @@ class Launch(unittest.TestCase):
                              stderr=subprocess.PIPE, text=True)
         kids = ranks_of(p, 2)
         # Each rank leads a process group of its own: a terminal's Ctrl-C reaches the launcher alone.
+        # (A child seen the instant after its fork may not have its group yet: a moment's grace.)
+        deadline = time.monotonic() + 5
+        while [os.getpgid(k) for k in kids] != kids and time.monotonic() < deadline:
+            time.sleep(0.01)
         self.assertEqual([os.getpgid(k) for k in kids], kids)
         time.sleep(0.5)
         t0 = time.monotonic()

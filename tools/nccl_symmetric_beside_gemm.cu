@@ -24,14 +24,7 @@
 #include <thread>
 #include <vector>
 
-#define CHECK_NCCL(x)                                                                         \
-  do {                                                                                        \
-    ncclResult_t r_ = (x);                                                                    \
-    if (r_ != ncclSuccess) {                                                                  \
-      std::fprintf(stderr, "%s:%d %s: %s\n", __FILE__, __LINE__, #x, ncclGetErrorString(r_)); \
-      std::exit(1);                                                                           \
-    }                                                                                         \
-  } while (0)
+#define CHECK_NCCL(x) PROBE_CHECK(x, s_ == ncclSuccess, ncclGetErrorString(s_))
 
 namespace {
 

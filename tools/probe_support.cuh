@@ -9,22 +9,17 @@
 #include <cstdio>
 #include <cstdlib>
 
-#define CHECK_CUDA(x)                                                                         \
-  do {                                                                                        \
-    cudaError_t e_ = (x);                                                                     \
-    if (e_ != cudaSuccess) {                                                                  \
-      std::fprintf(stderr, "%s:%d %s: %s\n", __FILE__, __LINE__, #x, cudaGetErrorString(e_)); \
-      std::exit(1);                                                                           \
-    }                                                                                         \
+// Each check prints where and what failed, with the library's own words, and exits.
+#define PROBE_CHECK(x, ok, words)                                              \
+  do {                                                                         \
+    const auto s_ = (x);                                                       \
+    if (!(ok)) {                                                               \
+      std::fprintf(stderr, "%s:%d %s: %s\n", __FILE__, __LINE__, #x, (words)); \
+      std::exit(1);                                                            \
+    }                                                                          \
   } while (0)
-#define CHECK_LT(x)                                                                            \
-  do {                                                                                         \
-    cublasStatus_t s_ = (x);                                                                   \
-    if (s_ != CUBLAS_STATUS_SUCCESS) {                                                         \
-      std::fprintf(stderr, "%s:%d %s: cuBLASLt status %d\n", __FILE__, __LINE__, #x, int(s_)); \
-      std::exit(1);                                                                            \
-    }                                                                                          \
-  } while (0)
+#define CHECK_CUDA(x) PROBE_CHECK(x, s_ == cudaSuccess, cudaGetErrorString(s_))
+#define CHECK_LT(x) PROBE_CHECK(x, s_ == CUBLAS_STATUS_SUCCESS, cublasLtGetStatusString(s_))
 
 // p[i] uniform in [-1, 1), from a hash of i and the seed.
 __global__ void fill_random(__nv_bfloat16* p, size_t n, unsigned seed) {

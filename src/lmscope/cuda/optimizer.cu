@@ -165,24 +165,11 @@ __global__ void sum_partials_sqrt_kernel(const double* partials, std::int64_t co
 
 }  // namespace
 
-namespace {
-// Calls f(Tag<G>{}) with G the gradients' C++ type: float or __nv_bfloat16 (no f16 kernels are made).
-template <typename F>
-void with_grad_elem(Elem e, F&& f) {
-  if (e == Elem::f32)
-    f(Tag<float>{});
-  else if (e == Elem::bf16)
-    f(Tag<__nv_bfloat16>{});
-  else
-    throw std::invalid_argument("gradients are f32 or bf16");
-}
-}  // namespace
-
 void adamw(float* p, const void* g, Elem eg, float* m, float* v, std::int64_t n, const AdamWConsts& c,
            const float* step_scalars, const float* grad_norm, void* lowp, Elem elow, cudaStream_t s) {
   const bool vec = aligned16({p, g, m, v}) && reinterpret_cast<std::uintptr_t>(lowp) % 8 == 0;
   const std::int64_t n4 = vec ? n / 4 : 0;
-  with_grad_elem(eg, [&](auto gt) {
+  with_elem<false>(eg, [&](auto gt) {
     using G = typename decltype(gt)::type;
     auto launch = [&](auto* copy) {
       adamw_kernel<<<grid_for(n4 > 0 ? n4 : n, kBlock), kBlock, 0, s>>>(p, static_cast<const G*>(g), m, v, n, n4, c,
@@ -226,7 +213,7 @@ void adamw_many(const AdamWTensor* tensors, std::int64_t count, const AdamWConst
       adamw_many_kernel<<<dim3(grid_for(most, kBlock), static_cast<unsigned>(k)), kBlock, 0, s>>>(list, c, step_scalars,
                                                                                                   grad_norm);
     };
-    with_grad_elem(group[0].eg, [&](auto gt) {
+    with_elem<false>(group[0].eg, [&](auto gt) {
       using G = typename decltype(gt)::type;
       if (elow == Elem::f16)
         launch(AdamWList<G, __half>{});
@@ -239,7 +226,7 @@ void adamw_many(const AdamWTensor* tensors, std::int64_t count, const AdamWConst
 
 void sum_squares(const void* x, Elem ex, std::int64_t n, double* partials, cudaStream_t s) {
   const std::int64_t n4 = aligned16({x}) ? n / 4 : 0;
-  with_grad_elem(ex, [&](auto xt) {
+  with_elem<false>(ex, [&](auto xt) {
     using G = typename decltype(xt)::type;
     sum_squares_kernel<<<kNormBlocks, kBlock, 0, s>>>(static_cast<const G*>(x), n, n4, partials);
   });
@@ -248,7 +235,7 @@ void sum_squares(const void* x, Elem ex, std::int64_t n, double* partials, cudaS
 
 void sum_squares_many(const void* const* x, Elem ex, const std::int64_t* n, std::int64_t count, double* partials,
                       cudaStream_t s) {
-  with_grad_elem(ex, [&](auto xt) {
+  with_elem<false>(ex, [&](auto xt) {
     using G = typename decltype(xt)::type;
     for (std::int64_t first = 0; first < count; first += kTensorsPerLaunch) {
       const int k = static_cast<int>(std::min<std::int64_t>(kTensorsPerLaunch, count - first));

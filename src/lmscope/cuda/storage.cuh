@@ -63,17 +63,23 @@ struct Tag {
   using type = T;
 };
 
-// Calls f(Tag<T>{}) with T the C++ type of e.
-template <typename F>
+// Calls f(Tag<T>{}) with T the C++ type of e; kHalf false makes no f16 instance of f (for data that
+// is never f16, as gradients) and throws for f16.
+template <bool kHalf = true, typename F>
 void with_elem(Elem e, F&& f) {
-  if (e == Elem::f32)
+  if (e == Elem::f32) {
     f(Tag<float>{});
-  else if (e == Elem::bf16)
+  } else if (e == Elem::bf16) {
     f(Tag<__nv_bfloat16>{});
-  else if (e == Elem::f16)
-    f(Tag<__half>{});
-  else
-    throw std::logic_error("unknown storage type");
+  } else {
+    if constexpr (kHalf) {
+      if (e == Elem::f16) {
+        f(Tag<__half>{});
+        return;
+      }
+    }
+    throw std::logic_error(kHalf ? "unknown storage type" : "this data is f32 or bf16, not f16");
+  }
 }
 
 }  // namespace lmscope::cuda

@@ -73,20 +73,55 @@ fi
 # torch.compile modes), batch 4, 5 warm-up and 10 measured steps; LMSCOPE_COMPILE_SECONDS (default
 # 1800) bounds each PyTorch sweep, whose rows print as they are measured. Like every mode it runs the
 # GPU tests first unless LMSCOPE_SKIP_GPU_TESTS=1.
-if [[ "${1:-}" == "--compile-table" ]]; then
-  mode=$2 models=$3 ctxs=$4 compiles=${5:-none,default,max-autotune}
+# LMSCOPE_COMPILE_SPLIT="small,medium,large;xl,2.7B" (MODELS then unused) runs each ';'-group on a GPU
+# of its own, group i on GPU i pinned to the i-th share of the CPUs, so that one group's compiling
+# never takes the cores another group launches from; each cell's lmscope and PyTorch rows still come
+# from one GPU, and the rows land in the same files as one GPU's, in the groups' order.
+compile_sweep() {  # DIR MODE MODELS CTXS COMPILES
+  local dir=$1 mode=$2 models=$3 ctxs=$4 compiles=$5 c
+  mkdir -p "$dir"
   "$B/lmscope" bench --device cuda --model "$models" --ctx "$ctxs" --batch 4 --precision bf16 --mode "$mode" \
     --attention flash --fusion on,off --graphs on,off --warmup 5 --steps 10 --format csv \
-    --out "$OUT/lmscope-compile-$mode.csv" >"$OUT/lmscope-compile-$mode.md" 2>"$OUT/lmscope-compile-$mode.err" \
-    || { echo "== lmscope bench failed:"; tail -3 "$OUT/lmscope-compile-$mode.err"; }
-  tables=("$OUT/lmscope-compile-$mode.csv")
+    --out "$dir/lmscope-compile-$mode.csv" >"$dir/lmscope-compile-$mode.md" 2>"$dir/lmscope-compile-$mode.err" \
+    || { echo "== lmscope bench failed ($models):"; tail -3 "$dir/lmscope-compile-$mode.err"; }
   for c in ${compiles//,/ }; do
     (cd pytorch && PYTHONUNBUFFERED=1 timeout "${LMSCOPE_COMPILE_SECONDS:-1800}" $PY bench_reference.py --device cuda \
       --model "$models" --ctx "$ctxs" --mode "$mode" --batch 4 --attention sdpa --precision bf16 --compile "$c" \
-      --warmup 5 --steps 10) >"$OUT/pytorch-compile-$mode-$c.md" 2>"$OUT/pytorch-compile-$mode-$c.err"
-    echo "== PyTorch --compile $c: exit $?, $(grep -c '| ok |' "$OUT/pytorch-compile-$mode-$c.md") cells"
-    tables+=("$OUT/pytorch-compile-$mode-$c.md")
+      --warmup 5 --steps 10) >"$dir/pytorch-compile-$mode-$c.md" 2>"$dir/pytorch-compile-$mode-$c.err"
+    echo "== PyTorch --compile $c ($models): exit $?, $(grep -c '| ok |' "$dir/pytorch-compile-$mode-$c.md") cells"
   done
+}
+if [[ "${1:-}" == "--compile-table" ]]; then
+  mode=$2 models=$3 ctxs=$4 compiles=${5:-none,default,max-autotune}
+  if [[ -z "${LMSCOPE_COMPILE_SPLIT:-}" ]]; then
+    compile_sweep "$OUT" "$mode" "$models" "$ctxs" "$compiles"
+  else
+    IFS=';' read -ra groups <<<"$LMSCOPE_COMPILE_SPLIT"
+    gpus=$(nvidia-smi -L | wc -l)
+    ((${#groups[@]} <= gpus)) || { echo "LMSCOPE_COMPILE_SPLIT has ${#groups[@]} groups for $gpus GPU(s)"; exit 2; }
+    share=$(($(nproc) / ${#groups[@]}))
+    for i in "${!groups[@]}"; do
+      (taskset -pc "$((i * share))-$(((i + 1) * share - 1))" $BASHPID >/dev/null
+        CUDA_VISIBLE_DEVICES=$i compile_sweep "$OUT/part$i" "$mode" "${groups[$i]}" "$ctxs" "$compiles") &
+    done
+    wait
+    # One file per kind, as one GPU writes them: the first part's header, every part's rows (a
+    # Markdown table has two header lines, a CSV one); the parts' logs one after another.
+    merge() {  # NAME HEADER_LINES
+      local first=1 part
+      for part in "$OUT"/part*/"$1"; do
+        if ((first)); then cat "$part"; first=0; else tail -n +$(($2 + 1)) "$part"; fi
+      done >"$OUT/$1"
+    }
+    merge "lmscope-compile-$mode.csv" 1
+    for c in ${compiles//,/ }; do merge "pytorch-compile-$mode-$c.md" 2; done
+    for part in "$OUT"/part*; do
+      for log in "$part"/*.err "$part/lmscope-compile-$mode.md"; do echo "== ${log#"$OUT"/}"; cat "$log"; done
+    done >"$OUT/compile-$mode-logs.txt"
+    rm -rf "$OUT"/part*
+  fi
+  tables=("$OUT/lmscope-compile-$mode.csv")
+  for c in ${compiles//,/ }; do tables+=("$OUT/pytorch-compile-$mode-$c.md"); done
   $PY tools/compile_table.py "${tables[@]}" | tee "$OUT/compile-table-$mode.md"
 fi
 

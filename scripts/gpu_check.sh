@@ -70,28 +70,32 @@ fi
 # --compile-table MODE MODELS CTXS [COMPILES]: the seeds' "vanilla vs compiled" table for MODE (forward,
 # forward-backward or train): lmscope bf16 flash with fusion and graphs each off and on, then PyTorch
 # bf16 SDPA with fused AdamW in each of COMPILES (default none,default,max-autotune: eager and the two
-# torch.compile modes), batch 4, 5 warm-up and 10 measured steps; LMSCOPE_COMPILE_SECONDS (default
-# 1800) bounds each PyTorch sweep, whose rows print as they are measured. Like every mode it runs the
-# GPU tests first unless LMSCOPE_SKIP_GPU_TESTS=1.
+# torch.compile modes), batch 4, 5 warm-up and 10 measured steps. LMSCOPE_COMPILE_SECONDS (default
+# 1800) bounds the whole table: each sweep gets what is left of it and its rows print as they are
+# measured, so the files are merged and the table printed inside it, with the cells measured by then
+# (set it below the call's own limit). Like every mode it runs the GPU tests first unless
+# LMSCOPE_SKIP_GPU_TESTS=1.
 # LMSCOPE_COMPILE_SPLIT="small,medium,large;xl,2.7B" (MODELS then unused) runs each ';'-group on a GPU
 # of its own, group i on GPU i pinned to the i-th share of the CPUs, so that one group's compiling
 # never takes the cores another group launches from; each cell's lmscope and PyTorch rows still come
 # from one GPU, and the rows land in the same files as one GPU's, in the groups' order.
+left() { echo $((deadline - SECONDS > 1 ? deadline - SECONDS : 1)); }  # seconds to the table's deadline
 compile_sweep() {  # DIR MODE MODELS CTXS COMPILES
   local dir=$1 mode=$2 models=$3 ctxs=$4 compiles=$5 c
   mkdir -p "$dir"
-  "$B/lmscope" bench --device cuda --model "$models" --ctx "$ctxs" --batch 4 --precision bf16 --mode "$mode" \
-    --attention flash --fusion on,off --graphs on,off --warmup 5 --steps 10 --format csv \
+  timeout "$(left)" "$B/lmscope" bench --device cuda --model "$models" --ctx "$ctxs" --batch 4 --precision bf16 \
+    --mode "$mode" --attention flash --fusion on,off --graphs on,off --warmup 5 --steps 10 --format csv \
     --out "$dir/lmscope-compile-$mode.csv" >"$dir/lmscope-compile-$mode.md" 2>"$dir/lmscope-compile-$mode.err" \
     || { echo "== lmscope bench failed ($models):"; tail -3 "$dir/lmscope-compile-$mode.err"; }
   for c in ${compiles//,/ }; do
-    (cd pytorch && PYTHONUNBUFFERED=1 timeout "${LMSCOPE_COMPILE_SECONDS:-1800}" $PY bench_reference.py --device cuda \
+    (cd pytorch && PYTHONUNBUFFERED=1 timeout "$(left)" $PY bench_reference.py --device cuda \
       --model "$models" --ctx "$ctxs" --mode "$mode" --batch 4 --attention sdpa --precision bf16 --compile "$c" \
       --warmup 5 --steps 10) >"$dir/pytorch-compile-$mode-$c.md" 2>"$dir/pytorch-compile-$mode-$c.err"
     echo "== PyTorch --compile $c ($models): exit $?, $(grep -c '| ok |' "$dir/pytorch-compile-$mode-$c.md") cells"
   done
 }
 if [[ "${1:-}" == "--compile-table" ]]; then
+  deadline=$((SECONDS + ${LMSCOPE_COMPILE_SECONDS:-1800}))
   mode=$2 models=$3 ctxs=$4 compiles=${5:-none,default,max-autotune}
   if [[ -z "${LMSCOPE_COMPILE_SPLIT:-}" ]]; then
     compile_sweep "$OUT" "$mode" "$models" "$ctxs" "$compiles"
@@ -110,6 +114,7 @@ if [[ "${1:-}" == "--compile-table" ]]; then
     merge() {  # NAME HEADER_LINES
       local first=1 part
       for part in "$OUT"/part*/"$1"; do
+        [[ -f "$part" ]] || continue
         if ((first)); then cat "$part"; first=0; else tail -n +$(($2 + 1)) "$part"; fi
       done >"$OUT/$1"
     }

@@ -35,6 +35,7 @@ class InfoCommand : public Command {
     app->add_option("--recompute", recompute_, recompute_help(false) + ", for the dry runs")->capture_default_str();
     app->add_option("--weight-copies", weight_copies_, weight_copies_help(false) + ", for the dry runs")
         ->capture_default_str();
+    app->add_option("--grad-dtype", grad_dtype_, grad_dtype_help(false) + ", for the dry runs")->capture_default_str();
     app->add_option("--memory-limit", memory_limit_, memory_limit_help());
   }
 
@@ -101,13 +102,14 @@ class InfoCommand : public Command {
   std::string format_ = "md", attention_ = "flash";
   bool dry_run_ = false;
   std::int64_t batch_ = 4;
-  std::string precision_ = "fp32", device_ = "cuda", memory_limit_, recompute_ = "none", weight_copies_ = "kept";
+  std::string precision_ = "fp32", device_ = "cuda", memory_limit_, recompute_ = "none", weight_copies_ = "kept",
+              grad_dtype_ = "fp32";
 
   // One step of every mode at --batch and --ctx on the shape-only backend; none without --dry-run.
   std::vector<MemoryRow> dry_run_steps(const ModelConfig& c, AttentionKind attention) const {
     if (!dry_run_) {
       for (const char* flag :
-           {"--batch", "--precision", "--device", "--recompute", "--weight-copies", "--memory-limit"})
+           {"--batch", "--precision", "--device", "--recompute", "--weight-copies", "--grad-dtype", "--memory-limit"})
         if (app->count(flag) > 0) user_error("{} chooses the dry runs; add --dry-run", flag);
       return {};
     }
@@ -119,6 +121,7 @@ class InfoCommand : public Command {
     const WeightCopies weight_copies = parse_weight_copies(weight_copies_);
     if (weight_copies == WeightCopies::transient && compute_dtype(precision_) == DType::f32)
       user_error("{}", kTransientNeedsBf16);
+    check_grad_dtype(grad_dtype_, precision_);
     std::vector<MemoryRow> rows;
     for (BenchMode mode : {BenchMode::inference, BenchMode::forward, BenchMode::forward_backward, BenchMode::train}) {
       BenchSpec cell;
@@ -133,6 +136,7 @@ class InfoCommand : public Command {
       cell.steps = 1;
       cell.recompute = recompute;
       cell.weight_copies = weight_copies;
+      cell.grad_dtype = has_backward(mode) ? grad_dtype_ : "fp32";  // as memory's rows: no gradients, no type
       rows.push_back(memory_row(record_memory(MemorySpec{cell, true, limit}), 1));
     }
     return rows;
@@ -143,12 +147,13 @@ class InfoCommand : public Command {
   static std::string markdown_steps(const std::vector<MemoryRow>& rows) {
     const MemoryRecord& first = rows.front().record;
     const BenchSpec& c = first.spec.cell;
+    const bool bf16_grads = rows.back().record.spec.cell.grad_dtype == "bf16";
     std::string out = fmt::format(
-        "## One step at batch {}, ctx {}, {}, {} attention: the {}, whose whole device may hold {}\n\n"
+        "## One step at batch {}, ctx {}, {}{}, {} attention: the {}, whose whole device may hold {}\n\n"
         "| mode | peak GiB | reached in | forward peak | backward peak | optimizer peak | whole device GiB | fits |\n"
         "|---|---:|---|---:|---:|---:|---:|---|\n",
-        c.batch, c.ctx, c.precision, attention_name(c.attention), first.device_name,
-        human_bytes(static_cast<double>(device_limit(first))));
+        c.batch, c.ctx, c.precision, bf16_grads ? " with bf16 gradients" : "", attention_name(c.attention),
+        first.device_name, human_bytes(static_cast<double>(device_limit(first))));
     auto gib = [](std::size_t b) { return fmt::format("{:.2f}", static_cast<double>(b) / (1 << 30)); };
     auto phase = [&](const MemoryAnalysis& a, Phase p) {
       const auto& v = a.phase_peak[static_cast<int>(p)];

@@ -185,10 +185,29 @@ class BenchAndInfoDryRuns(unittest.TestCase):
         md = run("info", *TINY, "--ctx", "64", "--dry-run", "--device", "cpu")
         self.assertIn("## One step at batch 4, ctx 64", md.stdout)
         self.assertIn("the train step's peak, by kind", md.stdout)
-        for extra in (["--memory-limit", "1GiB"], ["--batch", "2"], ["--recompute", "full"]):
+        for extra in (["--memory-limit", "1GiB"], ["--batch", "2"], ["--recompute", "full"], ["--grad-dtype", "bf16"]):
             bad = run("info", *TINY, *extra)
             self.assertEqual(bad.returncode, 2, (extra, bad.stderr))
             self.assertIn("--dry-run", bad.stderr)
+
+    def test_info_dry_run_takes_the_gradients_type(self):
+        cell = ["--model", "small", "--ctx", "128", "--precision", "bf16", "--device", "cuda"]
+        r = run("info", *cell, "--dry-run", "--grad-dtype", "bf16", "--format", "json")
+        self.assertEqual(r.returncode, 0, r.stderr)
+        steps = json.loads(r.stdout)["dry_run"]
+        # Modes without a backward have no gradients to type; the others hold bf16 ones, as memory says.
+        self.assertEqual([s["grad_dtype"] for s in steps], ["fp32", "fp32", "bf16", "bf16"])
+        for step in steps[2:]:
+            mem = dry_memory(*cell, "--batch", "4", "--mode", step["mode"], "--grad-dtype", "bf16")
+            self.assertEqual(step["peak_bytes"], mem["peak_bytes"])
+        fp32 = json.loads(run("info", *cell, "--dry-run", "--format", "json").stdout)["dry_run"]
+        self.assertLess(steps[2]["peak_by_kind"]["gradient"], fp32[2]["peak_by_kind"]["gradient"])
+        md = run("info", *cell, "--dry-run", "--grad-dtype", "bf16").stdout
+        self.assertIn("ctx 128, bf16 with bf16 gradients, flash attention", md)
+        bad = run("info", "--model", "small", "--dry-run", "--grad-dtype", "bf16")  # fp32 precision
+        self.assertEqual(bad.returncode, 2, bad.stderr)
+        self.assertEqual(len(bad.stderr.strip().splitlines()), 1, bad.stderr)
+        self.assertIn("--grad-dtype bf16 needs --precision bf16", bad.stderr)
 
     def test_csv_rows_have_as_many_fields_as_their_header(self):
         for args in (["bench", "--dry-run", "--device", "cpu", *TINY, "--ctx", "16,32", "--mode", "inference,train",

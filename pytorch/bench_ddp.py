@@ -9,6 +9,12 @@ step, timed on the host between synchronisations after --warmup steps; rank 0 pr
 per cell with the median step, the per-rank peak memory (max_memory_allocated, the largest of the
 ranks) and the status.
 
+A rank out of memory cannot take back the collectives its peers have already entered, and a sweep
+that went on would pair one cell's all-reduces with the next cell's: so that rank prints the cell's
+OOM row and ends its process, torchrun stops the others, and the caller starts the sweep again with
+--skip set to the cells printed so far (scripts/gpu_multi_check.sh does; two ranks out of memory at
+once print the same row twice, which it drops).
+
   torchrun --nproc-per-node 2 pytorch/bench_ddp.py --model xl,2.7B --ctx 512,1024 --batch 4 --variant ddp,zero1
 """
 import argparse
@@ -69,29 +75,28 @@ def main():
     ap.add_argument("--bucket-mb", type=float, default=25)
     ap.add_argument("--warmup", type=int, default=3)
     ap.add_argument("--steps", type=int, default=10)
+    ap.add_argument("--skip", type=int, default=0, help="start after this many cells of the sweep (no header)")
     a = ap.parse_args()
     torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
-    # A rank out of memory would leave the other waiting in an all-reduce: give up after 3 minutes.
+    # A rank stuck in a collective all the same (a peer that failed otherwise) gives up after 3 minutes.
     dist.init_process_group("nccl", timeout=datetime.timedelta(seconds=180))
     rank, n = dist.get_rank(), dist.get_world_size()
-    if rank == 0:
+    if rank == 0 and a.skip == 0:
         print("| framework | model | ranks | variant | bucket MB | batch per rank | ctx | step median ms | step std ms "
               "| peak GiB per rank | status |")
         print("|---|---|---:|---|---:|---:|---:|---:|---:|---:|---|")
-    for model_name in a.model.split(","):
-        for ctx in map(int, a.ctx.split(",")):
-            for variant in a.variant.split(","):
-                head = (f"| PyTorch {torch.__version__} | {model_name} | {n} | {variant} | {a.bucket_mb:g} | {a.batch} "
-                        f"| {ctx} ")
-                try:
-                    median, std, peak = run_cell(a, model_name, ctx, variant, rank)
-                    row = head + f"| {median:.2f} | {std:.2f} | {peak:.2f} | ok |"
-                except torch.cuda.OutOfMemoryError:
-                    row = head + "| - | - | - | OOM |"
-                if rank == 0:
-                    print(row, flush=True)
-                gc.collect()
-                torch.cuda.empty_cache()
+    cells = [(m, c, v) for m in a.model.split(",") for c in map(int, a.ctx.split(",")) for v in a.variant.split(",")]
+    for model_name, ctx, variant in cells[a.skip:]:
+        head = f"| PyTorch {torch.__version__} | {model_name} | {n} | {variant} | {a.bucket_mb:g} | {a.batch} | {ctx} "
+        try:
+            median, std, peak = run_cell(a, model_name, ctx, variant, rank)
+        except torch.cuda.OutOfMemoryError:
+            print(head + "| - | - | - | OOM |", flush=True)
+            os._exit(3)  # no clean-up: it could wait on a collective the other ranks will never join
+        if rank == 0:
+            print(head + f"| {median:.2f} | {std:.2f} | {peak:.2f} | ok |", flush=True)
+        gc.collect()
+        torch.cuda.empty_cache()
     dist.destroy_process_group()
 
 

@@ -102,9 +102,23 @@ if [[ $parts == *,bench,* ]]; then
     "$B/lmscope" launch --nproc 2 -- "${bench[@]}" --batch 8 $par --out "$OUT/ddp-$tag.json" >"$OUT/ddp-$tag.md" 2>&1
     echo "== lmscope, two GPUs, $par: exit $?"
   done
-  (cd pytorch && torchrun --nproc-per-node 2 bench_ddp.py --model "$models" --ctx "$ctxs" --batch 4 --variant "$pt_variants" \
-    --warmup "${LMSCOPE_DDP_WARMUP:-3}" --steps "${LMSCOPE_DDP_MEASURED:-10}") >"$OUT/ddp-pytorch.md" 2>"$OUT/ddp-pytorch.err"
-  echo "== PyTorch DDP and ZeRO-1: exit $?"
+  # A rank out of memory ends the whole torchrun (bench_ddp.py says why): start again after the cells
+  # printed, for as long as that gets further; two ranks' copies of one OOM row are dropped.
+  : >"$OUT/ddp-pytorch.md"
+  : >"$OUT/ddp-pytorch.err"
+  printed=0
+  while :; do
+    (cd pytorch && torchrun --nproc-per-node 2 bench_ddp.py --model "$models" --ctx "$ctxs" --batch 4 \
+      --variant "$pt_variants" --warmup "${LMSCOPE_DDP_WARMUP:-3}" --steps "${LMSCOPE_DDP_MEASURED:-10}" \
+      --skip "$printed") >>"$OUT/ddp-pytorch.md" 2>>"$OUT/ddp-pytorch.err"
+    status=$?
+    uniq "$OUT/ddp-pytorch.md" >"$OUT/ddp-pytorch.md.tmp" && mv "$OUT/ddp-pytorch.md.tmp" "$OUT/ddp-pytorch.md"
+    now=$(grep -c '^| PyTorch' "$OUT/ddp-pytorch.md")
+    ((status != 0 && now > printed)) || break
+    echo "== PyTorch DDP and ZeRO-1 stopped after $now cells (exit $status): again from the next"
+    printed=$now
+  done
+  echo "== PyTorch DDP and ZeRO-1: exit $status, $(grep -c '| ok |' "$OUT/ddp-pytorch.md") cells ok"
   "$B/lmscope" memory --dry-run --device cuda --model "$models" --ctx "$ctxs" --batch 8 --precision bf16 \
     --world-size 2 --zero 1 --format json --out "$OUT/zero-dry-run.json" >/dev/null 2>&1
   echo "== the dry run of a ZeRO-1 rank: exit $?"

@@ -102,9 +102,9 @@ std::vector<MemorySpec> MemoryCellFlags::resolve() const {
                         s.cell.weight_copies = wc;
                         s.cell.grad_dtype = has_backward(md) ? gd : "fp32";
                         const ParallelFlags::Resolved parallel = parallel_.resolve(b, dry_run_);
-                        if (parallel.spec) parallel.spec->check_step(has_backward(md), md == BenchMode::train);
                         s.cell.parallel = parallel.spec;
                         s.cell.world = parallel.world;
+                        check_parallel_mode(s.cell);  // before any cell runs
                         s.dry_run = dry_run_;
                         s.memory_limit = limit;
                         cells.push_back(s);

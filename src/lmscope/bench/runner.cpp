@@ -33,6 +33,10 @@ int exchange_sms(const BenchSpec& s) {
   return s.parallel && s.device == "cuda" && s.world.size > 1 ? s.parallel->exchange_sms() : 0;
 }
 
+void check_parallel_mode(const BenchSpec& s) {
+  if (s.parallel) s.parallel->check_step(has_backward(s.mode), s.mode == BenchMode::train);
+}
+
 std::string mode_label(const BenchSpec& s) {
   std::string label = bench_mode_name(s.mode);
   if (s.recompute != Recompute::none) label += fmt::format(", {} recompute", recompute_name(s.recompute));
@@ -105,10 +109,8 @@ double overlap_ms(const std::vector<dist::Communicator::Span>& spans, double unt
 }
 
 void run_cell(const BenchSpec& spec, BenchResult& r, const BenchProgress& progress) {
-  if (spec.parallel) {
-    spec.parallel->check_step(has_backward(spec.mode), spec.mode == BenchMode::train);
-    dist::use_rank_gpu(spec.world, spec.device);
-  }
+  check_parallel_mode(spec);
+  if (spec.parallel) dist::use_rank_gpu(spec.world, spec.device);
   std::unique_ptr<Backend> backend = make_backend(spec.device, spec.precision);
   Transformer model(spec.model, *backend, DType::f32, compute_dtype(spec.precision), spec.attention);
   model.set_recompute(spec.recompute);

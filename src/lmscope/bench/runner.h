@@ -59,6 +59,9 @@ std::string mode_label(const BenchSpec& s);
 // The SMs a data-parallel cell's exchange holds beside its backward (--comm-sms as it comes to):
 // 0 but on GPUs in a world of several.
 int exchange_sms(const BenchSpec& s);
+// UserError unless a data-parallel cell's mode has what is exchanged (DataParallelSpec::check_step);
+// nothing for a cell without data parallelism.
+void check_parallel_mode(const BenchSpec& s);
 
 // The datasheet peak of a GPU for a precision (bf16/tf32 dense tensor cores, fp32 CUDA cores),
 // in TFLOP/s; 0 for devices not in the table (docs/timing.md lists it).

@@ -43,8 +43,8 @@ void run_steps(const MemorySpec& spec, MemoryRecord& r, Backend& backend, std::o
   // seeded draw, and costs nothing at 2.7B (the draw takes the host tens of seconds).
   for (Parameter& p : model->parameters()) backend.fill(p.value, 0.02);
   model->refresh_lowp_copies();
+  check_parallel_mode(c);
   if (c.parallel) {  // a rank: its share of the batch, and the exchange's buffers (ZeRO-1: its shard)
-    c.parallel->check_step(has_backward(c.mode), c.mode == BenchMode::train);
     dp = std::make_unique<dist::DataParallelRun>(c.world, backend, *c.parallel);
     dp->attach(*model);
   }

@@ -3,8 +3,6 @@
 #include "lmscope/backend/devices.h"
 #include "lmscope/backend/meta/meta_backend.h"
 
-#include <fmt/format.h>
-
 namespace lmscope::dist {
 
 DataParallelRun::DataParallelRun(const World& world, Backend& backend, const DataParallelSpec& spec)
@@ -13,10 +11,7 @@ DataParallelRun::DataParallelRun(const World& world, Backend& backend, const Dat
   if (is_dry_run(backend)) {
     comm_ = make_shape_only_communicator(world.rank, world.size);
   } else {
-    // Every rank makes its communicators in the same order (a bench sweep's cells), each meeting
-    // under the next group's keys in the one store the process keeps.
-    static int groups = 0;
-    store_ = prefixed_store(process_store(world), fmt::format("group{}.", groups++));
+    store_ = next_group_store(world);
     comm_ = make_communicator(backend, world, *store_, held_sms());
   }
 }

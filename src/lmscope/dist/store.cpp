@@ -105,20 +105,21 @@ class Prefixed : public Store {
   std::string prefix_;
 };
 
+// The process's stores, one a world, with the groups each has handed out.
+struct ProcessStore {
+  std::unique_ptr<Store> store;
+  int groups = 0;
+};
+
 }  // namespace
 
-Store& process_store(const World& world) {
+std::unique_ptr<Store> next_group_store(const World& world) {
   static std::mutex mutex;
-  static std::map<std::string, std::unique_ptr<Store>> stores;
-  const std::string key = fmt::format("{}|{}|{}|{}", world.rendezvous, world.run_id, world.rank, world.size);
+  static std::map<std::string, ProcessStore> stores;
   std::lock_guard lock(mutex);
-  std::unique_ptr<Store>& store = stores[key];
-  if (!store) store = open_store(world);
-  return *store;
-}
-
-std::unique_ptr<Store> prefixed_store(Store& base, std::string prefix) {
-  return std::make_unique<Prefixed>(base, std::move(prefix));
+  ProcessStore& entry = stores[fmt::format("{}|{}|{}|{}", world.rendezvous, world.run_id, world.rank, world.size)];
+  if (!entry.store) entry.store = open_store(world);
+  return std::make_unique<Prefixed>(*entry.store, fmt::format("group{}.", entry.groups++));
 }
 
 std::unique_ptr<Store> open_store(const World& world) {

@@ -37,12 +37,12 @@ namespace lmscope::dist {
 // and the rendezvous. A world of one without a rendezvous gets a store in this process's memory.
 std::unique_ptr<Store> open_store(const World& world);
 
-// This process's store of `world`: opened the first time it is asked for and kept until the process
-// ends, so rank 0's TCP store serves every communicator the process makes (a bench sweep makes one a
-// cell), never a second server on the same port while the first still answers.
-Store& process_store(const World& world);
-// `base` with every key under `prefix`: each communicator meets under a prefix of its own, so the keys
-// of one never answer another's.
-std::unique_ptr<Store> prefixed_store(Store& base, std::string prefix);
+// This process's store of `world` (opened the first time it is asked for and kept until the process
+// ends, so rank 0's TCP store serves every communicator the process makes, never a second server on
+// the same port while the first still answers), with every key under the next group's prefix
+// ("group0.", "group1.", ..., counted per store): every rank makes its communicators in the same
+// order (a bench sweep's cells, one each), so each rank's n-th meets the others' n-th and the keys of
+// one never answer another's.
+std::unique_ptr<Store> next_group_store(const World& world);
 
 }  // namespace lmscope::dist

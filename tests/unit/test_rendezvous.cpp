@@ -269,6 +269,34 @@ TEST(Rendezvous, FileStoreKeepsTwoRunsApart) {
 }
 #endif
 
+TEST(Rendezvous, EachRanksNthGroupMeetsTheOthersNth) {
+  World w;
+  w.rendezvous = fmt::format("tcp:127.0.0.1:{}", free_port());
+  w.size = 2;
+  w.timeout = 5s;
+  w.run_id = "groups";
+  // Two ranks as threads of this process, each taking two groups: rank 1 (its store a client) may ask
+  // first and waits for rank 0's server, which its own thread opens meanwhile.
+  auto rank = [&](int r) {
+    World mine = w;
+    mine.rank = r;
+    std::unique_ptr<Store> g0 = next_group_store(mine), g1 = next_group_store(mine);
+    g0->set(fmt::format("rank{}", r), bytes(fmt::format("group 0 of rank {}", r)));
+    g1->set(fmt::format("rank{}", r), bytes(fmt::format("group 1 of rank {}", r)));
+    const int peer = 1 - r;
+    EXPECT_EQ(text(g0->get(fmt::format("rank{}", peer))), fmt::format("group 0 of rank {}", peer));
+    EXPECT_EQ(text(g1->get(fmt::format("rank{}", peer))), fmt::format("group 1 of rank {}", peer));
+    g1->set(fmt::format("done{}", r), bytes("1"));  // rank 0's server stays up until rank 1 has read
+    g1->wait({fmt::format("done{}", peer)});
+  };
+  std::thread one([&] { rank(1); });
+  std::this_thread::sleep_for(50ms);
+  rank(0);
+  one.join();
+  // A third group of rank 0 starts empty: no key of the first two answers it.
+  EXPECT_THROW(next_group_store(w)->wait({"rank1"}, 50ms), std::runtime_error);
+}
+
 TEST(Rendezvous, AWorldOfOneNeedsNone) {
   World w;
   w.timeout = 1s;

@@ -107,6 +107,7 @@ class Prefixed : public Store {
 
 // The process's stores, one a world, with the groups each has handed out.
 struct ProcessStore {
+  std::once_flag opened;
   std::unique_ptr<Store> store;
   int groups = 0;
 };
@@ -115,11 +116,17 @@ struct ProcessStore {
 
 std::unique_ptr<Store> next_group_store(const World& world) {
   static std::mutex mutex;
-  static std::map<std::string, ProcessStore> stores;
+  static std::map<std::string, ProcessStore> stores;  // nodes stay where they are
+  ProcessStore* entry = nullptr;
+  {
+    std::lock_guard lock(mutex);
+    entry = &stores[fmt::format("{}|{}|{}|{}", world.rendezvous, world.run_id, world.rank, world.size)];
+  }
+  // Opened outside the registry's lock: a TCP client retries until rank 0 serves, which may be another
+  // thread of this process asking for its own store meanwhile. (A failed open may be tried again.)
+  std::call_once(entry->opened, [&] { entry->store = open_store(world); });
   std::lock_guard lock(mutex);
-  ProcessStore& entry = stores[fmt::format("{}|{}|{}|{}", world.rendezvous, world.run_id, world.rank, world.size)];
-  if (!entry.store) entry.store = open_store(world);
-  return std::make_unique<Prefixed>(*entry.store, fmt::format("group{}.", entry.groups++));
+  return std::make_unique<Prefixed>(*entry->store, fmt::format("group{}.", entry->groups++));
 }
 
 std::unique_ptr<Store> open_store(const World& world) {

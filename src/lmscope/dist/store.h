@@ -41,8 +41,8 @@ std::unique_ptr<Store> open_store(const World& world);
 // ends, so rank 0's TCP store serves every communicator the process makes, never a second server on
 // the same port while the first still answers), with every key under the next group's prefix
 // ("group0.", "group1.", ..., counted per store): every rank makes its communicators in the same
-// order (a bench sweep's cells, one each), so each rank's n-th meets the others' n-th and the keys of
-// one never answer another's.
+// order (a bench sweep's cells, one each) from one thread, so each rank's n-th meets the others' n-th
+// and the keys of one never answer another's.
 std::unique_ptr<Store> next_group_store(const World& world);
 
 }  // namespace lmscope::dist

@@ -5,9 +5,9 @@ torch.optim.AdamW(fused=True) (variant ddp), or the same DDP with ZeroRedundancy
 AdamW (variant zero1: AdamW's state sharded, each rank's updated parameters broadcast), or DDP with
 its bf16_compress_hook (variant ddp-bf16: each bucket cast to bf16, all-reduced, cast back). --batch is
 per rank. A step is zero_grad, forward, backward (DDP's all-reduces overlap it) and the optimizer
-step, timed on the host between synchronisations after --warmup steps; rank 0 prints one Markdown row
-per cell with the median step, the per-rank peak memory (max_memory_allocated, the largest of the
-ranks) and the status.
+step, timed on the host between synchronisations after --warmup steps; one Markdown row per cell with the
+median step, the per-rank peak memory (max_memory_allocated, the largest of the ranks) and the
+status, printed by rank 0 (an OOM row by the rank out of memory, below).
 
 A rank out of memory cannot take back the collectives its peers have already entered, and a sweep
 that went on would pair one cell's all-reduces with the next cell's: so that rank prints the cell's

@@ -70,32 +70,44 @@ fi
 # --compile-table MODE MODELS CTXS [COMPILES]: the seeds' "vanilla vs compiled" table for MODE (forward,
 # forward-backward or train): lmscope bf16 flash with fusion and graphs each off and on, then PyTorch
 # bf16 SDPA with fused AdamW in each of COMPILES (default none,default,max-autotune: eager and the two
-# torch.compile modes), batch 4, 5 warm-up and 10 measured steps. LMSCOPE_COMPILE_SECONDS (default
-# 1800) bounds the whole table: each sweep gets what is left of it and its rows print as they are
-# measured, so the files are merged and the table printed inside it, with the cells measured by then
-# (set it below the call's own limit). Like every mode it runs the GPU tests first unless
-# LMSCOPE_SKIP_GPU_TESTS=1.
+# torch.compile modes), batch 4, 5 warm-up and 10 measured steps. Like every mode it runs the GPU tests
+# first unless LMSCOPE_SKIP_GPU_TESTS=1. LMSCOPE_COMPILE_SECONDS (whole seconds, default 540: a device
+# call's 600 less the merging) is when the sweeps must end, counted from the script's start: each
+# sweep gets what is left and prints its rows as they are measured, so the table comes out with the
+# cells measured by then.
 # LMSCOPE_COMPILE_SPLIT="small,medium,large;xl,2.7B" (MODELS then unused) runs each ';'-group on a GPU
-# of its own, group i on GPU i pinned to the i-th share of the CPUs, so that one group's compiling
-# never takes the cores another group launches from; each cell's lmscope and PyTorch rows still come
-# from one GPU, and the rows land in the same files as one GPU's, in the groups' order.
-left() { echo $((deadline - SECONDS > 1 ? deadline - SECONDS : 1)); }  # seconds to the table's deadline
+# of its own, group i on GPU i pinned to the i-th share of the physical cores (a core's hardware
+# threads stay in one share), so that one group's compiling never takes the cores another group
+# launches from; each cell's lmscope and PyTorch rows still come from one GPU, and the rows land in
+# the same files as one GPU's, in the groups' order.
+left() { echo $((deadline - SECONDS > 1 ? deadline - SECONDS : 1)); }  # seconds to the deadline
 compile_sweep() {  # DIR MODE MODELS CTXS COMPILES
   local dir=$1 mode=$2 models=$3 ctxs=$4 compiles=$5 c
   mkdir -p "$dir"
-  timeout "$(left)" "$B/lmscope" bench --device cuda --model "$models" --ctx "$ctxs" --batch 4 --precision bf16 \
-    --mode "$mode" --attention flash --fusion on,off --graphs on,off --warmup 5 --steps 10 --format csv \
-    --out "$dir/lmscope-compile-$mode.csv" >"$dir/lmscope-compile-$mode.md" 2>"$dir/lmscope-compile-$mode.err" \
-    || { echo "== lmscope bench failed ($models):"; tail -3 "$dir/lmscope-compile-$mode.err"; }
+  timeout -k 10 "$(left)" "$B/lmscope" bench --device cuda --model "$models" --ctx "$ctxs" --batch 4 \
+    --precision bf16 --mode "$mode" --attention flash --fusion on,off --graphs on,off --warmup 5 --steps 10 \
+    --format csv --out "$dir/lmscope-compile-$mode.csv" >"$dir/lmscope-compile-$mode.md" \
+    2>"$dir/lmscope-compile-$mode.err" || { echo "== lmscope bench failed ($models):"; tail -3 "$dir/lmscope-compile-$mode.err"; }
   for c in ${compiles//,/ }; do
-    (cd pytorch && PYTHONUNBUFFERED=1 timeout "$(left)" $PY bench_reference.py --device cuda \
+    (cd pytorch && PYTHONUNBUFFERED=1 timeout -k 10 "$(left)" $PY bench_reference.py --device cuda \
       --model "$models" --ctx "$ctxs" --mode "$mode" --batch 4 --attention sdpa --precision bf16 --compile "$c" \
       --warmup 5 --steps 10) >"$dir/pytorch-compile-$mode-$c.md" 2>"$dir/pytorch-compile-$mode-$c.err"
     echo "== PyTorch --compile $c ($models): exit $?, $(grep -c '| ok |' "$dir/pytorch-compile-$mode-$c.md") cells"
   done
 }
+# NAME HEADER_LINES: the groups' files of NAME as one, the header from the first that has one (a sweep
+# stopped before its first row may have left an empty file), then every group's rows.
+merge_parts() {
+  local header="" part
+  for part in "$OUT"/part[0-9]*/"$1"; do
+    [[ -f "$part" ]] && (($(wc -l <"$part") >= $2)) || continue
+    [[ -n "$header" ]] || { header=1; head -n "$2" "$part"; }
+    tail -n +$(($2 + 1)) "$part"
+  done >"$OUT/$1"
+}
 if [[ "${1:-}" == "--compile-table" ]]; then
-  deadline=$((SECONDS + ${LMSCOPE_COMPILE_SECONDS:-1800}))
+  deadline=${LMSCOPE_COMPILE_SECONDS:-540}
+  [[ "$deadline" =~ ^[0-9]+$ ]] || { echo "LMSCOPE_COMPILE_SECONDS must be whole seconds, not '$deadline'"; exit 2; }
   mode=$2 models=$3 ctxs=$4 compiles=${5:-none,default,max-autotune}
   if [[ -z "${LMSCOPE_COMPILE_SPLIT:-}" ]]; then
     compile_sweep "$OUT" "$mode" "$models" "$ctxs" "$compiles"
@@ -103,27 +115,25 @@ if [[ "${1:-}" == "--compile-table" ]]; then
     IFS=';' read -ra groups <<<"$LMSCOPE_COMPILE_SPLIT"
     gpus=$(nvidia-smi -L | wc -l)
     ((${#groups[@]} <= gpus)) || { echo "LMSCOPE_COMPILE_SPLIT has ${#groups[@]} groups for $gpus GPU(s)"; exit 2; }
-    share=$(($(nproc) / ${#groups[@]}))
+    # The CPUs this script may use in the order of their physical cores, cut into one share a group.
+    mapfile -t cpus < <(lscpu -p=CPU,CORE | grep -v '^#' | sort -t, -k2,2n -k1,1n | cut -d, -f1 |
+      grep -xFf <(taskset -pc $$ | sed 's/.*: //' | tr ',' '\n' |
+        awk -F- '{for (c = $1; c <= ($2 == "" ? $1 : $2); c++) print c}'))
+    share=$((${#cpus[@]} / ${#groups[@]}))
+    ((share > 0)) || { echo "${#cpus[@]} CPUs for ${#groups[@]} groups"; exit 2; }
+    rm -rf "$OUT"/part[0-9]*
     for i in "${!groups[@]}"; do
-      (taskset -pc "$((i * share))-$(((i + 1) * share - 1))" $BASHPID >/dev/null
+      mine=$(IFS=,; echo "${cpus[*]:$((i * share)):$share}")
+      (taskset -pc "$mine" $BASHPID >/dev/null || { echo "== cannot pin group $i to CPUs $mine"; exit 1; }
         CUDA_VISIBLE_DEVICES=$i compile_sweep "$OUT/part$i" "$mode" "${groups[$i]}" "$ctxs" "$compiles") &
     done
     wait
-    # One file per kind, as one GPU writes them: the first part's header, every part's rows (a
-    # Markdown table has two header lines, a CSV one); the parts' logs one after another.
-    merge() {  # NAME HEADER_LINES
-      local first=1 part
-      for part in "$OUT"/part*/"$1"; do
-        [[ -f "$part" ]] || continue
-        if ((first)); then cat "$part"; first=0; else tail -n +$(($2 + 1)) "$part"; fi
-      done >"$OUT/$1"
-    }
-    merge "lmscope-compile-$mode.csv" 1
-    for c in ${compiles//,/ }; do merge "pytorch-compile-$mode-$c.md" 2; done
-    for part in "$OUT"/part*; do
+    merge_parts "lmscope-compile-$mode.csv" 1
+    for c in ${compiles//,/ }; do merge_parts "pytorch-compile-$mode-$c.md" 2; done
+    for part in "$OUT"/part[0-9]*; do
       for log in "$part"/*.err "$part/lmscope-compile-$mode.md"; do echo "== ${log#"$OUT"/}"; cat "$log"; done
     done >"$OUT/compile-$mode-logs.txt"
-    rm -rf "$OUT"/part*
+    rm -rf "$OUT"/part[0-9]*
   fi
   tables=("$OUT/lmscope-compile-$mode.csv")
   for c in ${compiles//,/ }; do tables+=("$OUT/pytorch-compile-$mode-$c.md"); done

@@ -103,22 +103,25 @@ if [[ $parts == *,bench,* ]]; then
     echo "== lmscope, two GPUs, $par: exit $?"
   done
   # A rank out of memory ends the whole torchrun (bench_ddp.py says why): start again after the cells
-  # printed, for as long as that gets further; two ranks' copies of one OOM row are dropped.
+  # printed while that gets further; two ranks' copies of a run's one OOM row count once.
+  cells=$(($(tr ',' '\n' <<<"$models" | wc -l) * $(tr ',' '\n' <<<"$ctxs" | wc -l) * $(tr ',' '\n' <<<"$pt_variants" | wc -l)))
   : >"$OUT/ddp-pytorch.md"
   : >"$OUT/ddp-pytorch.err"
   printed=0
   while :; do
     (cd pytorch && torchrun --nproc-per-node 2 bench_ddp.py --model "$models" --ctx "$ctxs" --batch 4 \
       --variant "$pt_variants" --warmup "${LMSCOPE_DDP_WARMUP:-3}" --steps "${LMSCOPE_DDP_MEASURED:-10}" \
-      --skip "$printed") >>"$OUT/ddp-pytorch.md" 2>>"$OUT/ddp-pytorch.err"
+      --skip "$printed") >"$OUT/ddp-pytorch.run" 2>>"$OUT/ddp-pytorch.err"
     status=$?
-    uniq "$OUT/ddp-pytorch.md" >"$OUT/ddp-pytorch.md.tmp" && mv "$OUT/ddp-pytorch.md.tmp" "$OUT/ddp-pytorch.md"
-    now=$(grep -c '^| PyTorch' "$OUT/ddp-pytorch.md")
-    ((status != 0 && now > printed)) || break
-    echo "== PyTorch DDP and ZeRO-1 stopped after $now cells (exit $status): again from the next"
+    awk '!(/\| OOM \|$/ && $0 == last) {print} {last = $0}' "$OUT/ddp-pytorch.run" >"$OUT/ddp-pytorch.rows"
+    cat "$OUT/ddp-pytorch.rows" >>"$OUT/ddp-pytorch.md"
+    now=$((printed + $(grep -c '^| PyTorch' "$OUT/ddp-pytorch.rows")))
+    rm -f "$OUT/ddp-pytorch.run" "$OUT/ddp-pytorch.rows"
+    ((status != 0 && now > printed && now < cells)) || break
+    echo "== PyTorch DDP and ZeRO-1 stopped after $now of $cells cells (exit $status): again from the next"
     printed=$now
   done
-  echo "== PyTorch DDP and ZeRO-1: exit $status, $(grep -c '| ok |' "$OUT/ddp-pytorch.md") cells ok"
+  echo "== PyTorch DDP and ZeRO-1: exit $status, $(grep -c '| ok |' "$OUT/ddp-pytorch.md") of $cells cells ok"
   "$B/lmscope" memory --dry-run --device cuda --model "$models" --ctx "$ctxs" --batch 8 --precision bf16 \
     --world-size 2 --zero 1 --format json --out "$OUT/zero-dry-run.json" >/dev/null 2>&1
   echo "== the dry run of a ZeRO-1 rank: exit $?"

@@ -6,15 +6,9 @@ bf16 GEMMs on the H100).
 
   python3 tools/compare_attention.py lmscope.csv pytorch.md [--ceiling TFLOPS]
 """
-import os
 import sys
 
-from result_tables import read_inputs
-
-
-def fail(message):
-    print(f"compare_attention.py: {message}", file=sys.stderr)
-    sys.exit(2)
+from result_tables import fail, read_inputs, require_inputs
 
 
 def parse(args):
@@ -30,11 +24,7 @@ def parse(args):
         if not 0 < ceiling < float("inf"):
             fail(f"--ceiling must be a positive TFLOP/s figure, got '{value}'")
         args = args[:at] + args[at + 2:]
-    if not args:
-        fail("give lmscope's .csv and PyTorch's Markdown output to join")
-    for path in args:
-        if not os.path.isfile(path):
-            fail(f"no such file: {path}")
+    require_inputs(args, "give lmscope's .csv and PyTorch's Markdown output to join")
     return args, ceiling
 
 

@@ -5,10 +5,9 @@ PyTorch's naive attention, its flash attention with PyTorch's SDPA.
 
   python3 tools/compare_grid.py lmscope.csv [more.csv ...] pytorch.md [more.md ...]
 """
-import os
 import sys
 
-from result_tables import read_inputs
+from result_tables import fail, read_inputs, require_inputs
 
 
 # lmscope's attention -> the PyTorch attention it is compared with: its own naive form, or SDPA for flash.
@@ -22,17 +21,9 @@ def keyed(rows):
             {"step": r["step ms"], "peak": r["peak GiB"], "status": r["status"]} for r in rows}
 
 
-def fail(message):
-    print(f"compare_grid.py: {message}", file=sys.stderr)
-    sys.exit(2)
-
-
 def main(paths):
-    if not any(p.endswith(".csv") for p in paths):
-        fail("give lmscope's .csv (bench --format csv) and PyTorch's Markdown (pytorch/bench_reference.py)")
-    for path in paths:
-        if not os.path.isfile(path):
-            fail(f"no such file: {path}")
+    require_inputs(paths, "give lmscope's .csv (bench --format csv) and PyTorch's Markdown "
+                          "(pytorch/bench_reference.py)")
     lm, pytorch = read_inputs(paths)
     if not lm or any("step_mean_ms" not in r or "status" not in r for r in lm):
         fail("the .csv has no lmscope bench rows (model, ..., step_mean_ms, status)")

@@ -9,19 +9,13 @@ have), and a last row their geometric mean over the cells with every column.
   python3 tools/compile_table.py lmscope.csv pytorch-eager.md pytorch-compile.md [pytorch-max-autotune.md]
 """
 import math
-import os
 import sys
 
-from result_tables import read_inputs
+from result_tables import fail, read_inputs, require_inputs
 
 VARIANTS = [("off", "off"), ("on", "off"), ("off", "on"), ("on", "on")]  # (fusion, graphs)
 PYTORCH = ["none", "default", "max-autotune"]
 PYTORCH_NAMES = {"none": "PyTorch eager", "default": "torch.compile", "max-autotune": "max-autotune"}
-
-
-def fail(message):
-    print(f"compile_table.py: {message}", file=sys.stderr)
-    sys.exit(2)
 
 
 def pytorch_ms(row):
@@ -32,11 +26,8 @@ def pytorch_ms(row):
 
 
 def main(paths):
-    if not any(p.endswith(".csv") for p in paths):
-        fail("give lmscope's .csv (bench --fusion on,off --graphs on,off --format csv) and PyTorch's Markdown")
-    for path in paths:
-        if not os.path.isfile(path):
-            fail(f"no such file: {path}")
+    require_inputs(paths, "give lmscope's .csv (bench --fusion on,off --graphs on,off --format csv) and PyTorch's "
+                          "Markdown")
     lm, pt = read_inputs(paths)
     if not lm or any("fusion" not in r or "graphs" not in r for r in lm):
         fail("the .csv has no rows with fusion and graphs columns (an lmscope bench CSV)")

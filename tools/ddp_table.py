@@ -14,7 +14,7 @@ import json
 import os
 import sys
 
-from result_tables import markdown_rows
+from result_tables import fail, markdown_rows
 
 GiB = 2**30
 NAMES = {"ddpnaive": "naive", "ddpflat": "flat", "ddpoverlap": "overlap", "ddpbucketedbucketmb1": "bucketed 1 MB",
@@ -23,11 +23,6 @@ NAMES = {"ddpnaive": "naive", "ddpflat": "flat", "ddpoverlap": "overlap", "ddpbu
          "zero1": "ZeRO-1", "ddpbucketedbucketmb25graddtypebf16": "bucketed 25 MB, bf16 gradients"}
 BF16 = "ddpbucketedbucketmb25graddtypebf16"
 VARIANTS = list(NAMES)  # the files' tags (gpu_multi_check.sh: the flags without spaces and dashes), in order
-
-
-def fail(message):
-    print(f"ddp_table.py: {message}", file=sys.stderr)
-    sys.exit(2)
 
 
 def load(path):

@@ -1,6 +1,23 @@
 """Reads what the comparison scripts join: lmscope's CSV files and the Markdown rows the PyTorch
-scripts print, each row a dict keyed by its table's header names."""
+scripts print, each row a dict keyed by its table's header names; and how the scripts refuse bad
+input (one sentence on stderr naming the script, exit code 2)."""
 import csv
+import os
+import sys
+
+
+def fail(message):
+    print(f"{os.path.basename(sys.argv[0])}: {message}", file=sys.stderr)
+    sys.exit(2)
+
+
+def require_inputs(paths, usage):
+    """Refuses unless an lmscope .csv is among paths (else says usage) and every path is a file."""
+    if not any(p.endswith(".csv") for p in paths):
+        fail(usage)
+    for path in paths:
+        if not os.path.isfile(path):
+            fail(f"no such file: {path}")
 
 
 def markdown_rows(path):

@@ -77,6 +77,8 @@ def main():
     ap.add_argument("--steps", type=int, default=10)
     ap.add_argument("--skip", type=int, default=0, help="start after this many cells of the sweep (no header)")
     a = ap.parse_args()
+    if a.skip < 0:
+        ap.error(f"--skip must be non-negative, got {a.skip}")
     torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
     # A rank stuck in a collective all the same (a peer that failed otherwise) gives up after 3 minutes.
     dist.init_process_group("nccl", timeout=datetime.timedelta(seconds=180))

@@ -136,7 +136,7 @@ class InfoCommand : public Command {
       cell.steps = 1;
       cell.recompute = recompute;
       cell.weight_copies = weight_copies;
-      cell.grad_dtype = has_backward(mode) ? grad_dtype_ : "fp32";  // as memory's rows: no gradients, no type
+      cell.grad_dtype = cell_grad_dtype(mode, grad_dtype_);
       rows.push_back(memory_row(record_memory(MemorySpec{cell, true, limit}), 1));
     }
     return rows;

@@ -100,7 +100,7 @@ std::vector<MemorySpec> MemoryCellFlags::resolve() const {
                         s.cell.recompute = rc;
                         s.cell.grad_accum = has_backward(md) ? static_cast<int>(k) : 1;
                         s.cell.weight_copies = wc;
-                        s.cell.grad_dtype = has_backward(md) ? gd : "fp32";
+                        s.cell.grad_dtype = cell_grad_dtype(md, gd);
                         const ParallelFlags::Resolved parallel = parallel_.resolve(b, dry_run_);
                         s.cell.parallel = parallel.spec;
                         s.cell.world = parallel.world;

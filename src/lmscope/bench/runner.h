@@ -21,6 +21,11 @@ namespace lmscope {
 enum class BenchMode { inference, forward, forward_backward, train };
 const char* bench_mode_name(BenchMode m);
 inline bool has_backward(BenchMode m) { return m == BenchMode::forward_backward || m == BenchMode::train; }
+// The gradients' dtype a cell of mode m keeps: grad_dtype where it has a backward; a mode without one
+// has no gradients, and says fp32 (the default) whatever was asked.
+inline std::string cell_grad_dtype(BenchMode m, const std::string& grad_dtype) {
+  return has_backward(m) ? grad_dtype : "fp32";
+}
 BenchMode parse_bench_mode(const std::string& s);  // throws UserError
 
 struct BenchSpec {

@@ -123,10 +123,8 @@ std::string markdown(const std::vector<PlanRow>& rows) {
 std::string csv(const std::vector<PlanRow>& rows) {
   std::string out =
       "model,parameters,device,device_name,memory_limit_bytes,precision,attention,mode,recompute,grad_accum,"
-      "weight_copies,grad_dtype,warmup,batch,ctx,ctx_multiple,peak_bytes,device_need_bytes,flops_per_token,largest_ctx,"
-      "largest_"
-      "batch,status,"
-      "failed_probe\n";
+      "weight_copies,grad_dtype,warmup,batch,ctx,ctx_multiple,peak_bytes,device_need_bytes,flops_per_token,"
+      "largest_ctx,largest_batch,status,failed_probe\n";
   for (const PlanRow& r : rows) {
     const BenchSpec& s = r.spec.reference;
     const bool measured = r.reference_outcome != MemoryOutcome::failed;

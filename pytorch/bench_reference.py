@@ -5,8 +5,10 @@ its multi-tensor form, and --optimizer assignment the assignment's per-tensor Ad
 (cs336_reference.AdamW). On the CPU, fused falls back to torch's default form. Gradients are set to
 None between steps, as the seeds do. --compile default or max-autotune wraps the model in torch.compile
 (that mode; the optimizer stays the eager fused AdamW), compiling in the first warm-up step, whose time
-the "first step ms" column shows; a sweep's second context length of a model compiles it again with
-the length dynamic, which the later lengths reuse, as in any torch.compile sweep. Comma lists
+the "first step ms" column shows. By default (--compile-shapes auto) a sweep's second context length
+of a model compiles it again with the length dynamic, which the later lengths reuse, as in any
+torch.compile sweep; --compile-shapes static compiles every length for its own shapes
+(torch.compile(dynamic=False)), PyTorch's best for each cell at one compilation a cell. Comma lists
 in --model and --ctx sweep in one process; a cell out of memory prints an OOM row and the sweep
 goes on. One Markdown row per cell, so the two tables line up.
 
@@ -54,11 +56,13 @@ def run_cell(a, model_name, ctx, mode):
         model = ref.TransformerLM(**ref.PRESETS[model_name], attention=a.attention).to(a.device)
     if a.compile != "none":
         # A new model starts from nothing; within a model's sweep torch.compile behaves as in any
-        # sweep: the second context length recompiles with the length dynamic, later ones reuse it.
+        # sweep (auto: the second context length recompiles with the length dynamic, later ones reuse
+        # it) or compiles each length for itself (static).
         if _compiled_model[0] != model_name:
             torch._dynamo.reset()
             _compiled_model[0] = model_name
-        model = torch.compile(model, mode=None if a.compile == "default" else a.compile)
+        model = torch.compile(model, mode=None if a.compile == "default" else a.compile,
+                              dynamic=False if a.compile_shapes == "static" else None)
     if a.optimizer == "assignment":
         opt = ref.AdamW(model.parameters())
     else:  # the same update rule up to where eps enters
@@ -103,6 +107,9 @@ def main():
                     help="torch.optim.AdamW fused (default, CUDA) or foreach, or the assignment's AdamW")
     ap.add_argument("--compile", default="none", choices=["none", "default", "max-autotune"],
                     help="torch.compile the model in that mode (none: eager)")
+    ap.add_argument("--compile-shapes", default="auto", choices=["auto", "static"],
+                    help="auto: PyTorch's default (a second shape recompiles dynamic); static: every shape "
+                         "compiled for itself")
     ap.add_argument("--threads", type=int, default=0, help="torch.set_num_threads (CPU); 0 keeps the default")
     ap.add_argument("--precision", default="fp32", choices=["fp32", "tf32", "bf16"],
                     help="matmul math on CUDA; bf16 = torch.autocast(bfloat16) around forward and loss")

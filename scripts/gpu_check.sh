@@ -70,30 +70,62 @@ fi
 # --compile-table MODE MODELS CTXS [COMPILES]: the seeds' "vanilla vs compiled" table for MODE (forward,
 # forward-backward or train): lmscope bf16 flash with fusion and graphs each off and on, then PyTorch
 # bf16 SDPA with fused AdamW in each of COMPILES (default none,default,max-autotune: eager and the two
-# torch.compile modes), batch 4, 5 warm-up and 10 measured steps. Like every mode it runs the GPU tests
-# first unless LMSCOPE_SKIP_GPU_TESTS=1. LMSCOPE_COMPILE_SECONDS (whole seconds, default 540: a device
-# call's 600 less the merging) is when the sweeps must end, counted from the script's start: each
-# sweep gets what is left and prints its rows as they are measured, so the table comes out with the
-# cells measured by then.
-# LMSCOPE_COMPILE_SPLIT="small,medium,large;xl,2.7B" (MODELS then unused) runs each ';'-group on a GPU
-# of its own, group i on GPU i pinned to the i-th share of the physical cores (a core's hardware
-# threads stay in one share), so that one group's compiling never takes the cores another group
-# launches from; each cell's lmscope and PyTorch rows still come from one GPU, and the rows land in
-# the same files as one GPU's, in the groups' order.
-left() { echo $((deadline - SECONDS > 1 ? deadline - SECONDS : 1)); }  # seconds to the deadline
-compile_sweep() {  # DIR MODE MODELS CTXS COMPILES
-  local dir=$1 mode=$2 models=$3 ctxs=$4 compiles=$5 c
+# torch.compile modes, each context length compiled for its own shapes), batch 4, 5 warm-up and 10
+# measured steps. Like every mode it runs the GPU tests first unless LMSCOPE_SKIP_GPU_TESTS=1.
+# LMSCOPE_COMPILE_SECONDS (whole seconds, default 540: a device call's 600 less the merging) is when
+# the sweeps must end, counted from the script's start: each sweep gets what is left and prints its
+# rows as they are measured, so the table comes out with the cells measured by then.
+# LMSCOPE_COMPILE_SPLIT="small,medium;large;xl@128,256;xl@512,1024" (MODELS then unused) runs each
+# ';'-group of models (at the context lengths after its '@', else CTXS) on a GPU of its own, group i on
+# GPU i pinned to the i-th share of the physical cores (a core's hardware threads stay in one share).
+# It runs in two phases, because compiling takes the host's every core and PyTorch's host-bound steps
+# slow down beside it (up to 2x, docs/compile.md): first every group compiles its cells at once (one
+# step a cell, which fills torch.compile's cache on disk) until LMSCOPE_COMPILE_WARM_SECONDS (default
+# two thirds of the deadline); then the groups are timed with the cache warm, at once
+# (LMSCOPE_COMPILE_TIMING=parallel, the default) or one after another (serial). Each cell's lmscope
+# and PyTorch rows still come from one GPU, and the rows land in the same files as one GPU's, in the
+# groups' order.
+left() { local by=${1:-$deadline}; echo $((by - SECONDS > 1 ? by - SECONDS : 1)); }  # seconds to a deadline
+reference() {  # COMPILE DEADLINE ARGS...: pytorch/bench_reference.py in this table's settings
+  local c=$1 by=$2
+  shift 2
+  (cd pytorch && PYTHONUNBUFFERED=1 timeout -k 10 "$(left "$by")" $PY bench_reference.py --device cuda --mode "$mode" \
+    --batch 4 --attention sdpa --precision bf16 --compile "$c" --compile-shapes static "$@")
+}
+compile_sweep() {  # DIR MODELS CTXS COMPILES
+  local dir=$1 models=$2 ctxs=$3 compiles=$4 c
   mkdir -p "$dir"
   timeout -k 10 "$(left)" "$B/lmscope" bench --device cuda --model "$models" --ctx "$ctxs" --batch 4 \
     --precision bf16 --mode "$mode" --attention flash --fusion on,off --graphs on,off --warmup 5 --steps 10 \
     --format csv --out "$dir/lmscope-compile-$mode.csv" >"$dir/lmscope-compile-$mode.md" \
     2>"$dir/lmscope-compile-$mode.err" || { echo "== lmscope bench failed ($models):"; tail -3 "$dir/lmscope-compile-$mode.err"; }
   for c in ${compiles//,/ }; do
-    (cd pytorch && PYTHONUNBUFFERED=1 timeout -k 10 "$(left)" $PY bench_reference.py --device cuda \
-      --model "$models" --ctx "$ctxs" --mode "$mode" --batch 4 --attention sdpa --precision bf16 --compile "$c" \
-      --warmup 5 --steps 10) >"$dir/pytorch-compile-$mode-$c.md" 2>"$dir/pytorch-compile-$mode-$c.err"
-    echo "== PyTorch --compile $c ($models): exit $?, $(grep -c '| ok |' "$dir/pytorch-compile-$mode-$c.md") cells"
+    reference "$c" "$deadline" --model "$models" --ctx "$ctxs" --warmup 5 --steps 10 \
+      >"$dir/pytorch-compile-$mode-$c.md" 2>"$dir/pytorch-compile-$mode-$c.err"
+    echo "== PyTorch --compile $c ($models @ $ctxs): exit $?, $(grep -c '| ok |' "$dir/pytorch-compile-$mode-$c.md") cells"
   done
+}
+warm_sweep() {  # DIR MODELS CTXS COMPILES: one step a cell in each torch.compile mode, untimed
+  local dir=$1 models=$2 ctxs=$3 compiles=$4 c
+  mkdir -p "$dir"
+  for c in ${compiles//,/ }; do
+    [[ "$c" == none ]] && continue
+    reference "$c" "$warm_deadline" --model "$models" --ctx "$ctxs" --warmup 0 --steps 1 \
+      >"$dir/warm-$mode-$c.md" 2>"$dir/warm-$mode-$c.err"
+    echo "== compiled --compile $c ($models @ $ctxs): exit $?, $(grep -c '| ok |' "$dir/warm-$mode-$c.md") cells"
+  done
+}
+# FUNCTION: FUNCTION DIR MODELS CTXS COMPILES for every group, each on its GPU and share of the cores,
+# all at once or, with a second argument "serial", one after another.
+each_group() {
+  local i mine
+  for i in "${!groups[@]}"; do
+    mine=$(IFS=,; echo "${cpus[*]:$((i * share)):$share}")
+    (taskset -pc "$mine" $BASHPID >/dev/null || { echo "== cannot pin group $i to CPUs $mine"; exit 1; }
+      CUDA_VISIBLE_DEVICES=$i "$1" "$OUT/part$i" "${group_models[$i]}" "${group_ctxs[$i]}" "$compiles") &
+    [[ "${2:-}" == serial ]] && wait
+  done
+  wait
 }
 # NAME HEADER_LINES: the groups' files of NAME as one, the header from the first that has one (a sweep
 # stopped before its first row may have left an empty file), then every group's rows.
@@ -108,11 +140,23 @@ merge_parts() {
 if [[ "${1:-}" == "--compile-table" ]]; then
   deadline=${LMSCOPE_COMPILE_SECONDS:-540}
   [[ "$deadline" =~ ^[0-9]+$ ]] || { echo "LMSCOPE_COMPILE_SECONDS must be whole seconds, not '$deadline'"; exit 2; }
+  warm_deadline=${LMSCOPE_COMPILE_WARM_SECONDS:-$((deadline * 2 / 3))}
+  [[ "$warm_deadline" =~ ^[0-9]+$ ]] && ((warm_deadline <= deadline)) ||
+    { echo "LMSCOPE_COMPILE_WARM_SECONDS must be whole seconds up to the deadline ($deadline), not '$warm_deadline'"; exit 2; }
+  timing=${LMSCOPE_COMPILE_TIMING:-parallel}
+  [[ "$timing" == parallel || "$timing" == serial ]] ||
+    { echo "LMSCOPE_COMPILE_TIMING must be parallel or serial, not '$timing'"; exit 2; }
   mode=$2 models=$3 ctxs=$4 compiles=${5:-none,default,max-autotune}
   if [[ -z "${LMSCOPE_COMPILE_SPLIT:-}" ]]; then
-    compile_sweep "$OUT" "$mode" "$models" "$ctxs" "$compiles"
+    compile_sweep "$OUT" "$models" "$ctxs" "$compiles"
   else
     IFS=';' read -ra groups <<<"$LMSCOPE_COMPILE_SPLIT"
+    group_models=() group_ctxs=()
+    for g in "${groups[@]}"; do
+      [[ "$g" =~ ^[^@]+(@[0-9,]+)?$ ]] || { echo "LMSCOPE_COMPILE_SPLIT: a group is MODELS or MODELS@CTXS, not '$g'"; exit 2; }
+      group_models+=("${g%%@*}")
+      [[ "$g" == *@* ]] && group_ctxs+=("${g#*@}") || group_ctxs+=("$ctxs")
+    done
     gpus=$(nvidia-smi -L | wc -l)
     ((${#groups[@]} <= gpus)) || { echo "LMSCOPE_COMPILE_SPLIT has ${#groups[@]} groups for $gpus GPU(s)"; exit 2; }
     # The CPUs this script may use in the order of their physical cores, cut into one share a group.
@@ -122,16 +166,15 @@ if [[ "${1:-}" == "--compile-table" ]]; then
     share=$((${#cpus[@]} / ${#groups[@]}))
     ((share > 0)) || { echo "${#cpus[@]} CPUs for ${#groups[@]} groups"; exit 2; }
     rm -rf "$OUT"/part[0-9]*
-    for i in "${!groups[@]}"; do
-      mine=$(IFS=,; echo "${cpus[*]:$((i * share)):$share}")
-      (taskset -pc "$mine" $BASHPID >/dev/null || { echo "== cannot pin group $i to CPUs $mine"; exit 1; }
-        CUDA_VISIBLE_DEVICES=$i compile_sweep "$OUT/part$i" "$mode" "${groups[$i]}" "$ctxs" "$compiles") &
-    done
-    wait
+    each_group warm_sweep
+    echo "== compiling ended at ${SECONDS} s; timing the groups ($timing)"
+    each_group compile_sweep "$timing"
     merge_parts "lmscope-compile-$mode.csv" 1
     for c in ${compiles//,/ }; do merge_parts "pytorch-compile-$mode-$c.md" 2; done
     for part in "$OUT"/part[0-9]*; do
-      for log in "$part"/*.err "$part/lmscope-compile-$mode.md"; do echo "== ${log#"$OUT"/}"; cat "$log"; done
+      for log in "$part"/warm-*.md "$part"/*.err "$part/lmscope-compile-$mode.md"; do
+        [[ -f "$log" ]] && { echo "== ${log#"$OUT"/}"; cat "$log"; }
+      done
     done >"$OUT/compile-$mode-logs.txt"
     rm -rf "$OUT"/part[0-9]*
   fi

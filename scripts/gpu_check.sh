@@ -115,14 +115,15 @@ warm_sweep() {  # DIR MODELS CTXS COMPILES: one step a cell in each torch.compil
     echo "== compiled --compile $c ($models @ $ctxs): exit $?, $(grep -c '| ok |' "$dir/warm-$mode-$c.md") cells"
   done
 }
-# FUNCTION: FUNCTION DIR MODELS CTXS COMPILES for every group, each on its GPU and share of the cores,
-# all at once or, with a second argument "serial", one after another.
+# FUNCTION: FUNCTION DIR MODELS CTXS COMPILES for every group, each on its GPU and share of the cores
+# (torch.compile's worker processes too, which it would otherwise count from the whole host's), all at
+# once or, with a second argument "serial", one after another.
 each_group() {
   local i mine
   for i in "${!groups[@]}"; do
     mine=$(IFS=,; echo "${cpus[*]:$((i * share)):$share}")
     (taskset -pc "$mine" $BASHPID >/dev/null || { echo "== cannot pin group $i to CPUs $mine"; exit 1; }
-      CUDA_VISIBLE_DEVICES=$i "$1" "$OUT/part$i" "${group_models[$i]}" "${group_ctxs[$i]}" "$compiles") &
+      CUDA_VISIBLE_DEVICES=$i TORCHINDUCTOR_COMPILE_THREADS=$share "$1" "$OUT/part$i" "${group_models[$i]}" "${group_ctxs[$i]}" "$compiles") &
     [[ "${2:-}" == serial ]] && wait
   done
   wait

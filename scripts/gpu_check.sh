@@ -115,9 +115,9 @@ warm_sweep() {  # DIR MODELS CTXS COMPILES: one step a cell in each torch.compil
     echo "== compiled --compile $c ($models @ $ctxs): exit $?, $(grep -c '| ok |' "$dir/warm-$mode-$c.md") cells"
   done
 }
-# each_group FUNCTION [serial]: FUNCTION DIR MODELS CTXS COMPILES for every group, each on its GPU and share of the cores
-# (torch.compile's worker processes too, which it would otherwise count from the whole host's), all at
-# once or, with a second argument "serial", one after another.
+# each_group FUNCTION [serial]: FUNCTION DIR MODELS CTXS COMPILES for every group, each on its GPU and
+# share of the cores (torch.compile's worker processes too, which it would otherwise count from the
+# whole host's), all at once or, with "serial", one after another.
 each_group() {
   local i mine
   for i in "${!groups[@]}"; do

@@ -7,8 +7,8 @@ None between steps, as the seeds do. --compile default or max-autotune wraps the
 (that mode; the optimizer stays the eager fused AdamW), compiling in the first warm-up step, whose time
 the "first step ms" column shows. By default (--compile-shapes auto) a sweep's second context length
 of a model compiles it again with the length dynamic, which the later lengths reuse, as in any
-torch.compile sweep; --compile-shapes static compiles every length for its own shapes
-(torch.compile(dynamic=False)), PyTorch's best for each cell at one compilation a cell. Comma lists
+torch.compile sweep; --compile-shapes static compiles every cell anew for its own shapes
+(torch.compile(dynamic=False) after torch._dynamo.reset()), PyTorch's best for each cell. Comma lists
 in --model and --ctx sweep in one process; a cell out of memory prints an OOM row and the sweep
 goes on. One Markdown row per cell, so the two tables line up.
 
@@ -57,8 +57,8 @@ def run_cell(a, model_name, ctx, mode):
     if a.compile != "none":
         # A new model starts from nothing; within a model's sweep torch.compile behaves as in any
         # sweep (auto: the second context length recompiles with the length dynamic, later ones reuse
-        # it) or compiles each length for itself (static).
-        if _compiled_model[0] != model_name:
+        # it) or compiles each cell for itself (static; reset, so no sweep meets Dynamo's recompile limit).
+        if _compiled_model[0] != model_name or a.compile_shapes == "static":
             torch._dynamo.reset()
             _compiled_model[0] = model_name
         model = torch.compile(model, mode=None if a.compile == "default" else a.compile,

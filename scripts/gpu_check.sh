@@ -81,8 +81,10 @@ fi
 # It runs in two phases, because compiling takes the host's every core and PyTorch's host-bound steps
 # slow down beside it (up to 2x, docs/compile.md): first every group compiles its cells at once (one
 # step a cell, which fills torch.compile's cache on disk) until LMSCOPE_COMPILE_WARM_SECONDS (default
-# two thirds of the deadline); then the groups are timed with the cache warm, at once
-# (LMSCOPE_COMPILE_TIMING=parallel, the default) or one after another (serial). Each cell's lmscope
+# two thirds of the deadline); then the groups are timed, the cells compiled by then loading from the
+# cache in seconds (a cell not compiled yet compiles now, beside the others' timing), at once
+# (LMSCOPE_COMPILE_TIMING=parallel, the default) or one after another (serial, each group given an
+# equal share of the time left). Each cell's lmscope
 # and PyTorch rows still come from one GPU, and the rows land in the same files as one GPU's, in the
 # groups' order.
 left() { local by=${1:-$deadline}; echo $((by - SECONDS > 1 ? by - SECONDS : 1)); }  # seconds to a deadline
@@ -116,14 +118,16 @@ warm_sweep() {  # DIR MODELS CTXS COMPILES: one step a cell in each torch.compil
   done
 }
 # each_group FUNCTION [serial]: FUNCTION DIR MODELS CTXS COMPILES for every group, each on its GPU and
-# share of the cores (torch.compile's worker processes too, which it would otherwise count from the
-# whole host's), all at once or, with "serial", one after another.
+# share of the cores (torch.compile's worker processes held to it too, however PyTorch counts the
+# cores), all at once or, with "serial", one after another, each with an equal share of the time left.
 each_group() {
   local i mine
   for i in "${!groups[@]}"; do
     mine=$(IFS=,; echo "${cpus[*]:$((i * share)):$share}")
     (taskset -pc "$mine" $BASHPID >/dev/null || { echo "== cannot pin group $i to CPUs $mine"; exit 1; }
-      CUDA_VISIBLE_DEVICES=$i TORCHINDUCTOR_COMPILE_THREADS=$share "$1" "$OUT/part$i" "${group_models[$i]}" "${group_ctxs[$i]}" "$compiles") &
+      [[ "${2:-}" == serial ]] && deadline=$((SECONDS + (deadline - SECONDS) / (${#groups[@]} - i)))
+      CUDA_VISIBLE_DEVICES=$i TORCHINDUCTOR_COMPILE_THREADS=$share "$1" "$OUT/part$i" "${group_models[$i]}" \
+        "${group_ctxs[$i]}" "$compiles") &
     [[ "${2:-}" == serial ]] && wait
   done
   wait
@@ -141,8 +145,9 @@ merge_parts() {
 if [[ "${1:-}" == "--compile-table" ]]; then
   deadline=${LMSCOPE_COMPILE_SECONDS:-540}
   [[ "$deadline" =~ ^[0-9]+$ ]] || { echo "LMSCOPE_COMPILE_SECONDS must be whole seconds, not '$deadline'"; exit 2; }
+  deadline=$((10#$deadline))
   warm_deadline=${LMSCOPE_COMPILE_WARM_SECONDS:-$((deadline * 2 / 3))}
-  [[ "$warm_deadline" =~ ^[0-9]+$ ]] && ((warm_deadline <= deadline)) ||
+  [[ "$warm_deadline" =~ ^[0-9]+$ ]] && warm_deadline=$((10#$warm_deadline)) && ((warm_deadline <= deadline)) ||
     { echo "LMSCOPE_COMPILE_WARM_SECONDS must be whole seconds up to the deadline ($deadline), not '$warm_deadline'"; exit 2; }
   timing=${LMSCOPE_COMPILE_TIMING:-parallel}
   [[ "$timing" == parallel || "$timing" == serial ]] ||
@@ -154,7 +159,7 @@ if [[ "${1:-}" == "--compile-table" ]]; then
     IFS=';' read -ra groups <<<"$LMSCOPE_COMPILE_SPLIT"
     group_models=() group_ctxs=()
     for g in "${groups[@]}"; do
-      [[ "$g" =~ ^[^@]+(@[0-9,]+)?$ ]] || { echo "LMSCOPE_COMPILE_SPLIT: a group is MODELS or MODELS@CTXS, not '$g'"; exit 2; }
+      [[ "$g" =~ ^[^@[:space:]]+(@[0-9]+(,[0-9]+)*)?$ ]] || { echo "LMSCOPE_COMPILE_SPLIT: a group is MODELS or MODELS@CTXS, not '$g'"; exit 2; }
       group_models+=("${g%%@*}")
       [[ "$g" == *@* ]] && group_ctxs+=("${g#*@}") || group_ctxs+=("$ctxs")
     done

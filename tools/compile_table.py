@@ -4,9 +4,9 @@
 (pytorch/bench_reference.py --compile none|default|max-autotune), measured in the same run. Median
 step times in ms; the last column is the fastest PyTorch over lmscope with both on (> 1: lmscope is
 faster), starred where a PyTorch column of the cell has no time (then it is against those that
-have), and a last row their geometric mean over the cells with eager's and torch.compile's times
-(max-autotune's counted where it has one: its compilations take so long that a sweep rarely covers
-every cell, and a missing one can only flatter lmscope, never the reverse).
+have), and a last row their geometric mean over the cells with a time in each column given but
+max-autotune's, which counts where it has one (its compilations take so long that a sweep rarely
+covers every cell, and a missing one can only flatter lmscope, never the reverse).
 
   python3 tools/compile_table.py lmscope.csv pytorch-eager.md pytorch-compile.md [pytorch-max-autotune.md]
 """
@@ -77,8 +77,9 @@ def main(paths):
             print("\n*: a PyTorch column of this cell has no time; the ratio is against the columns that have one.")
         if ratios:
             geo = math.exp(sum(math.log(x) for x in ratios) / len(ratios))
+            needed = " and ".join(f"{PYTORCH_NAMES[c]}'s" for c in compiles if c != "max-autotune") or "max-autotune's"
             print(f"\nGeometric mean of best PyTorch / lmscope (fusion and graphs on) over the {len(ratios)} "
-                  f"cells with eager's and torch.compile's times: {geo:.2f}x; lmscope faster in {sum(x > 1 for x in ratios)} of them.")
+                  f"cells with {needed} times: {geo:.2f}x; lmscope faster in {sum(x > 1 for x in ratios)} of them.")
 
 
 if __name__ == "__main__":

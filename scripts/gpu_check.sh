@@ -3,6 +3,28 @@
 # op tests, then lmscope and the PyTorch reference on the same cells in the same run.
 # Full logs go to $OUT (or ./gpu-out); a short table prints last.
 set -uo pipefail
+refuse() { echo "gpu_check.sh: $*" >&2; exit 2; }
+# --compile-table's settings, refused before anything is built (its section below says what they mean).
+if [[ "${1:-}" == "--compile-table" ]]; then
+  (($# >= 4)) || refuse "--compile-table takes MODE MODELS CTXS [COMPILES]"
+  [[ "$2" =~ ^(forward|forward-backward|train)$ ]] || refuse "--compile-table's MODE is forward, forward-backward or train, not '$2'"
+  mode=$2 models=$3 ctxs=$4 compiles=${5:-none,default,max-autotune}
+  deadline=${LMSCOPE_COMPILE_SECONDS:-540}
+  [[ "$deadline" =~ ^[0-9]+$ ]] || refuse "LMSCOPE_COMPILE_SECONDS must be whole seconds, not '$deadline'"
+  deadline=$((10#$deadline))
+  warm_deadline=${LMSCOPE_COMPILE_WARM_SECONDS:-$((deadline * 2 / 3))}
+  [[ "$warm_deadline" =~ ^[0-9]+$ ]] && warm_deadline=$((10#$warm_deadline)) && ((warm_deadline <= deadline)) ||
+    refuse "LMSCOPE_COMPILE_WARM_SECONDS must be whole seconds up to the deadline ($deadline), not '$warm_deadline'"
+  timing=${LMSCOPE_COMPILE_TIMING:-parallel}
+  [[ "$timing" == parallel || "$timing" == serial ]] || refuse "LMSCOPE_COMPILE_TIMING must be parallel or serial, not '$timing'"
+  IFS=';' read -ra groups <<<"${LMSCOPE_COMPILE_SPLIT:-}"
+  group_models=() group_ctxs=()
+  for g in "${groups[@]}"; do
+    [[ "$g" =~ ^[^@[:space:]]+(@[0-9]+(,[0-9]+)*)?$ ]] || refuse "LMSCOPE_COMPILE_SPLIT: a group is MODELS or MODELS@CTXS, not '$g'"
+    group_models+=("${g%%@*}")
+    [[ "$g" == *@* ]] && group_ctxs+=("${g#*@}") || group_ctxs+=("$ctxs")
+  done
+fi
 source "$(dirname "$0")/gpu_env.sh"
 nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.max.sm --format=csv | tee "$OUT/gpu.txt"
 date -u +%FT%TZ | tee -a "$OUT/gpu.txt"
@@ -71,7 +93,8 @@ fi
 # forward-backward or train): lmscope bf16 flash with fusion and graphs each off and on, then PyTorch
 # bf16 SDPA with fused AdamW in each of COMPILES (default none,default,max-autotune: eager and the two
 # torch.compile modes, each context length compiled for its own shapes), batch 4, 5 warm-up and 10
-# measured steps. Like every mode it runs the GPU tests first unless LMSCOPE_SKIP_GPU_TESTS=1.
+# measured steps. Like every mode it runs the GPU tests first unless LMSCOPE_SKIP_GPU_TESTS=1; its
+# arguments and settings are checked at the top, before anything builds.
 # LMSCOPE_COMPILE_SECONDS (whole seconds, default 540: a device call's 600 less the merging) is when
 # the sweeps must end, counted from the script's start: each sweep gets what is left and prints its
 # rows as they are measured, so the table comes out with the cells measured by then.
@@ -143,34 +166,17 @@ merge_parts() {
   done >"$OUT/$1"
 }
 if [[ "${1:-}" == "--compile-table" ]]; then
-  deadline=${LMSCOPE_COMPILE_SECONDS:-540}
-  [[ "$deadline" =~ ^[0-9]+$ ]] || { echo "LMSCOPE_COMPILE_SECONDS must be whole seconds, not '$deadline'"; exit 2; }
-  deadline=$((10#$deadline))
-  warm_deadline=${LMSCOPE_COMPILE_WARM_SECONDS:-$((deadline * 2 / 3))}
-  [[ "$warm_deadline" =~ ^[0-9]+$ ]] && warm_deadline=$((10#$warm_deadline)) && ((warm_deadline <= deadline)) ||
-    { echo "LMSCOPE_COMPILE_WARM_SECONDS must be whole seconds up to the deadline ($deadline), not '$warm_deadline'"; exit 2; }
-  timing=${LMSCOPE_COMPILE_TIMING:-parallel}
-  [[ "$timing" == parallel || "$timing" == serial ]] ||
-    { echo "LMSCOPE_COMPILE_TIMING must be parallel or serial, not '$timing'"; exit 2; }
-  mode=$2 models=$3 ctxs=$4 compiles=${5:-none,default,max-autotune}
   if [[ -z "${LMSCOPE_COMPILE_SPLIT:-}" ]]; then
     compile_sweep "$OUT" "$models" "$ctxs" "$compiles"
   else
-    IFS=';' read -ra groups <<<"$LMSCOPE_COMPILE_SPLIT"
-    group_models=() group_ctxs=()
-    for g in "${groups[@]}"; do
-      [[ "$g" =~ ^[^@[:space:]]+(@[0-9]+(,[0-9]+)*)?$ ]] || { echo "LMSCOPE_COMPILE_SPLIT: a group is MODELS or MODELS@CTXS, not '$g'"; exit 2; }
-      group_models+=("${g%%@*}")
-      [[ "$g" == *@* ]] && group_ctxs+=("${g#*@}") || group_ctxs+=("$ctxs")
-    done
     gpus=$(nvidia-smi -L | wc -l)
-    ((${#groups[@]} <= gpus)) || { echo "LMSCOPE_COMPILE_SPLIT has ${#groups[@]} groups for $gpus GPU(s)"; exit 2; }
+    ((${#groups[@]} <= gpus)) || refuse "LMSCOPE_COMPILE_SPLIT has ${#groups[@]} groups for $gpus GPU(s)"
     # The CPUs this script may use in the order of their physical cores, cut into one share a group.
     mapfile -t cpus < <(lscpu -p=CPU,CORE | grep -v '^#' | sort -t, -k2,2n -k1,1n | cut -d, -f1 |
       grep -xFf <(taskset -pc $$ | sed 's/.*: //' | tr ',' '\n' |
         awk -F- '{for (c = $1; c <= ($2 == "" ? $1 : $2); c++) print c}'))
     share=$((${#cpus[@]} / ${#groups[@]}))
-    ((share > 0)) || { echo "${#cpus[@]} CPUs for ${#groups[@]} groups"; exit 2; }
+    ((share > 0)) || refuse "${#cpus[@]} CPUs for ${#groups[@]} groups"
     rm -rf "$OUT"/part[0-9]*
     each_group warm_sweep
     echo "== compiling ended at ${SECONDS} s; timing the groups ($timing)"

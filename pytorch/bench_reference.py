@@ -19,6 +19,7 @@ import argparse
 import contextlib
 import gc
 import statistics
+import sys
 import time
 
 import torch
@@ -126,7 +127,16 @@ def main():
     for model_name, mode, ctx in cells:
         head = f"| PyTorch {torch.__version__} | {model_name} | {a.device} | {a.precision} | {mode} | {a.attention} | {a.optimizer} | {a.compile} | {a.batch} | {ctx} "
         try:
+            if a.compile != "none":
+                torch._dynamo.utils.counters.clear()
             fwd, bwd, opt, total, peak, first = run_cell(a, model_name, ctx, mode)
+            if a.compile != "none":  # whether the compilation came from torch.compile's cache on disk
+                seen = torch._dynamo.utils.counters
+                print(f"{model_name} {mode} ctx {ctx} --compile {a.compile}: first step {first / 1e3:.1f} s, "
+                      f"FX graph cache {seen['inductor']['fxgraph_cache_hit']} hit / "
+                      f"{seen['inductor']['fxgraph_cache_miss']} missed, AOT autograd cache "
+                      f"{seen['aot_autograd']['autograd_cache_hit']} hit / "
+                      f"{seen['aot_autograd']['autograd_cache_miss']} missed", file=sys.stderr, flush=True)
             print(head + f"| {ms(fwd)} | {ms(bwd)} | {ms(opt)} | {ms(total)} | {statistics.median(total):.2f} "
                   f"| {first:.0f} | {peak:.1f} | ok |", flush=True)
         except torch.cuda.OutOfMemoryError:

@@ -17,13 +17,23 @@ if [[ "${1:-}" == "--compile-table" ]]; then
     refuse "LMSCOPE_COMPILE_WARM_SECONDS must be whole seconds up to the deadline ($deadline), not '$warm_deadline'"
   timing=${LMSCOPE_COMPILE_TIMING:-parallel}
   [[ "$timing" == parallel || "$timing" == serial ]] || refuse "LMSCOPE_COMPILE_TIMING must be parallel or serial, not '$timing'"
-  IFS=';' read -ra groups <<<"${LMSCOPE_COMPILE_SPLIT:-}"
-  group_models=() group_ctxs=()
-  for g in "${groups[@]}"; do
-    [[ "$g" =~ ^[^@[:space:]]+(@[0-9]+(,[0-9]+)*)?$ ]] || refuse "LMSCOPE_COMPILE_SPLIT: a group is MODELS or MODELS@CTXS, not '$g'"
-    group_models+=("${g%%@*}")
-    [[ "$g" == *@* ]] && group_ctxs+=("${g#*@}") || group_ctxs+=("$ctxs")
-  done
+  # SETTING PREFIX: the ';'-groups of SETTING as PREFIX_models and PREFIX_ctxs (CTXS where a group has no '@').
+  split_groups() {
+    local -n models_of=$2_models ctxs_of=$2_ctxs
+    local g all
+    models_of=() ctxs_of=()
+    IFS=';' read -ra all <<<"${!1:-}"
+    for g in "${all[@]}"; do
+      [[ "$g" =~ ^[^@[:space:]]+(@[0-9]+(,[0-9]+)*)?$ ]] || refuse "$1: a group is MODELS or MODELS@CTXS, not '$g'"
+      models_of+=("${g%%@*}")
+      [[ "$g" == *@* ]] && ctxs_of+=("${g#*@}") || ctxs_of+=("$ctxs")
+    done
+  }
+  split_groups LMSCOPE_COMPILE_SPLIT timed
+  [[ -n "${LMSCOPE_COMPILE_WARM_SPLIT:-}" && -z "${LMSCOPE_COMPILE_SPLIT:-}" ]] &&
+    refuse "LMSCOPE_COMPILE_WARM_SPLIT needs LMSCOPE_COMPILE_SPLIT, the groups that are timed"
+  LMSCOPE_COMPILE_WARM_SPLIT=${LMSCOPE_COMPILE_WARM_SPLIT:-${LMSCOPE_COMPILE_SPLIT:-}}
+  split_groups LMSCOPE_COMPILE_WARM_SPLIT warm
 fi
 source "$(dirname "$0")/gpu_env.sh"
 nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.max.sm --format=csv | tee "$OUT/gpu.txt"
@@ -102,14 +112,16 @@ fi
 # ';'-group of models (at the context lengths after its '@', else CTXS) on a GPU of its own, group i on
 # GPU i pinned to the i-th share of the physical cores (a core's hardware threads stay in one share).
 # It runs in two phases, because compiling takes the host's every core and PyTorch's host-bound steps
-# slow down beside it (up to 2x, docs/compile.md): first every group compiles its cells at once (one
-# step a cell, which fills torch.compile's cache on disk) until LMSCOPE_COMPILE_WARM_SECONDS (default
-# two thirds of the deadline); then the groups are timed, the cells compiled by then loading from the
-# cache in seconds (a cell not compiled yet compiles now, beside the others' timing), at once
+# slow down beside it (up to 2x, docs/compile.md): first the cells are compiled (one step a cell,
+# which fills torch.compile's cache on disk) until LMSCOPE_COMPILE_WARM_SECONDS (default two thirds of
+# the deadline), by the groups of LMSCOPE_COMPILE_WARM_SPLIT (default: the same groups), all at once,
+# group i on GPU i modulo the GPUs and on the i-th share of the cores: compiling is mostly one Python
+# thread, so more groups than GPUs compile more cells in the time (their steps must fit the GPU's
+# memory together); then the timed groups run, the cells compiled by then loading from the cache in
+# seconds (a cell not compiled yet compiles now, beside the others' timing), at once
 # (LMSCOPE_COMPILE_TIMING=parallel, the default) or one after another (serial, each group given an
-# equal share of the time left). Each cell's lmscope
-# and PyTorch rows still come from one GPU, and the rows land in the same files as one GPU's, in the
-# groups' order.
+# equal share of the time left). Each cell's lmscope and PyTorch rows still come from one GPU, and the
+# rows land in the same files as one GPU's, in the groups' order.
 left() { local by=${1:-$deadline}; echo $((by - SECONDS > 1 ? by - SECONDS : 1)); }  # seconds to a deadline
 reference() {  # COMPILE DEADLINE ARGS...: pytorch/bench_reference.py in this table's settings
   local c=$1 by=$2
@@ -140,55 +152,66 @@ warm_sweep() {  # DIR MODELS CTXS COMPILES: one step a cell in each torch.compil
     echo "== compiled --compile $c ($models @ $ctxs): exit $?, $(grep -c '| ok |' "$dir/warm-$mode-$c.md") cells"
   done
 }
-# each_group FUNCTION [serial]: FUNCTION DIR MODELS CTXS COMPILES for every group, each on its GPU and
-# share of the cores (torch.compile's worker processes held to it too, however PyTorch counts the
-# cores), all at once or, with "serial", one after another, each with an equal share of the time left.
+# each_group PREFIX FUNCTION [serial]: FUNCTION DIR MODELS CTXS COMPILES for every group of PREFIX
+# (timed or warm), group i on GPU i modulo the GPUs and on the i-th share of the cores (torch.compile's
+# worker processes held to it too, however PyTorch counts the cores), all at once or, with "serial",
+# one after another, each with an equal share of the time left.
 each_group() {
-  local i mine
-  for i in "${!groups[@]}"; do
+  local -n models_of=$1_models ctxs_of=$1_ctxs
+  local i mine n=${#models_of[@]} share=$((${#cpus[@]} / ${#models_of[@]}))
+  for ((i = 0; i < n; i++)); do
     mine=$(IFS=,; echo "${cpus[*]:$((i * share)):$share}")
     (taskset -pc "$mine" $BASHPID >/dev/null || { echo "== cannot pin group $i to CPUs $mine"; exit 1; }
-      [[ "${2:-}" == serial ]] && deadline=$((SECONDS + (deadline - SECONDS) / (${#groups[@]} - i)))
-      CUDA_VISIBLE_DEVICES=$i TORCHINDUCTOR_COMPILE_THREADS=$share "$1" "$OUT/part$i" "${group_models[$i]}" \
-        "${group_ctxs[$i]}" "$compiles") &
-    [[ "${2:-}" == serial ]] && wait
+      [[ "${3:-}" == serial ]] && deadline=$((SECONDS + (deadline - SECONDS) / (n - i)))
+      CUDA_VISIBLE_DEVICES=$((i % gpus)) TORCHINDUCTOR_COMPILE_THREADS=$share "$2" "$OUT/$1$i" "${models_of[$i]}" \
+        "${ctxs_of[$i]}" "$compiles") &
+    [[ "${3:-}" == serial ]] && wait
   done
   wait
 }
 # NAME HEADER_LINES: the groups' files of NAME as one, the header from the first that has one (a sweep
 # stopped before its first row may have left an empty file), then every group's rows.
 merge_parts() {
-  local header="" part
-  for part in "$OUT"/part[0-9]*/"$1"; do
+  local header="" i part
+  for ((i = 0; i < ${#timed_models[@]}; i++)); do
+    part="$OUT/timed$i/$1"
     [[ -f "$part" ]] && (($(wc -l <"$part") >= $2)) || continue
     [[ -n "$header" ]] || { header=1; head -n "$2" "$part"; }
     tail -n +$(($2 + 1)) "$part"
   done >"$OUT/$1"
+}
+# PREFIX PATTERNS...: every group's files matching PATTERNS, each under its name, in the groups' order.
+group_logs() {
+  local -n models_of=$1_models
+  local i pattern log
+  for ((i = 0; i < ${#models_of[@]}; i++)); do
+    for pattern in "${@:2}"; do
+      for log in "$OUT/$1$i"/$pattern; do
+        [[ -f "$log" ]] && { echo "== ${log#"$OUT"/}"; cat "$log"; }
+      done
+    done
+  done
 }
 if [[ "${1:-}" == "--compile-table" ]]; then
   if [[ -z "${LMSCOPE_COMPILE_SPLIT:-}" ]]; then
     compile_sweep "$OUT" "$models" "$ctxs" "$compiles"
   else
     gpus=$(nvidia-smi -L | wc -l)
-    ((${#groups[@]} <= gpus)) || refuse "LMSCOPE_COMPILE_SPLIT has ${#groups[@]} groups for $gpus GPU(s)"
+    ((${#timed_models[@]} <= gpus)) || refuse "LMSCOPE_COMPILE_SPLIT has ${#timed_models[@]} groups for $gpus GPU(s)"
     # The CPUs this script may use in the order of their physical cores, cut into one share a group.
     mapfile -t cpus < <(lscpu -p=CPU,CORE | grep -v '^#' | sort -t, -k2,2n -k1,1n | cut -d, -f1 |
       grep -xFf <(taskset -pc $$ | sed 's/.*: //' | tr ',' '\n' |
         awk -F- '{for (c = $1; c <= ($2 == "" ? $1 : $2); c++) print c}'))
-    share=$((${#cpus[@]} / ${#groups[@]}))
-    ((share > 0)) || refuse "${#cpus[@]} CPUs for ${#groups[@]} groups"
-    rm -rf "$OUT"/part[0-9]*
-    each_group warm_sweep
+    ((${#cpus[@]} >= ${#warm_models[@]})) || refuse "${#cpus[@]} CPUs for ${#warm_models[@]} groups"
+    rm -rf "$OUT"/warm[0-9]* "$OUT"/timed[0-9]*
+    each_group warm warm_sweep
     echo "== compiling ended at ${SECONDS} s; timing the groups ($timing)"
-    each_group compile_sweep "$timing"
+    each_group timed compile_sweep "$timing"
     merge_parts "lmscope-compile-$mode.csv" 1
     for c in ${compiles//,/ }; do merge_parts "pytorch-compile-$mode-$c.md" 2; done
-    for part in "$OUT"/part[0-9]*; do
-      for log in "$part"/warm-*.md "$part"/*.err "$part/lmscope-compile-$mode.md"; do
-        [[ -f "$log" ]] && { echo "== ${log#"$OUT"/}"; cat "$log"; }
-      done
-    done >"$OUT/compile-$mode-logs.txt"
-    rm -rf "$OUT"/part[0-9]*
+    { group_logs warm "warm-*.md" "*.err"; group_logs timed "*.err" "lmscope-compile-$mode.md"; } \
+      >"$OUT/compile-$mode-logs.txt"
+    rm -rf "$OUT"/warm[0-9]* "$OUT"/timed[0-9]*
   fi
   tables=("$OUT/lmscope-compile-$mode.csv")
   for c in ${compiles//,/ }; do tables+=("$OUT/pytorch-compile-$mode-$c.md"); done

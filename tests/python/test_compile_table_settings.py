@@ -24,6 +24,9 @@ def main():
         (GOOD, {"LMSCOPE_COMPILE_SPLIT": "small;;large"}, "MODELS or MODELS@CTXS, not ''"),
         (GOOD, {"LMSCOPE_COMPILE_SPLIT": "xl@128,,256"}, "not 'xl@128,,256'"),
         (GOOD, {"LMSCOPE_COMPILE_SPLIT": "x l"}, "not 'x l'"),
+        (GOOD, {"LMSCOPE_COMPILE_WARM_SPLIT": "small@128;small@256"}, "LMSCOPE_COMPILE_WARM_SPLIT needs LMSCOPE_COMPILE_SPLIT"),
+        (GOOD, {"LMSCOPE_COMPILE_SPLIT": "small", "LMSCOPE_COMPILE_WARM_SPLIT": "small@128;small@"},
+         "LMSCOPE_COMPILE_WARM_SPLIT: a group is MODELS or MODELS@CTXS, not 'small@'"),
     )
     for args, settings, said in cases:
         env = {k: v for k, v in os.environ.items() if not k.startswith("LMSCOPE_COMPILE_")}

@@ -136,10 +136,11 @@ compile_sweep() {  # DIR MODELS CTXS COMPILES
     --precision bf16 --mode "$mode" --attention flash --fusion on,off --graphs on,off --warmup 5 --steps 10 \
     --format csv --out "$dir/lmscope-compile-$mode.csv" >"$dir/lmscope-compile-$mode.md" \
     2>"$dir/lmscope-compile-$mode.err" || { echo "== lmscope bench failed ($models):"; tail -3 "$dir/lmscope-compile-$mode.err"; }
+  echo "== lmscope ($models @ $ctxs): done at $SECONDS s"
   for c in ${compiles//,/ }; do
     reference "$c" "$deadline" --model "$models" --ctx "$ctxs" --warmup 5 --steps 10 \
       >"$dir/pytorch-compile-$mode-$c.md" 2>"$dir/pytorch-compile-$mode-$c.err"
-    echo "== PyTorch --compile $c ($models @ $ctxs): exit $?, $(grep -c '| ok |' "$dir/pytorch-compile-$mode-$c.md") cells"
+    echo "== PyTorch --compile $c ($models @ $ctxs): exit $?, $(grep -c '| ok |' "$dir/pytorch-compile-$mode-$c.md") cells, done at $SECONDS s"
   done
 }
 warm_sweep() {  # DIR MODELS CTXS COMPILES: one step a cell in each torch.compile mode, untimed
@@ -149,7 +150,7 @@ warm_sweep() {  # DIR MODELS CTXS COMPILES: one step a cell in each torch.compil
     [[ "$c" == none ]] && continue
     reference "$c" "$warm_deadline" --model "$models" --ctx "$ctxs" --warmup 0 --steps 1 \
       >"$dir/warm-$mode-$c.md" 2>"$dir/warm-$mode-$c.err"
-    echo "== compiled --compile $c ($models @ $ctxs): exit $?, $(grep -c '| ok |' "$dir/warm-$mode-$c.md") cells"
+    echo "== compiled --compile $c ($models @ $ctxs): exit $?, $(grep -c '| ok |' "$dir/warm-$mode-$c.md") cells, done at $SECONDS s"
   done
 }
 # each_group PREFIX FUNCTION [serial]: FUNCTION DIR MODELS CTXS COMPILES for every group of PREFIX

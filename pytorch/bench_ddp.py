@@ -22,6 +22,7 @@ import datetime
 import gc
 import os
 import statistics
+import sys
 import time
 
 import torch
@@ -77,8 +78,9 @@ def main():
     ap.add_argument("--steps", type=int, default=10)
     ap.add_argument("--skip", type=int, default=0, help="start after this many cells of the sweep (no header)")
     a = ap.parse_args()
-    if a.skip < 0:
-        ap.error(f"--skip must be non-negative, got {a.skip}")
+    if a.skip < 0:  # one sentence and exit code 2, as lmscope refuses
+        print(f"bench_ddp.py: --skip must be non-negative, got {a.skip}", file=sys.stderr)
+        sys.exit(2)
     torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
     # A rank stuck in a collective all the same (a peer that failed otherwise) gives up after 3 minutes.
     dist.init_process_group("nccl", timeout=datetime.timedelta(seconds=180))

@@ -2,7 +2,7 @@
 ranks of a tiny model: one process with graphs off and on, three of the --ddp variants and --zero 1,
 the dry run of a ZeRO-1 rank, lmscope allreduce) beside PyTorch rows written here: every cell a row,
 the ratios from the medians, ZeRO-1's measured peak equal to the dry run's (0 bytes apart: the CPU's
-allocator is the one the dry run replays), and its bad inputs. LMSCOPE names the built program."""
+allocator is the one the dry run replays), and its bad inputs (bench_ddp.py's too). LMSCOPE names the built program."""
 import glob
 import json
 import os
@@ -80,6 +80,8 @@ def main():
         os.mkdir(empty)
         check_refusals(TOOL, [([], "give the directory"), ([os.path.join(out, "nowhere")], "no such directory"),
                               ([empty], "none of")])
+    # PyTorch's side refuses a negative --skip before it starts a process group.
+    check_refusals(os.path.join(ROOT, "pytorch", "bench_ddp.py"), [(["--skip", "-1"], "--skip must be non-negative")])
     print("ddp_table.py: ok")
 
 

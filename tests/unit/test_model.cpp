@@ -1,5 +1,5 @@
 // The whole model: gradient against finite differences (f64), preset sizes, seeded
-// initialisation, the schedule, and the allocator's record of what the model holds.
+// initialisation (kept values too), the schedule, and the allocator's record of what the model holds.
 #include "../common/training.h"
 #include "gradcheck.h"
 
@@ -180,6 +180,45 @@ TEST(Model, InitialisationIsSeededAndTruncated) {
     }
   }
   EXPECT_TRUE(differs) << "another seed must give other weights";
+}
+
+// bench's cells build the same model again and again: kept values are the ones drawn, copied while
+// the seed and the tensors stay, drawn anew when either changes.
+TEST(Model, KeptInitialValuesAreCopiedUntilTheSeedOrModelChanges) {
+  auto be = make_cpu_backend();
+  const auto values = [&](Transformer& m) {
+    std::vector<std::vector<double>> v;
+    for (Parameter& p : m.parameters()) v.push_back(download(*be, p.value));
+    return v;
+  };
+  const auto drawn = [&](const ModelConfig& config, std::uint64_t seed) {
+    Transformer m(config, *be);
+    m.init_parameters(seed);
+    return values(m);
+  };
+  KeptInitialValues kept;
+  Transformer a(tiny(), *be);
+  a.init_parameters(7, &kept);
+  EXPECT_EQ(values(a), drawn(tiny(), 7));
+  EXPECT_EQ(kept.tensors.size(), a.parameters().size());
+
+  const std::string first = a.parameters().front().spec.name;
+  kept.tensors.at(first).values[0] = 42.0f;  // a copy shows it; a new draw would not
+  Transformer b(tiny(), *be);
+  b.init_parameters(7, &kept);
+  EXPECT_EQ(values(b)[0][0], 42.0);
+
+  Transformer c(tiny(), *be);
+  c.init_parameters(8, &kept);
+  EXPECT_EQ(values(c), drawn(tiny(), 8));
+  EXPECT_EQ(kept.seed, 8u);
+
+  ModelConfig wider = tiny();
+  wider.d_ff = 16;
+  kept.tensors.at(first).values[0] = 42.0f;
+  Transformer d(wider, *be);
+  d.init_parameters(8, &kept);
+  EXPECT_EQ(values(d), drawn(wider, 8));
 }
 
 TEST(Model, CosineScheduleFollowsTheFormula) {

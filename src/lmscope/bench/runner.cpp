@@ -108,7 +108,7 @@ double overlap_ms(const std::vector<dist::Communicator::Span>& spans, double unt
   return ms;
 }
 
-void run_cell(const BenchSpec& spec, BenchResult& r, const BenchProgress& progress) {
+void run_cell(const BenchSpec& spec, BenchResult& r, const BenchProgress& progress, KeptInitialValues* kept) {
   check_parallel_mode(spec);
   if (spec.parallel) dist::use_rank_gpu(spec.world, spec.device);
   std::unique_ptr<Backend> backend = make_backend(spec.device, spec.precision);
@@ -118,7 +118,7 @@ void run_cell(const BenchSpec& spec, BenchResult& r, const BenchProgress& progre
   model.set_grad_dtype(gradient_dtype(spec.grad_dtype));
   model.set_graphs(spec.graphs);  // (off once a data-parallel run attaches: DataParallelRun::attach)
   model.set_fusion(spec.fusion);
-  model.init_parameters(spec.seed);
+  model.init_parameters(spec.seed, kept);
   std::unique_ptr<dist::DataParallelRun> dp;
   if (spec.parallel) {
     dp = std::make_unique<dist::DataParallelRun>(spec.world, *backend, *spec.parallel);
@@ -273,11 +273,15 @@ void run_cell(const BenchSpec& spec, BenchResult& r, const BenchProgress& progre
 
 }  // namespace
 
-BenchResult run_bench_cell(const BenchSpec& spec, const BenchProgress& progress) {
+KeptInitialValues* kept_on_gpus(const BenchSpec& spec, KeptInitialValues& kept) {
+  return spec.device == "cpu" ? nullptr : &kept;
+}
+
+BenchResult run_bench_cell(const BenchSpec& spec, const BenchProgress& progress, KeptInitialValues* kept) {
   BenchResult r;
   r.spec = spec;
   try {
-    run_cell(spec, r, progress);
+    run_cell(spec, r, progress, kept);
   } catch (const RankFailure&) {
     throw;  // the ranks cannot go on together: every later cell would wait out the timeout
   } catch (...) {

@@ -112,7 +112,13 @@ std::string failure_status(const std::exception_ptr& e);
 
 // progress(done, total) is called once per warm-up or measured step.
 using BenchProgress = std::function<void(int done, int total)>;
-// Never throws for a failing cell: the failure becomes the result's status.
-BenchResult run_bench_cell(const BenchSpec& spec, const BenchProgress& progress = {});
+// Never throws for a failing cell: the failure becomes the result's status. With `kept`, the model's
+// initial values come from there when an earlier cell drew them (Transformer::init_parameters).
+BenchResult run_bench_cell(const BenchSpec& spec, const BenchProgress& progress = {},
+                           KeptInitialValues* kept = nullptr);
+// What a sweep passes as run_bench_cell's `kept`: its own on a GPU, where drawing the initial values
+// is the host's slowest part of a cell (seconds at 2.7B); none on the CPU, whose memory the training
+// uses too (4 bytes a parameter kept) and whose steps take far longer than the draw.
+KeptInitialValues* kept_on_gpus(const BenchSpec& spec, KeptInitialValues& kept);
 
 }  // namespace lmscope

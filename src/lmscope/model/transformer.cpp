@@ -4,6 +4,7 @@
 #include "lmscope/core/hash.h"
 #include "lmscope/core/rng.h"
 
+#include <algorithm>
 #include <cmath>
 #include <unordered_map>
 
@@ -70,9 +71,11 @@ Parameter& Transformer::parameter(const std::string& name) {
   user_error("the model has no parameter named '{}'", name);
 }
 
-void Transformer::init_parameters(std::uint64_t seed) {
+void Transformer::init_parameters(std::uint64_t seed, KeptInitialValues* kept) {
   if (dtype_ == DType::f64)
     fill_initial_values<double>(seed);
+  else if (kept)
+    fill_kept_initial_values(seed, *kept);
   else
     fill_initial_values<float>(seed);
   refresh_lowp_copies();
@@ -143,23 +146,52 @@ void Transformer::drop_lowp_copies_after_forward(bool keep_copies, std::initiali
     for (Parameter* p : done) p->value_lowp.reset();
 }
 
+namespace {
+
+// Tensor `name`'s n initial values (MODEL.md): chunk k of 65536 draws from stream "<name>/k", the
+// chunks in parallel.
+template <typename T>
+void draw_initial_values(std::uint64_t seed, const std::string& name, double init_std, std::int64_t n, T* out) {
+  constexpr std::int64_t kChunk = 1 << 16;
+#pragma omp parallel for schedule(dynamic)
+  for (std::int64_t start = 0; start < n; start += kChunk) {
+    Rng rng = Rng::stream(seed, name + "/" + std::to_string(start / kChunk));
+    for (std::int64_t i = start; i < std::min(n, start + kChunk); ++i)
+      out[i] = static_cast<T>(init_std > 0 ? init_std * rng.truncated_normal(3.0) : 1.0);
+  }
+}
+
+}  // namespace
+
 template <typename T>
 void Transformer::fill_initial_values(std::uint64_t seed) {
-  constexpr std::int64_t kChunk = 1 << 16;  // chunk k of a tensor draws from stream "<name>/k"
   std::int64_t largest = 0;
   for (const Parameter& p : params_) largest = std::max(largest, p.value.tensor().numel());
   std::vector<T> host(static_cast<std::size_t>(largest));  // one staging buffer for every tensor
   for (Parameter& p : params_) {
-    const std::int64_t n = p.value.tensor().numel();
-    const double std = p.spec.init_std;
-#pragma omp parallel for schedule(dynamic)
-    for (std::int64_t start = 0; start < n; start += kChunk) {
-      Rng rng = Rng::stream(seed, p.spec.name + "/" + std::to_string(start / kChunk));
-      for (std::int64_t i = start; i < std::min(n, start + kChunk); ++i)
-        host[i] = static_cast<T>(std > 0 ? std * rng.truncated_normal(3.0) : 1.0);
-    }
+    draw_initial_values(seed, p.spec.name, p.spec.init_std, p.value.tensor().numel(), host.data());
     backend_.copy_from_host(p.value, host.data());
   }
+}
+
+void Transformer::fill_kept_initial_values(std::uint64_t seed, KeptInitialValues& kept) {
+  const auto same = [&](const Parameter& p) {
+    const auto it = kept.tensors.find(p.spec.name);
+    return it != kept.tensors.end() && it->second.numel == p.value.tensor().numel() &&
+           it->second.init_std == p.spec.init_std;
+  };
+  if (kept.seed != seed || kept.tensors.size() != params_.size() || !std::ranges::all_of(params_, same)) {
+    kept.tensors.clear();  // another model or seed: one model's values at a time
+    kept.seed = seed;
+    for (const Parameter& p : params_) {
+      KeptInitialValues::Drawn& t = kept.tensors[p.spec.name];
+      t.numel = p.value.tensor().numel();
+      t.init_std = p.spec.init_std;
+      t.values.resize(static_cast<std::size_t>(t.numel));
+      draw_initial_values(seed, p.spec.name, t.init_std, t.numel, t.values.data());
+    }
+  }
+  for (Parameter& p : params_) backend_.copy_from_host(p.value, kept.tensors.at(p.spec.name).values.data());
 }
 
 Allocation Transformer::act(const char* what, int layer, Shape shape, std::source_location where) {

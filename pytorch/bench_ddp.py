@@ -78,7 +78,7 @@ def main():
     ap.add_argument("--steps", type=int, default=10)
     ap.add_argument("--skip", type=int, default=0, help="start after this many cells of the sweep (no header)")
     a = ap.parse_args()
-    if a.skip < 0:  # one sentence and exit code 2, as lmscope refuses
+    if a.skip < 0:  # one sentence and exit code 2 (gpu_multi_check.sh passes it; argparse would add its usage)
         print(f"bench_ddp.py: --skip must be non-negative, got {a.skip}", file=sys.stderr)
         sys.exit(2)
     torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))

@@ -126,21 +126,23 @@ def main():
     cells = [(m, mode, int(c)) for m in a.model.split(",") for mode in a.mode.split(",") for c in a.ctx.split(",")]
     for model_name, mode, ctx in cells:
         head = f"| PyTorch {torch.__version__} | {model_name} | {a.device} | {a.precision} | {mode} | {a.attention} | {a.optimizer} | {a.compile} | {a.batch} | {ctx} "
+        if a.compile != "none":
+            torch._dynamo.utils.counters.clear()
         try:
-            if a.compile != "none":
-                torch._dynamo.utils.counters.clear()
             fwd, bwd, opt, total, peak, first = run_cell(a, model_name, ctx, mode)
-            if a.compile != "none":  # whether the compilation came from torch.compile's cache on disk
-                seen = torch._dynamo.utils.counters
-                print(f"{model_name} {mode} ctx {ctx} --compile {a.compile}: first step {first / 1e3:.1f} s, "
-                      f"FX graph cache {seen['inductor']['fxgraph_cache_hit']} hit / "
-                      f"{seen['inductor']['fxgraph_cache_miss']} missed, AOT autograd cache "
-                      f"{seen['aot_autograd']['autograd_cache_hit']} hit / "
-                      f"{seen['aot_autograd']['autograd_cache_miss']} missed", file=sys.stderr, flush=True)
             print(head + f"| {ms(fwd)} | {ms(bwd)} | {ms(opt)} | {ms(total)} | {statistics.median(total):.2f} "
                   f"| {first:.0f} | {peak:.1f} | ok |", flush=True)
+            said = f"first step {first / 1e3:.1f} s"
         except torch.cuda.OutOfMemoryError:
             print(head + "| - | - | - | - | - | - | - | OOM |", flush=True)
+            said = "out of memory"
+        if a.compile != "none":  # whether torch.compile's cache on disk served it (out of memory: what it had compiled)
+            seen = torch._dynamo.utils.counters
+            print(f"{model_name} {mode} ctx {ctx} --compile {a.compile}: {said}, "
+                  f"FX graph cache {seen['inductor']['fxgraph_cache_hit']} hit / "
+                  f"{seen['inductor']['fxgraph_cache_miss']} missed, AOT autograd cache "
+                  f"{seen['aot_autograd']['autograd_cache_hit']} hit / "
+                  f"{seen['aot_autograd']['autograd_cache_miss']} missed", file=sys.stderr, flush=True)
         gc.collect()
         if a.device == "cuda":
             torch.cuda.empty_cache()

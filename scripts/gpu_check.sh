@@ -23,6 +23,7 @@ if [[ "${1:-}" == "--compile-table" ]]; then
     local g all
     models_of=() ctxs_of=()
     IFS=';' read -ra all <<<"${!1:-}"
+    [[ "${!1:-}" != *";" ]] || all+=("")  # read drops a trailing empty group
     for g in "${all[@]}"; do
       [[ "$g" =~ ^[^@[:space:]]+(@[0-9]+(,[0-9]+)*)?$ ]] || refuse "$1: a group is MODELS or MODELS@CTXS, not '$g'"
       models_of+=("${g%%@*}")
@@ -34,6 +35,17 @@ if [[ "${1:-}" == "--compile-table" ]]; then
     refuse "LMSCOPE_COMPILE_WARM_SPLIT needs LMSCOPE_COMPILE_SPLIT, the groups that are timed"
   LMSCOPE_COMPILE_WARM_SPLIT=${LMSCOPE_COMPILE_WARM_SPLIT:-${LMSCOPE_COMPILE_SPLIT:-}}
   split_groups LMSCOPE_COMPILE_WARM_SPLIT warm
+  # PREFIX: its groups' cells, one MODEL@CTX a line, sorted.
+  cells_of() {
+    local -n models_of=$1_models ctxs_of=$1_ctxs
+    local i m c
+    for i in "${!models_of[@]}"; do
+      for m in ${models_of[$i]//,/ }; do for c in ${ctxs_of[$i]//,/ }; do echo "$m@$((10#$c))"; done; done
+    done | sort -u
+  }
+  # A cell compiled but not timed is time lost; one timed but not compiled compiles beside the others' timing.
+  odd=$(comm -3 <(cells_of warm) <(cells_of timed) | tr -d '\t' | head -4 | paste -sd' ')
+  [[ -z "$odd" ]] || refuse "LMSCOPE_COMPILE_WARM_SPLIT and LMSCOPE_COMPILE_SPLIT must hold the same cells; one holds $odd and the other not"
 fi
 source "$(dirname "$0")/gpu_env.sh"
 nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.max.sm --format=csv | tee "$OUT/gpu.txt"
@@ -203,7 +215,8 @@ if [[ "${1:-}" == "--compile-table" ]]; then
     mapfile -t cpus < <(lscpu -p=CPU,CORE | grep -v '^#' | sort -t, -k2,2n -k1,1n | cut -d, -f1 |
       grep -xFf <(taskset -pc $$ | sed 's/.*: //' | tr ',' '\n' |
         awk -F- '{for (c = $1; c <= ($2 == "" ? $1 : $2); c++) print c}'))
-    ((${#cpus[@]} >= ${#warm_models[@]})) || refuse "${#cpus[@]} CPUs for ${#warm_models[@]} groups"
+    most=$((${#warm_models[@]} > ${#timed_models[@]} ? ${#warm_models[@]} : ${#timed_models[@]}))
+    ((${#cpus[@]} >= most)) || refuse "${#cpus[@]} CPUs for $most groups"
     rm -rf "$OUT"/warm[0-9]* "$OUT"/timed[0-9]*
     each_group warm warm_sweep
     echo "== compiling ended at ${SECONDS} s; timing the groups ($timing)"

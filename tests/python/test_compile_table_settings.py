@@ -27,6 +27,10 @@ def main():
         (GOOD, {"LMSCOPE_COMPILE_WARM_SPLIT": "small@128;small@256"}, "LMSCOPE_COMPILE_WARM_SPLIT needs LMSCOPE_COMPILE_SPLIT"),
         (GOOD, {"LMSCOPE_COMPILE_SPLIT": "small", "LMSCOPE_COMPILE_WARM_SPLIT": "small@128;small@"},
          "LMSCOPE_COMPILE_WARM_SPLIT: a group is MODELS or MODELS@CTXS, not 'small@'"),
+        (GOOD, {"LMSCOPE_COMPILE_SPLIT": "small;medium;"}, "LMSCOPE_COMPILE_SPLIT: a group is MODELS or MODELS@CTXS, not ''"),
+        # The compiled cells must be the timed ones (CTXS, 128 here, where a group names none).
+        (GOOD, {"LMSCOPE_COMPILE_SPLIT": "small;medium", "LMSCOPE_COMPILE_WARM_SPLIT": "small@128;medium@256"},
+         "must hold the same cells; one holds medium@128 medium@256 and the other not"),
     )
     for args, settings, said in cases:
         env = {k: v for k, v in os.environ.items() if not k.startswith("LMSCOPE_COMPILE_")}

@@ -3,6 +3,7 @@
 #include "../common/training.h"
 #include "gradcheck.h"
 
+#include "lmscope/bench/runner.h"
 #include "lmscope/model/optimizer.h"
 #include "lmscope/model/transformer.h"
 
@@ -219,6 +220,25 @@ TEST(Model, KeptInitialValuesAreCopiedUntilTheSeedOrModelChanges) {
   Transformer d(wider, *be);
   d.init_parameters(8, &kept);
   EXPECT_EQ(values(d), drawn(wider, 8));
+}
+
+// A sweep keeps them between cells of one model and seed on a GPU, never on the CPU.
+TEST(Model, SweepsKeepInitialWeightsOnlyBetweenCellsOfOneModelOnAGpu) {
+  BenchSpec a;
+  a.model = preset("small");
+  a.device = "cuda";
+  BenchSpec b = a;
+  b.ctx = 2 * a.ctx;  // lengths, precision and switches draw the same weights
+  b.graphs = !a.graphs;
+  EXPECT_TRUE(keeps_initial_weights(a, b));
+  b.seed = a.seed + 1;
+  EXPECT_FALSE(keeps_initial_weights(a, b));
+  b = a;
+  b.model = preset("medium");
+  EXPECT_FALSE(keeps_initial_weights(a, b));
+  a.device = b.device = "cpu";
+  b.model = a.model;
+  EXPECT_FALSE(keeps_initial_weights(a, b));
 }
 
 TEST(Model, CosineScheduleFollowsTheFormula) {

@@ -12,6 +12,7 @@
 #include <chrono>
 #include <cmath>
 #include <numeric>
+#include <tuple>
 
 namespace lmscope {
 
@@ -273,8 +274,10 @@ void run_cell(const BenchSpec& spec, BenchResult& r, const BenchProgress& progre
 
 }  // namespace
 
-KeptInitialValues* kept_on_gpus(const BenchSpec& spec, KeptInitialValues& kept) {
-  return spec.device == "cpu" ? nullptr : &kept;
+bool keeps_initial_weights(const BenchSpec& a, const BenchSpec& b) {
+  const ModelConfig &x = a.model, &y = b.model;  // the shapes that name and size the tensors
+  return a.device != "cpu" && a.device == b.device && a.seed == b.seed &&
+         std::tie(x.vocab, x.d_model, x.d_ff, x.layers) == std::tie(y.vocab, y.d_model, y.d_ff, y.layers);
 }
 
 BenchResult run_bench_cell(const BenchSpec& spec, const BenchProgress& progress, KeptInitialValues* kept) {

@@ -116,9 +116,11 @@ using BenchProgress = std::function<void(int done, int total)>;
 // initial values come from there when an earlier cell drew them (Transformer::init_parameters).
 BenchResult run_bench_cell(const BenchSpec& spec, const BenchProgress& progress = {},
                            KeptInitialValues* kept = nullptr);
-// What a sweep passes as run_bench_cell's `kept`: its own on a GPU, where drawing the initial values
-// is the host's slowest part of a cell (seconds at 2.7B); none on the CPU, whose memory the training
-// uses too (4 bytes a parameter kept) and whose steps take far longer than the draw.
-KeptInitialValues* kept_on_gpus(const BenchSpec& spec, KeptInitialValues& kept);
+// Whether a sweep keeps the initial weights from cell a for cell b (run_bench_cell's `kept`): on a GPU,
+// where drawing them is the host's slowest part of a cell (seconds at 2.7B), when both build the same
+// tensors from the same seed; never on the CPU, whose memory the training uses too and whose steps take
+// far longer than the draw. Kept weights take 4 bytes a parameter of host memory in each rank's process,
+// so a sweep keeps them only while the next cell needs them.
+bool keeps_initial_weights(const BenchSpec& a, const BenchSpec& b);
 
 }  // namespace lmscope

@@ -59,12 +59,13 @@ Recommendation recommend(const RecommendSpec& spec) {
   });
   out.chosen = 0;
   if (!spec.measure) return out;
-  KeptInitialValues kept;  // every candidate builds the same model
+  KeptInitialValues kept;  // every candidate builds the same model: drawn once
   for (std::size_t i = 0; i < out.candidates.size(); ++i) {
     Candidate& cand = out.candidates[i];
     BenchSpec run = cand.spec;
     run.steps = spec.measure_steps;
-    const BenchResult r = run_bench_cell(run, {}, kept_on_gpus(run, kept));
+    const bool shared = out.candidates.size() > 1 && keeps_initial_weights(run, run);
+    const BenchResult r = run_bench_cell(run, {}, shared ? &kept : nullptr);
     cand.status = r.status;
     if (!r.ok()) continue;
     cand.step_ms = r.step.mean;

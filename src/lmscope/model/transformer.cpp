@@ -182,16 +182,18 @@ void Transformer::fill_kept_initial_values(std::uint64_t seed, KeptInitialValues
   };
   if (kept.seed != seed || kept.tensors.size() != params_.size() || !std::ranges::all_of(params_, same)) {
     kept.tensors.clear();  // another model or seed: one model's values at a time
-    kept.seed = seed;
+    // Drawn aside and moved in whole, so a draw that fails (out of host memory) leaves nothing kept.
+    std::unordered_map<std::string, KeptInitialValues::Drawn> drawn;
     for (const Parameter& p : params_) {
-      KeptInitialValues::Drawn& t = kept.tensors[p.spec.name];
-      t.numel = p.value.tensor().numel();
-      t.init_std = p.spec.init_std;
-      t.values.resize(static_cast<std::size_t>(t.numel));
-      draw_initial_values(seed, p.spec.name, t.init_std, t.numel, t.values.data());
+      KeptInitialValues::Drawn t{p.value.tensor().numel(), p.spec.init_std, nullptr};
+      t.values = std::make_unique_for_overwrite<float[]>(static_cast<std::size_t>(t.numel));
+      draw_initial_values(seed, p.spec.name, t.init_std, t.numel, t.values.get());
+      drawn.emplace(p.spec.name, std::move(t));
     }
+    kept.tensors = std::move(drawn);
+    kept.seed = seed;
   }
-  for (Parameter& p : params_) backend_.copy_from_host(p.value, kept.tensors.at(p.spec.name).values.data());
+  for (Parameter& p : params_) backend_.copy_from_host(p.value, kept.tensors.at(p.spec.name).values.get());
 }
 
 Allocation Transformer::act(const char* what, int layer, Shape shape, std::source_location where) {

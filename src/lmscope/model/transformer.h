@@ -9,6 +9,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <optional>
 #include <string>
 #include <unordered_map>
@@ -37,21 +38,21 @@ enum class WeightCopies { kept, transient };
 const char* weight_copies_name(WeightCopies c);
 WeightCopies parse_weight_copies(const std::string& s);  // throws UserError
 
-// Micro-batch `index` of the `count` whose gradients one optimizer step sums (--grad-accum).
-// Initial values kept on the host between builds of the same model in one process (bench builds one
-// a cell): drawing a truncated normal costs ~40 ns a value on one core, seconds a build at 2.7B even
-// on 16, where copying kept values runs at memory speed. Holds one model's fp32 values at a time
-// (4 bytes a parameter of host memory); a build with another seed or other tensors draws anew.
+// Initial values kept on the host between builds of the same model in one process (bench's cells):
+// drawing a truncated normal costs 25 to 32 ns a value on one core, seconds a build at 2.7B even on
+// 16, where copying kept values runs at memory speed. Holds one model's fp32 values at a time (4
+// bytes a parameter of host memory); a build with another seed or other tensors draws anew.
 struct KeptInitialValues {
   struct Drawn {
     std::int64_t numel = 0;
     double init_std = 0;
-    std::vector<float> values;
+    std::unique_ptr<float[]> values;  // numel values, allocated without zeroing: every one is drawn
   };
   std::uint64_t seed = 0;
   std::unordered_map<std::string, Drawn> tensors;  // by parameter name
 };
 
+// Micro-batch `index` of the `count` whose gradients one optimizer step sums (--grad-accum).
 struct MicroBatch {
   int index = 0, count = 1;
 };

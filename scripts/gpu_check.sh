@@ -141,6 +141,9 @@ reference() {  # COMPILE DEADLINE ARGS...: pytorch/bench_reference.py in this ta
   (cd pytorch && PYTHONUNBUFFERED=1 timeout -k 10 "$(left "$by")" $PY bench_reference.py --device cuda --mode "$mode" \
     --batch 4 --attention sdpa --precision bf16 --compile "$c" --compile-shapes static "$@")
 }
+ended() {  # WHAT EXIT ROWS: a PyTorch sweep's end, its cells measured and when (seconds from the start)
+  echo "== $1: exit $2, $(grep -c '| ok |' "$3") cells, done at $SECONDS s"
+}
 compile_sweep() {  # DIR MODELS CTXS COMPILES
   local dir=$1 models=$2 ctxs=$3 compiles=$4 c
   mkdir -p "$dir"
@@ -152,7 +155,7 @@ compile_sweep() {  # DIR MODELS CTXS COMPILES
   for c in ${compiles//,/ }; do
     reference "$c" "$deadline" --model "$models" --ctx "$ctxs" --warmup 5 --steps 10 \
       >"$dir/pytorch-compile-$mode-$c.md" 2>"$dir/pytorch-compile-$mode-$c.err"
-    echo "== PyTorch --compile $c ($models @ $ctxs): exit $?, $(grep -c '| ok |' "$dir/pytorch-compile-$mode-$c.md") cells, done at $SECONDS s"
+    ended "PyTorch --compile $c ($models @ $ctxs)" $? "$dir/pytorch-compile-$mode-$c.md"
   done
 }
 warm_sweep() {  # DIR MODELS CTXS COMPILES: one step a cell in each torch.compile mode, untimed
@@ -162,7 +165,7 @@ warm_sweep() {  # DIR MODELS CTXS COMPILES: one step a cell in each torch.compil
     [[ "$c" == none ]] && continue
     reference "$c" "$warm_deadline" --model "$models" --ctx "$ctxs" --warmup 0 --steps 1 \
       >"$dir/warm-$mode-$c.md" 2>"$dir/warm-$mode-$c.err"
-    echo "== compiled --compile $c ($models @ $ctxs): exit $?, $(grep -c '| ok |' "$dir/warm-$mode-$c.md") cells, done at $SECONDS s"
+    ended "compiled --compile $c ($models @ $ctxs)" $? "$dir/warm-$mode-$c.md"
   done
 }
 # each_group PREFIX FUNCTION [serial]: FUNCTION DIR MODELS CTXS COMPILES for every group of PREFIX

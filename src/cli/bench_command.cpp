@@ -78,18 +78,15 @@ class BenchCommand : public Command {
 
     SweepProgress shown;
     std::vector<BenchResult> rows;
-    KeptInitialValues kept;  // a model's initial weights while its cells follow each other
+    BenchSweep sweep;
     for (std::size_t i = 0; i < planned.size(); ++i) {
       const BenchSpec& s = planned[i].cell;
       if (reports) shown.start(fmt::format("[{}/{}] {}", i + 1, planned.size(), cell_label(planned[i])));
       auto progress = [&](int done, int total) {
         if (reports) shown.step(done, total, done <= s.warmup ? " (warm-up)" : "");
       };
-      const bool again = i + 1 < planned.size() && keeps_initial_weights(s, planned[i + 1].cell);
-      const bool kept_before = i > 0 && keeps_initial_weights(planned[i - 1].cell, s);
-      rows.push_back(cells_.dry_run() ? dry_run_cell(planned[i])
-                                      : run_bench_cell(s, progress, again || kept_before ? &kept : nullptr));
-      if (!again) kept = {};  // the host memory back once no later cell needs them
+      const BenchSpec* next = i + 1 < planned.size() ? &planned[i + 1].cell : nullptr;
+      rows.push_back(cells_.dry_run() ? dry_run_cell(planned[i]) : sweep.run(s, next, progress));
       if (!reports) continue;
       shown.finish(rows.back().status);
       if (!trace_.empty() && !rows.back().trace.empty()) write_file(trace_, rows.back().trace);

@@ -280,6 +280,14 @@ bool keeps_initial_weights(const BenchSpec& a, const BenchSpec& b) {
          std::tie(x.vocab, x.d_model, x.d_ff, x.layers) == std::tie(y.vocab, y.d_model, y.d_ff, y.layers);
 }
 
+BenchResult BenchSweep::run(const BenchSpec& cell, const BenchSpec* next, const BenchProgress& progress) {
+  const bool again = next && keeps_initial_weights(cell, *next);
+  // Values kept are the previous cell's, kept because this one builds the same tensors.
+  BenchResult r = run_bench_cell(cell, progress, again || !kept_.tensors.empty() ? &kept_ : nullptr);
+  if (!again) kept_ = {};
+  return r;
+}
+
 BenchResult run_bench_cell(const BenchSpec& spec, const BenchProgress& progress, KeptInitialValues* kept) {
   BenchResult r;
   r.spec = spec;

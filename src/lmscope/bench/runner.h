@@ -119,8 +119,17 @@ BenchResult run_bench_cell(const BenchSpec& spec, const BenchProgress& progress 
 // Whether a sweep keeps the initial weights from cell a for cell b (run_bench_cell's `kept`): on a GPU,
 // where drawing them is the host's slowest part of a cell (seconds at 2.7B), when both build the same
 // tensors from the same seed; never on the CPU, whose memory the training uses too and whose steps take
-// far longer than the draw. Kept weights take 4 bytes a parameter of host memory in each rank's process,
-// so a sweep keeps them only while the next cell needs them.
+// far longer than the draw. Kept weights take 4 bytes a parameter of host memory in each rank's process.
 bool keeps_initial_weights(const BenchSpec& a, const BenchSpec& b);
+
+// A sweep's cells, run one after another: a cell's initial weights are kept for the next where
+// keeps_initial_weights(cell, next), and let go once no later cell needs them.
+class BenchSweep {
+ public:
+  BenchResult run(const BenchSpec& cell, const BenchSpec* next, const BenchProgress& progress = {});
+
+ private:
+  KeptInitialValues kept_;
+};
 
 }  // namespace lmscope

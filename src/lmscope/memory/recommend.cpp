@@ -59,13 +59,13 @@ Recommendation recommend(const RecommendSpec& spec) {
   });
   out.chosen = 0;
   if (!spec.measure) return out;
-  KeptInitialValues kept;  // every candidate builds the same model: drawn once
+  BenchSweep sweep;  // every candidate builds the same model
   for (std::size_t i = 0; i < out.candidates.size(); ++i) {
     Candidate& cand = out.candidates[i];
     BenchSpec run = cand.spec;
     run.steps = spec.measure_steps;
-    const bool shared = out.candidates.size() > 1 && keeps_initial_weights(run, run);
-    const BenchResult r = run_bench_cell(run, {}, shared ? &kept : nullptr);
+    const BenchSpec* next = i + 1 < out.candidates.size() ? &out.candidates[i + 1].spec : nullptr;
+    const BenchResult r = sweep.run(run, next);
     cand.status = r.status;
     if (!r.ok()) continue;
     cand.step_ms = r.step.mean;

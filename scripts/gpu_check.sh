@@ -126,7 +126,8 @@ fi
 # It runs in two phases, because compiling takes the host's every core and PyTorch's host-bound steps
 # slow down beside it (up to 2x, docs/compile.md): first the cells are compiled (one step a cell,
 # which fills torch.compile's cache on disk) until LMSCOPE_COMPILE_WARM_SECONDS (default two thirds of
-# the deadline), by the groups of LMSCOPE_COMPILE_WARM_SPLIT (default: the same groups), all at once,
+# the deadline; 0 skips this phase, for a call on a machine whose cache an earlier call filled), by
+# the groups of LMSCOPE_COMPILE_WARM_SPLIT (default: the same groups), all at once,
 # group i on GPU i modulo the GPUs and on the i-th share of the cores: compiling is mostly one Python
 # thread, so more groups than GPUs compile more cells in the time (their steps must fit the GPU's
 # memory together); then the timed groups run, the cells compiled by then loading from the cache in
@@ -221,8 +222,12 @@ if [[ "${1:-}" == "--compile-table" ]]; then
     most=$((${#warm_models[@]} > ${#timed_models[@]} ? ${#warm_models[@]} : ${#timed_models[@]}))
     ((${#cpus[@]} >= most)) || refuse "${#cpus[@]} CPUs for $most groups"
     rm -rf "$OUT"/warm[0-9]* "$OUT"/timed[0-9]*
-    each_group warm warm_sweep
-    echo "== compiling ended at ${SECONDS} s; timing the groups ($timing)"
+    if ((warm_deadline > 0)); then
+      each_group warm warm_sweep
+      echo "== compiling ended at ${SECONDS} s; timing the groups ($timing)"
+    else
+      echo "== no compiling phase (LMSCOPE_COMPILE_WARM_SECONDS=0): each cell loads from torch.compile's cache or compiles as it is timed; timing the groups ($timing)"
+    fi
     each_group timed compile_sweep "$timing"
     merge_parts "lmscope-compile-$mode.csv" 1
     for c in ${compiles//,/ }; do merge_parts "pytorch-compile-$mode-$c.md" 2; done

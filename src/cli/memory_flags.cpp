@@ -80,8 +80,8 @@ std::vector<MemorySpec> MemoryCellFlags::resolve() const {
                     // Only a backward accumulates: a mode without one runs once, as one micro-batch.
                     // Nor are there gradients to keep in another dtype.
                     if (!has_backward(md) && (k != accums.front() || gd != grad_dtypes.front())) continue;
-                    // Only mixed precision has copies to make transient.
-                    if (wc == WeightCopies::transient && compute_dtype(p) == DType::f32) continue;
+                    // Only mixed precision has copies to place otherwise.
+                    if (wc != WeightCopies::kept && compute_dtype(p) == DType::f32) continue;
                     // Only bf16 computes the gradients it can keep in bf16.
                     if (has_backward(md) && !grad_dtype_fits(gd, p)) continue;
                     for (auto b : batches)
@@ -113,7 +113,8 @@ std::vector<MemorySpec> MemoryCellFlags::resolve() const {
   if (cells.empty()) {
     if (std::find(grad_dtypes.begin(), grad_dtypes.end(), "fp32") == grad_dtypes.end())
       check_grad_dtype(grad_dtypes.front(), precisions.front());  // --grad-dtype bf16 without bf16
-    user_error("{}", kTransientNeedsBf16);
+    for (const auto& c : split_list(weight_copies)) check_weight_copies(c, precisions.front());
+    user_error("no cell is left to run: what --weight-copies and --grad-dtype ask for needs --precision bf16");
   }
   return cells;
 }

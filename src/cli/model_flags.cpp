@@ -1,6 +1,8 @@
 #include "model_flags.h"
 
+#include "lmscope/backend/backend.h"
 #include "lmscope/core/error.h"
+#include "lmscope/model/transformer.h"
 
 #include <charconv>
 
@@ -101,10 +103,18 @@ std::string recompute_help(bool list) {
 
 std::string weight_copies_help(bool list) {
   return std::string(
-             "Under bf16, where the bf16 copies of the matmul weights live: kept (from step to step, AdamW "
-             "refreshing them) or transient (cast where each layer uses them and freed at once, in the forward and "
-             "again in the backward: the copies' memory saved for two casts of every weight)") +
+             "Under bf16, where the bf16 copies of the matmul weights live: kept (AdamW writes them, or with "
+             "--graphs on the forward casts them, and the backward frees each after its last use), resident (held "
+             "for the whole run and refreshed in place by AdamW, so no forward casts them, graphs or not: 2 bytes a "
+             "weight more at the step's peak) or transient (cast where each layer uses them and freed at once, in "
+             "the forward and again in the backward: the copies' memory saved for two casts of every weight)") +
          (list ? " (comma list sweeps)" : "");
+}
+
+void check_weight_copies(const std::string& weight_copies, const std::string& precision) {
+  if (parse_weight_copies(weight_copies) != WeightCopies::kept && compute_dtype(precision) == DType::f32)
+    user_error("--weight-copies {} needs --precision bf16 or fp16: under fp32 and tf32 the weights have no copies",
+               weight_copies);
 }
 
 std::string grad_dtype_help(bool list) {

@@ -35,9 +35,8 @@ std::vector<std::string> split_list(const std::string& text);
 std::string recompute_help(bool list);
 // --weight-copies' help (a comma list sweeps where `list`).
 std::string weight_copies_help(bool list);
-// Why --weight-copies transient without bf16 is refused.
-inline constexpr const char* kTransientNeedsBf16 =
-    "--weight-copies transient needs --precision bf16: under fp32 and tf32 the weights have no copies";
+// Refuses --weight-copies other than kept under a precision whose weights have no copies (fp32, tf32).
+void check_weight_copies(const std::string& weight_copies, const std::string& precision);
 // --grad-dtype's help (a comma list sweeps where `list`).
 std::string grad_dtype_help(bool list);
 // --grad-accum's help (a comma list sweeps where `list`).

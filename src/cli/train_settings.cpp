@@ -142,8 +142,7 @@ void TrainSettings::validate(const CLI::App& app) {
   parse_recompute(recompute);
   for (const auto& [flag, value] : {std::pair{"--graphs", &graphs}, std::pair{"--fusion", &fusion}})
     if (*value != "on" && *value != "off") user_error("unknown {} '{}' (use on or off)", flag, *value);
-  if (parse_weight_copies(weight_copies) == WeightCopies::transient && compute_dtype(precision) == DType::f32)
-    user_error("{}", kTransientNeedsBf16);
+  check_weight_copies(weight_copies, precision);
   check_grad_dtype(grad_dtype, precision);
   if (checkpoint_dir.empty() && (app.count("--save-every") > 0 || app.count("--keep") > 0))
     user_error("--save-every and --keep need --checkpoint-dir");

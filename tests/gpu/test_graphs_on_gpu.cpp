@@ -120,6 +120,8 @@ TEST(GraphsOnGpu, ReplayedStepsGiveTheBitsOfStepsOpByOp) {
       {"fp16", 1, Recompute::none, WeightCopies::kept, std::ldexp(1.0, 28)},  // overflows: skips, halves, trains
       {"bf16", 2, Recompute::selective, WeightCopies::kept, 65536, true, DType::bf16},
       {"bf16", 1, Recompute::none, WeightCopies::kept, 65536, false, DType::bf16},
+      {"bf16", 2, Recompute::none, WeightCopies::resident},
+      {"bf16", 1, Recompute::full, WeightCopies::resident, 65536, false},
   };
   for (const Case& c : cases) {
     const std::string what = std::string(c.precision) + ", " + std::to_string(c.micro_batches) + " micro-batches, " +

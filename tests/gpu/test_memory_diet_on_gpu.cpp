@@ -87,6 +87,24 @@ TEST(MemoryDietOnGpu, TransientWeightCopiesStepAsKeptOnes) {
   EXPECT_LT(diff, 10 * noise + 1e-7);
 }
 
+// Resident copies, refreshed in place by AdamW, are the copies it writes anew when they are kept.
+TEST(MemoryDietOnGpu, ResidentWeightCopiesStepAsKeptOnes) {
+  if (list_gpus().empty()) GTEST_SKIP() << "no CUDA GPU visible";
+  auto be = make_backend("cuda", "bf16");
+  OneStepSpec spec = gpu_step(DType::bf16);
+  spec.steps = 2;
+  spec.micro = 2;
+  const OneStep kept = one_step(*be, spec), again = one_step(*be, spec);
+  spec.weight_copies = WeightCopies::resident;
+  const OneStep resident = one_step(*be, spec);
+  const double noise = largest_relative_difference(again.params, kept.params),
+               diff = largest_relative_difference(resident.params, kept.params);
+  std::printf("resident copies: loss %.9g against %.9g, parameters within %.3g (the same steps twice: %.3g)\n",
+              resident.loss, kept.loss, diff, noise);
+  EXPECT_NEAR(resident.loss, kept.loss, 1e-6 * kept.loss);
+  EXPECT_LT(diff, 10 * noise + 1e-7);
+}
+
 TEST(MemoryDietOnGpu, AccumulatedMicroBatchesStepAsOneBatch) {
   if (list_gpus().empty()) GTEST_SKIP() << "no CUDA GPU visible";
   auto be = make_backend("cuda", "fp32");

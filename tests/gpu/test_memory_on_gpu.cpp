@@ -145,6 +145,7 @@ TEST(MemoryOnGpu, DryRunRecordsEveryRecomputeAccumulationAndCopiesMode) {
       cells.push_back({model, 1024, "bf16", AttentionKind::flash, r, 1, WeightCopies::transient});
   cells.push_back({"xl", 4096, "bf16", AttentionKind::flash, Recompute::none, 1, WeightCopies::transient});
   cells.push_back({"large", 2048, "bf16", AttentionKind::naive, Recompute::selective, 2, WeightCopies::transient});
+  cells.push_back({"medium", 512, "bf16", AttentionKind::flash, Recompute::none, 2, WeightCopies::resident});
   for (const Cell& c : cells) {
     MemorySpec spec;
     spec.cell = train_cell(preset(c.model), c.precision, c.attention, c.ctx);

@@ -47,7 +47,7 @@ TEST(Fusion, GivesTheUnfusedStepBitForBit) {
 // The fused AdamW step's order, as the dry run standing for CUDA takes it (the CUDA backend takes the
 // same steps): groups of at most 24, each copy asked for before its gradient is said read, every
 // gradient read in order, and no more copies made than gradients read, one copy aside. Without
-// copies the groups are 24 wide.
+// copies, or with copies that exist already (resident, refreshed in place), the groups are 24 wide.
 TEST(Fusion, TheFusedStepMakesCopiesOnlyWhereGradientsWent) {
   auto be = make_meta_backend(dry_run_target("cuda"), "bf16");
   Allocator& mem = be->allocator();
@@ -61,9 +61,13 @@ TEST(Fusion, TheFusedStepMakesCopiesOnlyWhereGradientsWent) {
     }
   }
   Allocation norm = mem.allocate({4}, DType::f32, {});
-  for (bool with_copies : {true, false}) {
-    SCOPED_TRACE(with_copies ? "with copies" : "without");
+  enum class Copies { made, held, none };
+  for (Copies mode : {Copies::made, Copies::held, Copies::none}) {
+    const bool with_copies = mode == Copies::made;
+    SCOPED_TRACE(mode == Copies::made ? "copies made" : mode == Copies::held ? "copies held" : "no copies");
     std::vector<Allocation> copies(params.size());
+    if (mode == Copies::held)
+      for (std::size_t i = 0; i < params.size(); ++i) copies[i] = mem.allocate(params[i].shape, DType::bf16, {});
     std::vector<std::size_t> asked, read, group_sizes{0};
     std::size_t made = 0, gone = 0, worst = 0;
     be->adamw_all(

@@ -2,10 +2,13 @@
 // mode gives the gradients of `none` bit for bit (fp32 on the CPU: the recomputation runs the
 // forward's own ops on the same inputs) and keeps less for the backward. Gradient accumulation
 // (--grad-accum): K micro-batches give the loss, gradients and AdamW step of one batch of them all.
-// The logits in chunks: the loss, gradients and step of the logits whole, and none kept.
+// The logits in chunks: the loss, gradients and step of the logits whole, and none kept. Resident
+// weight copies (--weight-copies resident): a graphed step's keys repeat, at the memory they hold.
 #include "../common/one_step.h"
 
 #include "lmscope/backend/backend.h"
+#include "lmscope/backend/meta/meta_backend.h"
+#include "lmscope/core/hash.h"
 
 #include <gtest/gtest.h>
 
@@ -108,6 +111,61 @@ TEST(Recompute, NamesParseAndBadOnesAreUserErrors) {
   for (Recompute r : {Recompute::none, Recompute::selective, Recompute::full})
     EXPECT_EQ(parse_recompute(recompute_name(r)), r);
   EXPECT_THROW(parse_recompute("some"), UserError);
+  for (WeightCopies c : {WeightCopies::resident, WeightCopies::kept, WeightCopies::transient})
+    EXPECT_EQ(parse_weight_copies(weight_copies_name(c)), c);
+  EXPECT_THROW(parse_weight_copies("held"), UserError);
+}
+
+// Steps with device graphs as the dry run standing for CUDA takes them (the CUDA backend takes the
+// same allocator steps): what each step's forward graph would be keyed by (the model's key and the
+// allocator's state), and the step's peak.
+struct GraphedSteps {
+  std::vector<std::uint64_t> forward_keys;
+  std::size_t peak = 0, copy_bytes = 0;  // copy_bytes: every matmul weight's bf16 copy, as allocated
+};
+
+GraphedSteps graphed_steps(WeightCopies copies, int steps) {
+  auto be = make_meta_backend(dry_run_target("cuda"), "bf16");
+  Transformer model(tiny_model(), *be, DType::f32, DType::bf16, AttentionKind::flash);
+  model.set_weight_copies(copies);
+  model.set_graphs(true);
+  model.set_fusion(true);
+  for (Parameter& p : model.parameters()) be->fill(p.value, 0.02);
+  model.refresh_lowp_copies();
+  const std::int64_t batch = 4, ctx = 24;
+  std::vector<std::int32_t> ids(batch * ctx), targets(batch * ctx);
+  for (std::size_t i = 0; i < ids.size(); ++i) {
+    ids[i] = static_cast<std::int32_t>(i % 37);
+    targets[i] = static_cast<std::int32_t>((i * 7) % 37);
+  }
+  model.set_batch(batch, ctx, ids.data(), targets.data());
+  AdamW opt(model, OptimizerConfig{});
+  GraphedSteps r;
+  for (const Parameter& p : model.parameters())
+    if (p.spec.matmul) r.copy_bytes += (static_cast<std::size_t>(p.value.tensor().numel()) * 2 + 255) / 256 * 256;
+  for (int step = 0; step < steps; ++step) {
+    r.forward_keys.push_back(hash_mix(model.graph_key("forward"), be->allocator().state_hash()));
+    model.forward();
+    model.backward({0, 1});
+    opt.step(1e-3);
+  }
+  r.peak = be->allocator().peak_bytes();
+  return r;
+}
+
+// Resident copies never move, so from the second step on every forward finds the allocator as the
+// last one did and its graph would replay, as with kept copies (which graphs have each forward cast
+// where first used, for that reason). They cost at most the copies' bytes more at the peak.
+TEST(WeightCopies, ResidentCopiesNeverMoveSoGraphedStepsRepeatTheirKeys) {
+  const int steps = 8;
+  const GraphedSteps resident = graphed_steps(WeightCopies::resident, steps),
+                     kept = graphed_steps(WeightCopies::kept, steps);
+  for (int step = 2; step < steps; ++step) {
+    EXPECT_EQ(resident.forward_keys[step], resident.forward_keys[1]) << step;
+    EXPECT_EQ(kept.forward_keys[step], kept.forward_keys[1]) << step;
+  }
+  EXPECT_GE(resident.peak, kept.peak);
+  EXPECT_LE(resident.peak, kept.peak + resident.copy_bytes);
 }
 
 }  // namespace

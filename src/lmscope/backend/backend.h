@@ -264,8 +264,11 @@ class Backend {
     for (std::size_t first = 0, last = 0; first < grads.size(); first = last) {
       copies.clear();
       do {
+        // What the copy took from the allocator: nothing where it already exists (resident copies,
+        // refreshed in place), so those never narrow a group.
+        const std::size_t before = allocator().current_bytes();
         copies.push_back(copy(last++));
-        copy_bytes += copies.back().empty() ? 0 : copies.back().bytes();
+        copy_bytes += allocator().current_bytes() - before;
       } while (last < grads.size() && last - first < adamw_group() && copy_bytes <= read_bytes);
       update(first, last, copies);
       for (std::size_t i = first; i < last; ++i) {

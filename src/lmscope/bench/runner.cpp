@@ -42,7 +42,7 @@ std::string mode_label(const BenchSpec& s) {
   std::string label = bench_mode_name(s.mode);
   if (s.recompute != Recompute::none) label += fmt::format(", {} recompute", recompute_name(s.recompute));
   if (s.grad_accum > 1 && has_backward(s.mode)) label += fmt::format(", {} micro-batches", s.grad_accum);
-  if (s.weight_copies == WeightCopies::transient) label += ", transient copies";
+  if (s.weight_copies != WeightCopies::kept) label += fmt::format(", {} copies", weight_copies_name(s.weight_copies));
   if (s.grad_dtype != "fp32") label += fmt::format(", {} gradients", s.grad_dtype);
   if (!s.graphs && s.device == "cuda") label += ", graphs off";
   if (!s.fusion) label += ", fusion off";

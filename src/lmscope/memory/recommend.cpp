@@ -83,7 +83,7 @@ std::string gib(std::size_t b) { return fmt::format("{:.2f}", static_cast<double
 std::string way(const BenchSpec& s) {
   std::string r =
       s.recompute == Recompute::none ? "no recompute" : recompute_name(s.recompute) + std::string(" recompute");
-  if (s.weight_copies == WeightCopies::transient) r += ", transient copies";
+  if (s.weight_copies != WeightCopies::kept) r += fmt::format(", {} copies", weight_copies_name(s.weight_copies));
   if (s.grad_dtype != "fp32") r += fmt::format(", {} gradients", s.grad_dtype);
   return s.grad_accum == 1 ? fmt::format("{}, one batch of {}", r, s.batch)
                            : fmt::format("{}, {} micro-batches of {}", r, s.grad_accum, s.batch);

@@ -36,7 +36,7 @@ struct Transformer::Keep {
     } else if (r == Recompute::selective) {
       k.norm_outputs = k.gate = false;
     }
-    k.weight_copies = c == WeightCopies::kept;
+    k.weight_copies = c != WeightCopies::transient;
     return k;
   }
 };

@@ -28,12 +28,22 @@ Recompute parse_recompute(const std::string& s) {
   user_error("unknown --recompute '{}' (use none, selective or full)", s);
 }
 
-const char* weight_copies_name(WeightCopies c) { return c == WeightCopies::kept ? "kept" : "transient"; }
+const char* weight_copies_name(WeightCopies c) {
+  switch (c) {
+    case WeightCopies::resident:
+      return "resident";
+    case WeightCopies::kept:
+      return "kept";
+    case WeightCopies::transient:
+      return "transient";
+  }
+  return "?";
+}
 
 WeightCopies parse_weight_copies(const std::string& s) {
-  for (WeightCopies c : {WeightCopies::kept, WeightCopies::transient})
+  for (WeightCopies c : {WeightCopies::resident, WeightCopies::kept, WeightCopies::transient})
     if (s == weight_copies_name(c)) return c;
-  user_error("unknown --weight-copies '{}' (use kept or transient)", s);
+  user_error("unknown --weight-copies '{}' (use kept, resident or transient)", s);
 }
 
 Transformer::Transformer(const ModelConfig& config, Backend& backend, DType dtype, std::optional<DType> compute,
@@ -95,7 +105,9 @@ void Transformer::refresh_lowp_copies() {
 }
 
 Allocation& Transformer::lowp_copy(Parameter& p) {
-  return weight_copies_ == WeightCopies::kept && !graphs_ ? make_lowp_copy(p) : p.value_lowp;
+  const bool adamw_writes =
+      weight_copies_ == WeightCopies::resident || (weight_copies_ == WeightCopies::kept && !graphs_);
+  return adamw_writes ? make_lowp_copy(p) : p.value_lowp;
 }
 
 Allocation& Transformer::make_lowp_copy(Parameter& p) {
@@ -137,6 +149,7 @@ void Transformer::gradients_done(std::initializer_list<Parameter*> done) {
 }
 
 void Transformer::drop_lowp_copies(std::initializer_list<Parameter*> done) {
+  if (weight_copies_ == WeightCopies::resident) return;
   if (last_micro_batch_ || weight_copies_ == WeightCopies::transient)
     for (Parameter* p : done) p->value_lowp.reset();
 }

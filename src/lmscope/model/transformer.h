@@ -28,13 +28,18 @@ const char* recompute_name(Recompute r);
 Recompute parse_recompute(const std::string& s);  // throws UserError
 
 // Where the low-precision (bf16 or fp16) copies of the matmul weights live under mixed precision
-// (--weight-copies). kept: beside the fp32 masters from step to step; AdamW writes each anew as it
-// updates the master, and the backward frees each after its last use so they never sit beside every
-// gradient. transient: cast from the master where a layer uses it and freed right after, in the
-// forward and again in the backward, so at most one layer's copies exist at a time: less memory
-// (the copies are 2 bytes a weight, 6.3 GiB at 2.7B) for two casts of every weight a micro-batch.
-// The copies are the same values either way, so are the gradients and the step.
-enum class WeightCopies { kept, transient };
+// (--weight-copies), in the order of the memory they hold, most first. resident: allocated once
+// beside the fp32 masters and never freed; AdamW refreshes each in place as it updates the master,
+// so the forward casts nothing, with device graphs too (their addresses never move), for 2 bytes a
+// weight beside every gradient at the step's end. kept: beside the fp32 masters from step to step;
+// AdamW writes each anew as it updates the master (with device graphs the forward casts each where
+// it is first used instead, since copies AdamW makes land elsewhere every step), and the backward
+// frees each after its last use so they never sit beside every gradient. transient: cast from the
+// master where a layer uses it and freed right after, in the forward and again in the backward, so
+// at most one layer's copies exist at a time: less memory (the copies are 2 bytes a weight, 6.3 GiB
+// at 2.7B) for two casts of every weight a micro-batch. The copies are the same values every way,
+// so are the gradients and the step.
+enum class WeightCopies { resident, kept, transient };
 const char* weight_copies_name(WeightCopies c);
 WeightCopies parse_weight_copies(const std::string& s);  // throws UserError
 
@@ -100,7 +105,7 @@ class Transformer {
   // the tensors that outlive a phase are (the allocator's state says which blocks are taken, not by
   // whom).
   std::uint64_t graph_key(const char* phase) const;
-  // Before the weights are initialised or loaded (refresh_lowp_copies makes kept copies).
+  // Before the weights are initialised or loaded (refresh_lowp_copies makes the copies AdamW keeps).
   void set_weight_copies(WeightCopies c);
   // The parameters' gradients (--grad-dtype): the master dtype (the default), or bf16 under bf16
   // compute, so the weight-gradient GEMMs write them in bf16 (fp32 accumulation inside each GEMM),
@@ -119,16 +124,17 @@ class Transformer {
   static constexpr std::size_t kLogitChunkBytes = std::size_t(32) << 20;
   static constexpr int kLogitChunksBeforeChunking = 8;
   void set_logit_chunk_bytes(std::size_t bytes) { logit_chunk_bytes_ = bytes; }
-  // Copies every master matmul weight into its low-precision copy (after loading or initialising),
-  // each allocated if missing; with transient copies, frees any there are instead.
+  // Casts every master matmul weight into the low-precision copy AdamW would write (lowp_copy),
+  // allocating it if missing (after loading or initialising): resident copies, kept ones without
+  // graphs.
   void refresh_lowp_copies();
   // p's low-precision copy as AdamW writes it, allocated (not filled) if missing; an empty allocation
   // when p has none to keep (not a matmul weight, no mixed precision, or transient copies), or when
-  // graphs are on and the backward has freed it: the next forward casts it where it is first used,
-  // so every step's copies land where the last step's did and its recorded graphs replay. (Copies
-  // AdamW wrote would take the places the gradients left, a little elsewhere each step; holding them
-  // through the backward instead settles them but raises the step's peak by up to 12%:
-  // docs/speed.md.) A copy a forward made since the backward is returned to be written afresh.
+  // kept copies meet graphs and the backward has freed it: the next forward casts it where it is
+  // first used, so every step's copies land where the last step's did and its recorded graphs
+  // replay. (Copies AdamW wrote would take the places the gradients left, a little elsewhere each
+  // step; resident copies never move, for up to 12% more at the step's peak: docs/speed.md.) A
+  // copy a forward made since the backward is returned to be written afresh.
   Allocation& lowp_copy(Parameter& p);
   // p's gradient, allocated (not filled) if the backward has not made it yet.
   const Tensor& gradient(Parameter& p);

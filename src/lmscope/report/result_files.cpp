@@ -70,7 +70,7 @@ std::string mode_words(const json& r) {
   std::string mode = r.value("mode", "");
   if (r.value("recompute", "none") != "none") mode += ", " + r.value("recompute", "") + " recompute";
   if (r.value("grad_accum", 1) > 1) mode += fmt::format(", {} micro-batches", r.value("grad_accum", 1));
-  if (r.value("weight_copies", "kept") == "transient") mode += ", transient copies";
+  if (r.value("weight_copies", "kept") != "kept") mode += ", " + r.value("weight_copies", "") + " copies";
   if (r.value("grad_dtype", "fp32") != "fp32") mode += ", " + r.value("grad_dtype", "") + " gradients";
   if (!r.value("graphs", true) && r.value("device", "") == "cuda") mode += ", graphs off";
   if (!r.value("fusion", true)) mode += ", fusion off";

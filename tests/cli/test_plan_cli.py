@@ -131,10 +131,11 @@ class MemoryDiet(unittest.TestCase):
         saved = kept["peak_bytes"] - transient["peak_bytes"]
         self.assertGreaterEqual(saved, 2 * (info["matmul_parameters"] - layer - m["vocab"] * m["d_model"]))
         for cmd in (["memory", "--dry-run"], ["info", "--dry-run"]):
-            r = run(*cmd, "--model", "small", "--precision", "fp32", "--weight-copies", "transient")
-            self.assertEqual(r.returncode, 2, cmd)
-            self.assertIn("--weight-copies transient needs --precision bf16", r.stderr)
-            self.assertEqual(len(r.stderr.strip().splitlines()), 1, r.stderr)
+            for copies in ("transient", "resident"):
+                r = run(*cmd, "--model", "small", "--precision", "fp32", "--weight-copies", copies)
+                self.assertEqual(r.returncode, 2, cmd)
+                self.assertIn(f"--weight-copies {copies} needs --precision bf16", r.stderr)
+                self.assertEqual(len(r.stderr.strip().splitlines()), 1, r.stderr)
 
     def test_accumulation_holds_one_micro_batch(self):
         rows = {}

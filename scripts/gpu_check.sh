@@ -219,7 +219,8 @@ if [[ "${1:-}" == "--compile-table" ]]; then
     mapfile -t cpus < <(lscpu -p=CPU,CORE | grep -v '^#' | sort -t, -k2,2n -k1,1n | cut -d, -f1 |
       grep -xFf <(taskset -pc $$ | sed 's/.*: //' | tr ',' '\n' |
         awk -F- '{for (c = $1; c <= ($2 == "" ? $1 : $2); c++) print c}'))
-    most=$((${#warm_models[@]} > ${#timed_models[@]} ? ${#warm_models[@]} : ${#timed_models[@]}))
+    most=${#timed_models[@]}  # the compiling phase's groups count only where it runs
+    ((warm_deadline > 0 && ${#warm_models[@]} > most)) && most=${#warm_models[@]}
     ((${#cpus[@]} >= most)) || refuse "${#cpus[@]} CPUs for $most groups"
     rm -rf "$OUT"/warm[0-9]* "$OUT"/timed[0-9]*
     if ((warm_deadline > 0)); then

@@ -127,15 +127,15 @@ fi
 fi
 
 if want copies; then
-"$B/tests/lmscope_gpu_tests" --gtest_filter='MemoryDietOnGpu.Transient*' >"$OUT/copies-tests.log" 2>&1
-echo "== copies tests exit $?"; grep -E "transient copies:|Failure|FAILED|PASSED" "$OUT/copies-tests.log" | head
-# Step time and peak, kept against transient, in one process per cell; then cells that fit only
+"$B/tests/lmscope_gpu_tests" --gtest_filter='MemoryDietOnGpu.Transient*:MemoryDietOnGpu.Resident*' >"$OUT/copies-tests.log" 2>&1
+echo "== copies tests exit $?"; grep -E "(transient|resident) copies:|Failure|FAILED|PASSED" "$OUT/copies-tests.log" | head
+# Step time and peak, kept against resident and transient, in one process per cell; then cells that fit only
 # with transient copies (by the plan: xl at ctx 4096 without recompute).
 for cell in "small --ctx 256" "large --ctx 1024" "2.7B --ctx 256" "2.7B --ctx 1024" "2.7B --ctx 2048 --recompute full"; do
   "$B/lmscope" bench --device cuda --warmup 3 --steps 10 --batch 4 --precision bf16 --attention flash \
-    --weight-copies kept,transient --model $cell 2>/dev/null | grep "^|"
+    --weight-copies kept,resident,transient --model $cell 2>/dev/null | grep "^|"
 done | awk 'NR == 1 || !/^\| model/' | tee "$OUT/copies-cost.md"
-$L --model small,large,2.7B --ctx 1024 --precision bf16 --mode inference,train --weight-copies kept,transient \
+$L --model small,large,2.7B --ctx 1024 --precision bf16 --mode inference,train --weight-copies kept,resident,transient \
   --format csv --out "$OUT/copies-memory.csv" >/dev/null 2>&1
 cut -d, -f1,6,9,12,20 "$OUT/copies-memory.csv" | tee "$OUT/copies-memory.txt"
 "$B/lmscope" bench --device cuda --warmup 2 --steps 3 --batch 4 --precision bf16 --attention flash --model xl \

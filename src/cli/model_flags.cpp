@@ -103,10 +103,11 @@ std::string recompute_help(bool list) {
 
 std::string weight_copies_help(bool list) {
   return std::string(
-             "Under bf16, where the bf16 copies of the matmul weights live: kept (AdamW writes them, or with "
-             "--graphs on the forward casts them, and the backward frees each after its last use), resident (held "
-             "for the whole run and refreshed in place by AdamW, so no forward casts them, graphs or not: 2 bytes a "
-             "weight more at the step's peak) or transient (cast where each layer uses them and freed at once, in "
+             "Under bf16 or fp16, where the 16-bit copies of the matmul weights live: kept (AdamW writes them, or "
+             "with device graphs on the forward casts them, and the backward frees each after its last use), "
+             "resident (held for the whole run and refreshed in place by AdamW, so no forward casts them, graphs or "
+             "not: up to 2 bytes a weight more at the step's peak) or transient (cast where each layer uses them and "
+             "freed at once, in "
              "the forward and again in the backward: the copies' memory saved for two casts of every weight)") +
          (list ? " (comma list sweeps)" : "");
 }

@@ -1,6 +1,6 @@
-// The memory diet on the GPU: recomputation, gradient accumulation and transient weight copies give
-// the results of the plain step, and the same step twice gives the same bits: no kernel of a step
-// sums in an order that varies (the embedding's and RMSNorms' weight gradients and the global norm
+// The memory diet on the GPU: recomputation, gradient accumulation, transient and resident weight
+// copies give the results of the plain step, and the same step twice gives the same bits: no kernel
+// of a step sums in an order that varies (the embedding's and RMSNorms' weight gradients and the global norm
 // reduce in a fixed order), which is what lets a resumed run equal the run never stopped.
 // Recomputation and accumulation sum in other orders than the plain step, so their bounds are
 // fp32's and bf16's. Skipped without a GPU.
@@ -68,41 +68,34 @@ TEST(MemoryDietOnGpu, RecomputationGivesThePlainStepsGradients) {
   }
 }
 
-// Copies cast where they are used are the copies AdamW writes when they are kept: two steps (the
-// second reads what the first's AdamW wrote) end within the run-to-run noise of the kept ones.
-TEST(MemoryDietOnGpu, TransientWeightCopiesStepAsKeptOnes) {
-  if (list_gpus().empty()) GTEST_SKIP() << "no CUDA GPU visible";
+// Two steps (the second reads what the first's AdamW wrote) with the copies placed as `copies` end
+// within the run-to-run noise of steps with kept ones.
+void expect_steps_as_with_kept_copies(WeightCopies copies) {
   auto be = make_backend("cuda", "bf16");
   OneStepSpec spec = gpu_step(DType::bf16);
   spec.steps = 2;
   spec.micro = 2;  // and with micro-batches, where kept copies live across the step's backwards
   const OneStep kept = one_step(*be, spec), again = one_step(*be, spec);
-  spec.weight_copies = WeightCopies::transient;
-  const OneStep transient = one_step(*be, spec);
+  spec.weight_copies = copies;
+  const OneStep other = one_step(*be, spec);
   const double noise = largest_relative_difference(again.params, kept.params),
-               diff = largest_relative_difference(transient.params, kept.params);
-  std::printf("transient copies: loss %.9g against %.9g, parameters within %.3g (the same steps twice: %.3g)\n",
-              transient.loss, kept.loss, diff, noise);
-  EXPECT_NEAR(transient.loss, kept.loss, 1e-6 * kept.loss);
+               diff = largest_relative_difference(other.params, kept.params);
+  std::printf("%s copies: loss %.9g against %.9g, parameters within %.3g (the same steps twice: %.3g)\n",
+              weight_copies_name(copies), other.loss, kept.loss, diff, noise);
+  EXPECT_NEAR(other.loss, kept.loss, 1e-6 * kept.loss);
   EXPECT_LT(diff, 10 * noise + 1e-7);
 }
 
-// Resident copies, refreshed in place by AdamW, are the copies it writes anew when they are kept.
+// Copies cast where they are used are the copies AdamW writes when they are kept.
+TEST(MemoryDietOnGpu, TransientWeightCopiesStepAsKeptOnes) {
+  if (list_gpus().empty()) GTEST_SKIP() << "no CUDA GPU visible";
+  expect_steps_as_with_kept_copies(WeightCopies::transient);
+}
+
+// Copies AdamW refreshes in place are the copies it writes anew when they are kept.
 TEST(MemoryDietOnGpu, ResidentWeightCopiesStepAsKeptOnes) {
   if (list_gpus().empty()) GTEST_SKIP() << "no CUDA GPU visible";
-  auto be = make_backend("cuda", "bf16");
-  OneStepSpec spec = gpu_step(DType::bf16);
-  spec.steps = 2;
-  spec.micro = 2;
-  const OneStep kept = one_step(*be, spec), again = one_step(*be, spec);
-  spec.weight_copies = WeightCopies::resident;
-  const OneStep resident = one_step(*be, spec);
-  const double noise = largest_relative_difference(again.params, kept.params),
-               diff = largest_relative_difference(resident.params, kept.params);
-  std::printf("resident copies: loss %.9g against %.9g, parameters within %.3g (the same steps twice: %.3g)\n",
-              resident.loss, kept.loss, diff, noise);
-  EXPECT_NEAR(resident.loss, kept.loss, 1e-6 * kept.loss);
-  EXPECT_LT(diff, 10 * noise + 1e-7);
+  expect_steps_as_with_kept_copies(WeightCopies::resident);
 }
 
 TEST(MemoryDietOnGpu, AccumulatedMicroBatchesStepAsOneBatch) {

@@ -122,6 +122,7 @@ TEST(Recompute, NamesParseAndBadOnesAreUserErrors) {
 struct GraphedSteps {
   std::vector<std::uint64_t> forward_keys;
   std::size_t peak = 0, copy_bytes = 0;  // copy_bytes: every matmul weight's bf16 copy, as allocated
+  std::size_t copies_made_in_steps = 0;  // bf16 copies allocated after the setup
 };
 
 GraphedSteps graphed_steps(WeightCopies copies, int steps) {
@@ -141,6 +142,8 @@ GraphedSteps graphed_steps(WeightCopies copies, int steps) {
   model.set_batch(batch, ctx, ids.data(), targets.data());
   AdamW opt(model, OptimizerConfig{});
   GraphedSteps r;
+  be->allocator().record_events(true);
+  const std::size_t setup_events = be->allocator().events().size();
   for (const Parameter& p : model.parameters())
     if (p.spec.matmul) r.copy_bytes += (static_cast<std::size_t>(p.value.tensor().numel()) * 2 + 255) / 256 * 256;
   for (int step = 0; step < steps; ++step) {
@@ -150,12 +153,16 @@ GraphedSteps graphed_steps(WeightCopies copies, int steps) {
     opt.step(1e-3);
   }
   r.peak = be->allocator().peak_bytes();
+  const auto& events = be->allocator().events();
+  for (std::size_t i = setup_events; i < events.size(); ++i)
+    if (events[i].action == MemAction::alloc && events[i].tag.what.ends_with("(bf16 copy)")) ++r.copies_made_in_steps;
   return r;
 }
 
 // Resident copies never move, so from the second step on every forward finds the allocator as the
 // last one did and its graph would replay, as with kept copies (which graphs have each forward cast
-// where first used, for that reason). They cost at most the copies' bytes more at the peak.
+// where first used, for that reason); no step makes a copy. They cost at most the copies' bytes more
+// at the peak.
 TEST(WeightCopies, ResidentCopiesNeverMoveSoGraphedStepsRepeatTheirKeys) {
   const int steps = 8;
   const GraphedSteps resident = graphed_steps(WeightCopies::resident, steps),
@@ -164,6 +171,8 @@ TEST(WeightCopies, ResidentCopiesNeverMoveSoGraphedStepsRepeatTheirKeys) {
     EXPECT_EQ(resident.forward_keys[step], resident.forward_keys[1]) << step;
     EXPECT_EQ(kept.forward_keys[step], kept.forward_keys[1]) << step;
   }
+  EXPECT_EQ(resident.copies_made_in_steps, 0u) << "a step cast a copy of its own";
+  EXPECT_GT(kept.copies_made_in_steps, 0u) << "kept copies under graphs are cast by each forward";
   EXPECT_GE(resident.peak, kept.peak);
   EXPECT_LE(resident.peak, kept.peak + resident.copy_bytes);
 }

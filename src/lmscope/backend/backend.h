@@ -268,7 +268,7 @@ class Backend {
         // refreshed in place), so those never narrow a group.
         const std::size_t before = allocator().current_bytes();
         copies.push_back(copy(last++));
-        copy_bytes += allocator().current_bytes() - before;
+        copy_bytes += std::max(allocator().current_bytes(), before) - before;
       } while (last < grads.size() && last - first < adamw_group() && copy_bytes <= read_bytes);
       update(first, last, copies);
       for (std::size_t i = first; i < last; ++i) {

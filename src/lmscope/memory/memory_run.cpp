@@ -37,8 +37,9 @@ void run_steps(const MemorySpec& spec, MemoryRecord& r, Backend& backend, std::o
   model->set_weight_copies(c.weight_copies);
   model->set_grad_dtype(gradient_dtype(c.grad_dtype));
   model->set_fusion(c.fusion);
-  // The op-by-op step, graphs or not: with graphs the bf16 copies are made by the forward rather than
-  // AdamW (Transformer::lowp_copy), which holds them no longer, so the record is the upper bound.
+  // The op-by-op step, graphs or not: with graphs kept bf16 copies are made by the forward rather than
+  // AdamW (Transformer::lowp_copy), which holds them no longer, so the record is the upper bound
+  // (resident copies are held the same way either way).
   // What memory a step takes does not depend on the weights' values: a constant is as good as a
   // seeded draw, and costs nothing at 2.7B (the draw takes the host tens of seconds).
   for (Parameter& p : model->parameters()) backend.fill(p.value, 0.02);

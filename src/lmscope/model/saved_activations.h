@@ -24,7 +24,8 @@ struct Transformer::Layer {
 // Which of a layer's activations a forward keeps (the layer's input is kept whenever a backward
 // follows), and whether it keeps the low-precision weight copies it used. Set by the recompute mode
 // and the copies' mode; an inference forward keeps no activations, and the backward's rerun of a
-// layer under full recompute keeps everything (its backward comes next and frees the copies).
+// layer under full recompute keeps everything (its backward comes next and frees the copies unless
+// they are resident).
 struct Transformer::Keep {
   bool input = true, statistics = true, norm_outputs = true, attention = true, residual = true, ffn_products = true,
        gate = true, weight_copies = true;

@@ -209,7 +209,8 @@ class Transformer {
   // p's low-precision copy, allocated (not filled) if missing, whatever the copies' mode.
   Allocation& make_lowp_copy(Parameter& p);
   // Frees the low-precision copies of weights whose last use in this backward is behind (each right
-  // after its input-gradient GEMM): in the step's last micro-batch, or in every one when transient.
+  // after its input-gradient GEMM): in the step's last micro-batch, or in every one when transient;
+  // never when resident.
   void drop_lowp_copies(std::initializer_list<Parameter*> done);
   // Tells gradient_ready_ (in the last micro-batch) that these parameters' gradients are final.
   void gradients_done(std::initializer_list<Parameter*> done);

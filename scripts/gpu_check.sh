@@ -12,11 +12,15 @@ if [[ "${1:-}" == "--compile-table" ]]; then
   deadline=${LMSCOPE_COMPILE_SECONDS:-540}
   [[ "$deadline" =~ ^[0-9]+$ ]] || refuse "LMSCOPE_COMPILE_SECONDS must be whole seconds, not '$deadline'"
   deadline=$((10#$deadline))
-  warm_deadline=${LMSCOPE_COMPILE_WARM_SECONDS:-$((deadline * 2 / 3))}
+  timing=${LMSCOPE_COMPILE_TIMING:-parallel}
+  [[ "$timing" =~ ^(parallel|serial|none)$ ]] || refuse "LMSCOPE_COMPILE_TIMING must be parallel, serial or none, not '$timing'"
+  [[ "$timing" != none || -n "${LMSCOPE_COMPILE_SPLIT:-}" ]] ||
+    refuse "LMSCOPE_COMPILE_TIMING=none needs LMSCOPE_COMPILE_SPLIT: only its groups compile apart from timing"
+  warm_deadline=${LMSCOPE_COMPILE_WARM_SECONDS:-$([[ "$timing" == none ]] && echo "$deadline" || echo $((deadline * 2 / 3)))}
   [[ "$warm_deadline" =~ ^[0-9]+$ ]] && warm_deadline=$((10#$warm_deadline)) && ((warm_deadline <= deadline)) ||
     refuse "LMSCOPE_COMPILE_WARM_SECONDS must be whole seconds up to the deadline ($deadline), not '$warm_deadline'"
-  timing=${LMSCOPE_COMPILE_TIMING:-parallel}
-  [[ "$timing" == parallel || "$timing" == serial ]] || refuse "LMSCOPE_COMPILE_TIMING must be parallel or serial, not '$timing'"
+  [[ "$timing" != none ]] || ((warm_deadline > 0)) ||
+    refuse "LMSCOPE_COMPILE_TIMING=none with LMSCOPE_COMPILE_WARM_SECONDS=0 leaves nothing to do"
   # SETTING PREFIX: the ';'-groups of SETTING as PREFIX_models and PREFIX_ctxs (CTXS where a group has no '@').
   split_groups() {
     local -n models_of=$2_models ctxs_of=$2_ctxs
@@ -133,7 +137,8 @@ fi
 # memory together); then the timed groups run, the cells compiled by then loading from the cache in
 # seconds (a cell not compiled yet compiles now, beside the others' timing), at once
 # (LMSCOPE_COMPILE_TIMING=parallel, the default) or one after another (serial, each group given an
-# equal share of the time left). Each cell's lmscope and PyTorch rows still come from one GPU, and the
+# equal share of the time left); none compiles only (the compiling phase then has the whole deadline
+# by default), for a later call on the same machine to time with LMSCOPE_COMPILE_WARM_SECONDS=0. Each cell's lmscope and PyTorch rows still come from one GPU, and the
 # rows land in the same files as one GPU's, in the groups' order.
 left() { local by=${1:-$deadline}; echo $((by - SECONDS > 1 ? by - SECONDS : 1)); }  # seconds to a deadline
 reference() {  # COMPILE DEADLINE ARGS...: pytorch/bench_reference.py in this table's settings
@@ -219,26 +224,35 @@ if [[ "${1:-}" == "--compile-table" ]]; then
     mapfile -t cpus < <(lscpu -p=CPU,CORE | grep -v '^#' | sort -t, -k2,2n -k1,1n | cut -d, -f1 |
       grep -xFf <(taskset -pc $$ | sed 's/.*: //' | tr ',' '\n' |
         awk -F- '{for (c = $1; c <= ($2 == "" ? $1 : $2); c++) print c}'))
-    most=${#timed_models[@]}  # the compiling phase's groups count only where it runs
+    most=0  # the groups of each phase that runs
+    [[ "$timing" == none ]] || most=${#timed_models[@]}
     ((warm_deadline > 0 && ${#warm_models[@]} > most)) && most=${#warm_models[@]}
     ((${#cpus[@]} >= most)) || refuse "${#cpus[@]} CPUs for $most groups"
     rm -rf "$OUT"/warm[0-9]* "$OUT"/timed[0-9]*
     if ((warm_deadline > 0)); then
       each_group warm warm_sweep
-      echo "== compiling ended at ${SECONDS} s; timing the groups ($timing)"
+      echo "== compiling ended at ${SECONDS} s"
     else
-      echo "== no compiling phase (LMSCOPE_COMPILE_WARM_SECONDS=0): each cell loads from torch.compile's cache or compiles as it is timed; timing the groups ($timing)"
+      echo "== no compiling phase (LMSCOPE_COMPILE_WARM_SECONDS=0): each cell loads from torch.compile's cache or compiles as it is timed"
     fi
-    each_group timed compile_sweep "$timing"
-    merge_parts "lmscope-compile-$mode.csv" 1
-    for c in ${compiles//,/ }; do merge_parts "pytorch-compile-$mode-$c.md" 2; done
-    { group_logs warm "warm-*.md" "*.err"; group_logs timed "*.err" "lmscope-compile-$mode.md"; } \
-      >"$OUT/compile-$mode-logs.txt"
+    if [[ "$timing" == none ]]; then
+      echo "== nothing timed (LMSCOPE_COMPILE_TIMING=none): the cache holds what compiled for a later call"
+      group_logs warm "warm-*.md" "*.err" >"$OUT/compile-$mode-logs.txt"
+    else
+      echo "== timing the groups ($timing)"
+      each_group timed compile_sweep "$timing"
+      merge_parts "lmscope-compile-$mode.csv" 1
+      for c in ${compiles//,/ }; do merge_parts "pytorch-compile-$mode-$c.md" 2; done
+      { group_logs warm "warm-*.md" "*.err"; group_logs timed "*.err" "lmscope-compile-$mode.md"; } \
+        >"$OUT/compile-$mode-logs.txt"
+    fi
     rm -rf "$OUT"/warm[0-9]* "$OUT"/timed[0-9]*
   fi
-  tables=("$OUT/lmscope-compile-$mode.csv")
-  for c in ${compiles//,/ }; do tables+=("$OUT/pytorch-compile-$mode-$c.md"); done
-  $PY tools/compile_table.py "${tables[@]}" | tee "$OUT/compile-table-$mode.md"
+  if [[ "$timing" != none ]]; then
+    tables=("$OUT/lmscope-compile-$mode.csv")
+    for c in ${compiles//,/ }; do tables+=("$OUT/pytorch-compile-$mode-$c.md"); done
+    $PY tools/compile_table.py "${tables[@]}" | tee "$OUT/compile-table-$mode.md"
+  fi
 fi
 
 # --attention PRECISION SEQS DIMS BATCH [IMPLS]: lmscope attention (naive, flash) and PyTorch (naive,

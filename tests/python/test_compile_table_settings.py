@@ -20,7 +20,10 @@ def main():
         # Leading zeros are decimal (bash would read 08 as a bad octal number): 080 > 60.
         (GOOD, {"LMSCOPE_COMPILE_SECONDS": "060", "LMSCOPE_COMPILE_WARM_SECONDS": "080"},
          "up to the deadline (60), not '80'"),
-        (GOOD, {"LMSCOPE_COMPILE_TIMING": "both"}, "parallel or serial, not 'both'"),
+        (GOOD, {"LMSCOPE_COMPILE_TIMING": "both"}, "parallel, serial or none, not 'both'"),
+        (GOOD, {"LMSCOPE_COMPILE_TIMING": "none"}, "LMSCOPE_COMPILE_TIMING=none needs LMSCOPE_COMPILE_SPLIT"),
+        (GOOD, {"LMSCOPE_COMPILE_TIMING": "none", "LMSCOPE_COMPILE_SPLIT": "small", "LMSCOPE_COMPILE_WARM_SECONDS": "0"},
+         "leaves nothing to do"),
         (GOOD, {"LMSCOPE_COMPILE_SPLIT": "small;;large"}, "MODELS or MODELS@CTXS, not ''"),
         (GOOD, {"LMSCOPE_COMPILE_SPLIT": "xl@128,,256"}, "not 'xl@128,,256'"),
         (GOOD, {"LMSCOPE_COMPILE_SPLIT": "x l"}, "not 'x l'"),

@@ -138,8 +138,9 @@ fi
 # seconds (a cell not compiled yet compiles now, beside the others' timing), at once
 # (LMSCOPE_COMPILE_TIMING=parallel, the default) or one after another (serial, each group given an
 # equal share of the time left); none compiles only (the compiling phase then has the whole deadline
-# by default), for a later call on the same machine to time with LMSCOPE_COMPILE_WARM_SECONDS=0. Each cell's lmscope and PyTorch rows still come from one GPU, and the
-# rows land in the same files as one GPU's, in the groups' order.
+# by default), for a later call on the same machine to time with LMSCOPE_COMPILE_WARM_SECONDS=0.
+# Each cell's lmscope and PyTorch rows still come from one GPU, and the rows land in the same files
+# as one GPU's, in the groups' order.
 left() { local by=${1:-$deadline}; echo $((by - SECONDS > 1 ? by - SECONDS : 1)); }  # seconds to a deadline
 reference() {  # COMPILE DEADLINE ARGS...: pytorch/bench_reference.py in this table's settings
   local c=$1 by=$2

@@ -107,8 +107,8 @@ std::string weight_copies_help(bool list) {
              "with device graphs on the forward casts them, and the backward frees each after its last use), "
              "resident (held for the whole run and refreshed in place by AdamW, so no forward casts them, graphs or "
              "not: up to 2 bytes a weight more at the step's peak) or transient (cast where each layer uses them and "
-             "freed at once, in "
-             "the forward and again in the backward: the copies' memory saved for two casts of every weight)") +
+             "freed at once, in the forward and again in the backward: the copies' memory saved for two casts of "
+             "every weight)") +
          (list ? " (comma list sweeps)" : "");
 }
 

@@ -111,6 +111,9 @@ TEST(Recompute, NamesParseAndBadOnesAreUserErrors) {
   for (Recompute r : {Recompute::none, Recompute::selective, Recompute::full})
     EXPECT_EQ(parse_recompute(recompute_name(r)), r);
   EXPECT_THROW(parse_recompute("some"), UserError);
+}
+
+TEST(WeightCopies, NamesParseAndBadOnesAreUserErrors) {
   for (WeightCopies c : {WeightCopies::resident, WeightCopies::kept, WeightCopies::transient})
     EXPECT_EQ(parse_weight_copies(weight_copies_name(c)), c);
   EXPECT_THROW(parse_weight_copies("held"), UserError);

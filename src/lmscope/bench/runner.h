@@ -57,9 +57,10 @@ struct BenchSpec {
 
 // The mode as tables show it: "train", with ", selective recompute" where something is recomputed,
 // ", 4 micro-batches" where gradients are accumulated, ", transient copies" or ", resident copies"
-// where the bf16 weight copies are not kept, ", bf16 gradients" where gradients are bf16, ", graphs off" where a CUDA
-// cell runs without device graphs, ", fusion off" where a cell runs the unfused ops, and ", DDP bucketed 25 MiB, 2
-// ranks" or ", ZeRO-1, 2 ranks" with data parallelism (", symmetric memory off", ", exchange on 8 SMs" where so).
+// where the bf16 weight copies are not kept, ", bf16 gradients" where gradients are bf16, ", graphs
+// off" where a CUDA cell runs without device graphs, ", fusion off" where a cell runs the unfused
+// ops, and ", DDP bucketed 25 MiB, 2 ranks" or ", ZeRO-1, 2 ranks" with data parallelism
+// (", symmetric memory off", ", exchange on 8 SMs" where so).
 std::string mode_label(const BenchSpec& s);
 // The SMs a data-parallel cell's exchange holds beside its backward (--comm-sms as it comes to):
 // 0 but on GPUs in a world of several.

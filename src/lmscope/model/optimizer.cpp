@@ -100,9 +100,9 @@ bool AdamW::step(double lr) {
     // Each gradient goes once read; the low-precision copies AdamW writes (when the copies are kept)
     // take the memory the gradients left (one by one, or Backend::adamw_all's groups), so no more than
     // one copy ever sits beside every gradient (resident copies sit beside them all along and are
-    // written in place). With loss scaling, a step whose norm is not finite
-    // changes nothing but the copies (written from the unchanged masters); the device decides, so the
-    // host need not wait for the norm first.
+    // written in place). With loss scaling, a step whose norm is not finite changes nothing but the
+    // copies (written from the unchanged masters); the device decides, so the host need not wait for
+    // the norm first.
     if (model_.fusion()) {  // the norm and every update in a few launches
       std::vector<Tensor> values, ms, vs;
       for (std::size_t i = 0; i < params.size(); ++i) {

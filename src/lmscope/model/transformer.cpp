@@ -97,8 +97,9 @@ void Transformer::set_weight_copies(WeightCopies c) {
     for (Parameter& p : params_) p.value_lowp.reset();
 }
 
-// Kept and resident copies are made here, after the masters and side by side (initialising or loading comes
-// right after construction): those the backward frees merge into blocks its gradients can use.
+// Kept and resident copies are made here, after the masters and side by side (initialising or
+// loading comes right after construction): kept ones the backward frees merge into blocks its
+// gradients can use.
 void Transformer::refresh_lowp_copies() {
   for (Parameter& p : params_)
     if (Allocation& copy = lowp_copy(p); !copy.empty()) backend_.cast(p.value, copy);

@@ -1,7 +1,8 @@
 // The CUDA backend against the CPU reference: every op forward and backward on random inputs of
 // odd sizes, the GEMM in every transposition, 20 training steps of a whole model; out of memory, and
 // the kernel tracer.
-// Every test skips (and ctest reports it skipped) where no GPU is visible.
+// Every test skips (and ctest reports it skipped) where no GPU is visible. One file past 600 lines:
+// the tests share one fixture (the twin CPU and CUDA backends and their helpers).
 #include "../common/training.h"
 
 #include "lmscope/backend/backend.h"
@@ -498,6 +499,43 @@ TEST_P(LowpVsCpu, CastsRoundToNearestEvenAtAnyAlignment) {
       const double want = round_to(format, static_cast<float>(in[offset + i]));
       ASSERT_EQ(widened[offset + i], want) << "offset " << offset << ", element " << i;
     }
+  }
+}
+
+// cast_all (the forward's casts of a layer's weight copies) gives cast()'s bits pair by pair: more
+// pairs than one launch takes, two runs of dtypes in one call, tails, a pair off 16-byte alignment.
+TEST_P(LowpVsCpu, CastAllGivesTheBitsOfCastsOneByOne) {
+  const auto shifted = [](const Tensor& t) {
+    return Tensor{static_cast<char*>(t.data) + dtype_size(t.dtype), t.dtype, {t.numel() - 1}};
+  };
+  std::vector<Twin> masters;
+  std::vector<Allocation> keep;  // every output, alive to the end
+  std::vector<Tensor> ins, outs, one_by_one;
+  const int pairs = cuda::kTensorsPerLaunch + 3;
+  for (int i = 0; i < pairs; ++i) {
+    const std::int64_t n = 2 + 97 * i + i % 4;
+    masters.push_back(random({n}, 3.0));
+    const bool last = i + 1 == pairs;
+    const Tensor in = masters.back().gpu, all = keep.emplace_back(lowp_output({n})),
+                 one = keep.emplace_back(lowp_output({n}));
+    ins.push_back(last ? shifted(in) : in);
+    outs.push_back(last ? shifted(all) : all);
+    one_by_one.push_back(last ? shifted(one) : one);
+    gpu->cast(ins.back(), one_by_one.back());
+  }
+  for (int i = 0; i < 3; ++i) {  // back to f32
+    const Tensor in = one_by_one[static_cast<std::size_t>(i)];
+    ins.push_back(in);
+    outs.push_back(keep.emplace_back(output(in.shape).gpu));
+    one_by_one.push_back(keep.emplace_back(output(in.shape).gpu));
+    gpu->cast(in, one_by_one.back());
+  }
+  gpu->cast_all(ins, outs);
+  for (std::size_t i = 0; i < outs.size(); ++i) {
+    if (outs[i].dtype == DType::f32)
+      EXPECT_EQ(download_raw(outs[i]), download_raw(one_by_one[i])) << "pair " << i;
+    else
+      EXPECT_EQ(download_bits16(outs[i]), download_bits16(one_by_one[i])) << "pair " << i;
   }
 }
 

@@ -38,6 +38,7 @@ TEST(KernelNames, Categories) {
   EXPECT_STREQ(kernel_category("loss_mean_kernel"), "loss");
   EXPECT_STREQ(kernel_category("adamw_kernel"), "optimizer");
   EXPECT_STREQ(kernel_category("cast_kernel<float, __nv_bfloat16>"), "elementwise");
+  EXPECT_STREQ(kernel_category("cast_many_kernel<float, __nv_bfloat16, 4>"), "elementwise");
   EXPECT_STREQ(kernel_category("[memset]"), "memset/memcpy");
   EXPECT_STREQ(kernel_category("mystery"), "other");
 }

@@ -126,6 +126,7 @@ struct GraphedSteps {
   std::vector<std::uint64_t> forward_keys;
   std::size_t peak = 0, copy_bytes = 0;  // copy_bytes: every matmul weight's bf16 copy, as allocated
   std::size_t copies_made_in_steps = 0;  // bf16 copies allocated after the setup
+  std::vector<int> copy_runs;            // the steps' copy allocations, in runs of ones in a row
 };
 
 GraphedSteps graphed_steps(WeightCopies copies, int steps) {
@@ -157,8 +158,14 @@ GraphedSteps graphed_steps(WeightCopies copies, int steps) {
   }
   r.peak = be->allocator().peak_bytes();
   const auto& events = be->allocator().events();
-  for (std::size_t i = setup_events; i < events.size(); ++i)
-    if (events[i].action == MemAction::alloc && events[i].tag.what.ends_with("(bf16 copy)")) ++r.copies_made_in_steps;
+  bool in_run = false;
+  for (std::size_t i = setup_events; i < events.size(); ++i) {
+    const bool copy = events[i].action == MemAction::alloc && events[i].tag.what.ends_with("(bf16 copy)");
+    if (copy) ++r.copies_made_in_steps;
+    if (copy && !in_run) r.copy_runs.push_back(0);
+    if (copy) ++r.copy_runs.back();
+    in_run = copy;
+  }
   return r;
 }
 
@@ -178,6 +185,20 @@ TEST(WeightCopies, ResidentCopiesNeverMoveSoGraphedStepsRepeatTheirKeys) {
   EXPECT_GT(kept.copies_made_in_steps, 0u) << "kept copies under graphs are cast by each forward";
   EXPECT_GE(resident.peak, kept.peak);
   EXPECT_LE(resident.peak, kept.peak + resident.copy_bytes);
+}
+
+// Kept copies under graphs are cast by each forward; a layer's seven are made together, in one
+// cast_all (one launch on CUDA) rather than each where it is first used; the LM head's alone.
+TEST(WeightCopies, AForwardCastsALayersKeptCopiesAtOnce) {
+  const int steps = 3;
+  const GraphedSteps kept = graphed_steps(WeightCopies::kept, steps);
+  const int layers = static_cast<int>(tiny_model().layers);
+  std::vector<int> step_runs(static_cast<std::size_t>(layers), 7);
+  step_runs.push_back(1);
+  std::vector<int> want;
+  for (int step = 0; step < steps; ++step) want.insert(want.end(), step_runs.begin(), step_runs.end());
+  EXPECT_EQ(kept.copy_runs, want);
+  EXPECT_TRUE(graphed_steps(WeightCopies::resident, steps).copy_runs.empty());
 }
 
 }  // namespace

@@ -14,6 +14,7 @@
 #pragma once
 
 #include "lmscope/core/allocator.h"
+#include "lmscope/core/error.h"
 #include "lmscope/core/ranges.h"
 #include "lmscope/profile/kernel_profile.h"
 
@@ -150,6 +151,12 @@ class Backend {
   virtual void fill(const Tensor& t, double value) = 0;
   virtual void add(const Tensor& a, const Tensor& b, const Tensor& out) = 0;  // out = a + b (out may alias)
   virtual void cast(const Tensor& in, const Tensor& out) = 0;                 // same shape, another dtype
+  // Each ins[i] cast into outs[i], the bits of cast() one by one; where the backend has a fused
+  // kernel (CUDA), one launch for many (the forward's casts of a layer's weight copies).
+  virtual void cast_all(std::span<const Tensor> ins, std::span<const Tensor> outs) {
+    LMSCOPE_CHECK(ins.size() == outs.size(), "cast_all of {} tensors into {}", ins.size(), outs.size());
+    for (std::size_t i = 0; i < ins.size(); ++i) cast(ins[i], outs[i]);
+  }
 
   virtual void gemm(const GemmArgs& g) = 0;
 

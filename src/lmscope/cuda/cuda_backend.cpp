@@ -137,6 +137,24 @@ class CudaBackend final : public Backend {
     if (graphs_->skip("cast", in, out)) return;
     cuda::cast(in.data, elem(in), out.data, elem(out), in.numel(), stream_);
   }
+  void cast_all(std::span<const Tensor> ins, std::span<const Tensor> outs) override {
+    LMSCOPE_CHECK(ins.size() == outs.size(), "cast_all of {} tensors into {}", ins.size(), outs.size());
+    graphs_->note("cast_all", ins.size());
+    for (std::size_t i = 0; i < ins.size(); ++i) {
+      same_shape(ins[i], outs[i], "cast_all");
+      graphs_->note("cast_all pair", ins[i], outs[i]);
+    }
+    if (graphs_->replaying()) return;
+    // A launch for each run of pairs with the same two dtypes.
+    std::vector<cuda::CastPair> run;
+    for (std::size_t i = 0; i < ins.size(); ++i) {
+      run.push_back({ins[i].data, outs[i].data, ins[i].numel()});
+      if (i + 1 == ins.size() || ins[i + 1].dtype != ins[i].dtype || outs[i + 1].dtype != outs[i].dtype) {
+        cuda::cast_many(run.data(), static_cast<std::int64_t>(run.size()), elem(ins[i]), elem(outs[i]), stream_);
+        run.clear();
+      }
+    }
+  }
 
   void set_collective_sms(int sms) override {
     LMSCOPE_CHECK(!graphs_->active(), "collectives beside a device graph");

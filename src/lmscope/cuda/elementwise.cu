@@ -31,6 +31,32 @@ __global__ void cast_kernel(const TI* in, TO* out, std::int64_t n) {
   }
 }
 
+// cast_kernel over up to kTensorsPerLaunch tensors, blockIdx.y picking one; `packs` is 0 for a
+// tensor whose pointers are not 16-byte aligned (all of it then goes element by element).
+template <typename TI, typename TO>
+struct CastList {
+  const TI* in[kTensorsPerLaunch];
+  TO* out[kTensorsPerLaunch];
+  std::int64_t n[kTensorsPerLaunch], packs[kTensorsPerLaunch];
+};
+
+template <typename TI, typename TO, int VEC>
+__global__ void cast_many_kernel(CastList<TI, TO> t) {
+  const int k = blockIdx.y;
+  const TI* in = t.in[k];
+  TO* out = t.out[k];
+  const std::int64_t n = t.n[k], packs = t.packs[k];
+  float x[VEC];
+  GRID_STRIDE(i, packs) {
+    load<VEC>(in + i * VEC, x);
+    store<VEC>(out + i * VEC, x);
+  }
+  GRID_STRIDE(j, n - packs * VEC) {
+    const std::int64_t i = packs * VEC + j;
+    out[i] = st<TO>(ld(in[i]));
+  }
+}
+
 template <typename TA, typename TB, typename TO>
 __global__ void add_kernel(const TA* a, const TB* b, TO* out, std::int64_t n) {
   GRID_STRIDE(i, n) out[i] = st<TO>(ld(a[i]) + ld(b[i]));
@@ -108,6 +134,31 @@ void cast(const void* in, Elem ein, void* out, Elem eout, std::int64_t n, cudaSt
     });
   });
   check_launch("cast_kernel");
+}
+
+void cast_many(const CastPair* pairs, std::int64_t count, Elem ein, Elem eout, cudaStream_t s) {
+  with_elem(ein, [&](auto ti) {
+    with_elem(eout, [&](auto to) {
+      using TI = typename decltype(ti)::type;
+      using TO = typename decltype(to)::type;
+      constexpr int kVec = kPack<TI> < kPack<TO> ? kPack<TI> : kPack<TO>;  // as cast()
+      for (std::int64_t first = 0; first < count; first += kTensorsPerLaunch) {
+        const int k = static_cast<int>(std::min<std::int64_t>(kTensorsPerLaunch, count - first));
+        CastList<TI, TO> list{};
+        std::int64_t most = 1;  // the threads the largest tensor wants
+        for (int i = 0; i < k; ++i) {
+          const CastPair& p = pairs[first + i];
+          list.in[i] = static_cast<const TI*>(p.in);
+          list.out[i] = static_cast<TO*>(p.out);
+          list.n[i] = p.n;
+          list.packs[i] = aligned16({p.in, p.out}) ? p.n / kVec : 0;
+          most = std::max(most, list.packs[i] + p.n - list.packs[i] * kVec);
+        }
+        cast_many_kernel<TI, TO, kVec><<<dim3(grid_for(most, kBlock), static_cast<unsigned>(k)), kBlock, 0, s>>>(list);
+      }
+    });
+  });
+  check_launch("cast_many_kernel");
 }
 
 void add(const void* a, Elem ea, const void* b, Elem eb, void* out, Elem eout, std::int64_t n, cudaStream_t s) {

@@ -60,6 +60,14 @@ void sum_squares_many(const void* const* x, Elem ex, const std::int64_t* n, std:
                       cudaStream_t s);
 void adamw_many(const AdamWTensor* tensors, std::int64_t count, const AdamWConsts& c, const float* step_scalars,
                 const float* grad_norm, cudaStream_t s);
+// Pair i's n elements of `in` into `out`, every pair from ein to eout, up to kTensorsPerLaunch pairs a
+// launch: the bits of cast() pair by pair.
+struct CastPair {
+  const void* in;
+  void* out;
+  std::int64_t n;
+};
+void cast_many(const CastPair* pairs, std::int64_t count, Elem ein, Elem eout, cudaStream_t s);
 
 // rowwise.cu (x, weights, rstd, lse and the losses are fp32; the rest has the storage named)
 void embedding_forward(const std::int32_t* ids, const float* table, float* out, std::int64_t n, std::int64_t d,

@@ -119,6 +119,19 @@ Allocation& Transformer::make_lowp_copy(Parameter& p) {
   return p.value_lowp;
 }
 
+void Transformer::cast_missing_lowp_copies(std::initializer_list<Parameter*> weights, OpRanges& op) {
+  if (compute_ == dtype_) return;
+  std::vector<Tensor> masters, copies;
+  for (Parameter* p : weights)
+    if (p->spec.matmul && p->value_lowp.empty()) {
+      masters.push_back(p->value.tensor());
+      copies.push_back(make_lowp_copy(*p).tensor());
+    }
+  if (masters.empty()) return;
+  op.next("weight copies");
+  backend_.cast_all(masters, copies);
+}
+
 void Transformer::set_grad_dtype(DType t) {
   if (t != dtype_ && !(t == DType::bf16 && compute_ == DType::bf16))
     user_error(
@@ -268,6 +281,10 @@ Allocation Transformer::layer_forward(int l, Allocation x, Layer& L, const Keep&
     backend_.rmsnorm_forward(L.x, P.ln1->value, L.n1, L.rstd1, eps);
   }
   drop_unless(keep.statistics, L.rstd1);
+  // Copies that outlive the layer (kept, resident) exist already unless this forward makes them
+  // (kept copies under device graphs): all seven in one launch rather than each where first used.
+  // Transient ones are cast where used, one at a time.
+  if (keep.weight_copies) cast_missing_lowp_copies({P.wq, P.wk, P.wv, P.wo, P.w1, P.w3, P.w2}, op);
 
   op.next("q, k, v projections and RoPE");
   Allocation proj = act("attn.proj", l, {N, d});

@@ -208,6 +208,9 @@ class Transformer {
   const Tensor& weight(Parameter* p);
   // p's low-precision copy, allocated (not filled) if missing, whatever the copies' mode.
   Allocation& make_lowp_copy(Parameter& p);
+  // The missing low-precision copies of these weights, made and cast in one cast_all under an op
+  // range of their own: a forward that keeps its copies casts a layer's at once (docs/speed.md).
+  void cast_missing_lowp_copies(std::initializer_list<Parameter*> weights, OpRanges& op);
   // Frees the low-precision copies of weights whose last use in this backward is behind (each right
   // after its input-gradient GEMM): in the step's last micro-batch, or in every one when transient;
   // never when resident.

@@ -503,32 +503,41 @@ TEST_P(LowpVsCpu, CastsRoundToNearestEvenAtAnyAlignment) {
 }
 
 // cast_all (the forward's casts of a layer's weight copies) gives cast()'s bits pair by pair: more
-// pairs than one launch takes, two runs of dtypes in one call, tails, a pair off 16-byte alignment.
+// pairs than one launch takes, three runs of dtypes in one call (the second changing only the output's
+// type), tails, a short pair off 16-byte alignment; and nothing at all for no pairs.
 TEST_P(LowpVsCpu, CastAllGivesTheBitsOfCastsOneByOne) {
+  gpu->cast_all({}, {});
   const auto shifted = [](const Tensor& t) {
     return Tensor{static_cast<char*>(t.data) + dtype_size(t.dtype), t.dtype, {t.numel() - 1}};
   };
   std::vector<Twin> masters;
   std::vector<Allocation> keep;  // every output, alive to the end
   std::vector<Tensor> ins, outs, one_by_one;
+  auto add = [&](const Tensor& in, const Tensor& all, const Tensor& one) {
+    ins.push_back(in);
+    outs.push_back(all);
+    one_by_one.push_back(one);
+    gpu->cast(in, one);
+  };
   const int pairs = cuda::kTensorsPerLaunch + 3;
-  for (int i = 0; i < pairs; ++i) {
-    const std::int64_t n = 2 + 97 * i + i % 4;
-    masters.push_back(random({n}, 3.0));
+  for (int i = 0; i < pairs; ++i) {  // f32 to the 16-bit type; the last 3 elements long and unaligned
     const bool last = i + 1 == pairs;
+    const std::int64_t n = last ? 4 : 2 + 97 * i + i % 4;
+    masters.push_back(random({n}, 3.0));
     const Tensor in = masters.back().gpu, all = keep.emplace_back(lowp_output({n})),
                  one = keep.emplace_back(lowp_output({n}));
-    ins.push_back(last ? shifted(in) : in);
-    outs.push_back(last ? shifted(all) : all);
-    one_by_one.push_back(last ? shifted(one) : one);
-    gpu->cast(ins.back(), one_by_one.back());
+    if (last)
+      add(shifted(in), shifted(all), shifted(one));
+    else
+      add(in, all, one);
   }
-  for (int i = 0; i < 3; ++i) {  // back to f32
+  for (int i = 0; i < 2; ++i) {  // f32 to f32
+    const Tensor in = masters[static_cast<std::size_t>(i)].gpu;
+    add(in, keep.emplace_back(output(in.shape).gpu), keep.emplace_back(output(in.shape).gpu));
+  }
+  for (int i = 0; i < 3; ++i) {  // the 16-bit type back to f32
     const Tensor in = one_by_one[static_cast<std::size_t>(i)];
-    ins.push_back(in);
-    outs.push_back(keep.emplace_back(output(in.shape).gpu));
-    one_by_one.push_back(keep.emplace_back(output(in.shape).gpu));
-    gpu->cast(in, one_by_one.back());
+    add(in, keep.emplace_back(output(in.shape).gpu), keep.emplace_back(output(in.shape).gpu));
   }
   gpu->cast_all(ins, outs);
   for (std::size_t i = 0; i < outs.size(); ++i) {

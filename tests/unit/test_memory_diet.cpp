@@ -170,8 +170,8 @@ GraphedSteps graphed_steps(WeightCopies copies, int steps) {
 }
 
 // Resident copies never move, so from the second step on every forward finds the allocator as the
-// last one did and its graph would replay, as with kept copies (which graphs have each forward cast
-// where first used, for that reason); no step makes a copy. They cost at most the copies' bytes more
+// last one did and its graph would replay, as with kept copies (which graphs have each forward cast,
+// for that reason); no step makes a copy. They cost at most the copies' bytes more
 // at the peak.
 TEST(WeightCopies, ResidentCopiesNeverMoveSoGraphedStepsRepeatTheirKeys) {
   const int steps = 8;
@@ -187,8 +187,9 @@ TEST(WeightCopies, ResidentCopiesNeverMoveSoGraphedStepsRepeatTheirKeys) {
   EXPECT_LE(resident.peak, kept.peak + resident.copy_bytes);
 }
 
-// Kept copies under graphs are cast by each forward; a layer's seven are made together, in one
-// cast_all (one launch on CUDA) rather than each where it is first used; the LM head's alone.
+// Kept copies under graphs are cast by each forward; a layer's seven are allocated together, at the
+// layer's start (then cast in one cast_all, one launch on CUDA, whose bits a GPU test checks), rather
+// than each where it is first used; the LM head's alone.
 TEST(WeightCopies, AForwardCastsALayersKeptCopiesAtOnce) {
   const int steps = 3;
   const GraphedSteps kept = graphed_steps(WeightCopies::kept, steps);

@@ -152,7 +152,8 @@ class Backend {
   virtual void add(const Tensor& a, const Tensor& b, const Tensor& out) = 0;  // out = a + b (out may alias)
   virtual void cast(const Tensor& in, const Tensor& out) = 0;                 // same shape, another dtype
   // Each ins[i] cast into outs[i], the bits of cast() one by one; where the backend has a fused
-  // kernel (CUDA), one launch for many (the forward's casts of a layer's weight copies).
+  // kernel (CUDA), one launch for many (the forward's casts of a layer's weight copies). No output
+  // may overlap another pair's input: the fused kernel reads every input before any pair's writes land.
   virtual void cast_all(std::span<const Tensor> ins, std::span<const Tensor> outs) {
     LMSCOPE_CHECK(ins.size() == outs.size(), "cast_all of {} tensors into {}", ins.size(), outs.size());
     for (std::size_t i = 0; i < ins.size(); ++i) cast(ins[i], outs[i]);

@@ -281,9 +281,10 @@ Allocation Transformer::layer_forward(int l, Allocation x, Layer& L, const Keep&
     backend_.rmsnorm_forward(L.x, P.ln1->value, L.n1, L.rstd1, eps);
   }
   drop_unless(keep.statistics, L.rstd1);
-  // Copies that outlive the layer (kept, resident) exist already unless this forward makes them
-  // (kept copies under device graphs): all seven in one launch rather than each where first used.
-  // Transient ones are cast where used, one at a time.
+  // Whenever the layer keeps its copies (kept and resident ones, and every copy in a full-recompute
+  // rerun), the missing ones are made here, all in one cast_all rather than each where first used:
+  // kept copies under device graphs, which each forward makes. Otherwise (transient copies in a
+  // forward) each is cast where used and freed right after.
   if (keep.weight_copies) cast_missing_lowp_copies({P.wq, P.wk, P.wv, P.wo, P.w1, P.w3, P.w2}, op);
 
   op.next("q, k, v projections and RoPE");

@@ -32,8 +32,8 @@ Recompute parse_recompute(const std::string& s);  // throws UserError
 // beside the fp32 masters and never freed; AdamW refreshes each in place as it updates the master,
 // so the forward casts nothing, with device graphs too (their addresses never move), for 2 bytes a
 // weight beside every gradient at the step's end. kept: beside the fp32 masters from step to step;
-// AdamW writes each anew as it updates the master (with device graphs the forward casts each where
-// it is first used instead, since copies AdamW makes land elsewhere every step), and the backward
+// AdamW writes each anew as it updates the master (with device graphs the forward casts a layer's at
+// the layer's start instead, since copies AdamW makes land elsewhere every step), and the backward
 // frees each after its last use so they never sit beside every gradient. transient: cast from the
 // master where a layer uses it and freed right after, in the forward and again in the backward, so
 // at most one layer's copies exist at a time: less memory (the copies are 2 bytes a weight, 6.3 GiB
@@ -130,8 +130,8 @@ class Transformer {
   void refresh_lowp_copies();
   // p's low-precision copy as AdamW writes it, allocated (not filled) if missing; an empty allocation
   // when p has none to keep (not a matmul weight, no mixed precision, or transient copies), or when
-  // kept copies meet graphs and the backward has freed it: the next forward casts it where it is
-  // first used, so every step's copies land where the last step's did and its recorded graphs
+  // kept copies meet graphs and the backward has freed it: the next forward casts it at the start of
+  // the layer that uses it, so every step's copies land where the last step's did and its recorded graphs
   // replay. (Copies AdamW wrote would take the places the gradients left, a little elsewhere each
   // step; resident copies never move, for up to 12% more at the step's peak: docs/speed.md.) A
   // copy a forward made since the backward is returned to be written afresh.
@@ -209,7 +209,7 @@ class Transformer {
   // p's low-precision copy, allocated (not filled) if missing, whatever the copies' mode.
   Allocation& make_lowp_copy(Parameter& p);
   // The missing low-precision copies of these weights, made and cast in one cast_all under an op
-  // range of their own: a forward that keeps its copies casts a layer's at once (docs/speed.md).
+  // range of their own: a layer that keeps its copies casts them at once (docs/speed.md).
   void cast_missing_lowp_copies(std::initializer_list<Parameter*> weights, OpRanges& op);
   // Frees the low-precision copies of weights whose last use in this backward is behind (each right
   // after its input-gradient GEMM): in the step's last micro-batch, or in every one when transient;

@@ -13,13 +13,12 @@ __global__ void fill_kernel(T* x, std::int64_t n, float value) {
   GRID_STRIDE(i, n) x[i] = st<T>(value);
 }
 
-// VEC elements per access in the main loop (VEC = 1 where a pointer is not aligned), then the tail.
-// The transient weight copies cast every matmul weight twice a step (fp32 to bf16: 6 bytes an
-// element), so this runs at the bandwidth's edge: one element per thread made 2-byte stores, 64
-// bytes a warp.
+// The grid's share of casting n elements: `packs` of VEC elements each (16-byte accesses for the
+// wider type), then the rest one by one. The transient weight copies cast every matmul weight twice
+// a step (fp32 to bf16: 6 bytes an element), so this runs at the bandwidth's edge: one element per
+// thread made 2-byte stores, 64 bytes a warp.
 template <typename TI, typename TO, int VEC>
-__global__ void cast_kernel(const TI* in, TO* out, std::int64_t n) {
-  const std::int64_t packs = n / VEC;
+__device__ __forceinline__ void cast_range(const TI* in, TO* out, std::int64_t n, std::int64_t packs) {
   float x[VEC];
   GRID_STRIDE(i, packs) {
     load<VEC>(in + i * VEC, x);
@@ -29,6 +28,12 @@ __global__ void cast_kernel(const TI* in, TO* out, std::int64_t n) {
     const std::int64_t i = packs * VEC + j;
     out[i] = st<TO>(ld(in[i]));
   }
+}
+
+// VEC = 1 where a pointer is not aligned.
+template <typename TI, typename TO, int VEC>
+__global__ void cast_kernel(const TI* in, TO* out, std::int64_t n) {
+  cast_range<TI, TO, VEC>(in, out, n, n / VEC);
 }
 
 // cast_kernel over up to kTensorsPerLaunch tensors, blockIdx.y picking one; `packs` is 0 for a
@@ -43,18 +48,7 @@ struct CastList {
 template <typename TI, typename TO, int VEC>
 __global__ void cast_many_kernel(CastList<TI, TO> t) {
   const int k = blockIdx.y;
-  const TI* in = t.in[k];
-  TO* out = t.out[k];
-  const std::int64_t n = t.n[k], packs = t.packs[k];
-  float x[VEC];
-  GRID_STRIDE(i, packs) {
-    load<VEC>(in + i * VEC, x);
-    store<VEC>(out + i * VEC, x);
-  }
-  GRID_STRIDE(j, n - packs * VEC) {
-    const std::int64_t i = packs * VEC + j;
-    out[i] = st<TO>(ld(in[i]));
-  }
+  cast_range<TI, TO, VEC>(t.in[k], t.out[k], t.n[k], t.packs[k]);
 }
 
 template <typename TA, typename TB, typename TO>

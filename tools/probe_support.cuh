@@ -1,5 +1,5 @@
-// What the standalone GPU probes (gemm_beside_held_sms, nccl_symmetric_beside_gemm) share: checks that
-// print and exit, and random bf16 operands. Kept apart from src/ so the probes build with nvcc alone.
+// What the standalone GPU probes (gemm_algorithms, gemm_beside_held_sms, nccl_symmetric_beside_gemm)
+// share: checks that print and exit, and random bf16 operands. Kept apart from src/ so the probes build with nvcc alone.
 #pragma once
 
 #include <cublasLt.h>

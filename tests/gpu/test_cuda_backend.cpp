@@ -109,6 +109,30 @@ TEST_F(CudaVsCpu, RmsNorm) {
   }
 }
 
+// The dw kernel takes two columns a thread where d is even and the rows aligned: the same bits as
+// one, forced by a gradient one element off alignment; and the CPU's values. N 1001: rows that do
+// not fill the last unrolled round; d 2562: a last column tile of one pair.
+TEST_F(CudaVsCpu, RmsNormDwSameBitsWhateverColumnsAThread) {
+  for (const std::int64_t d : {1280, 2562}) {
+    SCOPED_TRACE(d);
+    const std::int64_t N = 1001;
+    auto x = random({N, d}), w = random({d}), dy = random({N, d});
+    auto y = output({N, d}), r = output({N}), dx = output({N, d}), dw = output({d}), dw1 = output({d});
+    for (Backend* b : {cpu.get(), gpu.get()}) {
+      const bool c = b == cpu.get();
+      b->rmsnorm_forward(c ? x.cpu : x.gpu, c ? w.cpu : w.gpu, c ? y.cpu : y.gpu, c ? r.cpu : r.gpu, 1e-5);
+      b->rmsnorm_backward(c ? dy.cpu : dy.gpu, c ? x.cpu : x.gpu, c ? w.cpu : w.gpu, c ? r.cpu : r.gpu,
+                          c ? dx.cpu : dx.gpu, c ? dw.cpu : dw.gpu);
+    }
+    expect_close(dw, kFp32, "rmsnorm dw");
+    Allocation shifted = gpu->allocator().allocate({N * d + 1}, DType::f32, {});
+    const Tensor unaligned = shifted.tensor().rows(1, N * d).view({N, d});
+    gpu->cast(dy.gpu, unaligned);
+    gpu->rmsnorm_backward(unaligned, x.gpu, w.gpu, r.gpu, dx.gpu, dw1.gpu);
+    EXPECT_EQ(download(*gpu, dw.gpu), download(*gpu, dw1.gpu));
+  }
+}
+
 // The fused residual add + RMSNorm and RMSNorm backward + residual gradient: the CPU's values, and
 // on the GPU the very values of the two ops they replace.
 TEST_F(CudaVsCpu, FusedResidualAndRmsNorm) {
@@ -415,6 +439,27 @@ TEST_P(LowpVsCpu, Gemm) {
       else
         expect_close_lowp(cb, c, "16-bit gemm into 16-bit");
     }
+}
+
+// The dw kernel's two columns a thread from a 16-bit gradient (4-byte loads of it): the CPU's values,
+// and the bits of one column a thread (RmsNormDwSameBitsWhateverColumnsAThread).
+TEST_P(LowpVsCpu, RmsNormDwFromWidePacks) {
+  for (const std::int64_t d : {1280, 2562}) {
+    SCOPED_TRACE(d);
+    const std::int64_t N = 1001;
+    auto x = random({N, d}), w = random({d}), r = output({N}), dy = random({N, d}), y = output({N, d});
+    auto dx = output({N, d}), dw = output({d}), dw1 = output({d});
+    cpu->rmsnorm_forward(x.cpu, w.cpu, y.cpu, r.cpu, 1e-5);
+    cpu->rmsnorm_backward(dy.cpu, x.cpu, w.cpu, r.cpu, dx.cpu, dw.cpu);
+    gpu->rmsnorm_forward(x.gpu, w.gpu, y.gpu, r.gpu, 1e-5);
+    Allocation dyb = lowp(dy), shifted = gpu->allocator().allocate({N * d + 1}, GetParam(), {});
+    const Tensor unaligned = shifted.tensor().rows(1, N * d).view({N, d});
+    gpu->cast(dyb, unaligned);
+    gpu->rmsnorm_backward(dyb, x.gpu, w.gpu, r.gpu, dx.gpu, dw.gpu);
+    expect_close(dw, kLowp, "rmsnorm dw from a 16-bit gradient");
+    gpu->rmsnorm_backward(unaligned, x.gpu, w.gpu, r.gpu, dx.gpu, dw1.gpu);
+    EXPECT_EQ(download(*gpu, dw.gpu), download(*gpu, dw1.gpu));
+  }
 }
 
 TEST_P(LowpVsCpu, RowOps) {

@@ -7,6 +7,9 @@
 
 #include <cooperative_groups.h>
 
+#include <cstdint>
+#include <type_traits>
+
 namespace lmscope::cuda {
 namespace {
 
@@ -111,40 +114,72 @@ __global__ void rmsnorm_backward_dx_kernel(const TD* dout, const float* x, const
   }
 }
 
-// dw[j] = Σ_rows dy·x·r, in a fixed order (deterministic, no atomics): a block takes 32 columns,
-// its thread (column, g) sums rows g, g + 32·RANKS, ... of its column, then thread g = 0 adds the 32
-// sums in order. d/32 blocks alone leave most SMs idle (24 of 132 at d 768), so on Hopper RANKS = 8
-// blocks of a cluster share a column tile's rows, and rank 0 adds their sums from distributed shared
-// memory in rank order: eight times the blocks, and no scratch memory to account for.
-constexpr int kDwColumns = 32, kDwRowGroups = 32, kDwClusterRanks = 8;
-template <typename TD, int RANKS>
-__global__ void __launch_bounds__(kDwColumns* kDwRowGroups)
+// dw[j] = Σ_rows dy·x·r, in a fixed order (deterministic, no atomics): a block takes 32·V columns,
+// its thread (lane, g) V consecutive columns of rows g, g + 16·RANKS, ... (one load of V elements of
+// each row, four rows' loads issued before their sums), then the threads g < V add the 16 row
+// groups' sums of a column in order. d/32 blocks alone leave most SMs idle (24 of 132 at d 768), so
+// on Hopper RANKS = 8 blocks of a cluster share a column tile's rows, and rank 0 adds their sums from
+// distributed shared memory in rank order: eight times the blocks, and no scratch memory to account
+// for. V (2 where d and the rows' alignment allow, else 1) changes which thread sums a column, not
+// the order of its sum, so both give the same bits. The shape was chosen by timing (docs/speed.md):
+// one column a thread with one row's loads in flight and 32 row groups took 22.0 µs at large ctx 1024
+// (36% of the memory floor); four rows in flight 17.7, two columns 17.2, and 16 row groups 16.4.
+constexpr int kDwLanes = 32, kDwRowGroups = 16, kDwClusterRanks = 8, kDwUnroll = 4;
+template <typename TD, int RANKS, int V>
+__global__ void __launch_bounds__(kDwLanes* kDwRowGroups)
     rmsnorm_backward_dw_kernel(const TD* dout, const float* x, const float* rstd, float* dw, std::int64_t n,
                                std::int64_t d) {
-  __shared__ float sums[kDwRowGroups][kDwColumns + 1];
-  __shared__ float block_sums[kDwColumns];
-  const std::int64_t j = blockIdx.x * std::int64_t{kDwColumns} + threadIdx.x;
-  float acc = 0;
-  if (j < d)
-    for (std::int64_t r = blockIdx.y * kDwRowGroups + threadIdx.y; r < n; r += kDwRowGroups * RANKS)
-      acc += ld(dout[r * d + j]) * x[r * d + j] * rstd[r];
-  sums[threadIdx.y][threadIdx.x] = acc;
-  __syncthreads();
-  if (threadIdx.y == 0) {
-    float total = 0;
-    for (int g = 0; g < kDwRowGroups; ++g) total += sums[g][threadIdx.x];
-    block_sums[threadIdx.x] = total;
+  constexpr int kColumns = kDwLanes * V;
+  __shared__ float sums[kDwRowGroups][kColumns + 1];
+  __shared__ float block_sums[kColumns];
+  const std::int64_t j = blockIdx.x * std::int64_t{kColumns} + threadIdx.x * std::int64_t{V};
+  float acc[V] = {};
+  if (j < d) {
+    const std::int64_t stride = std::int64_t{kDwRowGroups} * RANKS;
+    std::int64_t r = blockIdx.y * std::int64_t{kDwRowGroups} + threadIdx.y;
+    for (; r + (kDwUnroll - 1) * stride < n; r += kDwUnroll * stride) {
+      float g[kDwUnroll][V], xv[kDwUnroll][V], rs[kDwUnroll];
+#pragma unroll
+      for (int u = 0; u < kDwUnroll; ++u) {
+        load(dout + (r + u * stride) * d + j, g[u]);
+        load(x + (r + u * stride) * d + j, xv[u]);
+        rs[u] = rstd[r + u * stride];
+      }
+#pragma unroll
+      for (int u = 0; u < kDwUnroll; ++u)
+#pragma unroll
+        for (int c = 0; c < V; ++c) acc[c] += g[u][c] * xv[u][c] * rs[u];
+    }
+    for (; r < n; r += stride) {
+      float g[V], xv[V];
+      load(dout + r * d + j, g);
+      load(x + r * d + j, xv);
+#pragma unroll
+      for (int c = 0; c < V; ++c) acc[c] += g[c] * xv[c] * rstd[r];
+    }
   }
+#pragma unroll
+  for (int c = 0; c < V; ++c) sums[threadIdx.y][threadIdx.x * V + c] = acc[c];
+  __syncthreads();
+  // Thread (lane, g < V) adds column g·32 + lane of the tile.
+  const int column = threadIdx.y * kDwLanes + threadIdx.x;
+  const bool adds = threadIdx.y < V;
+  if (adds) {
+    float total = 0;
+    for (int k = 0; k < kDwRowGroups; ++k) total += sums[k][column];
+    block_sums[column] = total;
+  }
+  const std::int64_t jc = blockIdx.x * std::int64_t{kColumns} + column;
   if constexpr (RANKS == 1) {
-    if (threadIdx.y == 0 && j < d) dw[j] = block_sums[threadIdx.x];
+    if (adds && jc < d) dw[jc] = block_sums[column];
   } else {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
     cooperative_groups::cluster_group cluster = cooperative_groups::this_cluster();
     cluster.sync();
-    if (cluster.block_rank() == 0 && threadIdx.y == 0 && j < d) {
+    if (cluster.block_rank() == 0 && adds && jc < d) {
       float total = 0;
-      for (int b = 0; b < RANKS; ++b) total += *cluster.map_shared_rank(&block_sums[threadIdx.x], b);
-      dw[j] = total;
+      for (int b = 0; b < RANKS; ++b) total += *cluster.map_shared_rank(&block_sums[column], b);
+      dw[jc] = total;
     }
     cluster.sync();  // the other blocks' shared memory lives until rank 0 has read it
 #endif
@@ -159,10 +194,18 @@ bool dw_clusters() {
     cudaFuncAttributes attr{};
     return cudaGetDevice(&device) == cudaSuccess &&
            cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device) == cudaSuccess && major >= 9 &&
-           cudaFuncGetAttributes(&attr, rmsnorm_backward_dw_kernel<float, kDwClusterRanks>) == cudaSuccess &&
+           cudaFuncGetAttributes(&attr, rmsnorm_backward_dw_kernel<float, kDwClusterRanks, 1>) == cudaSuccess &&
            attr.ptxVersion >= 90;
   }();
   return ok;
+}
+
+// Columns a thread of the dw kernel takes: 2 where d is even and the rows' bases allow the loads
+// (row r's columns j, j + 1 start at element r·d + j, even when d is), else 1.
+int dw_columns_per_thread(std::int64_t d, const void* dy, std::size_t dy_bytes, const float* x) {
+  const bool pairs = d % 2 == 0 && reinterpret_cast<std::uintptr_t>(dy) % (2 * dy_bytes) == 0 &&
+                     reinterpret_cast<std::uintptr_t>(x) % (2 * sizeof(float)) == 0;
+  return pairs ? 2 : 1;
 }
 
 // Softmax rows are short (T keys) and many (B·h·T), so a warp takes a row: shuffles instead of
@@ -305,27 +348,36 @@ void rmsnorm_backward(const void* dout, Elem edout, const float* x, const float*
     else
       rmsnorm_backward_dx_kernel<T, 1><<<static_cast<unsigned>(n), 256, 0, s>>>(dy, x, w, rstd, dresidual, dx, d);
     check_launch("rmsnorm_backward_dx_kernel");
-    const auto tiles = static_cast<unsigned>((d + kDwColumns - 1) / kDwColumns);
-    if (!dw_clusters()) {
-      rmsnorm_backward_dw_kernel<T, 1><<<tiles, dim3(kDwColumns, kDwRowGroups), 0, s>>>(dy, x, rstd, dw, n, d);
-      return;
-    }
-    cudaLaunchAttribute cluster{};
-    cluster.id = cudaLaunchAttributeClusterDimension;
-    cluster.val.clusterDim.x = 1;
-    cluster.val.clusterDim.y = kDwClusterRanks;
-    cluster.val.clusterDim.z = 1;
-    cudaLaunchConfig_t config{};
-    config.gridDim = dim3(tiles, kDwClusterRanks);
-    config.blockDim = dim3(kDwColumns, kDwRowGroups);
-    config.stream = s;
-    config.attrs = &cluster;
-    config.numAttrs = 1;
-    const cudaError_t err =
-        cudaLaunchKernelEx(&config, rmsnorm_backward_dw_kernel<T, kDwClusterRanks>, dy, x, rstd, dw, n, d);
-    if (err != cudaSuccess)
-      throw std::runtime_error(std::string("CUDA launch of rmsnorm_backward_dw_kernel failed: ") +
-                               cudaGetErrorString(err));
+    const int ranks = dw_clusters() ? kDwClusterRanks : 1;
+    const int v = dw_columns_per_thread(d, dy, sizeof(T), x);
+    const auto tiles = static_cast<unsigned>((d + kDwLanes * v - 1) / (kDwLanes * v));
+    auto launch = [&](auto columns) {
+      constexpr int V = decltype(columns)::value;
+      if (ranks == 1) {
+        rmsnorm_backward_dw_kernel<T, 1, V><<<tiles, dim3(kDwLanes, kDwRowGroups), 0, s>>>(dy, x, rstd, dw, n, d);
+        return;
+      }
+      cudaLaunchAttribute cluster{};
+      cluster.id = cudaLaunchAttributeClusterDimension;
+      cluster.val.clusterDim.x = 1;
+      cluster.val.clusterDim.y = kDwClusterRanks;
+      cluster.val.clusterDim.z = 1;
+      cudaLaunchConfig_t config{};
+      config.gridDim = dim3(tiles, kDwClusterRanks);
+      config.blockDim = dim3(kDwLanes, kDwRowGroups);
+      config.stream = s;
+      config.attrs = &cluster;
+      config.numAttrs = 1;
+      const cudaError_t err =
+          cudaLaunchKernelEx(&config, rmsnorm_backward_dw_kernel<T, kDwClusterRanks, V>, dy, x, rstd, dw, n, d);
+      if (err != cudaSuccess)
+        throw std::runtime_error(std::string("CUDA launch of rmsnorm_backward_dw_kernel failed: ") +
+                                 cudaGetErrorString(err));
+    };
+    if (v == 2)
+      launch(std::integral_constant<int, 2>{});
+    else
+      launch(std::integral_constant<int, 1>{});
   });
   check_launch("rmsnorm_backward_dw_kernel");
 }

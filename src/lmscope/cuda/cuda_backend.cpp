@@ -11,6 +11,7 @@
 #include "lmscope/cuda/kernels.h"
 #include "lmscope/cuda/nvtx_ranges.h"
 #include "lmscope/cuda/storage_elem.h"
+#include "lmscope/cuda/stream_pool.h"
 
 #include <algorithm>
 #include <cmath>
@@ -51,7 +52,7 @@ AttentionShape flash_shape(const Tensor& q, const Tensor& k, const Tensor& v, co
 class CudaBackend final : public Backend {
  public:
   explicit CudaBackend(GemmMath math) : alloc_(0) {
-    LMSCOPE_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
+    stream_ = cuda::take_stream();
     gemm_ = std::make_unique<cuda::Gemm>(math, stream_);
     graphs_ = std::make_unique<cuda::GraphCache>(stream_, alloc_);
     alloc_.on_segment_free([this] { graphs_->drop_all(); });
@@ -69,7 +70,7 @@ class CudaBackend final : public Backend {
     norm_sum_.reset();
     rope_tables_ = {};
     for (cudaEvent_t e : events_) cudaEventDestroy(e);
-    cudaStreamDestroy(stream_);
+    cuda::give_back_stream(stream_);  // synchronised above
   }
 
   std::string name() const override { return alloc_.device_name(); }

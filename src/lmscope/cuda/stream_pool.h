@@ -1,0 +1,17 @@
+// The CUDA backend's streams, kept for the process's life and handed to the next backend on the same
+// device once their backend ends. A stream created after another was destroyed ran a small step's
+// phases 5-6% slower than the process's first stream, every kernel as long but the time between
+// them longer, with or without device graphs (H200, docs/timing.md); one taken back runs as the
+// first did. So a sweep's later cells, each with a backend of its own, time as its first.
+#pragma once
+
+#include <cuda_runtime.h>
+
+namespace lmscope::cuda {
+
+// A non-blocking stream on the current device: one given back earlier, else a new one.
+cudaStream_t take_stream();
+// Back to the pool, for the next take_stream on its device; the caller has synchronised it.
+void give_back_stream(cudaStream_t stream);
+
+}  // namespace lmscope::cuda

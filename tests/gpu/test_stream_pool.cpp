@@ -1,0 +1,31 @@
+// The CUDA backend's streams come from a pool (cuda/stream_pool.h): a backend made after another
+// ended runs on the stream the first ran on, and backends alive together on streams of their own.
+// Skipped without a GPU.
+#include "lmscope/backend/backend.h"
+#include "lmscope/backend/devices.h"
+
+#include <gtest/gtest.h>
+
+namespace lmscope::test {
+namespace {
+
+TEST(StreamPool, ALaterBackendRunsOnTheStreamOfOneThatEnded) {
+  if (list_gpus().empty()) GTEST_SKIP() << "no CUDA GPU visible";
+  void* first = nullptr;
+  {
+    auto a = make_cuda_backend(GemmMath::fp32);
+    first = a->cuda_stream();
+    ASSERT_NE(first, nullptr);
+    auto b = make_cuda_backend(GemmMath::fp32);
+    EXPECT_NE(b->cuda_stream(), first) << "two live backends share a stream";
+  }
+  auto c = make_cuda_backend(GemmMath::fp32);
+  EXPECT_EQ(c->cuda_stream(), first) << "the earliest stream made, free again, goes first";
+  // And it works: a fill and a read back through it.
+  Allocation t = c->allocator().allocate({3}, DType::f32, {});
+  c->fill(t, 2.5);
+  EXPECT_EQ(download(*c, t), (std::vector<double>{2.5, 2.5, 2.5}));
+}
+
+}  // namespace
+}  // namespace lmscope::test

@@ -463,8 +463,10 @@ TEST_P(LowpVsCpu, RmsNormDwFromWidePacks) {
 }
 
 TEST_P(LowpVsCpu, RowOps) {
-  const std::int64_t N = 37, d = 203, T = 40;  // T 40: softmax rows of whole 16-byte packs
-  {                                            // RMSNorm: f32 in, 16-bit out; backward from a 16-bit gradient into f32
+  const std::int64_t N = 37, T = 40;  // T 40: softmax rows of whole 16-byte packs
+  // RMSNorm: f32 in, 16-bit out; backward from a 16-bit gradient into f32. d 256: four elements a thread.
+  for (const std::int64_t d : {203, 256}) {
+    SCOPED_TRACE(d);
     auto x = random({N, d}), w = random({d}), y = output({N, d}), r = output({N}), dy = random({N, d});
     auto dx = output({N, d}), dw = output({d});
     cpu->rmsnorm_forward(x.cpu, w.cpu, y.cpu, r.cpu, 1e-5);
@@ -514,6 +516,7 @@ TEST_P(LowpVsCpu, RowOps) {
     Allocation xb = lowp(x), yb = lowp_output({2, 3, T, 16});
     gpu->split_heads(xb, yb, 10000.0);
     expect_close_lowp(yb, y, "16-bit split_heads");
+    const std::int64_t d = 203;
     auto a = random({N, d}, 2.0), b = random({N, d}), o = output({N, d});
     cpu->swiglu_forward(a.cpu, b.cpu, o.cpu);
     Allocation ab = lowp(a), bb = lowp(b), ob = lowp_output({N, d});

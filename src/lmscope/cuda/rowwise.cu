@@ -9,6 +9,7 @@
 
 #include <cstdint>
 #include <type_traits>
+#include <utility>
 
 namespace lmscope::cuda {
 namespace {
@@ -53,32 +54,60 @@ __global__ void __launch_bounds__(kEmbeddingThreads)
   }
 }
 
-template <typename TO>
+// Each thread takes N consecutive elements at a time (16-byte loads of the fp32 rows with N = 4; N = 1
+// where d or a buffer does not allow it), as the backward's dx kernel does; the fused kernel below
+// takes the same N, so the two give the same bits.
+template <typename TO, int N>
 __global__ void rmsnorm_forward_kernel(const float* x, const float* w, TO* out, float* rstd, std::int64_t d,
                                        float eps) {
-  const float* xr = x + blockIdx.x * d;
+  const std::int64_t base = blockIdx.x * d;
   float ss = 0;
-  for (std::int64_t j = threadIdx.x; j < d; j += blockDim.x) ss += xr[j] * xr[j];
+  for (std::int64_t j = threadIdx.x * std::int64_t{N}; j < d; j += std::int64_t{blockDim.x} * N) {
+    float xv[N];
+    load(x + base + j, xv);
+#pragma unroll
+    for (int k = 0; k < N; ++k) ss += xv[k] * xv[k];
+  }
   const float r = rsqrtf(block_sum(ss) / static_cast<float>(d) + eps);
   if (threadIdx.x == 0) rstd[blockIdx.x] = r;
-  for (std::int64_t j = threadIdx.x; j < d; j += blockDim.x) out[blockIdx.x * d + j] = st<TO>(xr[j] * r * w[j]);
+  for (std::int64_t j = threadIdx.x * std::int64_t{N}; j < d; j += std::int64_t{blockDim.x} * N) {
+    float xv[N], wv[N], o[N];
+    load(x + base + j, xv);
+    load(w + j, wv);
+#pragma unroll
+    for (int k = 0; k < N; ++k) o[k] = xv[k] * r * wv[k];
+    store(out + base + j, o);
+  }
 }
 
 // The residual add before it in the same pass: h = x + y, written, then normalised as above. Each
 // thread reads back only what it wrote itself.
-template <typename TO, typename TY>
+template <typename TO, typename TY, int N>
 __global__ void add_rmsnorm_forward_kernel(const float* x, const TY* y, float* h, const float* w, TO* out, float* rstd,
                                            std::int64_t d, float eps) {
   const std::int64_t base = blockIdx.x * d;
   float ss = 0;
-  for (std::int64_t j = threadIdx.x; j < d; j += blockDim.x) {
-    const float v = x[base + j] + ld(y[base + j]);
-    h[base + j] = v;
-    ss += v * v;
+  for (std::int64_t j = threadIdx.x * std::int64_t{N}; j < d; j += std::int64_t{blockDim.x} * N) {
+    float xv[N], yv[N], v[N];
+    load(x + base + j, xv);
+    load(y + base + j, yv);
+#pragma unroll
+    for (int k = 0; k < N; ++k) {
+      v[k] = xv[k] + yv[k];
+      ss += v[k] * v[k];
+    }
+    store(h + base + j, v);
   }
   const float r = rsqrtf(block_sum(ss) / static_cast<float>(d) + eps);
   if (threadIdx.x == 0) rstd[blockIdx.x] = r;
-  for (std::int64_t j = threadIdx.x; j < d; j += blockDim.x) out[base + j] = st<TO>(h[base + j] * r * w[j]);
+  for (std::int64_t j = threadIdx.x * std::int64_t{N}; j < d; j += std::int64_t{blockDim.x} * N) {
+    float hv[N], wv[N], o[N];
+    load(h + base + j, hv);
+    load(w + j, wv);
+#pragma unroll
+    for (int k = 0; k < N; ++k) o[k] = hv[k] * r * wv[k];
+    store(out + base + j, o);
+  }
 }
 
 // dx = r·(w∘dy) − x·r³·mean(x∘w∘dy), plus the residual's gradient when one is given (fused: the add
@@ -316,11 +345,24 @@ void embedding_backward(const std::int32_t* ids, const float* dout, float* dtabl
   check_launch("embedding_backward_kernel");
 }
 
+// Four elements a thread where d allows it and every row starts aligned for the loads and stores
+// (row r starts at element r·d, a multiple of 4 when d is, so the bases decide).
+bool four_a_thread(std::int64_t d, std::initializer_list<std::pair<const void*, std::size_t>> bases) {
+  if (d % 4 != 0) return false;
+  for (const auto& [p, elem_bytes] : bases)
+    if (reinterpret_cast<std::uintptr_t>(p) % (4 * elem_bytes) != 0) return false;
+  return true;
+}
+
 void rmsnorm_forward(const float* x, const float* w, void* out, Elem eout, float* rstd, std::int64_t n, std::int64_t d,
                      float eps, cudaStream_t s) {
   with_elem(eout, [&](auto t) {
     using T = typename decltype(t)::type;
-    rmsnorm_forward_kernel<T><<<static_cast<unsigned>(n), 256, 0, s>>>(x, w, static_cast<T*>(out), rstd, d, eps);
+    T* o = static_cast<T*>(out);
+    if (four_a_thread(d, {{x, sizeof(float)}, {w, sizeof(float)}, {out, sizeof(T)}}))
+      rmsnorm_forward_kernel<T, 4><<<static_cast<unsigned>(n), 256, 0, s>>>(x, w, o, rstd, d, eps);
+    else
+      rmsnorm_forward_kernel<T, 1><<<static_cast<unsigned>(n), 256, 0, s>>>(x, w, o, rstd, d, eps);
   });
   check_launch("rmsnorm_forward_kernel");
 }
@@ -331,8 +373,13 @@ void add_rmsnorm_forward(const float* x, const void* y, Elem ey, float* h, const
     with_elem(eout, [&](auto to) {
       using TY = typename decltype(ty)::type;
       using TO = typename decltype(to)::type;
-      add_rmsnorm_forward_kernel<TO, TY><<<static_cast<unsigned>(n), 256, 0, s>>>(x, static_cast<const TY*>(y), h, w,
-                                                                                  static_cast<TO*>(out), rstd, d, eps);
+      const TY* yt = static_cast<const TY*>(y);
+      TO* o = static_cast<TO*>(out);
+      if (four_a_thread(
+              d, {{x, sizeof(float)}, {y, sizeof(TY)}, {h, sizeof(float)}, {w, sizeof(float)}, {out, sizeof(TO)}}))
+        add_rmsnorm_forward_kernel<TO, TY, 4><<<static_cast<unsigned>(n), 256, 0, s>>>(x, yt, h, w, o, rstd, d, eps);
+      else
+        add_rmsnorm_forward_kernel<TO, TY, 1><<<static_cast<unsigned>(n), 256, 0, s>>>(x, yt, h, w, o, rstd, d, eps);
     });
   });
   check_launch("add_rmsnorm_forward_kernel");

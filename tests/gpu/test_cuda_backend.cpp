@@ -20,6 +20,11 @@
 #include <chrono>
 #include <cmath>
 #include <cstring>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <string>
+#include <utility>
 
 namespace lmscope::test {
 namespace {
@@ -50,6 +55,29 @@ class CudaVsCpu : public ::testing::Test {
     cpu->fill(t.cpu, NAN);
     gpu->fill(t.gpu, NAN);
     return t;
+  }
+  // Runs f; the kernel of its launches whose name starts with `kernel` (as the kernel tracer names
+  // it, with its template arguments): which variant a dispatch chose. None where CUPTI is taken
+  // (under compute-sanitizer): f still runs, and only the variant goes unchecked.
+  std::optional<std::string> launched(const std::string& kernel, const std::function<void()>& f) {
+    std::unique_ptr<KernelTracer> tracer;
+    try {
+      tracer = gpu->kernel_tracer();
+    } catch (const std::exception&) {
+      f();
+      return std::nullopt;
+    }
+    f();
+    for (const KernelRecord& r : tracer->finish().work)
+      if (r.name.starts_with(kernel + "<")) return r.name;
+    return "(" + kernel + " not launched)";
+  }
+  // A copy of a twin's GPU side one element past its allocation's start: off alignment for packs.
+  std::pair<Allocation, Tensor> shifted_copy(const Tensor& t) {
+    Allocation a = gpu->allocator().allocate({t.numel() + 1}, t.dtype, {});
+    const Tensor view = a.tensor().rows(1, t.numel()).view(t.shape);
+    gpu->cast(t, view);
+    return {std::move(a), view};
   }
   // A GPU tensor's f32 values, as stored.
   std::vector<float> download_raw(const Tensor& t) {
@@ -125,12 +153,39 @@ TEST_F(CudaVsCpu, RmsNormDwSameBitsWhateverColumnsAThread) {
                           c ? dx.cpu : dx.gpu, c ? dw.cpu : dw.gpu);
     }
     expect_close(dw, kFp32, "rmsnorm dw");
-    Allocation shifted = gpu->allocator().allocate({N * d + 1}, DType::f32, {});
-    const Tensor unaligned = shifted.tensor().rows(1, N * d).view({N, d});
-    gpu->cast(dy.gpu, unaligned);
-    gpu->rmsnorm_backward(unaligned, x.gpu, w.gpu, r.gpu, dx.gpu, dw1.gpu);
+    const auto [kept, unaligned] = shifted_copy(dy.gpu);
+    const auto pairs = launched("rmsnorm_backward_dw_kernel",
+                                [&] { gpu->rmsnorm_backward(dy.gpu, x.gpu, w.gpu, r.gpu, dx.gpu, dw.gpu); });
+    EXPECT_TRUE(!pairs || pairs->ends_with(", 2>")) << *pairs;
+    const auto ones = launched("rmsnorm_backward_dw_kernel",
+                               [&] { gpu->rmsnorm_backward(unaligned, x.gpu, w.gpu, r.gpu, dx.gpu, dw1.gpu); });
+    EXPECT_TRUE(!ones || ones->ends_with(", 1>")) << *ones;
     EXPECT_EQ(download(*gpu, dw.gpu), download(*gpu, dw1.gpu));
   }
+}
+
+// The forward kernels take four elements a thread where d is a multiple of 4, in packs where the
+// buffers allow and one by one where not: the fused kernel on buffers off alignment gives the bits
+// of the add and the plain kernel on aligned ones.
+TEST_F(CudaVsCpu, RmsNormForwardSameBitsWhateverAlignment) {
+  const std::int64_t N = 37, d = 256;
+  auto x = random({N, d}), y = random({N, d}), w = random({d});
+  auto h = output({N, d}), out = output({N, d}), r = output({N}), h2 = output({N, d}), out2 = output({N, d}),
+       r2 = output({N});
+  const auto [kx, x_off] = shifted_copy(x.gpu);
+  const auto [ky, y_off] = shifted_copy(y.gpu);
+  const auto fused = launched("add_rmsnorm_forward_kernel",
+                              [&] { gpu->add_rmsnorm_forward(x_off, y_off, h.gpu, w.gpu, out.gpu, r.gpu, 1e-5); });
+  EXPECT_TRUE(!fused || *fused == "add_rmsnorm_forward_kernel<float, float, 4, false>") << *fused;
+  gpu->add(x.gpu, y.gpu, h2.gpu);
+  const auto plain =
+      launched("rmsnorm_forward_kernel", [&] { gpu->rmsnorm_forward(h2.gpu, w.gpu, out2.gpu, r2.gpu, 1e-5); });
+  EXPECT_TRUE(!plain || *plain == "rmsnorm_forward_kernel<float, 4, true>") << *plain;
+  for (auto [a, b] : {std::pair{&h, &h2}, {&out, &out2}, {&r, &r2}})
+    EXPECT_EQ(download(*gpu, a->gpu), download(*gpu, b->gpu));
+  cpu->add(x.cpu, y.cpu, h.cpu);
+  cpu->rmsnorm_forward(h.cpu, w.cpu, out.cpu, r.cpu, 1e-5);
+  expect_close(out, kFp32, "rmsnorm off alignment");
 }
 
 // The fused residual add + RMSNorm and RMSNorm backward + residual gradient: the CPU's values, and
@@ -452,12 +507,15 @@ TEST_P(LowpVsCpu, RmsNormDwFromWidePacks) {
     cpu->rmsnorm_forward(x.cpu, w.cpu, y.cpu, r.cpu, 1e-5);
     cpu->rmsnorm_backward(dy.cpu, x.cpu, w.cpu, r.cpu, dx.cpu, dw.cpu);
     gpu->rmsnorm_forward(x.gpu, w.gpu, y.gpu, r.gpu, 1e-5);
-    Allocation dyb = lowp(dy), shifted = gpu->allocator().allocate({N * d + 1}, GetParam(), {});
-    const Tensor unaligned = shifted.tensor().rows(1, N * d).view({N, d});
-    gpu->cast(dyb, unaligned);
-    gpu->rmsnorm_backward(dyb, x.gpu, w.gpu, r.gpu, dx.gpu, dw.gpu);
+    Allocation dyb = lowp(dy);
+    const auto [kept, unaligned] = shifted_copy(dyb);
+    const auto pairs = launched("rmsnorm_backward_dw_kernel",
+                                [&] { gpu->rmsnorm_backward(dyb, x.gpu, w.gpu, r.gpu, dx.gpu, dw.gpu); });
+    EXPECT_TRUE(!pairs || pairs->ends_with(", 2>")) << *pairs;
     expect_close(dw, kLowp, "rmsnorm dw from a 16-bit gradient");
-    gpu->rmsnorm_backward(unaligned, x.gpu, w.gpu, r.gpu, dx.gpu, dw1.gpu);
+    const auto ones = launched("rmsnorm_backward_dw_kernel",
+                               [&] { gpu->rmsnorm_backward(unaligned, x.gpu, w.gpu, r.gpu, dx.gpu, dw1.gpu); });
+    EXPECT_TRUE(!ones || ones->ends_with(", 1>")) << *ones;
     EXPECT_EQ(download(*gpu, dw.gpu), download(*gpu, dw1.gpu));
   }
 }

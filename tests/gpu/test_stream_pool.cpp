@@ -4,23 +4,32 @@
 #include "lmscope/backend/backend.h"
 #include "lmscope/backend/devices.h"
 
+#include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
 namespace lmscope::test {
 namespace {
 
+// By the driver's stream id, which no new stream reuses (a stream made after one was destroyed may
+// get the destroyed one's address).
+unsigned long long stream_id(void* stream) {
+  unsigned long long id = 0;
+  EXPECT_EQ(cudaStreamGetId(static_cast<cudaStream_t>(stream), &id), cudaSuccess);
+  return id;
+}
+
 TEST(StreamPool, ALaterBackendRunsOnTheStreamOfOneThatEnded) {
   if (list_gpus().empty()) GTEST_SKIP() << "no CUDA GPU visible";
-  void* first = nullptr;
+  unsigned long long first = 0;
   {
     auto a = make_cuda_backend(GemmMath::fp32);
-    first = a->cuda_stream();
-    ASSERT_NE(first, nullptr);
+    ASSERT_NE(a->cuda_stream(), nullptr);
+    first = stream_id(a->cuda_stream());
     auto b = make_cuda_backend(GemmMath::fp32);
-    EXPECT_NE(b->cuda_stream(), first) << "two live backends share a stream";
+    EXPECT_NE(stream_id(b->cuda_stream()), first) << "two live backends share a stream";
   }
   auto c = make_cuda_backend(GemmMath::fp32);
-  EXPECT_EQ(c->cuda_stream(), first) << "the earliest stream made, free again, goes first";
+  EXPECT_EQ(stream_id(c->cuda_stream()), first) << "the earliest stream made, free again, goes first";
   // And it works: a fill and a read back through it.
   Allocation t = c->allocator().allocate({3}, DType::f32, {});
   c->fill(t, 2.5);

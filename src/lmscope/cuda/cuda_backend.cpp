@@ -63,6 +63,7 @@ class CudaBackend final : public Backend {
     if (cuda::nvtx_tool_attached()) set_device_ranges(cuda::make_nvtx_ranges());
   }
   ~CudaBackend() override {
+    graphs_->abort();  // a capture left open by an exception ends first: the wait below then waits
     cudaStreamSynchronize(stream_);
     alloc_.on_segment_free(nullptr);  // the allocator outlives the graphs and the stream
     graphs_.reset();

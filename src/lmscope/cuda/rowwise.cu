@@ -54,17 +54,20 @@ __global__ void __launch_bounds__(kEmbeddingThreads)
   }
 }
 
-// Each thread takes N consecutive elements at a time (16-byte loads of the fp32 rows with N = 4; N = 1
-// where d or a buffer does not allow it), as the backward's dx kernel does; the fused kernel below
-// takes the same N, so the two give the same bits.
-template <typename TO, int N>
+// Each thread takes N consecutive elements at a time: 4 where d allows it (16-byte loads of the fp32
+// rows; at large ctx 1024 the fused kernel ran at 67% of its memory floor one element at a time, 91%
+// so), else 1. N follows from d alone, and where a base is off alignment for packs (PACKED false) the
+// same four are moved one by one, so this kernel and the fused one below sum each row in the same
+// order whatever their buffers' alignment, and give the same bits (a recomputed layer reruns this
+// one on the sum the fused one made).
+template <typename TO, int N, bool PACKED>
 __global__ void rmsnorm_forward_kernel(const float* x, const float* w, TO* out, float* rstd, std::int64_t d,
                                        float eps) {
   const std::int64_t base = blockIdx.x * d;
   float ss = 0;
   for (std::int64_t j = threadIdx.x * std::int64_t{N}; j < d; j += std::int64_t{blockDim.x} * N) {
     float xv[N];
-    load(x + base + j, xv);
+    load_as<PACKED>(x + base + j, xv);
 #pragma unroll
     for (int k = 0; k < N; ++k) ss += xv[k] * xv[k];
   }
@@ -72,42 +75,53 @@ __global__ void rmsnorm_forward_kernel(const float* x, const float* w, TO* out, 
   if (threadIdx.x == 0) rstd[blockIdx.x] = r;
   for (std::int64_t j = threadIdx.x * std::int64_t{N}; j < d; j += std::int64_t{blockDim.x} * N) {
     float xv[N], wv[N], o[N];
-    load(x + base + j, xv);
-    load(w + j, wv);
+    load_as<PACKED>(x + base + j, xv);
+    load_as<PACKED>(w + j, wv);
 #pragma unroll
     for (int k = 0; k < N; ++k) o[k] = xv[k] * r * wv[k];
-    store(out + base + j, o);
+    store_as<PACKED>(out + base + j, o);
   }
 }
 
 // The residual add before it in the same pass: h = x + y, written, then normalised as above. Each
 // thread reads back only what it wrote itself.
-template <typename TO, typename TY, int N>
+template <typename TO, typename TY, int N, bool PACKED>
 __global__ void add_rmsnorm_forward_kernel(const float* x, const TY* y, float* h, const float* w, TO* out, float* rstd,
                                            std::int64_t d, float eps) {
   const std::int64_t base = blockIdx.x * d;
   float ss = 0;
   for (std::int64_t j = threadIdx.x * std::int64_t{N}; j < d; j += std::int64_t{blockDim.x} * N) {
     float xv[N], yv[N], v[N];
-    load(x + base + j, xv);
-    load(y + base + j, yv);
+    load_as<PACKED>(x + base + j, xv);
+    load_as<PACKED>(y + base + j, yv);
 #pragma unroll
     for (int k = 0; k < N; ++k) {
       v[k] = xv[k] + yv[k];
       ss += v[k] * v[k];
     }
-    store(h + base + j, v);
+    store_as<PACKED>(h + base + j, v);
   }
   const float r = rsqrtf(block_sum(ss) / static_cast<float>(d) + eps);
   if (threadIdx.x == 0) rstd[blockIdx.x] = r;
   for (std::int64_t j = threadIdx.x * std::int64_t{N}; j < d; j += std::int64_t{blockDim.x} * N) {
     float hv[N], wv[N], o[N];
-    load(h + base + j, hv);
-    load(w + j, wv);
+    load_as<PACKED>(h + base + j, hv);
+    load_as<PACKED>(w + j, wv);
 #pragma unroll
     for (int k = 0; k < N; ++k) o[k] = hv[k] * r * wv[k];
-    store(out + base + j, o);
+    store_as<PACKED>(out + base + j, o);
   }
+}
+
+// Runs f with N (4 where d is a multiple of 4, else 1) and PACKED (whether the bases allow packs of N).
+template <typename F>
+void with_row_elements(std::int64_t d, std::initializer_list<std::pair<const void*, std::size_t>> bases, F&& f) {
+  if (d % 4 != 0)
+    f(std::integral_constant<int, 1>{}, std::true_type{});
+  else if (packs_fit(d, 4, bases))
+    f(std::integral_constant<int, 4>{}, std::true_type{});
+  else
+    f(std::integral_constant<int, 4>{}, std::false_type{});
 }
 
 // dx = r·(w∘dy) − x·r³·mean(x∘w∘dy), plus the residual's gradient when one is given (fused: the add
@@ -146,13 +160,12 @@ __global__ void rmsnorm_backward_dx_kernel(const TD* dout, const float* x, const
 // dw[j] = Σ_rows dy·x·r, in a fixed order (deterministic, no atomics): a block takes 32·V columns,
 // its thread (lane, g) V consecutive columns of rows g, g + 16·RANKS, ... (one load of V elements of
 // each row, four rows' loads issued before their sums), then the threads g < V add the 16 row
-// groups' sums of a column in order. d/32 blocks alone leave most SMs idle (24 of 132 at d 768), so
-// on Hopper RANKS = 8 blocks of a cluster share a column tile's rows, and rank 0 adds their sums from
-// distributed shared memory in rank order: eight times the blocks, and no scratch memory to account
-// for. V (2 where d and the rows' alignment allow, else 1) changes which thread sums a column, not
-// the order of its sum, so both give the same bits. The shape was chosen by timing (docs/speed.md):
-// one column a thread with one row's loads in flight and 32 row groups took 22.0 µs at large ctx 1024
-// (36% of the memory floor); four rows in flight 17.7, two columns 17.2, and 16 row groups 16.4.
+// groups' sums of a column in order. d/(32·V) blocks alone leave most SMs idle, so on Hopper RANKS = 8
+// blocks of a cluster share a column tile's rows, and rank 0 adds their sums from distributed shared
+// memory in rank order: eight times the blocks, and no scratch memory to account for. V (2 where d
+// and the rows' alignment allow, else 1) changes which thread sums a column, not the order of its
+// sum, so both give the same bits. One row's loads in flight left the kernel at 35% of its memory
+// floor; the shape kept was timed against others (docs/speed.md, "RMSNorm's weight gradient").
 constexpr int kDwLanes = 32, kDwRowGroups = 16, kDwClusterRanks = 8, kDwUnroll = 4;
 template <typename TD, int RANKS, int V>
 __global__ void __launch_bounds__(kDwLanes* kDwRowGroups)
@@ -229,12 +242,10 @@ bool dw_clusters() {
   return ok;
 }
 
-// Columns a thread of the dw kernel takes: 2 where d is even and the rows' bases allow the loads
-// (row r's columns j, j + 1 start at element r·d + j, even when d is), else 1.
+// Columns a thread of the dw kernel takes: 2 where d and the rows' bases allow pairs, else 1 (the
+// same bits either way).
 int dw_columns_per_thread(std::int64_t d, const void* dy, std::size_t dy_bytes, const float* x) {
-  const bool pairs = d % 2 == 0 && reinterpret_cast<std::uintptr_t>(dy) % (2 * dy_bytes) == 0 &&
-                     reinterpret_cast<std::uintptr_t>(x) % (2 * sizeof(float)) == 0;
-  return pairs ? 2 : 1;
+  return packs_fit(d, 2, {{dy, dy_bytes}, {x, sizeof(float)}}) ? 2 : 1;
 }
 
 // Softmax rows are short (T keys) and many (B·h·T), so a warp takes a row: shuffles instead of
@@ -345,24 +356,14 @@ void embedding_backward(const std::int32_t* ids, const float* dout, float* dtabl
   check_launch("embedding_backward_kernel");
 }
 
-// Four elements a thread where d allows it and every row starts aligned for the loads and stores
-// (row r starts at element r·d, a multiple of 4 when d is, so the bases decide).
-bool four_a_thread(std::int64_t d, std::initializer_list<std::pair<const void*, std::size_t>> bases) {
-  if (d % 4 != 0) return false;
-  for (const auto& [p, elem_bytes] : bases)
-    if (reinterpret_cast<std::uintptr_t>(p) % (4 * elem_bytes) != 0) return false;
-  return true;
-}
-
 void rmsnorm_forward(const float* x, const float* w, void* out, Elem eout, float* rstd, std::int64_t n, std::int64_t d,
                      float eps, cudaStream_t s) {
   with_elem(eout, [&](auto t) {
     using T = typename decltype(t)::type;
-    T* o = static_cast<T*>(out);
-    if (four_a_thread(d, {{x, sizeof(float)}, {w, sizeof(float)}, {out, sizeof(T)}}))
-      rmsnorm_forward_kernel<T, 4><<<static_cast<unsigned>(n), 256, 0, s>>>(x, w, o, rstd, d, eps);
-    else
-      rmsnorm_forward_kernel<T, 1><<<static_cast<unsigned>(n), 256, 0, s>>>(x, w, o, rstd, d, eps);
+    with_row_elements(d, {{x, sizeof(float)}, {w, sizeof(float)}, {out, sizeof(T)}}, [&](auto elems, auto packed) {
+      rmsnorm_forward_kernel<T, decltype(elems)::value, decltype(packed)::value>
+          <<<static_cast<unsigned>(n), 256, 0, s>>>(x, w, static_cast<T*>(out), rstd, d, eps);
+    });
   });
   check_launch("rmsnorm_forward_kernel");
 }
@@ -373,13 +374,13 @@ void add_rmsnorm_forward(const float* x, const void* y, Elem ey, float* h, const
     with_elem(eout, [&](auto to) {
       using TY = typename decltype(ty)::type;
       using TO = typename decltype(to)::type;
-      const TY* yt = static_cast<const TY*>(y);
-      TO* o = static_cast<TO*>(out);
-      if (four_a_thread(
-              d, {{x, sizeof(float)}, {y, sizeof(TY)}, {h, sizeof(float)}, {w, sizeof(float)}, {out, sizeof(TO)}}))
-        add_rmsnorm_forward_kernel<TO, TY, 4><<<static_cast<unsigned>(n), 256, 0, s>>>(x, yt, h, w, o, rstd, d, eps);
-      else
-        add_rmsnorm_forward_kernel<TO, TY, 1><<<static_cast<unsigned>(n), 256, 0, s>>>(x, yt, h, w, o, rstd, d, eps);
+      with_row_elements(
+          d, {{x, sizeof(float)}, {y, sizeof(TY)}, {h, sizeof(float)}, {w, sizeof(float)}, {out, sizeof(TO)}},
+          [&](auto elems, auto packed) {
+            add_rmsnorm_forward_kernel<TO, TY, decltype(elems)::value, decltype(packed)::value>
+                <<<static_cast<unsigned>(n), 256, 0, s>>>(x, static_cast<const TY*>(y), h, w, static_cast<TO*>(out),
+                                                          rstd, d, eps);
+          });
     });
   });
   check_launch("add_rmsnorm_forward_kernel");

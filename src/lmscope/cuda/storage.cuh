@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <initializer_list>
 #include <stdexcept>
+#include <utility>
 
 namespace lmscope::cuda {
 
@@ -48,6 +49,34 @@ __device__ __forceinline__ void store(T* p, const float (&x)[N]) {
 #pragma unroll
   for (int i = 0; i < N; ++i) k.v[i] = st<T>(x[i]);
   *reinterpret_cast<Pack<T, N>*>(p) = k;
+}
+// The same N elements one at a time: for rows whose bases do not allow a pack, in a kernel that must
+// take the same N (and so sum in the same order) either way.
+template <bool PACKED, int N, typename T>
+__device__ __forceinline__ void load_as(const T* p, float (&x)[N]) {
+  if constexpr (PACKED) {
+    load(p, x);
+  } else {
+#pragma unroll
+    for (int i = 0; i < N; ++i) x[i] = ld(p[i]);
+  }
+}
+template <bool PACKED, int N, typename T>
+__device__ __forceinline__ void store_as(T* p, const float (&x)[N]) {
+  if constexpr (PACKED) {
+    store(p, x);
+  } else {
+#pragma unroll
+    for (int i = 0; i < N; ++i) p[i] = st<T>(x[i]);
+  }
+}
+// Whether rows of d elements at these bases (pointer, bytes an element) allow packs of n elements:
+// row r starts at element r·d, a multiple of n when d is, so the bases decide.
+inline bool packs_fit(std::int64_t d, int n, std::initializer_list<std::pair<const void*, std::size_t>> bases) {
+  if (d % n != 0) return false;
+  for (const auto& [p, elem_bytes] : bases)
+    if (reinterpret_cast<std::uintptr_t>(p) % (elem_bytes * static_cast<std::size_t>(n)) != 0) return false;
+  return true;
 }
 // Elements per 16-byte pack, and whether pointers allow packs.
 template <typename T>

@@ -64,16 +64,9 @@ int main(int argc, char** argv) {
   add_linear(list, "merged q,k,v", rows, d, 3 * d, 0);
   add_linear(list, "merged w1,w3", rows, d, 2 * f, 0);
 
-  size_t max_elems = 0;
-  for (const Product& p : list)
-    max_elems = std::max({max_elems, size_t(p.m) * p.k, size_t(p.k) * p.n, size_t(p.m) * p.n});
-  __nv_bfloat16 *a, *b;
-  float* c;
-  CHECK_CUDA(cudaMalloc(&a, max_elems * 2));
-  CHECK_CUDA(cudaMalloc(&b, max_elems * 2));
-  CHECK_CUDA(cudaMalloc(&c, max_elems * 4));
-  fill_random<<<1024, 256>>>(a, max_elems, 1);
-  fill_random<<<1024, 256>>>(b, max_elems, 2);
+  const Operands ops = random_operands(list, 1, 2);
+  __nv_bfloat16 *a = ops.a, *b = ops.b;
+  float* c = ops.c;
   size_t workspace_bytes = size_t(32) << 20;
   void* workspace;
   CHECK_CUDA(cudaMalloc(&workspace, workspace_bytes));

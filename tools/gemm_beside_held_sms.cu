@@ -96,16 +96,9 @@ int main(int argc, char** argv) {
       {"xl attn proj wgrad", 1600, 1600, tokens, true}, {"xl lm head fwd", tokens, 10000, 1600, false},
       {"2.7B ffn up fwd", tokens, 10240, 2560, false},  {"2.7B ffn up wgrad", 10240, 2560, tokens, true},
   };
-  size_t max_elems = 0;
-  for (const Shape& s : shapes)
-    max_elems = std::max({max_elems, size_t(s.m) * s.k, size_t(s.k) * s.n, size_t(s.m) * s.n});
-  __nv_bfloat16 *a, *b;
-  float* c;
-  CHECK_CUDA(cudaMalloc(&a, max_elems * 2));
-  CHECK_CUDA(cudaMalloc(&b, max_elems * 2));
-  CHECK_CUDA(cudaMalloc(&c, max_elems * 4));
-  fill_random<<<1024, 256>>>(a, max_elems, 1);
-  fill_random<<<1024, 256>>>(b, max_elems, 2);
+  const Operands ops = random_operands(shapes, 1, 2);
+  __nv_bfloat16 *a = ops.a, *b = ops.b;
+  float* c = ops.c;
   size_t workspace_bytes = size_t(32) << 20;
   void* workspace;
   CHECK_CUDA(cudaMalloc(&workspace, workspace_bytes));

@@ -96,16 +96,9 @@ void run_rank(int rank, Shared& sh, size_t bytes, int fewer) {
   CHECK_CUDA(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, rank));
   auto say = [&](std::string s) { sh.lines[rank].push_back(std::move(s)); };
 
-  size_t max_elems = 0;
-  for (const Shape& s : kShapes)
-    max_elems = std::max({max_elems, size_t(s.m) * s.k, size_t(s.k) * s.n, size_t(s.m) * s.n});
-  __nv_bfloat16 *a, *b;
-  float* c;
-  CHECK_CUDA(cudaMalloc(&a, max_elems * 2));
-  CHECK_CUDA(cudaMalloc(&b, max_elems * 2));
-  CHECK_CUDA(cudaMalloc(&c, max_elems * 4));
-  fill_random<<<1024, 256>>>(a, max_elems, 1 + rank);
-  fill_random<<<1024, 256>>>(b, max_elems, 7 + rank);
+  const Operands ops = random_operands(kShapes, 1 + rank, 7 + rank);
+  __nv_bfloat16 *a = ops.a, *b = ops.b;
+  float* c = ops.c;
   size_t workspace_bytes = size_t(32) << 20;
   void* workspace;
   CHECK_CUDA(cudaMalloc(&workspace, workspace_bytes));

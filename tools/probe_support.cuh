@@ -1,11 +1,13 @@
 // What the standalone GPU probes (gemm_algorithms, gemm_beside_held_sms, nccl_symmetric_beside_gemm)
-// share: checks that print and exit, and random bf16 operands. Kept apart from src/ so the probes build with nvcc alone.
+// share: checks that print and exit, and random bf16 operands. Kept apart from src/ so the probes build with nvcc
+// alone.
 #pragma once
 
 #include <cublasLt.h>
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 
@@ -30,4 +32,24 @@ __global__ void fill_random(__nv_bfloat16* p, size_t n, unsigned seed) {
     x ^= x >> 15;
     p[i] = __float2bfloat16((x & 0xffff) / 32768.0f - 1.0f);
   }
+}
+
+// A GEMM's operands for a list of products (anything with m, n, k): bf16 A and B filled by
+// fill_random from the two seeds, and an f32 C, each with room for the largest product in any
+// orientation.
+struct Operands {
+  __nv_bfloat16 *a = nullptr, *b = nullptr;
+  float* c = nullptr;
+};
+template <typename Products>
+Operands random_operands(const Products& products, unsigned seed_a, unsigned seed_b) {
+  size_t elems = 0;
+  for (const auto& p : products) elems = std::max({elems, size_t(p.m) * p.k, size_t(p.k) * p.n, size_t(p.m) * p.n});
+  Operands o;
+  CHECK_CUDA(cudaMalloc(&o.a, elems * 2));
+  CHECK_CUDA(cudaMalloc(&o.b, elems * 2));
+  CHECK_CUDA(cudaMalloc(&o.c, elems * 4));
+  fill_random<<<1024, 256>>>(o.a, elems, seed_a);
+  fill_random<<<1024, 256>>>(o.b, elems, seed_b);
+  return o;
 }

@@ -79,6 +79,16 @@ class CudaVsCpu : public ::testing::Test {
     gpu->cast(t, view);
     return {std::move(a), view};
   }
+  // RMSNorm forward and backward on both backends, each on its side of the twins.
+  void rmsnorm_on_both(const Twin& x, const Twin& w, const Twin& dy, const Twin& y, const Twin& r, const Twin& dx,
+                       const Twin& dw) {
+    for (Backend* b : {cpu.get(), gpu.get()}) {
+      const bool c = b == cpu.get();
+      b->rmsnorm_forward(c ? x.cpu : x.gpu, c ? w.cpu : w.gpu, c ? y.cpu : y.gpu, c ? r.cpu : r.gpu, 1e-5);
+      b->rmsnorm_backward(c ? dy.cpu : dy.gpu, c ? x.cpu : x.gpu, c ? w.cpu : w.gpu, c ? r.cpu : r.gpu,
+                          c ? dx.cpu : dx.gpu, c ? dw.cpu : dw.gpu);
+    }
+  }
   // A GPU tensor's f32 values, as stored.
   std::vector<float> download_raw(const Tensor& t) {
     std::vector<float> v(static_cast<std::size_t>(t.numel()));
@@ -124,12 +134,7 @@ TEST_F(CudaVsCpu, RmsNorm) {
     SCOPED_TRACE(N);
     auto x = random({N, d}), w = random({d}), dy = random({N, d});
     auto y = output({N, d}), r = output({N}), dx = output({N, d}), dw = output({d});
-    for (Backend* b : {cpu.get(), gpu.get()}) {
-      const bool c = b == cpu.get();
-      b->rmsnorm_forward(c ? x.cpu : x.gpu, c ? w.cpu : w.gpu, c ? y.cpu : y.gpu, c ? r.cpu : r.gpu, 1e-5);
-      b->rmsnorm_backward(c ? dy.cpu : dy.gpu, c ? x.cpu : x.gpu, c ? w.cpu : w.gpu, c ? r.cpu : r.gpu,
-                          c ? dx.cpu : dx.gpu, c ? dw.cpu : dw.gpu);
-    }
+    rmsnorm_on_both(x, w, dy, y, r, dx, dw);
     expect_close(y, kFp32, "rmsnorm out");
     expect_close(r, kFp32, "rmsnorm rstd");
     expect_close(dx, kFp32, "rmsnorm dx");
@@ -146,12 +151,7 @@ TEST_F(CudaVsCpu, RmsNormDwSameBitsWhateverColumnsAThread) {
     const std::int64_t N = 1001;
     auto x = random({N, d}), w = random({d}), dy = random({N, d});
     auto y = output({N, d}), r = output({N}), dx = output({N, d}), dw = output({d}), dw1 = output({d});
-    for (Backend* b : {cpu.get(), gpu.get()}) {
-      const bool c = b == cpu.get();
-      b->rmsnorm_forward(c ? x.cpu : x.gpu, c ? w.cpu : w.gpu, c ? y.cpu : y.gpu, c ? r.cpu : r.gpu, 1e-5);
-      b->rmsnorm_backward(c ? dy.cpu : dy.gpu, c ? x.cpu : x.gpu, c ? w.cpu : w.gpu, c ? r.cpu : r.gpu,
-                          c ? dx.cpu : dx.gpu, c ? dw.cpu : dw.gpu);
-    }
+    rmsnorm_on_both(x, w, dy, y, r, dx, dw);
     expect_close(dw, kFp32, "rmsnorm dw");
     const auto [kept, unaligned] = shifted_copy(dy.gpu);
     const auto pairs = launched("rmsnorm_backward_dw_kernel",

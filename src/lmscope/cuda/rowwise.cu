@@ -60,6 +60,19 @@ __global__ void __launch_bounds__(kEmbeddingThreads)
 // same four are moved one by one, so this kernel and the fused one below sum each row in the same
 // order whatever their buffers' alignment, and give the same bits (a recomputed layer reruns this
 // one on the sum the fused one made).
+// out = src·r·w over a row, N elements a thread: both forward kernels' second pass.
+template <int N, bool PACKED, typename TO>
+__device__ __forceinline__ void scale_row(const float* src, const float* w, TO* out, float r, std::int64_t d) {
+  for (std::int64_t j = threadIdx.x * std::int64_t{N}; j < d; j += std::int64_t{blockDim.x} * N) {
+    float v[N], wv[N], o[N];
+    load_as<PACKED>(src + j, v);
+    load_as<PACKED>(w + j, wv);
+#pragma unroll
+    for (int k = 0; k < N; ++k) o[k] = v[k] * r * wv[k];
+    store_as<PACKED>(out + j, o);
+  }
+}
+
 template <typename TO, int N, bool PACKED>
 __global__ void rmsnorm_forward_kernel(const float* x, const float* w, TO* out, float* rstd, std::int64_t d,
                                        float eps) {
@@ -73,14 +86,7 @@ __global__ void rmsnorm_forward_kernel(const float* x, const float* w, TO* out, 
   }
   const float r = rsqrtf(block_sum(ss) / static_cast<float>(d) + eps);
   if (threadIdx.x == 0) rstd[blockIdx.x] = r;
-  for (std::int64_t j = threadIdx.x * std::int64_t{N}; j < d; j += std::int64_t{blockDim.x} * N) {
-    float xv[N], wv[N], o[N];
-    load_as<PACKED>(x + base + j, xv);
-    load_as<PACKED>(w + j, wv);
-#pragma unroll
-    for (int k = 0; k < N; ++k) o[k] = xv[k] * r * wv[k];
-    store_as<PACKED>(out + base + j, o);
-  }
+  scale_row<N, PACKED>(x + base, w, out + base, r, d);
 }
 
 // The residual add before it in the same pass: h = x + y, written, then normalised as above. Each
@@ -103,14 +109,7 @@ __global__ void add_rmsnorm_forward_kernel(const float* x, const TY* y, float* h
   }
   const float r = rsqrtf(block_sum(ss) / static_cast<float>(d) + eps);
   if (threadIdx.x == 0) rstd[blockIdx.x] = r;
-  for (std::int64_t j = threadIdx.x * std::int64_t{N}; j < d; j += std::int64_t{blockDim.x} * N) {
-    float hv[N], wv[N], o[N];
-    load_as<PACKED>(h + base + j, hv);
-    load_as<PACKED>(w + j, wv);
-#pragma unroll
-    for (int k = 0; k < N; ++k) o[k] = hv[k] * r * wv[k];
-    store_as<PACKED>(out + base + j, o);
-  }
+  scale_row<N, PACKED>(h + base, w, out + base, r, d);
 }
 
 // Runs f with N (4 where d is a multiple of 4, else 1) and PACKED (whether the bases allow packs of N).

@@ -2,6 +2,7 @@
 #include "lmscope/cuda/grid_stride.cuh"
 #include "lmscope/cuda/kernels.h"
 #include "lmscope/cuda/launch_check.cuh"
+#include "lmscope/cuda/multi_tensor.cuh"
 #include "lmscope/cuda/reduce.cuh"
 #include "lmscope/cuda/storage.cuh"
 
@@ -13,19 +14,22 @@ __global__ void fill_kernel(T* x, std::int64_t n, float value) {
   GRID_STRIDE(i, n) x[i] = st<T>(value);
 }
 
-// The grid's share of casting n elements: `packs` of VEC elements each (16-byte accesses for the
-// wider type), then the rest one by one. The transient weight copies cast every matmul weight twice
-// a step (fp32 to bf16: 6 bytes an element), so this runs at the bandwidth's edge: one element per
-// thread made 2-byte stores, 64 bytes a warp.
+// Casting n elements by units: `packs` of VEC elements each (16-byte accesses for the wider type),
+// then the rest one by one, a unit a thread. The transient weight copies cast every matmul weight
+// twice a step (fp32 to bf16: 6 bytes an element), so this runs at the bandwidth's edge: one element
+// per thread made 2-byte stores, 64 bytes a warp.
+__host__ __device__ __forceinline__ std::int64_t cast_units(std::int64_t n, std::int64_t packs, int vec) {
+  return n - (vec - 1) * packs;
+}
+
 template <typename TI, typename TO, int VEC>
-__device__ __forceinline__ void cast_range(const TI* in, TO* out, std::int64_t n, std::int64_t packs) {
-  float x[VEC];
-  GRID_STRIDE(i, packs) {
-    load<VEC>(in + i * VEC, x);
-    store<VEC>(out + i * VEC, x);
-  }
-  GRID_STRIDE(j, n - packs * VEC) {
-    const std::int64_t i = packs * VEC + j;
+__device__ __forceinline__ void cast_unit(std::int64_t j, const TI* in, TO* out, std::int64_t packs) {
+  if (j < packs) {
+    float x[VEC];
+    load<VEC>(in + j * VEC, x);
+    store<VEC>(out + j * VEC, x);
+  } else {
+    const std::int64_t i = (VEC - 1) * packs + j;
     out[i] = st<TO>(ld(in[i]));
   }
 }
@@ -33,22 +37,26 @@ __device__ __forceinline__ void cast_range(const TI* in, TO* out, std::int64_t n
 // VEC = 1 where a pointer is not aligned.
 template <typename TI, typename TO, int VEC>
 __global__ void cast_kernel(const TI* in, TO* out, std::int64_t n) {
-  cast_range<TI, TO, VEC>(in, out, n, n / VEC);
+  const std::int64_t packs = n / VEC;
+  GRID_STRIDE(j, cast_units(n, packs, VEC)) cast_unit<TI, TO, VEC>(j, in, out, packs);
 }
 
-// cast_kernel over up to kTensorsPerLaunch tensors, blockIdx.y picking one; `packs` is 0 for a
-// tensor whose pointers are not 16-byte aligned (all of it then goes element by element).
+// cast_kernel over up to kTensorsPerLaunch tensors, a chunk of one a block (multi_tensor.cuh);
+// `packs` is 0 for a tensor whose pointers are not 16-byte aligned (all of it then goes element by
+// element).
 template <typename TI, typename TO>
 struct CastList {
   const TI* in[kTensorsPerLaunch];
   TO* out[kTensorsPerLaunch];
   std::int64_t n[kTensorsPerLaunch], packs[kTensorsPerLaunch];
+  ChunkEnds chunks;
+  int count;
 };
 
 template <typename TI, typename TO, int VEC>
 __global__ void cast_many_kernel(CastList<TI, TO> t) {
-  const int k = blockIdx.y;
-  cast_range<TI, TO, VEC>(t.in[k], t.out[k], t.n[k], t.packs[k]);
+  const auto [k, j] = chunk_place(t.chunks, t.count);
+  if (j < cast_units(t.n[k], t.packs[k], VEC)) cast_unit<TI, TO, VEC>(j, t.in[k], t.out[k], t.packs[k]);
 }
 
 template <typename TA, typename TB, typename TO>
@@ -139,16 +147,17 @@ void cast_many(const CastPair* pairs, std::int64_t count, Elem ein, Elem eout, c
       for (std::int64_t first = 0; first < count; first += kTensorsPerLaunch) {
         const int k = static_cast<int>(std::min<std::int64_t>(kTensorsPerLaunch, count - first));
         CastList<TI, TO> list{};
-        std::int64_t most = 1;  // the threads the largest tensor wants
+        std::int64_t units[kTensorsPerLaunch];
         for (int i = 0; i < k; ++i) {
           const CastPair& p = pairs[first + i];
           list.in[i] = static_cast<const TI*>(p.in);
           list.out[i] = static_cast<TO*>(p.out);
           list.n[i] = p.n;
           list.packs[i] = aligned16({p.in, p.out}) ? p.n / kVec : 0;
-          most = std::max(most, list.packs[i] + p.n - list.packs[i] * kVec);
+          units[i] = cast_units(p.n, list.packs[i], kVec);
         }
-        cast_many_kernel<TI, TO, kVec><<<dim3(grid_for(most, kBlock), static_cast<unsigned>(k)), kBlock, 0, s>>>(list);
+        list.count = k;
+        cast_many_kernel<TI, TO, kVec><<<chunk_ends(units, k, list.chunks), kBlock, 0, s>>>(list);
       }
     });
   });

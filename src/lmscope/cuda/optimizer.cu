@@ -4,6 +4,7 @@
 #include "lmscope/cuda/grid_stride.cuh"
 #include "lmscope/cuda/kernels.h"
 #include "lmscope/cuda/launch_check.cuh"
+#include "lmscope/cuda/multi_tensor.cuh"
 #include "lmscope/cuda/reduce.cuh"
 #include "lmscope/cuda/storage.cuh"
 
@@ -45,26 +46,29 @@ __device__ __forceinline__ bool adamw_step(AdamWConsts& c, const float* step_sca
   return !(c.skip_nonfinite && !isfinite(norm));
 }
 
-// One tensor's update by this block's share of the grid's x dimension.
+// A tensor's units: its 16-byte vectors (n4, 0 where a pointer is off alignment), then the rest of
+// its elements one by one.
+__host__ __device__ __forceinline__ std::int64_t adamw_units(std::int64_t n, std::int64_t n4) { return n - 3 * n4; }
+
+// Unit j of one tensor's update (j < adamw_units).
 template <typename G, typename L>
-__device__ __forceinline__ void adamw_tensor(float* p, const G* g, float* m, float* v, std::int64_t n, std::int64_t n4,
-                                             const AdamWConsts& c, float clip, L* lowp) {
-  GRID_STRIDE(i, n4) {
-    float4 pi = reinterpret_cast<float4*>(p)[i], mi = reinterpret_cast<float4*>(m)[i],
-           vi = reinterpret_cast<float4*>(v)[i];
+__device__ __forceinline__ void adamw_unit(std::int64_t j, float* p, const G* g, float* m, float* v, std::int64_t n4,
+                                           const AdamWConsts& c, float clip, L* lowp) {
+  if (j < n4) {
+    float4 pi = reinterpret_cast<float4*>(p)[j], mi = reinterpret_cast<float4*>(m)[j],
+           vi = reinterpret_cast<float4*>(v)[j];
     float gi[4];
-    load<4>(g + 4 * i, gi);
+    load<4>(g + 4 * j, gi);
     adamw_update(pi.x, __fmul_rn(gi[0], clip), mi.x, vi.x, c);
     adamw_update(pi.y, __fmul_rn(gi[1], clip), mi.y, vi.y, c);
     adamw_update(pi.z, __fmul_rn(gi[2], clip), mi.z, vi.z, c);
     adamw_update(pi.w, __fmul_rn(gi[3], clip), mi.w, vi.w, c);
-    reinterpret_cast<float4*>(p)[i] = pi;
-    reinterpret_cast<float4*>(m)[i] = mi;
-    reinterpret_cast<float4*>(v)[i] = vi;
-    if (lowp) store<4>(lowp + 4 * i, {pi.x, pi.y, pi.z, pi.w});
-  }
-  GRID_STRIDE(j, n - 4 * n4) {
-    const std::int64_t i = 4 * n4 + j;
+    reinterpret_cast<float4*>(p)[j] = pi;
+    reinterpret_cast<float4*>(m)[j] = mi;
+    reinterpret_cast<float4*>(v)[j] = vi;
+    if (lowp) store<4>(lowp + 4 * j, {pi.x, pi.y, pi.z, pi.w});
+  } else {
+    const std::int64_t i = 3 * n4 + j;
     float pi = p[i], mi = m[i], vi = v[i];
     adamw_update(pi, __fmul_rn(ld(g[i]), clip), mi, vi, c);
     p[i] = pi;
@@ -74,28 +78,34 @@ __device__ __forceinline__ void adamw_tensor(float* p, const G* g, float* m, flo
   }
 }
 
-// One tensor's step: the update, or after an overflow (the norm not finite, skip_nonfinite) the
-// parameter left as it is and only its copy written.
-template <typename G, typename L>
-__device__ __forceinline__ void adamw_or_keep(float* p, const G* g, float* m, float* v, std::int64_t n, std::int64_t n4,
-                                              AdamWConsts c, const float* step_scalars, const float* grad_norm,
-                                              L* lowp) {
-  float clip = 1.0f;
-  if (adamw_step(c, step_scalars, grad_norm, clip)) {
-    adamw_tensor(p, g, m, v, n, n4, c, clip, lowp);
-  } else if (lowp) {
-    GRID_STRIDE(i, n) lowp[i] = st<L>(p[i]);
+// Unit j after an overflow (the norm not finite, skip_nonfinite): the parameter left as it is and
+// only its copy written.
+template <typename L>
+__device__ __forceinline__ void keep_unit(std::int64_t j, const float* p, std::int64_t n4, L* lowp) {
+  if (!lowp) return;
+  if (j < n4) {
+    const float4 pi = reinterpret_cast<const float4*>(p)[j];
+    store<4>(lowp + 4 * j, {pi.x, pi.y, pi.z, pi.w});
+  } else {
+    lowp[3 * n4 + j] = st<L>(p[3 * n4 + j]);
   }
 }
 
 template <typename G, typename L>
 __global__ void adamw_kernel(float* p, const G* g, float* m, float* v, std::int64_t n, std::int64_t n4, AdamWConsts c,
                              const float* step_scalars, const float* grad_norm, L* lowp) {
-  adamw_or_keep(p, g, m, v, n, n4, c, step_scalars, grad_norm, lowp);
+  float clip = 1.0f;
+  const bool update = adamw_step(c, step_scalars, grad_norm, clip);
+  GRID_STRIDE(j, adamw_units(n, n4)) {
+    if (update)
+      adamw_unit(j, p, g, m, v, n4, c, clip, lowp);
+    else
+      keep_unit(j, p, n4, lowp);
+  }
 }
 
 // Up to kTensorsPerLaunch tensors, their pointers in the kernel's arguments (a launch's arguments
-// may take 4 KiB); blockIdx.y picks the tensor.
+// may take 4 KiB); each block takes a chunk of one tensor (multi_tensor.cuh).
 template <typename G, typename L>
 struct AdamWList {
   using Grad = G;
@@ -106,12 +116,19 @@ struct AdamWList {
   float* v[kTensorsPerLaunch];
   L* lowp[kTensorsPerLaunch];
   std::int64_t n[kTensorsPerLaunch], n4[kTensorsPerLaunch];
+  ChunkEnds chunks;
+  int count;
 };
 
 template <typename G, typename L>
 __global__ void adamw_many_kernel(AdamWList<G, L> t, AdamWConsts c, const float* step_scalars, const float* grad_norm) {
-  const int k = blockIdx.y;
-  adamw_or_keep(t.p[k], t.g[k], t.m[k], t.v[k], t.n[k], t.n4[k], c, step_scalars, grad_norm, t.lowp[k]);
+  const auto [k, j] = chunk_place(t.chunks, t.count);
+  if (j >= adamw_units(t.n[k], t.n4[k])) return;
+  float clip = 1.0f;
+  if (adamw_step(c, step_scalars, grad_norm, clip))
+    adamw_unit(j, t.p[k], t.g[k], t.m[k], t.v[k], t.n4[k], c, clip, t.lowp[k]);
+  else
+    keep_unit(j, t.p[k], t.n4[k], t.lowp[k]);
 }
 
 // The global norm in a fixed order, so the same gradients give the same norm bit for bit (a resumed
@@ -172,8 +189,8 @@ void adamw(float* p, const void* g, Elem eg, float* m, float* v, std::int64_t n,
   with_elem<false>(eg, [&](auto gt) {
     using G = typename decltype(gt)::type;
     auto launch = [&](auto* copy) {
-      adamw_kernel<<<grid_for(n4 > 0 ? n4 : n, kBlock), kBlock, 0, s>>>(p, static_cast<const G*>(g), m, v, n, n4, c,
-                                                                        step_scalars, grad_norm, copy);
+      adamw_kernel<<<grid_for(adamw_units(n, n4), kBlock), kBlock, 0, s>>>(p, static_cast<const G*>(g), m, v, n, n4, c,
+                                                                           step_scalars, grad_norm, copy);
     };
     if (elow == Elem::f16)
       launch(static_cast<__half*>(lowp));
@@ -194,7 +211,7 @@ void adamw_many(const AdamWTensor* tensors, std::int64_t count, const AdamWConst
     auto launch = [&](auto list) {
       using G = typename decltype(list)::Grad;
       using L = typename decltype(list)::Copy;
-      std::int64_t most = 1;
+      std::int64_t units[kTensorsPerLaunch];
       for (int i = 0; i < k; ++i) {
         const AdamWTensor& t = group[i];
         if (t.lowp && t.elow != elow) throw std::invalid_argument("adamw_many: copies of two types in one launch");
@@ -207,11 +224,10 @@ void adamw_many(const AdamWTensor* tensors, std::int64_t count, const AdamWConst
         list.n[i] = t.n;
         const bool vec = aligned16({t.p, t.g, t.m, t.v}) && reinterpret_cast<std::uintptr_t>(t.lowp) % 8 == 0;
         list.n4[i] = vec ? t.n / 4 : 0;
-        most = std::max(most, list.n4[i] > 0 ? list.n4[i] : t.n);
+        units[i] = adamw_units(t.n, list.n4[i]);
       }
-      // The largest tensor sets the grid; the blocks of smaller ones find their loops already done.
-      adamw_many_kernel<<<dim3(grid_for(most, kBlock), static_cast<unsigned>(k)), kBlock, 0, s>>>(list, c, step_scalars,
-                                                                                                  grad_norm);
+      list.count = k;
+      adamw_many_kernel<<<chunk_ends(units, k, list.chunks), kBlock, 0, s>>>(list, c, step_scalars, grad_norm);
     };
     with_elem<false>(group[0].eg, [&](auto gt) {
       using G = typename decltype(gt)::type;

@@ -112,10 +112,12 @@ std::string weight_copies_help(bool list) {
          (list ? " (comma list sweeps)" : "");
 }
 
-void check_weight_copies(const std::string& weight_copies, const std::string& precision) {
-  if (parse_weight_copies(weight_copies) != WeightCopies::kept && compute_dtype(precision) == DType::f32)
+WeightCopies check_weight_copies(const std::string& weight_copies, const std::string& precision) {
+  const WeightCopies parsed = parse_weight_copies(weight_copies);
+  if (parsed != WeightCopies::kept && compute_dtype(precision) == DType::f32)
     user_error("--weight-copies {} needs --precision bf16 or fp16: under fp32 and tf32 the weights have no copies",
                weight_copies);
+  return parsed;
 }
 
 std::string grad_dtype_help(bool list) {

@@ -2,6 +2,7 @@
 #pragma once
 
 #include "lmscope/model/config.h"
+#include "lmscope/model/transformer.h"
 
 #include <CLI/CLI.hpp>
 
@@ -35,8 +36,9 @@ std::vector<std::string> split_list(const std::string& text);
 std::string recompute_help(bool list);
 // --weight-copies' help (a comma list sweeps where `list`).
 std::string weight_copies_help(bool list);
-// Refuses --weight-copies other than kept under a precision whose weights have no copies (fp32, tf32).
-void check_weight_copies(const std::string& weight_copies, const std::string& precision);
+// --weight-copies parsed; refuses other than kept under a precision whose weights have no copies
+// (fp32, tf32).
+WeightCopies check_weight_copies(const std::string& weight_copies, const std::string& precision);
 // --grad-dtype's help (a comma list sweeps where `list`).
 std::string grad_dtype_help(bool list);
 // --grad-accum's help (a comma list sweeps where `list`).

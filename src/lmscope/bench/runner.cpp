@@ -38,14 +38,25 @@ void check_parallel_mode(const BenchSpec& s) {
   if (s.parallel) s.parallel->check_step(has_backward(s.mode), s.mode == BenchMode::train);
 }
 
+std::string mode_words(const ModeSettings& m) {
+  std::string words = m.mode;
+  if (m.recompute != "none") words += fmt::format(", {} recompute", m.recompute);
+  if (m.grad_accum > 1) words += fmt::format(", {} micro-batches", m.grad_accum);
+  if (m.weight_copies != "kept") words += fmt::format(", {} copies", m.weight_copies);
+  if (m.grad_dtype != "fp32") words += fmt::format(", {} gradients", m.grad_dtype);
+  if (m.graphs_off_on_cuda) words += ", graphs off";
+  if (!m.fusion) words += ", fusion off";
+  return words;
+}
+
 std::string mode_label(const BenchSpec& s) {
-  std::string label = bench_mode_name(s.mode);
-  if (s.recompute != Recompute::none) label += fmt::format(", {} recompute", recompute_name(s.recompute));
-  if (s.grad_accum > 1 && has_backward(s.mode)) label += fmt::format(", {} micro-batches", s.grad_accum);
-  if (s.weight_copies != WeightCopies::kept) label += fmt::format(", {} copies", weight_copies_name(s.weight_copies));
-  if (s.grad_dtype != "fp32") label += fmt::format(", {} gradients", s.grad_dtype);
-  if (!s.graphs && s.device == "cuda") label += ", graphs off";
-  if (!s.fusion) label += ", fusion off";
+  std::string label = mode_words({.mode = bench_mode_name(s.mode),
+                                  .recompute = recompute_name(s.recompute),
+                                  .grad_accum = has_backward(s.mode) ? s.grad_accum : 1,
+                                  .weight_copies = weight_copies_name(s.weight_copies),
+                                  .grad_dtype = s.grad_dtype,
+                                  .graphs_off_on_cuda = !s.graphs && s.device == "cuda",
+                                  .fusion = s.fusion});
   if (s.parallel) {
     const dist::DataParallelSpec& p = *s.parallel;
     if (p.zero == 1)

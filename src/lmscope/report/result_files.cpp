@@ -1,5 +1,6 @@
 #include "lmscope/report/result_files.h"
 
+#include "lmscope/bench/runner.h"
 #include "lmscope/core/error.h"
 
 #include <fmt/format.h>
@@ -66,15 +67,17 @@ std::map<std::string, Timing> timings(const json& row) {
   return out;
 }
 
-std::string mode_words(const json& r) {
-  std::string mode = r.value("mode", "");
-  if (r.value("recompute", "none") != "none") mode += ", " + r.value("recompute", "") + " recompute";
-  if (r.value("grad_accum", 1) > 1) mode += fmt::format(", {} micro-batches", r.value("grad_accum", 1));
-  if (r.value("weight_copies", "kept") != "kept") mode += ", " + r.value("weight_copies", "") + " copies";
-  if (r.value("grad_dtype", "fp32") != "fp32") mode += ", " + r.value("grad_dtype", "") + " gradients";
-  if (!r.value("graphs", true) && r.value("device", "") == "cuda") mode += ", graphs off";
-  if (!r.value("fusion", true)) mode += ", fusion off";
-  return mode;
+std::string mode_of_row(const json& r) {
+  const std::string mode = r.value("mode", "");
+  const bool backward = mode == "forward-backward" || mode == "train";  // micro-batches only split a backward
+  return lmscope::mode_words(
+      ModeSettings{.mode = mode,
+                   .recompute = r.value("recompute", "none"),
+                   .grad_accum = backward ? r.value("grad_accum", 1LL) : 1,
+                   .weight_copies = r.value("weight_copies", "kept"),
+                   .grad_dtype = r.value("grad_dtype", "fp32"),
+                   .graphs_off_on_cuda = !r.value("graphs", true) && r.value("device", "") == "cuda",
+                   .fusion = r.value("fusion", true)});
 }
 
 // The fields bench and memory rows share.
@@ -83,7 +86,7 @@ void read_cell(const json& r, ModelCellRow& c) {
   c.device = r.value("device", "");
   c.precision = r.value("precision", "");
   c.attention = r.value("attention", "");
-  c.mode = mode_words(r);
+  c.mode = mode_of_row(r);
   c.status = r.at("status").get<std::string>();
   c.batch = r.at("batch").get<long long>();
   c.ctx = r.at("ctx").get<long long>();

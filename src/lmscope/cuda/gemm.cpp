@@ -1,6 +1,7 @@
 #include "lmscope/cuda/gemm.h"
 #include "lmscope/cuda/cuda_check.h"
 #include "lmscope/cuda/kernels.h"
+#include "lmscope/cuda/stream_pool.h"
 
 #include <algorithm>
 #include <vector>
@@ -57,7 +58,7 @@ struct BesideHeldSms {
   cudaEvent_t start = nullptr, end = nullptr;
   BesideHeldSms() {
     LMSCOPE_CUDA_CHECK(cudaMalloc(&arrived, sizeof(int)));
-    LMSCOPE_CUDA_CHECK(cudaStreamCreateWithFlags(&holder, cudaStreamNonBlocking));
+    holder = take_stream();
     LMSCOPE_CUDA_CHECK(cudaEventCreate(&start));
     LMSCOPE_CUDA_CHECK(cudaEventCreate(&end));
   }
@@ -65,7 +66,7 @@ struct BesideHeldSms {
     cudaDeviceSynchronize();
     cudaEventDestroy(start);
     cudaEventDestroy(end);
-    cudaStreamDestroy(holder);
+    give_back_stream(holder);  // the device synchronised above
     cudaFree(arrived);
   }
   BesideHeldSms(const BesideHeldSms&) = delete;

@@ -1,5 +1,6 @@
-// The CUDA backend's streams, kept for the process's life and handed to the next backend on the same
-// device once their backend ends. A stream created after another was destroyed ran a small step's
+// The CUDA backend's streams (and the NCCL exchange's, and the one that holds SMs while GEMM plans are
+// timed), kept for the process's life and handed to the next taker on the same device once their
+// owner ends. A stream created after another was destroyed ran a small step's
 // device graphs 4-5% slower than the process's first stream, every kernel as long but the time
 // between them longer (H200, docs/timing.md); one taken back runs as the first did. So a sweep's
 // later cells, each with a backend of its own, time as its first.

@@ -4,6 +4,7 @@
 // the host goes on. The ranks meet once, in the store, for NCCL's unique id.
 #include "lmscope/backend/backend.h"
 #include "lmscope/cuda/cuda_check.h"
+#include "lmscope/cuda/stream_pool.h"
 #include "lmscope/dist/communicator.h"
 
 #include <nccl.h>
@@ -94,7 +95,7 @@ class NcclCommunicator final : public Communicator {
     ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
     if (max_ctas > 0) config.maxCTAs = max_ctas;
     LMSCOPE_NCCL_CHECK(ncclCommInitRankConfig(&comm_, world.size, id, world.rank, &config), "initialisation");
-    LMSCOPE_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
+    stream_ = cuda::take_stream();  // as the backend's: a sweep's later cells exchange as its first
 #if LMSCOPE_NCCL_WINDOWS
     windows_->comm = comm_;
     windows_->rank = rank_;
@@ -117,7 +118,7 @@ class NcclCommunicator final : public Communicator {
     }
     if (origin_) cudaEventDestroy(origin_);
     ncclCommDestroy(comm_);
-    cudaStreamDestroy(stream_);
+    cuda::give_back_stream(stream_);  // synchronised above
   }
 
   std::string name() const override { return "nccl"; }

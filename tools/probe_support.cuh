@@ -1,6 +1,6 @@
-// What the standalone GPU probes (gemm_algorithms, gemm_beside_held_sms, nccl_symmetric_beside_gemm)
-// share: checks that print and exit, and random bf16 operands. Kept apart from src/ so the probes build with nvcc
-// alone.
+// What the standalone GPU probes (gemm_algorithms, gemm_beside_held_sms, nccl_symmetric_beside_gemm,
+// adamw_bandwidth, pdl_chain) share: checks that print and exit, and random bf16 operands for the GEMM
+// probes. Kept apart from src/ so the probes build with nvcc alone.
 #pragma once
 
 #include <cublasLt.h>

@@ -21,6 +21,7 @@
 #include <cmath>
 #include <cstring>
 #include <functional>
+#include <limits>
 #include <memory>
 #include <optional>
 #include <string>
@@ -374,64 +375,95 @@ TEST_F(CudaVsCpu, GlobalNormAndAdamW) {
 }
 
 // The fused step (the norm and AdamW over many tensors a launch) gives the per-tensor ops' bits: 30
-// tensors of odd sizes, more than one launch's worth, clipping on and the rate read from the device,
-// bf16 copies written for every other tensor; each copy asked for before its gradient is said read.
+// tensors of odd sizes, more than one launch's worth, every seventh off 16-byte alignment (its
+// elements one by one), clipping on and the rate read from the device, bf16 copies written for every
+// other tensor; each copy asked for before its gradient is said read. Then again with an infinite
+// gradient under skip_nonfinite: parameters and moments left as they were, the copies still written.
 TEST_F(CudaVsCpu, FusedAdamWGivesThePerTensorBits) {
-  std::vector<Twin> p, g, m, v, p2, m2, v2;
-  for (int i = 0; i < 30; ++i) {
-    const std::int64_t n = 1 + (i * 7919) % 5003;
-    p.push_back(random({n}));
-    g.push_back(random({n}));
-    m.push_back(random({n}, 0.1));
-    v.push_back(random({n}, 0.1));
-    std::vector<double> vv = download(*gpu, v.back().gpu);
-    for (double& x : vv) x = std::fabs(x);  // a second moment is never negative
-    upload(*gpu, v.back().gpu, vv);
-    for (auto [from, to] : {std::pair{&p, &p2}, {&m, &m2}, {&v, &v2}}) {
-      to->push_back(output({n}));
-      gpu->copy_from_host(to->back().gpu, download_raw(from->back().gpu).data());
+  for (bool overflow : {false, true}) {
+    SCOPED_TRACE(overflow ? "infinite gradient, skipped" : "finite");
+    std::vector<Twin> p, g, m, v, p2, m2, v2;
+    for (int i = 0; i < 30; ++i) {
+      const std::int64_t n = 1 + (i * 7919) % 5003;
+      p.push_back(random({n}));
+      g.push_back(random({n}));
+      m.push_back(random({n}, 0.1));
+      v.push_back(random({n}, 0.1));
+      std::vector<double> vv = download(*gpu, v.back().gpu);
+      for (double& x : vv) x = std::fabs(x);  // a second moment is never negative
+      upload(*gpu, v.back().gpu, vv);
+      for (auto [from, to] : {std::pair{&p, &p2}, {&m, &m2}, {&v, &v2}}) {
+        to->push_back(output({n}));
+        gpu->copy_from_host(to->back().gpu, download_raw(from->back().gpu).data());
+      }
     }
-  }
-  auto gpu_side = [](const std::vector<Twin>& t) {
-    std::vector<Tensor> out;
-    for (const Twin& x : t) out.push_back(x.gpu);
-    return out;
-  };
-  std::vector<Allocation> copies, copies2;
-  for (std::size_t i = 0; i < p.size(); ++i)
-    for (auto* c : {&copies, &copies2})
-      c->push_back(i % 2 ? gpu->allocator().allocate(p[i].gpu.tensor().shape, DType::bf16, {}) : Allocation{});
-  auto norm = output({1}), norm2 = output({1}), scalars = output({3});
-  AdamWArgs args{.lr = 1e-2, .step = 3, .max_norm = 1.0, .step_scalars = scalars.gpu.tensor()};
-  const std::array<double, 3> k = adamw_step_scalars(args);
-  upload(*gpu, scalars.gpu, k);
-  std::vector<std::size_t> asked, read;
-  gpu->adamw_all(
-      gpu_side(p), gpu_side(g), gpu_side(m), gpu_side(v), args, norm.gpu,
-      [&](std::size_t i) {
-        asked.push_back(i);
-        return copies[i].tensor();
-      },
-      [&](std::size_t i) {
-        EXPECT_EQ(std::count(asked.begin(), asked.end(), i), 1) << "gradient " << i << " read before its copy";
-        read.push_back(i);
-      });
-  gpu->global_norm(gpu_side(g), norm2.gpu);
-  for (std::size_t i = 0; i < p.size(); ++i)
-    gpu->adamw(p2[i].gpu, g[i].gpu, m2[i].gpu, v2[i].gpu, args, norm2.gpu, copies2[i]);
-  EXPECT_EQ(download(*gpu, norm.gpu), download(*gpu, norm2.gpu));
-  EXPECT_LT(download(*gpu, norm.gpu)[0], 1e9);
-  ASSERT_EQ(asked.size(), p.size());
-  ASSERT_EQ(read.size(), p.size());
-  for (std::size_t i = 0; i < p.size(); ++i) {
-    EXPECT_EQ(asked[i], i);
-    EXPECT_EQ(read[i], i);
-    if (i % 2) {
-      EXPECT_EQ(download_bits16(copies[i]), download_bits16(copies2[i])) << "bf16 copy " << i;
+    std::vector<std::vector<double>> before;  // the parameters before the step
+    for (const Twin& x : p) before.push_back(download(*gpu, x.gpu));
+    if (overflow) {
+      std::vector<double> gg = download(*gpu, g[5].gpu);
+      gg[gg.size() / 2] = std::numeric_limits<double>::infinity();
+      upload(*gpu, g[5].gpu, gg);
     }
-    EXPECT_EQ(download(*gpu, p[i].gpu), download(*gpu, p2[i].gpu)) << "parameter " << i;
-    EXPECT_EQ(download(*gpu, m[i].gpu), download(*gpu, m2[i].gpu)) << "first moment " << i;
-    EXPECT_EQ(download(*gpu, v[i].gpu), download(*gpu, v2[i].gpu)) << "second moment " << i;
+    // Tensor i as the step sees it: from its second element where i % 7 == 3 (off alignment).
+    auto view = [](const Tensor& t, std::size_t i) {
+      if (i % 7 != 3 || t.numel() < 2) return t;
+      return Tensor{static_cast<char*>(t.data) + dtype_size(t.dtype), t.dtype, {t.numel() - 1}};
+    };
+    auto gpu_side = [&](const std::vector<Twin>& t) {
+      std::vector<Tensor> out;
+      for (std::size_t i = 0; i < t.size(); ++i) out.push_back(view(t[i].gpu, i));
+      return out;
+    };
+    std::vector<Allocation> copies, copies2;
+    for (std::size_t i = 0; i < p.size(); ++i)
+      for (auto* c : {&copies, &copies2})
+        c->push_back(i % 2 ? gpu->allocator().allocate(p[i].gpu.tensor().shape, DType::bf16, {}) : Allocation{});
+    auto copy_view = [&](const std::vector<Allocation>& c, std::size_t i) {
+      return c[i].tensor().data ? view(c[i].tensor(), i) : Tensor{};
+    };
+    auto norm = output({1}), norm2 = output({1}), scalars = output({3});
+    AdamWArgs args{
+        .lr = 1e-2, .step = 3, .max_norm = 1.0, .step_scalars = scalars.gpu.tensor(), .skip_nonfinite = overflow};
+    const std::array<double, 3> k = adamw_step_scalars(args);
+    upload(*gpu, scalars.gpu, k);
+    std::vector<std::size_t> asked, read;
+    gpu->adamw_all(
+        gpu_side(p), gpu_side(g), gpu_side(m), gpu_side(v), args, norm.gpu,
+        [&](std::size_t i) {
+          asked.push_back(i);
+          return copy_view(copies, i);
+        },
+        [&](std::size_t i) {
+          EXPECT_EQ(std::count(asked.begin(), asked.end(), i), 1) << "gradient " << i << " read before its copy";
+          read.push_back(i);
+        });
+    gpu->global_norm(gpu_side(g), norm2.gpu);
+    for (std::size_t i = 0; i < p.size(); ++i)
+      gpu->adamw(view(p2[i].gpu, i), view(g[i].gpu, i), view(m2[i].gpu, i), view(v2[i].gpu, i), args, norm2.gpu,
+                 copy_view(copies2, i));
+    EXPECT_EQ(download(*gpu, norm.gpu), download(*gpu, norm2.gpu));
+    EXPECT_EQ(std::isfinite(download(*gpu, norm.gpu)[0]), !overflow);
+    ASSERT_EQ(asked.size(), p.size());
+    ASSERT_EQ(read.size(), p.size());
+    for (std::size_t i = 0; i < p.size(); ++i) {
+      EXPECT_EQ(asked[i], i);
+      EXPECT_EQ(read[i], i);
+      if (i % 2) {
+        EXPECT_EQ(download_bits16(copies[i]), download_bits16(copies2[i])) << "bf16 copy " << i;
+      }
+      EXPECT_EQ(download(*gpu, p[i].gpu), download(*gpu, p2[i].gpu)) << "parameter " << i;
+      EXPECT_EQ(download(*gpu, m[i].gpu), download(*gpu, m2[i].gpu)) << "first moment " << i;
+      EXPECT_EQ(download(*gpu, v[i].gpu), download(*gpu, v2[i].gpu)) << "second moment " << i;
+    }
+    for (std::size_t i = 0; overflow && i < p.size(); ++i)
+      EXPECT_EQ(download(*gpu, p[i].gpu), before[i]) << "parameter " << i << " left as it was";
+    if (overflow) {
+      Allocation cast_back = gpu->allocator().allocate(p[1].gpu.tensor().shape, DType::bf16, {});
+      gpu->cast(p[1].gpu, cast_back.tensor());
+      EXPECT_EQ(download_bits16(copies[1]), download_bits16(cast_back)) << "the copy of a kept parameter";
+    } else {
+      EXPECT_NE(download(*gpu, p[0].gpu), before[0]) << "the step must move the parameters";
+    }
   }
 }
 

@@ -38,17 +38,6 @@ void check_parallel_mode(const BenchSpec& s) {
   if (s.parallel) s.parallel->check_step(has_backward(s.mode), s.mode == BenchMode::train);
 }
 
-std::string mode_words(const ModeSettings& m) {
-  std::string words = m.mode;
-  if (m.recompute != "none") words += fmt::format(", {} recompute", m.recompute);
-  if (m.grad_accum > 1) words += fmt::format(", {} micro-batches", m.grad_accum);
-  if (m.weight_copies != "kept") words += fmt::format(", {} copies", m.weight_copies);
-  if (m.grad_dtype != "fp32") words += fmt::format(", {} gradients", m.grad_dtype);
-  if (m.graphs_off_on_cuda) words += ", graphs off";
-  if (!m.fusion) words += ", fusion off";
-  return words;
-}
-
 std::string mode_label(const BenchSpec& s) {
   std::string label = mode_words({.mode = bench_mode_name(s.mode),
                                   .recompute = recompute_name(s.recompute),

@@ -3,6 +3,7 @@
 // timer around a synchronised region, as the seeds' PyTorch scripts do.
 #pragma once
 
+#include "lmscope/bench/mode_words.h"
 #include "lmscope/dist/data_parallel.h"
 #include "lmscope/model/attention.h"
 #include "lmscope/model/config.h"
@@ -62,18 +63,6 @@ struct BenchSpec {
 // ops, and ", DDP bucketed 25 MiB, 2 ranks" or ", ZeRO-1, 2 ranks" with data parallelism
 // (", symmetric memory off", ", exchange on 8 SMs" where so).
 std::string mode_label(const BenchSpec& s);
-// What mode_label says before the data-parallel words, from the values a result file holds, so
-// that bench's tables and the report read from its files word a cell alike.
-struct ModeSettings {
-  std::string mode;
-  std::string recompute = "none";
-  long long grad_accum = 1;  // shown only above 1
-  std::string weight_copies = "kept";
-  std::string grad_dtype = "fp32";
-  bool graphs_off_on_cuda = false;
-  bool fusion = true;
-};
-std::string mode_words(const ModeSettings& m);
 // The SMs a data-parallel cell's exchange holds beside its backward (--comm-sms as it comes to):
 // 0 but on GPUs in a world of several.
 int exchange_sms(const BenchSpec& s);

@@ -130,7 +130,7 @@ void cast(const void* in, Elem ein, void* out, Elem eout, std::int64_t n, cudaSt
       auto* y = static_cast<TO*>(out);
       constexpr int kVec = kPack<TI> < kPack<TO> ? kPack<TI> : kPack<TO>;  // the wider type's 16 bytes
       if (aligned16({x, y}))
-        cast_kernel<TI, TO, kVec><<<grid_for(n / kVec + 1, kBlock), kBlock, 0, s>>>(x, y, n);
+        cast_kernel<TI, TO, kVec><<<grid_for(cast_units(n, n / kVec, kVec), kBlock), kBlock, 0, s>>>(x, y, n);
       else
         cast_kernel<TI, TO, 1><<<grid_for(n, kBlock), kBlock, 0, s>>>(x, y, n);
     });

@@ -43,7 +43,7 @@ __device__ __forceinline__ ChunkPlace chunk_place(const ChunkEnds& ends, int cou
   const std::int64_t block = blockIdx.x;
   int k = 0;
   while (k + 1 < count && block >= ends.end[k]) ++k;
-  return {k, (block - (k ? ends.end[k - 1] : 0)) * blockDim.x + threadIdx.x};
+  return {k, (block - (k ? ends.end[k - 1] : 0)) * kBlock + threadIdx.x};  // launched with kBlock threads
 }
 #endif
 

@@ -1,6 +1,6 @@
 #include "lmscope/report/result_files.h"
 
-#include "lmscope/bench/runner.h"
+#include "lmscope/bench/mode_words.h"
 #include "lmscope/core/error.h"
 
 #include <fmt/format.h>

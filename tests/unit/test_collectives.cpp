@@ -4,6 +4,7 @@
 #include "lmscope/backend/backend.h"
 #include "lmscope/dist/communicator.h"
 #include "lmscope/dist/data_parallel.h"
+#include "lmscope/dist/nccl_version.h"
 
 #include <gtest/gtest.h>
 #include <unistd.h>
@@ -143,6 +144,17 @@ TEST(DataParallel, BucketsFollowTheBackwardsOrderAndTheirSize) {
   EXPECT_EQ(indices(make_buckets(params, 1600)), (V{{4, 3, 2}, {1, 0}}));
   EXPECT_EQ(indices(make_buckets(params, 0)), (V{{4}, {3}, {2}, {1}, {0}}));
   EXPECT_EQ(make_buckets(params, 1600)[0].elements, 350);
+}
+
+// The NCCL a run loaded decides whether gradients go into symmetric windows: 2.28.3 summed a bucket's
+// grouped all-reduces there wrongly, 2.28.9 right (docs/distributed.md).
+TEST(NcclVersion, SymmetricWindowsFromTheVersionThatSummedRight) {
+  EXPECT_EQ(nccl_version_text(22803), "2.28.3");
+  EXPECT_EQ(nccl_version_text(23001), "2.30.1");
+  EXPECT_FALSE(symmetric_windows_trusted(22703));
+  EXPECT_FALSE(symmetric_windows_trusted(22803));
+  EXPECT_TRUE(symmetric_windows_trusted(22809));
+  EXPECT_TRUE(symmetric_windows_trusted(23001));
 }
 
 }  // namespace

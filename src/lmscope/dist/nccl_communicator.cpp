@@ -6,6 +6,7 @@
 #include "lmscope/cuda/cuda_check.h"
 #include "lmscope/cuda/stream_pool.h"
 #include "lmscope/dist/communicator.h"
+#include "lmscope/dist/nccl_version.h"
 
 #include <nccl.h>
 
@@ -180,6 +181,17 @@ class NcclCommunicator final : public Communicator {
 
 #if LMSCOPE_NCCL_WINDOWS
   RegionMemory symmetric_memory() override {
+    int version = 0;
+    LMSCOPE_NCCL_CHECK(ncclGetVersion(&version), "version");
+    if (!symmetric_windows_trusted(version)) {  // the allocator's own memory then, and NCCL's ring
+      if (rank_ == 0)
+        fmt::print(stderr,
+                   "lmscope: NCCL {} is loaded, and symmetric memory needs {} or later here (2.28.3 summed a "
+                   "bucket's all-reduces wrongly): the gradients stay in ordinary memory and NCCL's ring "
+                   "all-reduces them (give --comm-sms 0 then, or --symmetric-memory off)\n",
+                   nccl_version_text(version), nccl_version_text(kSymmetricWindowsFrom));
+      return {};
+    }
     std::shared_ptr<Windows> w = windows_;
     auto allocate = [w](std::size_t bytes) -> void* {
       void* p = nullptr;

@@ -1,9 +1,14 @@
 #include "parallel_flags.h"
 
 #include "lmscope/core/error.h"
+#include "lmscope/dist/communicator.h"
+#include "lmscope/dist/nccl_version.h"
+
+#include <fmt/format.h>
 
 #include <stdexcept>
 #include <string>
+#include <utility>
 
 namespace lmscope::cli {
 
@@ -39,7 +44,8 @@ void ParallelFlags::add_to(CLI::App& app, bool with_world_size) {
                  "MASTER_ADDR and MASTER_PORT)");
 }
 
-ParallelFlags::Resolved ParallelFlags::resolve(std::int64_t global_batch, bool dry_run) const {
+ParallelFlags::Resolved ParallelFlags::resolve(std::int64_t global_batch, const std::string& device,
+                                               bool dry_run) const {
   const CLI::App& app = *app_;
   const bool sized = app.get_option_no_throw("--world-size") && app.count("--world-size") > 0;
   if (sized && !dry_run)
@@ -88,6 +94,18 @@ ParallelFlags::Resolved ParallelFlags::resolve(std::int64_t global_batch, bool d
         dist::ddp_mode_name(spec.mode));
   if (global_batch % r.world.size != 0)
     user_error("--batch {} is the global batch and must split evenly across the {} ranks", global_batch, r.world.size);
+  if (spec.symmetric_memory && spec.zero == 0 && device == "cuda" && !dry_run && r.world.size > 1 &&
+      !dist::symmetric_windows_trusted(dist::loaded_nccl_version())) {
+    spec.symmetric_memory = false;
+    static bool said = false;
+    if (r.world.rank == 0 && !std::exchange(said, true))
+      fmt::print(stderr,
+                 "note: NCCL {} is loaded, and lmscope uses its symmetric memory from {} on (2.28.3 summed a "
+                 "bucket's all-reduces there wrongly): the gradients stay in ordinary memory, as with "
+                 "--symmetric-memory off\n",
+                 dist::nccl_version_text(dist::loaded_nccl_version()),
+                 dist::nccl_version_text(dist::kSymmetricWindowsFrom));
+  }
   r.spec = spec;
   return r;
 }

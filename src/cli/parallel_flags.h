@@ -26,11 +26,13 @@ struct ParallelFlags {
   // of one that asked for nothing (the plain path), else the flags' (bucketed by default). UserError,
   // one sentence, for a bad value, --zero 1 in a world of one, --ddp beside --zero 1, or a global
   // batch the world's size does not divide. dry_run: --world-size may set the world (rank 0 of it).
+  // A real run on GPUs keeps its gradients out of NCCL's symmetric memory (said once, by rank 0) where
+  // the NCCL it loaded is older than the first seen to sum right there (dist/nccl_version.h).
   struct Resolved {
     dist::World world;
     std::optional<dist::DataParallelSpec> spec;
   };
-  Resolved resolve(std::int64_t global_batch, bool dry_run = false) const;
+  Resolved resolve(std::int64_t global_batch, const std::string& device, bool dry_run = false) const;
 
  private:
   const CLI::App* app_ = nullptr;

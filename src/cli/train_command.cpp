@@ -141,7 +141,7 @@ class TrainCommand : public Command {
     s_.validate(*app);
     // Data parallelism: this process is one rank of the world the environment names; --batch is the
     // global batch, each rank running its share of the rows one process would.
-    const ParallelFlags::Resolved parallel = parallel_.resolve(s_.batch);
+    const ParallelFlags::Resolved parallel = parallel_.resolve(s_.batch, s_.device);
     const bool main_rank = parallel.world.rank == 0;
     if (parallel.spec && s_.graphs == "on" && s_.device == "cuda") {
       if (app->count("--graphs") > 0 && main_rank)

@@ -8,6 +8,7 @@ namespace lmscope::dist {
 // Defined where the library is there (gloo_communicator.cpp, nccl_communicator.cpp).
 std::unique_ptr<Communicator> make_gloo_communicator(const World& world, Store& store);
 std::unique_ptr<Communicator> make_nccl_communicator(Backend& backend, const World& world, Store& store, int max_ctas);
+int nccl_library_version();
 
 namespace {
 
@@ -49,6 +50,14 @@ class ShapeOnlyCommunicator final : public Communicator {
 
 std::unique_ptr<Communicator> make_shape_only_communicator(int rank, int size) {
   return std::make_unique<ShapeOnlyCommunicator>(rank, size);
+}
+
+int loaded_nccl_version() {
+#if LMSCOPE_HAVE_NCCL
+  return nccl_library_version();
+#else
+  return 0;
+#endif
 }
 
 std::unique_ptr<Communicator> make_communicator(Backend& backend, const World& world, [[maybe_unused]] Store& store,

@@ -80,5 +80,8 @@ class Communicator {
 std::unique_ptr<Communicator> make_communicator(Backend& backend, const World& world, Store& store, int max_ctas = 0);
 // The dry run's: rank `rank` of `size`, every op a no-op.
 std::unique_ptr<Communicator> make_shape_only_communicator(int rank, int size);
+// The version code of the NCCL library this process loaded (ncclGetVersion), 0 in a build without
+// NCCL.
+int loaded_nccl_version();
 
 }  // namespace lmscope::dist

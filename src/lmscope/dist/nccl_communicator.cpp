@@ -18,6 +18,9 @@
 #include <vector>
 
 namespace lmscope::dist {
+
+int nccl_library_version();  // below; communicator.cpp's loaded_nccl_version
+
 namespace {
 
 #define LMSCOPE_NCCL_CHECK(call, what)                                                                           \
@@ -181,17 +184,9 @@ class NcclCommunicator final : public Communicator {
 
 #if LMSCOPE_NCCL_WINDOWS
   RegionMemory symmetric_memory() override {
-    int version = 0;
-    LMSCOPE_NCCL_CHECK(ncclGetVersion(&version), "version");
-    if (!symmetric_windows_trusted(version)) {  // the allocator's own memory then, and NCCL's ring
-      if (rank_ == 0)
-        fmt::print(stderr,
-                   "lmscope: NCCL {} is loaded, and symmetric memory needs {} or later here (2.28.3 summed a "
-                   "bucket's all-reduces wrongly): the gradients stay in ordinary memory and NCCL's ring "
-                   "all-reduces them (give --comm-sms 0 then, or --symmetric-memory off)\n",
-                   nccl_version_text(version), nccl_version_text(kSymmetricWindowsFrom));
-      return {};
-    }
+    // The flags turn symmetric memory off for such an NCCL (cli/parallel_flags.cpp); this keeps any
+    // other caller from its windows too.
+    if (!symmetric_windows_trusted(nccl_library_version())) return {};
     std::shared_ptr<Windows> w = windows_;
     auto allocate = [w](std::size_t bytes) -> void* {
       void* p = nullptr;
@@ -284,6 +279,12 @@ class NcclCommunicator final : public Communicator {
 };
 
 }  // namespace
+
+int nccl_library_version() {
+  int version = 0;
+  if (ncclGetVersion(&version) != ncclSuccess) return 0;
+  return version;
+}
 
 std::unique_ptr<Communicator> make_nccl_communicator(Backend& backend, const World& world, Store& store, int max_ctas) {
   return std::make_unique<NcclCommunicator>(backend, world, store, max_ctas);

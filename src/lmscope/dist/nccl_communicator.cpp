@@ -184,8 +184,9 @@ class NcclCommunicator final : public Communicator {
 
 #if LMSCOPE_NCCL_WINDOWS
   RegionMemory symmetric_memory() override {
-    // The flags turn symmetric memory off for such an NCCL (cli/parallel_flags.cpp); this keeps any
-    // other caller from its windows too.
+    // No windows from an NCCL older than the first seen to sum right in them (dist/nccl_version.h):
+    // the flags turn symmetric memory off for it already (cli/parallel_flags.cpp); this keeps any
+    // other caller out too.
     if (!symmetric_windows_trusted(nccl_library_version())) return {};
     std::shared_ptr<Windows> w = windows_;
     auto allocate = [w](std::size_t bytes) -> void* {

@@ -101,18 +101,6 @@ __global__ void copy4(const float4* from, float4* to, long long n4) {
     to[i] = from[i];
 }
 
-// x[i] from a hash of i and the seed: uniform in [lo, hi).
-__global__ void fill(float* x, long long n, unsigned seed, float lo, float hi) {
-  for (long long i = blockIdx.x * static_cast<long long>(blockDim.x) + threadIdx.x; i < n;
-       i += static_cast<long long>(gridDim.x) * blockDim.x) {
-    unsigned h = static_cast<unsigned>(i) * 2654435761u ^ seed;
-    h ^= h >> 13;
-    h *= 0x5bd1e995u;
-    h ^= h >> 15;
-    x[i] = lo + (hi - lo) * ((h & 0xffffff) / 16777216.0f);
-  }
-}
-
 __global__ void count_different(const float* a, const float* b, long long n, unsigned long long* out) {
   unsigned long long local = 0;
   for (long long i = blockIdx.x * static_cast<long long>(blockDim.x) + threadIdx.x; i < n;
@@ -127,10 +115,10 @@ struct Arena {
 };
 
 void fill_state(const Arena& a) {
-  fill<<<1024, 256>>>(a.p, a.total, 1, -0.05f, 0.05f);
-  fill<<<1024, 256>>>(a.g, a.total, 2, -1e-3f, 1e-3f);
-  fill<<<1024, 256>>>(a.m, a.total, 3, -1e-4f, 1e-4f);
-  fill<<<1024, 256>>>(a.v, a.total, 4, 0.0f, 1e-6f);
+  fill_random<<<1024, 256>>>(a.p, a.total, 1, -0.05f, 0.05f);
+  fill_random<<<1024, 256>>>(a.g, a.total, 2, -1e-3f, 1e-3f);
+  fill_random<<<1024, 256>>>(a.m, a.total, 3, -1e-4f, 1e-4f);
+  fill_random<<<1024, 256>>>(a.v, a.total, 4, 0.0f, 1e-6f);
   CHECK_CUDA(cudaDeviceSynchronize());
 }
 

@@ -1,6 +1,6 @@
 // What the standalone GPU probes (gemm_algorithms, gemm_beside_held_sms, nccl_symmetric_beside_gemm,
-// adamw_bandwidth, pdl_chain) share: checks that print and exit, and random bf16 operands for the GEMM
-// probes. Kept apart from src/ so the probes build with nvcc alone.
+// adamw_bandwidth, pdl_chain) share: checks that print and exit, random fills, and bf16 operands for the
+// GEMM probes. Kept apart from src/ so the probes build with nvcc alone.
 #pragma once
 
 #include <cublasLt.h>
@@ -23,14 +23,15 @@
 #define CHECK_CUDA(x) PROBE_CHECK(x, s_ == cudaSuccess, cudaGetErrorString(s_))
 #define CHECK_LT(x) PROBE_CHECK(x, s_ == CUBLAS_STATUS_SUCCESS, cublasLtGetStatusString(s_))
 
-// p[i] uniform in [-1, 1), from a hash of i and the seed.
-__global__ void fill_random(__nv_bfloat16* p, size_t n, unsigned seed) {
+// p[i] uniform in [lo, hi) (16 bits of a hash of i and the seed), in T (bf16, float).
+template <typename T>
+__global__ void fill_random(T* p, size_t n, unsigned seed, float lo = -1.0f, float hi = 1.0f) {
   for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n; i += size_t(gridDim.x) * blockDim.x) {
     unsigned x = static_cast<unsigned>(i) * 2654435761u ^ seed;
     x ^= x >> 13;
     x *= 0x5bd1e995u;
     x ^= x >> 15;
-    p[i] = __float2bfloat16((x & 0xffff) / 32768.0f - 1.0f);
+    p[i] = static_cast<T>(lo + (hi - lo) * ((x & 0xffff) / 65536.0f));
   }
 }
 

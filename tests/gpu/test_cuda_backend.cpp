@@ -73,6 +73,8 @@ class CudaVsCpu : public ::testing::Test {
       if (r.name.starts_with(kernel + "<")) return r.name;
     return "(" + kernel + " not launched)";
   }
+  // A vector's elements from its second on: off alignment for packs, where the vector was not.
+  static Tensor from_second(const Tensor& t) { return t.rows(1, t.numel() - 1); }
   // A copy of a twin's GPU side one element past its allocation's start: off alignment for packs.
   std::pair<Allocation, Tensor> shifted_copy(const Tensor& t) {
     Allocation a = gpu->allocator().allocate({t.numel() + 1}, t.dtype, {});
@@ -405,10 +407,7 @@ TEST_F(CudaVsCpu, FusedAdamWGivesThePerTensorBits) {
       upload(*gpu, g[5].gpu, gg);
     }
     // Tensor i as the step sees it: from its second element where i % 7 == 3 (off alignment).
-    auto view = [](const Tensor& t, std::size_t i) {
-      if (i % 7 != 3 || t.numel() < 2) return t;
-      return Tensor{static_cast<char*>(t.data) + dtype_size(t.dtype), t.dtype, {t.numel() - 1}};
-    };
+    auto view = [](const Tensor& t, std::size_t i) { return i % 7 != 3 || t.numel() < 2 ? t : from_second(t); };
     auto gpu_side = [&](const std::vector<Twin>& t) {
       std::vector<Tensor> out;
       for (std::size_t i = 0; i < t.size(); ++i) out.push_back(view(t[i].gpu, i));
@@ -645,9 +644,6 @@ TEST_P(LowpVsCpu, CastsRoundToNearestEvenAtAnyAlignment) {
 // type), tails, a short pair off 16-byte alignment; and nothing at all for no pairs.
 TEST_P(LowpVsCpu, CastAllGivesTheBitsOfCastsOneByOne) {
   gpu->cast_all({}, {});
-  const auto shifted = [](const Tensor& t) {
-    return Tensor{static_cast<char*>(t.data) + dtype_size(t.dtype), t.dtype, {t.numel() - 1}};
-  };
   std::vector<Twin> masters;
   std::vector<Allocation> keep;  // every output, alive to the end
   std::vector<Tensor> ins, outs, one_by_one;
@@ -665,7 +661,7 @@ TEST_P(LowpVsCpu, CastAllGivesTheBitsOfCastsOneByOne) {
     const Tensor in = masters.back().gpu, all = keep.emplace_back(lowp_output({n})),
                  one = keep.emplace_back(lowp_output({n}));
     if (last)
-      add(shifted(in), shifted(all), shifted(one));
+      add(from_second(in), from_second(all), from_second(one));
     else
       add(in, all, one);
   }

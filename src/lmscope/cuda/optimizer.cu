@@ -50,6 +50,13 @@ __device__ __forceinline__ bool adamw_step(AdamWConsts& c, const float* step_sca
 // its elements one by one.
 __host__ __device__ __forceinline__ std::int64_t adamw_units(std::int64_t n, std::int64_t n4) { return n - 3 * n4; }
 
+// A tensor's 16-byte vectors: n / 4 where every pointer allows them (the copy's 8-byte stores of four
+// 16-bit values), else 0.
+std::int64_t adamw_vectors(const float* p, const void* g, const float* m, const float* v, const void* lowp,
+                           std::int64_t n) {
+  return aligned16({p, g, m, v}) && reinterpret_cast<std::uintptr_t>(lowp) % 8 == 0 ? n / 4 : 0;
+}
+
 // Unit j of one tensor's update (j < adamw_units).
 template <typename G, typename L>
 __device__ __forceinline__ void adamw_unit(std::int64_t j, float* p, const G* g, float* m, float* v, std::int64_t n4,
@@ -184,8 +191,7 @@ __global__ void sum_partials_sqrt_kernel(const double* partials, std::int64_t co
 
 void adamw(float* p, const void* g, Elem eg, float* m, float* v, std::int64_t n, const AdamWConsts& c,
            const float* step_scalars, const float* grad_norm, void* lowp, Elem elow, cudaStream_t s) {
-  const bool vec = aligned16({p, g, m, v}) && reinterpret_cast<std::uintptr_t>(lowp) % 8 == 0;
-  const std::int64_t n4 = vec ? n / 4 : 0;
+  const std::int64_t n4 = adamw_vectors(p, g, m, v, lowp, n);
   with_elem<false>(eg, [&](auto gt) {
     using G = typename decltype(gt)::type;
     auto launch = [&](auto* copy) {
@@ -222,8 +228,7 @@ void adamw_many(const AdamWTensor* tensors, std::int64_t count, const AdamWConst
         list.v[i] = t.v;
         list.lowp[i] = static_cast<L*>(t.lowp);
         list.n[i] = t.n;
-        const bool vec = aligned16({t.p, t.g, t.m, t.v}) && reinterpret_cast<std::uintptr_t>(t.lowp) % 8 == 0;
-        list.n4[i] = vec ? t.n / 4 : 0;
+        list.n4[i] = adamw_vectors(t.p, t.g, t.m, t.v, t.lowp, t.n);
         units[i] = adamw_units(t.n, list.n4[i]);
       }
       list.count = k;

@@ -94,17 +94,18 @@ ParallelFlags::Resolved ParallelFlags::resolve(std::int64_t global_batch, const 
         dist::ddp_mode_name(spec.mode));
   if (global_batch % r.world.size != 0)
     user_error("--batch {} is the global batch and must split evenly across the {} ranks", global_batch, r.world.size);
-  if (spec.symmetric_memory && spec.zero == 0 && device == "cuda" && !dry_run && r.world.size > 1 &&
-      !dist::symmetric_windows_trusted(dist::loaded_nccl_version())) {
-    spec.symmetric_memory = false;
-    static bool said = false;
-    if (r.world.rank == 0 && !std::exchange(said, true))
-      fmt::print(stderr,
-                 "note: NCCL {} is loaded, and lmscope uses its symmetric memory from {} on (2.28.3 summed a "
-                 "bucket's all-reduces there wrongly): the gradients stay in ordinary memory, as with "
-                 "--symmetric-memory off\n",
-                 dist::nccl_version_text(dist::loaded_nccl_version()),
-                 dist::nccl_version_text(dist::kSymmetricWindowsFrom));
+  if (spec.symmetric_memory && spec.zero == 0 && device == "cuda" && !dry_run && r.world.size > 1) {
+    const int nccl = dist::loaded_nccl_version();
+    if (!dist::symmetric_windows_trusted(nccl)) {
+      spec.symmetric_memory = false;
+      static bool said = false;
+      if (r.world.rank == 0 && !std::exchange(said, true))
+        fmt::print(stderr,
+                   "note: NCCL {} is loaded, and lmscope uses its symmetric memory from {} on (2.28.3 summed a "
+                   "bucket's all-reduces there wrongly): the gradients stay in ordinary memory, as with "
+                   "--symmetric-memory off\n",
+                   dist::nccl_version_text(nccl), dist::nccl_version_text(dist::kSymmetricWindowsFrom));
+    }
   }
   r.spec = spec;
   return r;

@@ -250,29 +250,6 @@ TEST_F(Ops, AdamWFollowsTheAssignmentsFormula) {
   }
 }
 
-TEST_F(Ops, NormFromPartialsGivesTheGlobalNormsBits) {
-  // Five tensors of sizes that share no factor, their partial sums taken out of order in three parts
-  // (data parallelism's buckets end in the backward's order, the model's reversed).
-  std::vector<Allocation> ts;
-  std::vector<Tensor> all;
-  for (std::int64_t n : {7, 1, 130, 33, 64}) {
-    ts.push_back(random_tensor(*be, {n}, rng));
-    all.push_back(ts.back().tensor());
-  }
-  auto whole = zeros(*be, {1}), parts = zeros(*be, {1});
-  be->global_norm(all, whole);
-  const std::span<const Tensor> span(all);
-  be->norm_partials(span.subspan(3, 2), 3, 5);
-  be->norm_partials(span.subspan(1, 2), 1, 5);
-  be->norm_partials(span.subspan(0, 1), 0, 5);
-  be->norm_from_partials(5, parts);
-  EXPECT_EQ(parts.tensor().as<double>()[0], whole.tensor().as<double>()[0]);
-  double ss = 0;
-  for (const Tensor& t : all) ss += dot(t, t);
-  EXPECT_NEAR(whole.tensor().as<double>()[0], std::sqrt(ss), 1e-12);
-  EXPECT_THROW(be->norm_partials(span.subspan(3, 2), 4, 5), std::exception);  // past the count
-}
-
 TEST_F(Ops, CpuBackendRefusesUnsupportedTypes) {
   auto x = zeros(*be, {4}, DType::bf16);
   EXPECT_THROW(be->fill(x, 1.0), UserError);

@@ -83,9 +83,6 @@ struct AdamWArgs {
   // Leaves the parameter and the moments as they are when the norm in grad_norm is not finite (a loss
   // scale's overflow), deciding on the device; the low-precision copy is written all the same.
   bool skip_nonfinite = false;
-  // adamw_all: grad_norm already holds the global norm of these gradients (norm_from_partials), so
-  // it is not taken again.
-  bool norm_ready = false;
 };
 // The per-step values of an AdamW update: alpha = lr·√(1−β2ᵗ)/(1−β1ᵗ), the decay lr·weight_decay,
 // and grad_scale.
@@ -130,10 +127,6 @@ class Backend {
   // How many SMs collectives may hold beside the ops from now on (data parallelism's exchange during
   // the backward; 0 when none runs): CUDA then plans its GEMMs for the SMs left (cuda/gemm.h).
   virtual void set_collective_sms(int /*sms*/) {}
-  // Runs `ops` with what they enqueue going to `stream` (a cudaStream_t) instead of the backend's
-  // own, for work that reads a collective's result on the collective's stream (CUDA); elsewhere runs
-  // them as they are. Only for ops that launch kernels alone (no GEMM, no device graph).
-  virtual void on_stream(void* /*stream*/, const std::function<void()>& ops) { ops(); }
 
   // Device graphs (CUDA graphs): what the ops enqueue between begin_graph(key) and end_graph() is
   // recorded into one graph the first time the key comes (and then run), and replayed as one launch
@@ -241,13 +234,6 @@ class Backend {
   // (The tensors, and adamw's gradients, are of the master dtype, or bf16 where the backend has
   // kernels for bf16 gradients: CUDA.)
   virtual void global_norm(std::span<const Tensor> tensors, const Tensor& out) = 0;
-  // The same norm in two parts, for gradients that become final at different times (data
-  // parallelism takes each bucket's as its all-reduce ends): norm_partials keeps the sums of squares
-  // of `tensors`, which are global_norm's tensors first, first + 1, ... of `count`; once every one of
-  // the count has been given, norm_from_partials(count, out) writes what global_norm would, bit for
-  // bit. The partial sums stay the backend's until the next norm.
-  virtual void norm_partials(std::span<const Tensor> tensors, std::size_t first, std::size_t count) = 0;
-  virtual void norm_from_partials(std::size_t count, const Tensor& out) = 0;
   // The assignment's AdamW on one parameter (MODEL.md), with its gradient multiplied by grad_scale
   // and then by min(1, max_norm/(grad_scale·norm+1e-6)) when max_norm > 0 (norm read from
   // grad_norm [1]).
@@ -266,7 +252,7 @@ class Backend {
   virtual void adamw_all(std::span<const Tensor> params, std::span<const Tensor> grads, std::span<const Tensor> m,
                          std::span<const Tensor> v, const AdamWArgs& args, const Tensor& grad_norm, const CopyFor& copy,
                          const GradientRead& read) {
-    if (!args.norm_ready) global_norm(grads, grad_norm);
+    global_norm(grads, grad_norm);
     for_each_adamw_group(grads, copy, read, [&](std::size_t first, std::size_t last, std::span<const Tensor> copies) {
       for (std::size_t i = first; i < last; ++i)
         adamw(params[i], grads[i], m[i], v[i], args, grad_norm, copies[i - first]);

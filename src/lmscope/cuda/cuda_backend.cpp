@@ -313,7 +313,7 @@ class CudaBackend final : public Backend {
 
   // The global norm's partial sums for `count` tensors: made again (from the allocator, so the dry run
   // follows) when the count changes.
-  const Tensor& norm_scratch(std::size_t count) {
+  const Tensor& norm_partials(std::size_t count) {
     static_assert(scratch::kGlobalNormBlocks == cuda::kNormBlocks);
     if (norm_sum_.empty() ||
         norm_sum_.tensor().numel() != static_cast<std::int64_t>(count) * scratch::kGlobalNormBlocks) {
@@ -324,7 +324,7 @@ class CudaBackend final : public Backend {
   }
 
   void global_norm(std::span<const Tensor> tensors, const Tensor& out) override {
-    double* partials = norm_scratch(tensors.size()).as<double>();
+    double* partials = norm_partials(tensors.size()).as<double>();
     graphs_->note("global_norm", norm_sum_.tensor(), out, tensors.size());
     for (const Tensor& t : tensors) graphs_->note("global_norm input", t);
     if (graphs_->replaying()) return;
@@ -332,42 +332,6 @@ class CudaBackend final : public Backend {
       cuda::sum_squares(grad_data(tensors[i]), elem(tensors[i]), tensors[i].numel(), partials + i * cuda::kNormBlocks,
                         stream_);
     cuda::sum_partials_sqrt(partials, static_cast<std::int64_t>(tensors.size()) * cuda::kNormBlocks, f32(out), stream_);
-  }
-  // The fused step's launches (sum_squares_many), each tensor's partial sums in its own slots.
-  void norm_partials(std::span<const Tensor> tensors, std::size_t first, std::size_t count) override {
-    LMSCOPE_CHECK(first + tensors.size() <= count, "norm partials of tensors {}..{} of {}", first,
-                  first + tensors.size(), count);
-    const Tensor& partials = norm_scratch(count);
-    graphs_->note("norm_partials", partials, first, count);
-    std::vector<const void*> xs;
-    std::vector<std::int64_t> ns;
-    for (const Tensor& t : tensors) {
-      same_dtype(tensors[0], t, "norm_partials tensors");
-      graphs_->note("norm_partials input", t);
-      xs.push_back(grad_data(t));
-      ns.push_back(t.numel());
-    }
-    if (graphs_->replaying() || tensors.empty()) return;
-    cuda::sum_squares_many(xs.data(), elem(tensors[0]), ns.data(), static_cast<std::int64_t>(xs.size()),
-                           partials.as<double>() + first * cuda::kNormBlocks, stream_);
-  }
-  void norm_from_partials(std::size_t count, const Tensor& out) override {
-    const Tensor& partials = norm_scratch(count);
-    graphs_->note("norm_from_partials", partials, out);
-    if (graphs_->replaying()) return;
-    cuda::sum_partials_sqrt(partials.as<double>(), partials.numel(), f32(out), stream_);
-  }
-  void on_stream(void* stream, const std::function<void()>& ops) override {
-    LMSCOPE_CHECK(!graphs_->active(), "ops on another stream inside a device graph");
-    const cudaStream_t own = stream_;
-    stream_ = static_cast<cudaStream_t>(stream);
-    try {
-      ops();
-    } catch (...) {
-      stream_ = own;
-      throw;
-    }
-    stream_ = own;
   }
 
   void adamw_all(std::span<const Tensor> params, std::span<const Tensor> grads, std::span<const Tensor> m,
@@ -377,17 +341,23 @@ class CudaBackend final : public Backend {
                   "adamw_all of {} parameters with {} gradients and {} and {} moments", params.size(), grads.size(),
                   m.size(), v.size());
     const cuda::AdamWConsts consts = adamw_consts(a);
-    graphs_->note("adamw_all", grad_norm, a.beta1, a.beta2, a.eps, a.max_norm, a.step_scalars, a.skip_nonfinite,
-                  a.norm_ready);
+    const Tensor& partials = norm_partials(params.size());
+    graphs_->note("adamw_all", partials, grad_norm, a.beta1, a.beta2, a.eps, a.max_norm, a.step_scalars,
+                  a.skip_nonfinite);
+    std::vector<const void*> xs;
+    std::vector<std::int64_t> ns;
     const cuda::Elem eg = grads.empty() ? cuda::Elem::f32 : elem(grads[0]);
     for (std::size_t i = 0; i < params.size(); ++i) {
       for (const Tensor* t : {&grads[i], &m[i], &v[i]}) same_shape(params[i], *t, "adamw_all gradient or moment");
       same_dtype(grads[0], grads[i], "adamw_all gradients");
       graphs_->note("adamw_all tensor", params[i], grads[i], m[i], v[i]);
+      xs.push_back(grad_data(grads[i]));
+      ns.push_back(grads[i].numel());
     }
-    if (!a.norm_ready) {
-      norm_partials(grads, 0, grads.size());
-      norm_from_partials(grads.size(), grad_norm);
+    if (!graphs_->replaying()) {
+      cuda::sum_squares_many(xs.data(), eg, ns.data(), static_cast<std::int64_t>(xs.size()), partials.as<double>(),
+                             stream_);
+      cuda::sum_partials_sqrt(partials.as<double>(), partials.numel(), f32(grad_norm), stream_);
     }
     for_each_adamw_group(grads, copy, read, [&](std::size_t first, std::size_t last, std::span<const Tensor> copies) {
       std::vector<cuda::AdamWTensor> ts;

@@ -8,7 +8,6 @@
 #include "lmscope/dist/store.h"
 #include "lmscope/dist/world.h"
 
-#include <functional>
 #include <memory>
 #include <span>
 #include <string>
@@ -27,11 +26,6 @@ class CollectiveWork {
  public:
   virtual ~CollectiveWork() = default;
   virtual void wait() = 0;
-  // Backend work that reads the collective's result, ordered after it and before what follows
-  // wait(): on CUDA enqueued at once on the collective's own stream, beside what the backend's stream
-  // runs meanwhile; where the collective is already done (the dry run) run at once; on the CPU run by
-  // wait(), once the collective is done. `ops` must take nothing that dies before then.
-  virtual void then(Backend& backend, std::function<void()> ops) = 0;
 };
 
 class Communicator {

@@ -2,7 +2,6 @@
 
 #include "lmscope/core/error.h"
 
-#include <algorithm>
 #include <cmath>
 #include <limits>
 
@@ -139,14 +138,6 @@ void GradientSync::launch(std::size_t b) {
     std::vector<Tensor> grads;
     for (std::size_t p : bucket.params) grads.push_back(params[p].grad.tensor());
     f.work = comm_.all_reduce_async(grads);
-    if (take_norm_) {
-      // The bucket's parameters are consecutive, last first (make_buckets): the norm's order is the
-      // model's.
-      std::reverse(grads.begin(), grads.end());
-      const std::size_t first = bucket.params.back(), count = params.size();
-      Backend& be = model_.backend();
-      f.work->then(be, [&be, grads = std::move(grads), first, count] { be.norm_partials(grads, first, count); });
-    }
     return;
   }
   // The assignment's flat variant: flatten, one all-reduce, unflatten (finish).
@@ -177,11 +168,6 @@ void GradientSync::finish(std::size_t b) {
     f.buffer.reset();
   }
   pending_[b] = buckets_[b].params.size();
-}
-
-bool GradientSync::take_norm_partials() {
-  take_norm_ = spec_.mode == DdpMode::overlap || spec_.mode == DdpMode::bucketed;
-  return take_norm_;
 }
 
 void GradientSync::after_backward(MicroBatch micro) {

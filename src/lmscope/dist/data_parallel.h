@@ -69,11 +69,6 @@ class GradientSync {
   // After each micro-batch's backward; after the step's last, every gradient holds the sum over the
   // ranks (the collectives launched during the backward are waited for).
   void after_backward(MicroBatch micro);
-  // From the next step on, each bucket's gradients' norm partials (Backend::norm_partials) are taken
-  // as its all-reduce ends, on the exchange's stream, so the optimizer only adds them up; returns
-  // whether it will (the modes whose exchange overlaps the backward; the others exchange after it,
-  // where the optimizer may as well take the norm itself).
-  bool take_norm_partials();
 
  private:
   void gradient_ready(std::size_t param);
@@ -87,7 +82,6 @@ class GradientSync {
   std::vector<std::size_t> pending_;    // per bucket: gradients not yet final this step
   int held_sms_;
   bool beside_backward_ = false;  // a collective launched in this backward, the backend told
-  bool take_norm_ = false;        // take_norm_partials
   struct InFlight {
     Allocation buffer;  // flat's: every gradient side by side
     std::unique_ptr<CollectiveWork> work;

@@ -40,11 +40,6 @@ void DataParallelRun::attach(Transformer& model, bool take_rank0_parameters) {
     sync_ = std::make_unique<GradientSync>(model, *comm_, spec_, held_sms());
 }
 
-void DataParallelRun::configure(AdamW& optimizer) {
-  optimizer.set_gradient_sum_of(world_.size);
-  if (sync_ && sync_->take_norm_partials()) optimizer.set_norm_partials_taken();
-}
-
 int DataParallelRun::held_sms() const { return world_.size > 1 ? spec_.exchange_sms() : 0; }
 
 void DataParallelRun::after_backward(MicroBatch micro) {

@@ -36,10 +36,8 @@ class DataParallelRun {
   void attach(Transformer& model, bool take_rank0_parameters = true);
   // The sharding AdamW takes (ZeRO-1), nullptr otherwise; valid after attach.
   OptimizerSharding* sharding() { return zero_.get(); }
-  // Tells AdamW its gradients are the sum of the world's (it divides by the world's size), and, where
-  // the exchange takes the gradients' norm partials as it goes (GradientSync::take_norm_partials),
-  // that the norm is half taken.
-  void configure(AdamW& optimizer);
+  // Tells AdamW its gradients are the sum of the world's (it divides by the world's size).
+  void configure(AdamW& optimizer) const { optimizer.set_gradient_sum_of(world_.size); }
   // After each micro-batch's backward (see GradientSync::after_backward; nothing with ZeRO-1, whose
   // exchange is the optimizer's).
   void after_backward(MicroBatch micro);

@@ -22,7 +22,6 @@
 #include <future>
 #include <mutex>
 #include <thread>
-#include <vector>
 
 namespace lmscope::dist {
 namespace {
@@ -32,14 +31,10 @@ class GlooWork final : public CollectiveWork {
   explicit GlooWork(std::future<void> done) : done_(std::move(done)) {}
   void wait() override {
     if (done_.valid()) done_.get();  // rethrows the worker's failure
-    for (const auto& ops : then_) ops();
-    then_.clear();
   }
-  void then(Backend&, std::function<void()> ops) override { then_.push_back(std::move(ops)); }
 
  private:
   std::future<void> done_;
-  std::vector<std::function<void()>> then_;  // run by wait(), on the caller's thread
 };
 
 // The address other ranks reach this one at: loopback when the ranks meet on this machine, else the

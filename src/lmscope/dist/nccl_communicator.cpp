@@ -47,22 +47,16 @@ ncclDataType_t nccl_type(DType t) {
   return ncclFloat32;
 }
 
-// The backend's stream waits for `done` (recorded after the collective on the communicator's, and
-// again after the work then() puts there).
+// The backend's stream waits for `done` (recorded after the collective on the communicator's).
 class NcclWork final : public CollectiveWork {
  public:
-  NcclWork(cudaEvent_t done, cudaStream_t compute, cudaStream_t exchange)
-      : done_(done), compute_(compute), exchange_(exchange) {}
+  NcclWork(cudaEvent_t done, cudaStream_t compute) : done_(done), compute_(compute) {}
   ~NcclWork() override { cudaEventDestroy(done_); }
   void wait() override { LMSCOPE_CUDA_CHECK(cudaStreamWaitEvent(compute_, done_, 0)); }
-  void then(Backend& backend, std::function<void()> ops) override {
-    backend.on_stream(exchange_, ops);
-    LMSCOPE_CUDA_CHECK(cudaEventRecord(done_, exchange_));
-  }
 
  private:
   cudaEvent_t done_;
-  cudaStream_t compute_, exchange_;
+  cudaStream_t compute_;
 };
 
 // Symmetric windows (ncclCommWindowRegister) came with NCCL 2.27.3; with an older NCCL the
@@ -270,7 +264,7 @@ class NcclCommunicator final : public Communicator {
       LMSCOPE_CUDA_CHECK(cudaEventRecord(end, stream_));
       timed_.emplace_back(start, end);
     }
-    return std::make_unique<NcclWork>(done, compute_, stream_);
+    return std::make_unique<NcclWork>(done, compute_);
   }
 
   cudaStream_t compute_ = nullptr, stream_ = nullptr;

@@ -83,8 +83,7 @@ bool AdamW::step(double lr) {
                        .max_norm = config_.clip,
                        .grad_scale = 1.0 / divisor,
                        .step_scalars = step_scalars_,
-                       .skip_nonfinite = scaler_.on(),
-                       .norm_ready = norm_from_exchange_ && !sharding_};
+                       .skip_nonfinite = scaler_.on()};
   // The step's rate goes to the device before the step's ops, so a recorded step replays at it.
   const std::array<double, 3> scalars = adamw_step_scalars(args);
   for (std::int64_t i = 0; i < 3; ++i) be.fill(step_scalars_.rows(i, 1), scalars[i]);
@@ -104,7 +103,6 @@ bool AdamW::step(double lr) {
     // written in place). With loss scaling, a step whose norm is not finite changes nothing but the
     // copies (written from the unchanged masters); the device decides, so the host need not wait for
     // the norm first.
-    if (args.norm_ready) be.norm_from_partials(params.size(), grad_norm_);
     if (model_.fusion()) {  // the norm and every update in a few launches
       std::vector<Tensor> values, ms, vs;
       for (std::size_t i = 0; i < params.size(); ++i) {
@@ -116,7 +114,7 @@ bool AdamW::step(double lr) {
           values, grads, ms, vs, args, grad_norm_, [&](std::size_t i) { return model_.lowp_copy(params[i]).tensor(); },
           [&](std::size_t i) { params[i].grad.reset(); });
     } else {
-      if (!args.norm_ready) be.global_norm(grads, grad_norm_);
+      be.global_norm(grads, grad_norm_);
       for (std::size_t i = 0; i < params.size(); ++i) {
         be.adamw(params[i].value, params[i].grad, m_[i], v_[i], args, grad_norm_, model_.lowp_copy(params[i]));
         params[i].grad.reset();

@@ -64,9 +64,6 @@ class AdamW {
   // The gradients hold the sum of `ranks` ranks' gradients (data parallelism): the step divides
   // them by it, in the multiply that undoes a loss scale, and so does last_grad_norm.
   void set_gradient_sum_of(int ranks) { ranks_ = ranks; }
-  // The gradients' norm partials are taken as they become final (Backend::norm_partials, for every
-  // parameter in the model's order, each step before this one's step): the step only adds them up.
-  void set_norm_partials_taken() { norm_from_exchange_ = true; }
   bool sharded() const { return sharding_ != nullptr; }
   // The moments of parameter i (the model's order), and the step count, as a checkpoint saves and
   // restores them. moment_values: the whole tensor on the host; sharded, a collective (every
@@ -99,7 +96,6 @@ class AdamW {
   OptimizerConfig config_;
   OptimizerSharding* sharding_ = nullptr;
   int ranks_ = 1;
-  bool norm_from_exchange_ = false;  // set_norm_partials_taken
   std::vector<Allocation> m_, v_;
   Allocation norm_and_scalars_;
   Tensor grad_norm_, step_scalars_;  // [1] and [3] of it (AdamWArgs::step_scalars)

@@ -347,30 +347,17 @@ class CpuBackend final : public Backend {
   }
 
   void global_norm(std::span<const Tensor> tensors, const Tensor& out) override {
-    norm_partials(tensors, 0, tensors.size());
-    norm_from_partials(tensors.size(), out);
-  }
-  // A tensor's sum of squares in double; the norm adds them in the tensors' order.
-  void norm_partials(std::span<const Tensor> tensors, std::size_t first, std::size_t count) override {
-    LMSCOPE_CHECK(first + tensors.size() <= count, "norm partials of tensors {}..{} of {}", first,
-                  first + tensors.size(), count);
-    norm_partials_.resize(count);
-    for (std::size_t k = 0; k < tensors.size(); ++k)
-      dispatch(tensors[k].dtype, "global_norm", [&](auto z) {
+    double total = 0;
+    for (const Tensor& t : tensors)
+      dispatch(t.dtype, "global_norm", [&](auto z) {
         using T = decltype(z);
-        const T* x = tensors[k].as<T>();
-        const std::int64_t n = tensors[k].numel();
+        const T* x = t.as<T>();
+        const std::int64_t n = t.numel();
         double ss = 0;
 #pragma omp parallel for reduction(+ : ss) schedule(static)
         for (std::int64_t i = 0; i < n; ++i) ss += static_cast<double>(x[i]) * static_cast<double>(x[i]);
-        norm_partials_[first + k] = ss;
+        total += ss;
       });
-  }
-  void norm_from_partials(std::size_t count, const Tensor& out) override {
-    LMSCOPE_CHECK(norm_partials_.size() == count, "the norm of {} tensors from partials of {}", count,
-                  norm_partials_.size());
-    double total = 0;
-    for (double ss : norm_partials_) total += ss;
     dispatch(out.dtype, "global_norm",
              [&](auto z) { out.as<decltype(z)>()[0] = static_cast<decltype(z)>(std::sqrt(total)); });
   }
@@ -460,7 +447,6 @@ class CpuBackend final : public Backend {
 
   HostAllocator alloc_;
   std::vector<std::chrono::steady_clock::time_point> marks_;
-  std::vector<double> norm_partials_;  // per tensor, by norm_partials
 };
 
 }  // namespace

@@ -98,24 +98,20 @@ class MetaBackend final : public Backend {
     if (on_cuda()) const Allocation row_loss = scratch::cuda_cross_entropy(alloc_, logits.numel() / logits.dim(-1));
   }
   void cross_entropy_backward(const Tensor&, const Tensor&, const Tensor&, const Tensor&, double) override {}
-  void global_norm(std::span<const Tensor> tensors, const Tensor&) override { norm_scratch(tensors.size()); }
-  void norm_partials(std::span<const Tensor>, std::size_t, std::size_t count) override { norm_scratch(count); }
-  void norm_from_partials(std::size_t count, const Tensor&) override { norm_scratch(count); }
+  void global_norm(std::span<const Tensor> tensors, const Tensor&) override {
+    // As the CUDA backend does: made again when the number of tensors changes.
+    if (on_cuda() && (norm_sum_.empty() || norm_sum_.tensor().numel() != static_cast<std::int64_t>(tensors.size()) *
+                                                                             scratch::kGlobalNormBlocks)) {
+      norm_sum_.reset();
+      norm_sum_ = scratch::cuda_global_norm(alloc_, tensors.size());
+    }
+  }
   void adamw(const Tensor&, const Tensor&, const Tensor&, const Tensor&, const AdamWArgs&, const Tensor&,
              const Tensor&) override {}
   std::size_t adamw_group() const override { return on_cuda() ? scratch::kCudaAdamWGroup : 1; }
 
  private:
   bool on_cuda() const { return target_.device == "cuda"; }
-  // The norm's partial sums, as the CUDA backend keeps them: made again when the number of tensors
-  // changes.
-  void norm_scratch(std::size_t count) {
-    if (on_cuda() && (norm_sum_.empty() ||
-                      norm_sum_.tensor().numel() != static_cast<std::int64_t>(count) * scratch::kGlobalNormBlocks)) {
-      norm_sum_.reset();
-      norm_sum_ = scratch::cuda_global_norm(alloc_, count);
-    }
-  }
   static cuda::Elem elem(const Tensor& t) { return cuda::storage_elem(t); }
   void rope(std::int64_t t, std::int64_t dk, double theta) {
     if (on_cuda()) rope_tables_.get(alloc_, t, dk, theta);

@@ -176,6 +176,10 @@ class TwoRanks(FilesTest):
                     [row] = json.load(f)
                 self.assertEqual(row["status"], "ok")
                 self.assertEqual(row["data_parallel"]["world_size"], 2)
+                # The library that summed, with the version it loaded where it says one (NCCL).
+                library = row["data_parallel"]["collectives"]
+                self.assertRegex(library, r"^nccl \d+\.\d+\.\d+$" if DEVICE == "cuda" else r"^gloo$")
+                self.assertIn("| " + library + " |", r.stdout)
                 self.assertFalse(row["graphs"])  # op by op with data parallelism, and the row says so
                 self.assertGreater(row["ms"]["communication"]["mean"], 0)
                 self.assertGreaterEqual(row["ms"]["exchange"]["mean"], 0)

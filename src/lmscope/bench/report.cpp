@@ -143,12 +143,11 @@ std::string markdown_exchange(const std::vector<BenchResult>& rows) {
     if (!measured_exchange(r)) continue;
     if (out.empty())
       out =
-          "\n### Gradient exchange (per step)\n\n| model | mode | batch | ctx | collectives ms | exposed after "
-          "backward "
-          "ms | hidden behind the backward |\n|---|---|---:|---:|---:|---:|---:|\n";
+          "\n### Gradient exchange (per step)\n\n| model | mode | batch | ctx | library | collectives ms | exposed "
+          "after backward ms | hidden behind the backward |\n|---|---|---:|---:|---|---:|---:|---:|\n";
     const BenchSpec& s = r.spec;
-    out += fmt::format("| {} | {} | {} | {} | {} | {} | {:.0f}% |\n", s.model.name, mode_label(s), s.batch, s.ctx,
-                       mean_std(r.communication), mean_std(r.exchange), 100 * r.hidden_share);
+    out += fmt::format("| {} | {} | {} | {} | {} | {} | {} | {:.0f}% |\n", s.model.name, mode_label(s), s.batch, s.ctx,
+                       r.collectives, mean_std(r.communication), mean_std(r.exchange), 100 * r.hidden_share);
   }
   return out;
 }
@@ -192,7 +191,8 @@ std::string csv(const std::vector<BenchResult>& rows) {
     for (const char* f : {"mean_ms", "std_ms", "median_ms", "min_ms", "max_ms"}) out += fmt::format(",{}_{}", p, f);
   out += ",tokens_per_s,model_tflops,mfu,peak_bytes,device_name,dry_run,status";
   out +=
-      ",world_size,ddp,zero,bucket_mb,symmetric_memory,comm_sms,communication_mean_ms,exchange_mean_ms,hidden_share\n";
+      ",world_size,ddp,zero,bucket_mb,symmetric_memory,comm_sms,communication_mean_ms,exchange_mean_ms,hidden_share,"
+      "collectives\n";
   for (const BenchResult& r : rows) {
     const BenchSpec& s = r.spec;
     out += fmt::format("{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{}", csv_field(s.model.name),
@@ -223,9 +223,10 @@ std::string csv(const std::vector<BenchResult>& rows) {
     else
       out += ",1,,0,,,";
     if (measured_exchange(r))
-      out += fmt::format(",{:.4f},{:.4f},{:.4f}\n", r.communication.mean, r.exchange.mean, r.hidden_share);
+      out += fmt::format(",{:.4f},{:.4f},{:.4f}", r.communication.mean, r.exchange.mean, r.hidden_share);
     else
-      out += ",,,\n";
+      out += ",,,";
+    out += "," + csv_field(r.collectives) + "\n";
   }
   return out;
 }
@@ -252,7 +253,10 @@ std::string json(const std::vector<BenchResult>& rows) {
     j["steps"] = s.steps;
     j["status"] = r.status;
     j["dry_run"] = r.dry_run;
-    if (s.parallel) j["data_parallel"] = data_parallel_json(s);
+    if (s.parallel) {
+      j["data_parallel"] = data_parallel_json(s);
+      if (!r.collectives.empty()) j["data_parallel"]["collectives"] = r.collectives;
+    }
     if (r.dry_run && r.ok()) {
       j["device_name"] = r.device_name;
       j["peak_bytes"] = r.peak_bytes;

@@ -259,6 +259,7 @@ void run_cell(const BenchSpec& spec, BenchResult& r, const BenchProgress& progre
     r.communication = summarize(comm);
     r.exchange = summarize(exchange);
     r.hidden_share = summarize(hidden).mean;
+    r.collectives = dist::name_and_version(dp->communicator());
   }
   const double tokens = static_cast<double>(n) * micro_batches;  // per step, every rank's
   r.tokens_per_s = tokens / (r.step.mean / 1e3);

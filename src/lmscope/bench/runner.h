@@ -90,6 +90,7 @@ struct BenchResult {
   // part of the collectives' time that ran during the forward and backward.
   PhaseStats communication, exchange;
   double hidden_share = 0;
+  std::string collectives;  // the communicator and its library's version ("nccl 2.28.9")
   double tokens_per_s = 0;
   double model_tflops = 0;  // model FLOPs of the mode per step over the mean step time
   std::string device_name;  // as the allocator names it, e.g. "cuda:0 (NVIDIA H100 80GB HBM3)"

@@ -108,8 +108,11 @@ std::vector<double> gather(Backend& be, Communicator& comm, const std::vector<do
 
 AllreduceBenchRow run_allreduce_size(Backend& backend, Communicator& comm, const AllreduceBenchSpec& spec,
                                      const BenchProgress& progress) {
-  AllreduceBenchRow r{
-      .spec = spec, .world = comm.size(), .backend = comm.name(), .device = backend.allocator().device_name()};
+  AllreduceBenchRow r{.spec = spec,
+                      .world = comm.size(),
+                      .backend = comm.name(),
+                      .device = backend.allocator().device_name(),
+                      .version = comm.version()};
   const std::int64_t n = spec.bytes / 4;
   Allocation tensor;
   try {
@@ -177,7 +180,8 @@ std::string allreduce_markdown(const std::vector<AllreduceBenchRow>& rows) {
       "| size | ranks | backend | mean ms | std ms | rank means ms (min–max) | algbw GB/s | busbw GB/s | status |\n"
       "|---:|---:|---|---:|---:|---:|---:|---:|---|\n";
   for (const AllreduceBenchRow& r : rows) {
-    out += fmt::format("| {} | {} | {} | ", decimal_bytes(r.spec.bytes), r.world, r.backend);
+    out += fmt::format("| {} | {} | {}{}{} | ", decimal_bytes(r.spec.bytes), r.world, r.backend,
+                       r.version.empty() ? "" : " ", r.version);
     if (r.ok())
       out += fmt::format("{:.3f} | {:.3f} | {:.3f}–{:.3f} | {:.4g} | {:.4g} | ok |\n", r.mean_ms, r.std_ms,
                          r.min_rank_ms, r.max_rank_ms, r.algbw_gbs, r.busbw_gbs);
@@ -192,7 +196,7 @@ std::string allreduce_markdown(const std::vector<AllreduceBenchRow>& rows) {
 std::string allreduce_csv(const std::vector<AllreduceBenchRow>& rows) {
   std::string out =
       "bytes,elements,world,backend,device,warmup,iters,mean_ms,std_ms,min_rank_ms,max_rank_ms,algbw_gbs,busbw_gbs,"
-      "status\n";
+      "status,version\n";
   for (const AllreduceBenchRow& r : rows) {
     out += fmt::format("{},{},{},{},{},{},{}", r.spec.bytes, r.spec.bytes / 4, r.world, r.backend, csv_field(r.device),
                        r.spec.warmup, r.spec.iters);
@@ -201,7 +205,7 @@ std::string allreduce_csv(const std::vector<AllreduceBenchRow>& rows) {
                          r.max_rank_ms, r.algbw_gbs, r.busbw_gbs);
     else
       out += ",,,,,,";
-    out += "," + csv_field(r.status) + "\n";
+    out += "," + csv_field(r.status) + "," + csv_field(r.version) + "\n";
   }
   return out;
 }
@@ -215,6 +219,7 @@ std::string allreduce_json(const std::vector<AllreduceBenchRow>& rows) {
     j["dtype"] = "f32";
     j["world"] = r.world;
     j["backend"] = r.backend;
+    if (!r.version.empty()) j["version"] = r.version;
     j["device"] = r.device;
     j["warmup"] = r.spec.warmup;
     j["iters"] = r.spec.iters;

@@ -35,6 +35,7 @@ struct AllreduceBenchRow {
   AllreduceBenchSpec spec;
   int world = 1;
   std::string backend, device;  // the communicator ("gloo", "nccl") and the backend's device
+  std::string version;          // the communicator's library's, where it says (Communicator::version)
   std::string status = "ok";    // or "OOM: ..." when some rank could not hold the tensor
   // Milliseconds. Each rank times its own iterations; mean is the mean over ranks of each rank's mean,
   // min_rank/max_rank the fastest and slowest rank's mean, and std the sample standard deviation of

@@ -52,6 +52,11 @@ std::unique_ptr<Communicator> make_shape_only_communicator(int rank, int size) {
   return std::make_unique<ShapeOnlyCommunicator>(rank, size);
 }
 
+std::string name_and_version(const Communicator& comm) {
+  const std::string v = comm.version();
+  return v.empty() ? comm.name() : comm.name() + " " + v;
+}
+
 int loaded_nccl_version() {
 #if LMSCOPE_HAVE_NCCL
   return nccl_library_version();

@@ -32,6 +32,9 @@ class Communicator {
  public:
   virtual ~Communicator() = default;
   virtual std::string name() const = 0;  // "nccl", "gloo", "dry run"
+  // The library's version as this process loaded it, where it says ("2.28.9" for NCCL: results can
+  // differ between versions, docs/distributed.md "Which NCCL"); empty where it does not.
+  virtual std::string version() const { return {}; }
   virtual int rank() const = 0;
   virtual int size() const = 0;
 
@@ -78,6 +81,8 @@ class Communicator {
 // Unsupported when this build lacks the library the device needs. max_ctas > 0 caps the blocks (so
 // the SMs) an NCCL collective takes (0: NCCL's choice; Gloo has no such thing).
 std::unique_ptr<Communicator> make_communicator(Backend& backend, const World& world, Store& store, int max_ctas = 0);
+// name(), and version() after it where there is one: "nccl 2.28.9", "gloo".
+std::string name_and_version(const Communicator& comm);
 // The dry run's: rank `rank` of `size`, every op a no-op.
 std::unique_ptr<Communicator> make_shape_only_communicator(int rank, int size);
 // The version code of the NCCL library this process loaded (ncclGetVersion), 0 in a build without

@@ -126,6 +126,7 @@ class NcclCommunicator final : public Communicator {
   }
 
   std::string name() const override { return "nccl"; }
+  std::string version() const override { return nccl_version_text(nccl_library_version()); }
   int rank() const override { return rank_; }
   int size() const override { return size_; }
 

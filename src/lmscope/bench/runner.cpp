@@ -61,11 +61,14 @@ std::string mode_label(const BenchSpec& s) {
   return label;
 }
 
+std::optional<BenchMode> bench_mode_named(const std::string& s) {
+  for (BenchMode m : {BenchMode::inference, BenchMode::forward, BenchMode::forward_backward, BenchMode::train})
+    if (s == bench_mode_name(m)) return m;
+  return std::nullopt;
+}
+
 BenchMode parse_bench_mode(const std::string& s) {
-  if (s == "inference") return BenchMode::inference;
-  if (s == "forward") return BenchMode::forward;
-  if (s == "forward-backward") return BenchMode::forward_backward;
-  if (s == "train") return BenchMode::train;
+  if (const std::optional<BenchMode> m = bench_mode_named(s)) return *m;
   user_error("unknown --mode '{}' (use inference, forward, forward-backward or train)", s);
 }
 

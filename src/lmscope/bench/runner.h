@@ -27,7 +27,8 @@ inline bool has_backward(BenchMode m) { return m == BenchMode::forward_backward 
 inline std::string cell_grad_dtype(BenchMode m, const std::string& grad_dtype) {
   return has_backward(m) ? grad_dtype : "fp32";
 }
-BenchMode parse_bench_mode(const std::string& s);  // throws UserError
+BenchMode parse_bench_mode(const std::string& s);                 // throws UserError
+std::optional<BenchMode> bench_mode_named(const std::string& s);  // none for a name it does not know
 
 struct BenchSpec {
   ModelConfig model;

@@ -1,6 +1,7 @@
 #include "lmscope/report/result_files.h"
 
 #include "lmscope/bench/mode_words.h"
+#include "lmscope/bench/runner.h"
 #include "lmscope/core/error.h"
 
 #include <fmt/format.h>
@@ -69,7 +70,9 @@ std::map<std::string, Timing> timings(const json& row) {
 
 std::string mode_of_row(const json& r) {
   const std::string mode = r.value("mode", "");
-  const bool backward = mode == "forward-backward" || mode == "train";  // micro-batches only split a backward
+  // Micro-batches only split a backward (a mode this build does not know, from another's file: none).
+  const std::optional<BenchMode> known = bench_mode_named(mode);
+  const bool backward = known && has_backward(*known);
   return lmscope::mode_words(
       ModeSettings{.mode = mode,
                    .recompute = r.value("recompute", "none"),

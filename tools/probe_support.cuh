@@ -1,6 +1,7 @@
-// What the standalone GPU probes (gemm_algorithms, gemm_beside_held_sms, nccl_symmetric_beside_gemm,
-// adamw_bandwidth, pdl_chain) share: checks that print and exit, random fills, and bf16 operands for the
-// GEMM probes. Kept apart from src/ so the probes build with nvcc alone.
+// What the standalone GPU probes (gemm_algorithms, gemm_beside_held_sms, gemm_beside_traffic,
+// nccl_symmetric_beside_gemm, adamw_bandwidth, pdl_chain) share: checks that print and exit, random
+// fills, and bf16 operands for the GEMM probes. Kept apart from src/ so the probes build with nvcc
+// alone.
 #pragma once
 
 #include <cublasLt.h>

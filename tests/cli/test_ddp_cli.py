@@ -7,6 +7,7 @@ them on the GPUs through NCCL (scripts/gpu_check.sh --data-parallel), with LMSCO
 (default fp32), LMSCOPE_DDP_GRAD_DTYPE (--grad-dtype, default fp32) and LMSCOPE_DDP_STEPS (default 5);
 tests of two ranks then need two GPUs. Each comparison
 prints how close it came."""
+import csv
 import json
 import os
 import shutil
@@ -177,7 +178,7 @@ class TwoRanks(FilesTest):
                 self.assertEqual(row["status"], "ok")
                 self.assertEqual(row["data_parallel"]["world_size"], 2)
                 # The library that summed, with the version it loaded where it says one (NCCL).
-                library = row["data_parallel"]["collectives"]
+                library = row["data_parallel"]["collectives_library"]
                 self.assertRegex(library, r"^nccl \d+\.\d+\.\d+$" if DEVICE == "cuda" else r"^gloo$")
                 self.assertIn("| " + library + " |", r.stdout)
                 self.assertFalse(row["graphs"])  # op by op with data parallelism, and the row says so
@@ -186,6 +187,15 @@ class TwoRanks(FilesTest):
                 self.assertTrue(0 <= row["hidden_share"] <= 1)
                 if not hidden_possible:  # everything exchanged after the backward
                     self.assertEqual(row["hidden_share"], 0)
+        # The CSV of a data-parallel row: as many fields as the header names, the library among them.
+        out = self.path("bench.csv")
+        r = run("launch", "--nproc", "2", "--", *bench[:-2], "--format", "csv", "--ddp", "bucketed", "--out", out)
+        self.assertEqual(r.returncode, 0, r.stdout + r.stderr)
+        with open(out) as f:
+            rows = list(csv.reader(f))
+        self.assertEqual(len(rows), 2, rows)
+        self.assertEqual(len(rows[1]), len(rows[0]), rows)
+        self.assertEqual(dict(zip(*rows))["collectives_library"], library)
 
     def test_the_dry_run_of_a_rank_shards_the_optimizer_state(self):
         memory = ["memory", "--dry-run", "--device", "cuda", "--model", "xl", "--ctx", "128", "--batch", "4",

@@ -147,7 +147,7 @@ std::string markdown_exchange(const std::vector<BenchResult>& rows) {
           "after backward ms | hidden behind the backward |\n|---|---|---:|---:|---|---:|---:|---:|\n";
     const BenchSpec& s = r.spec;
     out += fmt::format("| {} | {} | {} | {} | {} | {} | {} | {:.0f}% |\n", s.model.name, mode_label(s), s.batch, s.ctx,
-                       r.collectives, mean_std(r.communication), mean_std(r.exchange), 100 * r.hidden_share);
+                       r.collectives_library, mean_std(r.communication), mean_std(r.exchange), 100 * r.hidden_share);
   }
   return out;
 }
@@ -192,7 +192,7 @@ std::string csv(const std::vector<BenchResult>& rows) {
   out += ",tokens_per_s,model_tflops,mfu,peak_bytes,device_name,dry_run,status";
   out +=
       ",world_size,ddp,zero,bucket_mb,symmetric_memory,comm_sms,communication_mean_ms,exchange_mean_ms,hidden_share,"
-      "collectives\n";
+      "collectives_library\n";
   for (const BenchResult& r : rows) {
     const BenchSpec& s = r.spec;
     out += fmt::format("{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{}", csv_field(s.model.name),
@@ -226,7 +226,7 @@ std::string csv(const std::vector<BenchResult>& rows) {
       out += fmt::format(",{:.4f},{:.4f},{:.4f}", r.communication.mean, r.exchange.mean, r.hidden_share);
     else
       out += ",,,";
-    out += "," + csv_field(r.collectives) + "\n";
+    out += "," + csv_field(r.collectives_library) + "\n";
   }
   return out;
 }
@@ -255,7 +255,7 @@ std::string json(const std::vector<BenchResult>& rows) {
     j["dry_run"] = r.dry_run;
     if (s.parallel) {
       j["data_parallel"] = data_parallel_json(s);
-      if (!r.collectives.empty()) j["data_parallel"]["collectives"] = r.collectives;
+      if (!r.collectives_library.empty()) j["data_parallel"]["collectives_library"] = r.collectives_library;
     }
     if (r.dry_run && r.ok()) {
       j["device_name"] = r.device_name;

@@ -16,20 +16,6 @@
 
 namespace lmscope {
 
-const char* bench_mode_name(BenchMode m) {
-  switch (m) {
-    case BenchMode::inference:
-      return "inference";
-    case BenchMode::forward:
-      return "forward";
-    case BenchMode::forward_backward:
-      return "forward-backward";
-    case BenchMode::train:
-      return "train";
-  }
-  return "?";
-}
-
 int exchange_sms(const BenchSpec& s) {
   return s.parallel && s.device == "cuda" && s.world.size > 1 ? s.parallel->exchange_sms() : 0;
 }
@@ -59,17 +45,6 @@ std::string mode_label(const BenchSpec& s) {
     label += fmt::format(", {} rank{}", s.world.size, s.world.size == 1 ? "" : "s");
   }
   return label;
-}
-
-std::optional<BenchMode> bench_mode_named(const std::string& s) {
-  for (BenchMode m : {BenchMode::inference, BenchMode::forward, BenchMode::forward_backward, BenchMode::train})
-    if (s == bench_mode_name(m)) return m;
-  return std::nullopt;
-}
-
-BenchMode parse_bench_mode(const std::string& s) {
-  if (const std::optional<BenchMode> m = bench_mode_named(s)) return *m;
-  user_error("unknown --mode '{}' (use inference, forward, forward-backward or train)", s);
 }
 
 double peak_tflops(const std::string& device_name, const std::string& precision) {
@@ -126,6 +101,7 @@ void run_cell(const BenchSpec& spec, BenchResult& r, const BenchProgress& progre
   std::unique_ptr<dist::DataParallelRun> dp;
   if (spec.parallel) {
     dp = std::make_unique<dist::DataParallelRun>(spec.world, *backend, *spec.parallel);
+    r.collectives_library = dist::name_and_version(dp->communicator());  // a cell that fails later too
     dp->attach(model);
   }
   const std::int64_t n = spec.batch * spec.ctx;  // the global batch: each rank runs its rows of it
@@ -262,7 +238,6 @@ void run_cell(const BenchSpec& spec, BenchResult& r, const BenchProgress& progre
     r.communication = summarize(comm);
     r.exchange = summarize(exchange);
     r.hidden_share = summarize(hidden).mean;
-    r.collectives = dist::name_and_version(dp->communicator());
   }
   const double tokens = static_cast<double>(n) * micro_batches;  // per step, every rank's
   r.tokens_per_s = tokens / (r.step.mean / 1e3);

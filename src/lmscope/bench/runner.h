@@ -3,6 +3,7 @@
 // timer around a synchronised region, as the seeds' PyTorch scripts do.
 #pragma once
 
+#include "lmscope/bench/bench_mode.h"
 #include "lmscope/bench/mode_words.h"
 #include "lmscope/dist/data_parallel.h"
 #include "lmscope/model/attention.h"
@@ -16,19 +17,6 @@
 #include <vector>
 
 namespace lmscope {
-
-// inference: a forward that keeps nothing for a backward (PyTorch's no_grad); forward: one that
-// keeps what the backward would read, then drops it; forward_backward; train: both and AdamW.
-enum class BenchMode { inference, forward, forward_backward, train };
-const char* bench_mode_name(BenchMode m);
-inline bool has_backward(BenchMode m) { return m == BenchMode::forward_backward || m == BenchMode::train; }
-// The gradients' dtype a cell of mode m keeps: grad_dtype where it has a backward; a mode without one
-// has no gradients, and says fp32 (the default) whatever was asked.
-inline std::string cell_grad_dtype(BenchMode m, const std::string& grad_dtype) {
-  return has_backward(m) ? grad_dtype : "fp32";
-}
-BenchMode parse_bench_mode(const std::string& s);                 // throws UserError
-std::optional<BenchMode> bench_mode_named(const std::string& s);  // none for a name it does not know
 
 struct BenchSpec {
   ModelConfig model;
@@ -91,7 +79,7 @@ struct BenchResult {
   // part of the collectives' time that ran during the forward and backward.
   PhaseStats communication, exchange;
   double hidden_share = 0;
-  std::string collectives;  // the communicator and its library's version ("nccl 2.28.9")
+  std::string collectives_library;  // the communicator and its library's version ("nccl 2.28.9")
   double tokens_per_s = 0;
   double model_tflops = 0;  // model FLOPs of the mode per step over the mean step time
   std::string device_name;  // as the allocator names it, e.g. "cuda:0 (NVIDIA H100 80GB HBM3)"

@@ -126,7 +126,10 @@ class NcclCommunicator final : public Communicator {
   }
 
   std::string name() const override { return "nccl"; }
-  std::string version() const override { return nccl_version_text(nccl_library_version()); }
+  std::string version() const override {
+    const int code = nccl_library_version();
+    return code > 0 ? nccl_version_text(code) : std::string{};  // 0: ncclGetVersion did not say
+  }
   int rank() const override { return rank_; }
   int size() const override { return size_; }
 

@@ -1,7 +1,7 @@
 #include "lmscope/report/result_files.h"
 
+#include "lmscope/bench/bench_mode.h"
 #include "lmscope/bench/mode_words.h"
-#include "lmscope/bench/runner.h"
 #include "lmscope/core/error.h"
 
 #include <fmt/format.h>

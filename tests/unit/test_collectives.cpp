@@ -66,6 +66,7 @@ constexpr int kRanks = 3;
 TEST(GlooCollectives, EveryOpGivesItsValues) {
   on_ranks(kRanks, [](int rank, Backend& be, Communicator& comm) {
     EXPECT_EQ(comm.name(), "gloo");
+    EXPECT_EQ(name_and_version(comm), "gloo");  // Gloo tells no version at run time
     EXPECT_EQ(comm.rank(), rank);
     EXPECT_EQ(comm.size(), kRanks);
     for (DType dtype : {DType::f32, DType::f64}) {

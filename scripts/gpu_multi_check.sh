@@ -17,7 +17,7 @@
 # the first call's build; LMSCOPE_DDP_VARIANTS, lmscope's flags a ';' apart, and LMSCOPE_DDP_PT_VARIANTS,
 # bench_ddp.py's --variant, and LMSCOPE_DDP_ONE_GPU, the one-GPU cells' flags, narrow the bench part);
 # the part overlap (not a default) probes the backward's slowdown beside NCCL
-# (and the GEMMs beside NCCL's symmetric all-reduce).
+# (and the GEMMs beside NCCL's symmetric all-reduce, and beside local and NVLink traffic alone).
 set -uo pipefail
 source "$(dirname "$0")/gpu_env.sh"
 if (($(nvidia-smi -L | wc -l) < 2)); then
@@ -142,6 +142,10 @@ if [[ $parts == *,overlap,* ]]; then
   "$B/nccl_symmetric_beside_gemm" 25 8 >"$OUT/nccl-symmetric-beside-gemm.md" 2>&1
   echo "== GEMMs beside NCCL's ring and symmetric all-reduce: exit $?"
   grep -E "all-reduce of" "$OUT/nccl-symmetric-beside-gemm.md"
+  # And beside traffic without NCCL: copies within GPU 0, and over NVLink either way (which slows them).
+  "$B/gemm_beside_traffic" 8 256 >"$OUT/gemm-beside-traffic.md" 2>&1
+  echo "== GEMMs beside local and NVLink traffic: exit $?"
+  cat "$OUT/gemm-beside-traffic.md"
   grep -hE "^\| gemm|^# rank" "$OUT"/overlap-probe*.md | head -30
 fi
 

@@ -44,12 +44,6 @@ __global__ void wait_arrived(const volatile int* arrived, int count) {
   while (*arrived < count) __nanosleep(500);
 }
 
-struct Shape {
-  const char* name;
-  int m, n, k;  // row-major C[m, n] = A[m, k] · B[k, n]
-  bool f32_out;
-};
-
 struct Held {
   cudaStream_t stream;
   int* arrived;
@@ -89,7 +83,7 @@ int main(int argc, char** argv) {
   CHECK_CUDA(cudaFuncSetAttribute(hold_sm, cudaFuncAttributeMaxDynamicSharedMemorySize, kHoldSmem));
 
   const int tokens = 4 * 1024;  // batch 4, ctx 1024
-  const Shape shapes[] = {
+  const GemmShape shapes[] = {
       {"xl attn proj fwd", tokens, 1600, 1600, false},  {"xl ffn up fwd", tokens, 6400, 1600, false},
       {"xl ffn down fwd", tokens, 1600, 6400, false},   {"xl ffn up dgrad", tokens, 1600, 6400, false},
       {"xl ffn up wgrad", 6400, 1600, tokens, true},    {"xl ffn down wgrad", 1600, 6400, tokens, true},
@@ -97,8 +91,6 @@ int main(int argc, char** argv) {
       {"2.7B ffn up fwd", tokens, 10240, 2560, false},  {"2.7B ffn up wgrad", 10240, 2560, tokens, true},
   };
   const Operands ops = random_operands(shapes, 1, 2);
-  __nv_bfloat16 *a = ops.a, *b = ops.b;
-  float* c = ops.c;
   size_t workspace_bytes = size_t(32) << 20;
   void* workspace;
   CHECK_CUDA(cudaMalloc(&workspace, workspace_bytes));
@@ -111,77 +103,36 @@ int main(int argc, char** argv) {
   CHECK_CUDA(cudaEventCreateWithFlags(&held.reset, cudaEventDisableTiming));
   cublasLtHandle_t lt;
   CHECK_LT(cublasLtCreate(&lt));
-  cudaEvent_t e0, e1;
-  CHECK_CUDA(cudaEventCreate(&e0));
-  CHECK_CUDA(cudaEventCreate(&e1));
 
   std::printf(
       "| shape | held SMs | first algo alone ms | beside | asked for %s SMs left: alone | beside | "
       "fastest beside (of 8): alone | beside |\n|---|---:|---:|---:|---:|---:|---:|---:|\n",
       "the");
-  for (const Shape& s : shapes) {
-    // Column-major view of row-major C = A·B: Cᵀ[n, m] = Bᵀ[n, k] · Aᵀ[k, m].
-    cublasLtMatrixLayout_t la, lb, lc;
-    CHECK_LT(cublasLtMatrixLayoutCreate(&la, CUDA_R_16BF, s.n, s.k, s.n));
-    CHECK_LT(cublasLtMatrixLayoutCreate(&lb, CUDA_R_16BF, s.k, s.m, s.k));
-    CHECK_LT(cublasLtMatrixLayoutCreate(&lc, s.f32_out ? CUDA_R_32F : CUDA_R_16BF, s.n, s.m, s.n));
-    const float alpha = 1, beta = 0;
-    const double flop = 2.0 * s.m * s.n * s.k;
-    const int reps = std::max(3, static_cast<int>(5e-3 / (flop / 700e12)));  // about 5 ms a loop at the ceiling
-
-    auto desc_for = [&](int target) {
-      cublasLtMatmulDesc_t d;
-      CHECK_LT(cublasLtMatmulDescCreate(&d, CUBLAS_COMPUTE_32F, CUDA_R_32F));
-      if (target > 0)
-        CHECK_LT(cublasLtMatmulDescSetAttribute(d, CUBLASLT_MATMUL_DESC_SM_COUNT_TARGET, &target, sizeof(target)));
-      return d;
-    };
-    auto algos_for = [&](cublasLtMatmulDesc_t d, int count) {
-      cublasLtMatmulPreference_t pref;
-      CHECK_LT(cublasLtMatmulPreferenceCreate(&pref));
-      CHECK_LT(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &workspace_bytes,
-                                                    sizeof(workspace_bytes)));
-      std::vector<cublasLtMatmulHeuristicResult_t> r(count);
-      int found = 0;
-      CHECK_LT(cublasLtMatmulAlgoGetHeuristic(lt, d, la, lb, lc, lc, pref, count, r.data(), &found));
-      cublasLtMatmulPreferenceDestroy(pref);
-      r.resize(found);
-      return r;
-    };
-    auto loop_ms = [&](cublasLtMatmulDesc_t d, const cublasLtMatmulAlgo_t& algo) {
-      CHECK_CUDA(cudaEventRecord(e0, fg));
-      for (int i = 0; i < reps; ++i)
-        CHECK_LT(
-            cublasLtMatmul(lt, d, &alpha, b, la, a, lb, &beta, c, lc, c, lc, &algo, workspace, workspace_bytes, fg));
-      CHECK_CUDA(cudaEventRecord(e1, fg));
-      CHECK_CUDA(cudaEventSynchronize(e1));
-      float ms;
-      CHECK_CUDA(cudaEventElapsedTime(&ms, e0, e1));
-      return ms;
-    };
+  for (const GemmShape& s : shapes) {
+    ProbeGemm gemm(lt, s, ops, workspace, workspace_bytes, fg);
     auto time_ms = [&](cublasLtMatmulDesc_t d, const cublasLtMatmulAlgo_t& algo, int hold) {
       // The SMs are held 4x this algorithm's loop alone: a loop slowed up to 4x runs beside them throughout.
-      const float hold_ms = hold > 0 ? 4 * loop_ms(d, algo) + 1 : 0;
+      const float hold_ms = hold > 0 ? 4 * gemm.loop_ms(d, algo) + 1 : 0;
       std::vector<float> t;
       for (int run = 0; run < 3; ++run) {
         if (hold > 0) held.start(hold, hold_ms, fg);
-        const float ms = loop_ms(d, algo);
+        const float ms = gemm.loop_ms(d, algo);
         if (hold > 0) held.stop();
         if (hold > 0 && ms > hold_ms) std::printf("(a loop outlasted the held SMs: %.2f > %.2f ms)\n", ms, hold_ms);
-        t.push_back(ms / reps);
+        t.push_back(ms / gemm.reps);
       }
       std::sort(t.begin(), t.end());
       return t[t.size() / 2];
     };
 
-    cublasLtMatmulDesc_t plain = desc_for(0);
-    const auto first = algos_for(plain, 1);
+    cublasLtMatmulDesc_t plain = gemm.desc(0);
+    const auto first = gemm.algos(plain, 1);
     time_ms(plain, first[0].algo, 0);  // warm up
     const float first_alone = time_ms(plain, first[0].algo, 0);
     for (int hold : helds) {
       const float first_beside = time_ms(plain, first[0].algo, hold);
-      cublasLtMatmulDesc_t targeted = desc_for(sms - hold);
-      const auto candidates = algos_for(targeted, 8);
+      cublasLtMatmulDesc_t targeted = gemm.desc(sms - hold);
+      const auto candidates = gemm.algos(targeted, 8);
       const float target_alone = time_ms(targeted, candidates[0].algo, 0);
       const float target_beside = time_ms(targeted, candidates[0].algo, hold);
       float best_beside = 1e30f, best_alone = 0;
@@ -196,12 +147,7 @@ int main(int argc, char** argv) {
                   s.m, s.n, s.k, hold, first_alone, first_beside, first_beside / first_alone, target_alone,
                   target_beside, target_beside / first_alone, best_alone, best_beside, best_beside / first_alone);
       std::fflush(stdout);
-      cublasLtMatmulDescDestroy(targeted);
     }
-    cublasLtMatmulDescDestroy(plain);
-    cublasLtMatrixLayoutDestroy(la);
-    cublasLtMatrixLayoutDestroy(lb);
-    cublasLtMatrixLayoutDestroy(lc);
   }
   std::printf("\n(ratios against the first algorithm alone)\n");
   return 0;

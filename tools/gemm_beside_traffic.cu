@@ -38,12 +38,7 @@ __global__ void count_different(const int4* a, const int4* b, size_t n, unsigned
     if (a[i].x != b[i].x || a[i].y != b[i].y || a[i].z != b[i].z || a[i].w != b[i].w) atomicAdd(wrong, 1ull);
 }
 
-struct Shape {
-  const char* name;
-  int m, n, k;  // row-major C[m, n] = A[m, k] · B[k, n]
-  bool f32_out;
-};
-const Shape kShapes[] = {
+const GemmShape kShapes[] = {
     {"xl ffn up fwd", 4096, 6400, 1600, false},
     {"xl ffn up wgrad", 6400, 1600, 4096, true},
     {"2.7B ffn up wgrad", 10240, 2560, 4096, true},
@@ -168,9 +163,6 @@ int main(int argc, char** argv) {
   CHECK_LT(cublasLtCreate(&lt));
   cudaStream_t fg;
   CHECK_CUDA(cudaStreamCreateWithFlags(&fg, cudaStreamNonBlocking));
-  cudaEvent_t e0, e1;
-  CHECK_CUDA(cudaEventCreate(&e0));
-  CHECK_CUDA(cudaEventCreate(&e1));
 
   std::printf("\nGEMMs on GPU 0, ms a product, the heuristic's first algorithm; beside: ratio to alone\n\n");
   std::printf("| GEMM | SMs asked | alone ms |");
@@ -178,44 +170,18 @@ int main(int argc, char** argv) {
   std::printf("\n|---|---:|---:|");
   for (size_t i = 0; i < kinds.size(); ++i) std::printf("---:|");
   std::printf("\n");
-  for (const Shape& s : kShapes) {
-    cublasLtMatrixLayout_t la, lb, lc;
-    CHECK_LT(cublasLtMatrixLayoutCreate(&la, CUDA_R_16BF, s.n, s.k, s.n));
-    CHECK_LT(cublasLtMatrixLayoutCreate(&lb, CUDA_R_16BF, s.k, s.m, s.k));
-    CHECK_LT(cublasLtMatrixLayoutCreate(&lc, s.f32_out ? CUDA_R_32F : CUDA_R_16BF, s.n, s.m, s.n));
-    const float alpha = 1, beta = 0;
-    const int reps = std::max(3, static_cast<int>(5e-3 / (2.0 * s.m * s.n * s.k / 700e12)));
+  for (const GemmShape& s : kShapes) {
+    ProbeGemm gemm(lt, s, ops, workspace, workspace_bytes, fg);
     for (int target : {0, sms - blocks}) {
-      cublasLtMatmulDesc_t d;
-      CHECK_LT(cublasLtMatmulDescCreate(&d, CUBLAS_COMPUTE_32F, CUDA_R_32F));
-      if (target > 0)
-        CHECK_LT(cublasLtMatmulDescSetAttribute(d, CUBLASLT_MATMUL_DESC_SM_COUNT_TARGET, &target, sizeof(target)));
-      cublasLtMatmulPreference_t pref;
-      CHECK_LT(cublasLtMatmulPreferenceCreate(&pref));
-      CHECK_LT(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &workspace_bytes,
-                                                    sizeof(workspace_bytes)));
-      cublasLtMatmulHeuristicResult_t first{};
-      int found = 0;
-      CHECK_LT(cublasLtMatmulAlgoGetHeuristic(lt, d, la, lb, lc, lc, pref, 1, &first, &found));
-      cublasLtMatmulPreferenceDestroy(pref);
-      if (found == 0) continue;
-      auto loop_ms = [&] {
-        CHECK_CUDA(cudaEventRecord(e0, fg));
-        for (int i = 0; i < reps; ++i)
-          CHECK_LT(cublasLtMatmul(lt, d, &alpha, ops.b, la, ops.a, lb, &beta, ops.c, lc, ops.c, lc, &first.algo,
-                                  workspace, workspace_bytes, fg));
-        CHECK_CUDA(cudaEventRecord(e1, fg));
-        CHECK_CUDA(cudaEventSynchronize(e1));
-        float ms;
-        CHECK_CUDA(cudaEventElapsedTime(&ms, e0, e1));
-        return ms;
-      };
-      loop_ms();  // warm up
+      cublasLtMatmulDesc_t d = gemm.desc(target);
+      const auto first = gemm.algos(d, 1);
+      if (first.empty()) continue;
+      gemm.loop_ms(d, first[0].algo);  // warm up
       std::vector<float> t;
-      for (int run = 0; run < 3; ++run) t.push_back(loop_ms());
+      for (int run = 0; run < 3; ++run) t.push_back(gemm.loop_ms(d, first[0].algo));
       const float alone = median3(t);
       std::printf("| %s %dx%dx%d | %s | %.4f |", s.name, s.m, s.n, s.k, target ? std::to_string(target).c_str() : "all",
-                  alone / reps);
+                  alone / gemm.reps);
       for (size_t k = 0; k < kinds.size(); ++k) {
         // Traffic for about 4x the GEMM loop, started first; a loop it did not outlast is marked.
         const int times = std::max(1, static_cast<int>(4 * alone / pass_ms[k]) + 1);
@@ -223,17 +189,13 @@ int main(int argc, char** argv) {
         bool outlasted = false;
         for (int run = 0; run < 3; ++run) {
           start(kinds[k], times);
-          t.push_back(loop_ms());
+          t.push_back(gemm.loop_ms(d, first[0].algo));
           outlasted |= finish_ms(kinds[k]) < t.back();
         }
         std::printf(" %.2fx%s |", median3(t) / alone, outlasted ? " (traffic ended first)" : "");
       }
       std::printf("\n");
-      cublasLtMatmulDescDestroy(d);
     }
-    cublasLtMatrixLayoutDestroy(la);
-    cublasLtMatrixLayoutDestroy(lb);
-    cublasLtMatrixLayoutDestroy(lc);
   }
   return 0;
 }

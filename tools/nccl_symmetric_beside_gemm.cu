@@ -41,13 +41,7 @@ __global__ void count_wrong(const T* p, size_t n, unsigned long long* wrong) {
     if (float(p[i]) != float(3 + 2 * int(i % 7))) atomicAdd(wrong, 1ull);
 }
 
-struct Shape {
-  const char* name;
-  int m, n, k;  // row-major C[m, n] = A[m, k] · B[k, n]
-  bool f32_out;
-};
-
-const Shape kShapes[] = {
+const GemmShape kShapes[] = {
     {"xl ffn up fwd", 4096, 6400, 1600, false},     {"xl ffn up dgrad", 4096, 1600, 6400, false},
     {"xl ffn up wgrad", 6400, 1600, 4096, true},    {"xl ffn down wgrad", 1600, 6400, 4096, true},
     {"2.7B ffn up wgrad", 10240, 2560, 4096, true},
@@ -97,8 +91,6 @@ void run_rank(int rank, Shared& sh, size_t bytes, int fewer) {
   auto say = [&](std::string s) { sh.lines[rank].push_back(std::move(s)); };
 
   const Operands ops = random_operands(kShapes, 1 + rank, 7 + rank);
-  __nv_bfloat16 *a = ops.a, *b = ops.b;
-  float* c = ops.c;
   size_t workspace_bytes = size_t(32) << 20;
   void* workspace;
   CHECK_CUDA(cudaMalloc(&workspace, workspace_bytes));
@@ -107,8 +99,8 @@ void run_rank(int rank, Shared& sh, size_t bytes, int fewer) {
   cudaStream_t fg, bg;
   CHECK_CUDA(cudaStreamCreateWithFlags(&fg, cudaStreamNonBlocking));
   CHECK_CUDA(cudaStreamCreateWithFlags(&bg, cudaStreamNonBlocking));
-  cudaEvent_t e0, e1, b0, b1;
-  for (cudaEvent_t* e : {&e0, &e1, &b0, &b1}) CHECK_CUDA(cudaEventCreate(e));
+  cudaEvent_t b0, b1;
+  for (cudaEvent_t* e : {&b0, &b1}) CHECK_CUDA(cudaEventCreate(e));
   unsigned long long* wrong;
   CHECK_CUDA(cudaMalloc(&wrong, sizeof *wrong));
 
@@ -155,50 +147,15 @@ void run_rank(int rank, Shared& sh, size_t bytes, int fewer) {
                     what.c_str(), bytes / 1048576.0, ar_ms, bytes / (ar_ms * 1e-3) / 1e9, bad);
       say(line);
 
-      for (const Shape& s : kShapes) {
-        cublasLtMatrixLayout_t la, lb, lc;
-        CHECK_LT(cublasLtMatrixLayoutCreate(&la, CUDA_R_16BF, s.n, s.k, s.n));
-        CHECK_LT(cublasLtMatrixLayoutCreate(&lb, CUDA_R_16BF, s.k, s.m, s.k));
-        CHECK_LT(cublasLtMatrixLayoutCreate(&lc, s.f32_out ? CUDA_R_32F : CUDA_R_16BF, s.n, s.m, s.n));
-        const float alpha = 1, beta = 0;
-        const int reps = std::max(3, static_cast<int>(5e-3 / (2.0 * s.m * s.n * s.k / 700e12)));
-        auto desc_for = [&](int target) {
-          cublasLtMatmulDesc_t d;
-          CHECK_LT(cublasLtMatmulDescCreate(&d, CUBLAS_COMPUTE_32F, CUDA_R_32F));
-          if (target > 0)
-            CHECK_LT(cublasLtMatmulDescSetAttribute(d, CUBLASLT_MATMUL_DESC_SM_COUNT_TARGET, &target, sizeof(target)));
-          return d;
-        };
-        auto algos_for = [&](cublasLtMatmulDesc_t d, int n) {
-          cublasLtMatmulPreference_t pref;
-          CHECK_LT(cublasLtMatmulPreferenceCreate(&pref));
-          CHECK_LT(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
-                                                        &workspace_bytes, sizeof(workspace_bytes)));
-          std::vector<cublasLtMatmulHeuristicResult_t> r(n);
-          int found = 0;
-          CHECK_LT(cublasLtMatmulAlgoGetHeuristic(lt, d, la, lb, lc, lc, pref, n, r.data(), &found));
-          cublasLtMatmulPreferenceDestroy(pref);
-          r.resize(found);
-          return r;
-        };
-        auto loop_ms = [&](cublasLtMatmulDesc_t d, const cublasLtMatmulAlgo_t& algo) {
-          CHECK_CUDA(cudaEventRecord(e0, fg));
-          for (int i = 0; i < reps; ++i)
-            CHECK_LT(cublasLtMatmul(lt, d, &alpha, b, la, a, lb, &beta, c, lc, c, lc, &algo, workspace, workspace_bytes,
-                                    fg));
-          CHECK_CUDA(cudaEventRecord(e1, fg));
-          CHECK_CUDA(cudaEventSynchronize(e1));
-          float ms;
-          CHECK_CUDA(cudaEventElapsedTime(&ms, e0, e1));
-          return ms;
-        };
+      for (const GemmShape& s : kShapes) {
+        ProbeGemm gemm(lt, s, ops, workspace, workspace_bytes, fg);
         // Per GEMM, ms: alone, or beside a loop of all-reduces that both ranks run alike (4x the
         // slower rank's GEMM loop alone); says when the loop outlasted it.
         auto time_ms = [&](cublasLtMatmulDesc_t d, const cublasLtMatmulAlgo_t& algo, bool beside) {
           std::vector<float> t;
           int bg_reps = 0;
           if (beside) {
-            sh.reps[rank] = std::max(1, static_cast<int>(4 * loop_ms(d, algo) / ar_ms) + 1);
+            sh.reps[rank] = std::max(1, static_cast<int>(4 * gemm.loop_ms(d, algo) / ar_ms) + 1);
             sh.both.arrive_and_wait();
             bg_reps = std::max(sh.reps[0], sh.reps[1]);
             sh.both.arrive_and_wait();
@@ -210,24 +167,24 @@ void run_rank(int rank, Shared& sh, size_t bytes, int fewer) {
               all_reduce(bg_reps);
               CHECK_CUDA(cudaEventRecord(b1, bg));
             }
-            const float ms = loop_ms(d, algo);
+            const float ms = gemm.loop_ms(d, algo);
             if (beside) {
               CHECK_CUDA(cudaEventSynchronize(b1));
               float bg_ms;
               CHECK_CUDA(cudaEventElapsedTime(&bg_ms, b0, b1));
               if (ms > bg_ms) say("(a GEMM loop outlasted the all-reduces)");
             }
-            t.push_back(ms / reps);
+            t.push_back(ms / gemm.reps);
           }
           return median3(t);
         };
-        cublasLtMatmulDesc_t whole = desc_for(0), fewer_sms = desc_for(sms - fewer);
-        const auto first = algos_for(whole, 1);
+        cublasLtMatmulDesc_t whole = gemm.desc(0), fewer_sms = gemm.desc(sms - fewer);
+        const auto first = gemm.algos(whole, 1);
         time_ms(whole, first[0].algo, false);  // warm up
         const float alone = time_ms(whole, first[0].algo, false);
         const float beside = time_ms(whole, first[0].algo, true);
         float best_beside = 1e30f, best_alone = 0;
-        for (const auto& cand : algos_for(fewer_sms, 8)) {
+        for (const auto& cand : gemm.algos(fewer_sms, 8)) {
           const float t = time_ms(fewer_sms, cand.algo, true);
           if (t < best_beside) {
             best_beside = t;
@@ -238,11 +195,6 @@ void run_rank(int rank, Shared& sh, size_t bytes, int fewer) {
                       what.c_str(), s.name, s.m, s.n, s.k, alone, beside, beside / alone, best_alone, best_beside,
                       best_beside / alone);
         say(line);
-        cublasLtMatmulDescDestroy(whole);
-        cublasLtMatmulDescDestroy(fewer_sms);
-        cublasLtMatrixLayoutDestroy(la);
-        cublasLtMatrixLayoutDestroy(lb);
-        cublasLtMatrixLayoutDestroy(lc);
       }
     }
   }

@@ -1,13 +1,15 @@
 // What a GEMM loses beside NCCL's all-reduce when the buffer is an ordinary one (NCCL's ring kernel,
 // 24 blocks on two H100s over NVLink) and when it lies in a symmetric window (ncclMemAlloc,
 // ncclCommWindowRegister with NCCL_WIN_COLL_SYMMETRIC: NCCL's symmetric kernels, which its cost
-// model runs on the fewest blocks within 2.5% of their peak). Two ranks, one thread and one GPU
-// each. For each buffer kind and dtype: the all-reduce alone (ms, bus bandwidth), and GEMMs of the
-// xl and 2.7B steps' shapes alone and beside a loop of those all-reduces (cuBLASLt's first
-// algorithm, and the fastest beside of its first eight asked for `held` SMs fewer). Random bf16
-// operands; medians of 3 loops; the all-reduce's result checked.
+// model runs on the fewest blocks within 2.5% of their peak), and beside an all-gather of as many
+// bytes a rank moved by the copy engines (NCCL 2.28's zero-block policy over a symmetric window), which
+// an exchange could use instead, summing the gathered parts itself. Two ranks, one thread and one GPU
+// each. For each: the collective alone (ms, bus bandwidth), and GEMMs of the xl and 2.7B steps'
+// shapes alone and beside a loop of those collectives (cuBLASLt's first algorithm, and the fastest
+// beside of its first eight asked for `held` SMs fewer). Random bf16 operands; medians of 3 loops;
+// each collective's result checked.
 //
-//   nccl_symmetric_beside_gemm [MiB per all-reduce, default 25] [SMs fewer for the GEMMs, default 8]
+//   nccl_symmetric_beside_gemm [MiB a rank per collective, default 25] [SMs fewer for the GEMMs, default 8]
 #include "probe_support.cuh"
 
 #include <cublasLt.h>
@@ -33,6 +35,12 @@ template <typename T>
 __global__ void fill_known(T* p, size_t n, int rank) {
   for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n; i += size_t(gridDim.x) * blockDim.x)
     p[i] = T(float(rank + 1 + int(i % 7)));
+}
+
+// After the all-gather: the first half += the second (the sum an all-reduce would give), bf16.
+__global__ void add_halves(__nv_bfloat16* p, size_t n) {
+  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n; i += size_t(gridDim.x) * blockDim.x)
+    p[i] = __float2bfloat16(__bfloat162float(p[i]) + __bfloat162float(p[n + i]));
 }
 
 template <typename T>
@@ -110,95 +118,122 @@ void run_rank(int rank, Shared& sh, size_t bytes, int fewer) {
   CHECK_NCCL(ncclMemAlloc(&symmetric, bytes));
   ncclWindow_t window;
   CHECK_NCCL(ncclCommWindowRegister(comm, symmetric, bytes, &window, NCCL_WIN_COLL_SYMMETRIC));
+  // The copy engines' all-gather: a communicator asked to use no blocks where it can
+  // (NCCL_CTA_POLICY_ZERO, NCCL 2.28), each rank's `bytes` gathered in place into a symmetric window
+  // of both ranks' (rank r's at r·bytes): as much of each rank's gradient as the all-reduce sums.
+  ncclConfig_t zero_cta = NCCL_CONFIG_INITIALIZER;
+  zero_cta.CTAPolicy = NCCL_CTA_POLICY_ZERO;
+  ncclComm_t ce_comm;
+  CHECK_NCCL(ncclCommSplit(comm, 0, rank, &ce_comm, &zero_cta));
+  void* gathered;
+  CHECK_NCCL(ncclMemAlloc(&gathered, 2 * bytes));
+  ncclWindow_t gathered_window;
+  CHECK_NCCL(ncclCommWindowRegister(ce_comm, gathered, 2 * bytes, &gathered_window, NCCL_WIN_COLL_SYMMETRIC));
 
-  for (const char* kind : {"plain", "symmetric"}) {
-    for (ncclDataType_t type : {ncclFloat32, ncclBfloat16}) {
-      void* buf = std::string(kind) == "plain" ? plain : symmetric;
-      const size_t elem = type == ncclFloat32 ? 4 : 2, count = bytes / elem;
-      const std::string what = std::string(kind) + (type == ncclFloat32 ? " f32" : " bf16");
-      auto all_reduce = [&](int n) {
-        for (int i = 0; i < n; ++i) CHECK_NCCL(ncclAllReduce(buf, buf, count, type, ncclSum, comm, bg));
-      };
-      // Correct first.
-      if (type == ncclFloat32)
-        fill_known<float><<<1024, 256, 0, bg>>>(static_cast<float*>(buf), count, rank);
-      else
-        fill_known<__nv_bfloat16><<<1024, 256, 0, bg>>>(static_cast<__nv_bfloat16*>(buf), count, rank);
-      all_reduce(1);
-      CHECK_CUDA(cudaMemsetAsync(wrong, 0, sizeof *wrong, bg));
-      if (type == ncclFloat32)
-        count_wrong<float><<<1024, 256, 0, bg>>>(static_cast<float*>(buf), count, wrong);
-      else
-        count_wrong<__nv_bfloat16><<<1024, 256, 0, bg>>>(static_cast<__nv_bfloat16*>(buf), count, wrong);
-      unsigned long long bad = 0;
-      CHECK_CUDA(cudaMemcpyAsync(&bad, wrong, sizeof bad, cudaMemcpyDeviceToHost, bg));
-      CHECK_CUDA(cudaStreamSynchronize(bg));
-      // Alone: 20 all-reduces after 3.
-      all_reduce(3);
-      CHECK_CUDA(cudaEventRecord(b0, bg));
-      all_reduce(20);
-      CHECK_CUDA(cudaEventRecord(b1, bg));
-      CHECK_CUDA(cudaEventSynchronize(b1));
-      float ar_ms;
-      CHECK_CUDA(cudaEventElapsedTime(&ar_ms, b0, b1));
-      ar_ms /= 20;
-      char line[512];
-      std::snprintf(line, sizeof line, "%s all-reduce of %.1f MiB: %.3f ms alone, bus %.0f GB/s, %llu wrong",
-                    what.c_str(), bytes / 1048576.0, ar_ms, bytes / (ar_ms * 1e-3) / 1e9, bad);
-      say(line);
-
-      for (const GemmShape& s : kShapes) {
-        ProbeGemm gemm(lt, s, ops, workspace, workspace_bytes, fg);
-        // Per GEMM, ms: alone, or beside a loop of all-reduces that both ranks run alike (4x the
-        // slower rank's GEMM loop alone); says when the loop outlasted it.
-        auto time_ms = [&](cublasLtMatmulDesc_t d, const cublasLtMatmulAlgo_t& algo, bool beside) {
-          std::vector<float> t;
-          int bg_reps = 0;
-          if (beside) {
-            sh.reps[rank] = std::max(1, static_cast<int>(4 * gemm.loop_ms(d, algo) / ar_ms) + 1);
-            sh.both.arrive_and_wait();
-            bg_reps = std::max(sh.reps[0], sh.reps[1]);
-            sh.both.arrive_and_wait();
-          }
-          for (int run = 0; run < 3; ++run) {
-            if (beside) {
-              sh.both.arrive_and_wait();
-              CHECK_CUDA(cudaEventRecord(b0, bg));
-              all_reduce(bg_reps);
-              CHECK_CUDA(cudaEventRecord(b1, bg));
-            }
-            const float ms = gemm.loop_ms(d, algo);
-            if (beside) {
-              CHECK_CUDA(cudaEventSynchronize(b1));
-              float bg_ms;
-              CHECK_CUDA(cudaEventElapsedTime(&bg_ms, b0, b1));
-              if (ms > bg_ms) say("(a GEMM loop outlasted the all-reduces)");
-            }
-            t.push_back(ms / gemm.reps);
-          }
-          return median3(t);
-        };
-        cublasLtMatmulDesc_t whole = gemm.desc(0), fewer_sms = gemm.desc(sms - fewer);
-        const auto first = gemm.algos(whole, 1);
-        time_ms(whole, first[0].algo, false);  // warm up
-        const float alone = time_ms(whole, first[0].algo, false);
-        const float beside = time_ms(whole, first[0].algo, true);
-        float best_beside = 1e30f, best_alone = 0;
-        for (const auto& cand : gemm.algos(fewer_sms, 8)) {
-          const float t = time_ms(fewer_sms, cand.algo, true);
-          if (t < best_beside) {
-            best_beside = t;
-            best_alone = time_ms(fewer_sms, cand.algo, false);
-          }
-        }
-        std::snprintf(line, sizeof line, "| %s | %s %dx%dx%d | %.4f | %.4f (%.2fx) | %.4f | %.4f (%.2fx) |",
-                      what.c_str(), s.name, s.m, s.n, s.k, alone, beside, beside / alone, best_alone, best_beside,
-                      best_beside / alone);
-        say(line);
+  struct Exchange {
+    const char* kind;  // plain, symmetric, copy engines
+    ncclDataType_t type;
+  };
+  for (const Exchange x :
+       {Exchange{"plain", ncclFloat32}, Exchange{"plain", ncclBfloat16}, Exchange{"symmetric", ncclFloat32},
+        Exchange{"symmetric", ncclBfloat16}, Exchange{"copy engines", ncclBfloat16}}) {
+    const ncclDataType_t type = x.type;
+    const bool gather = std::string(x.kind) == "copy engines";
+    void* buf = gather ? gathered : std::string(x.kind) == "plain" ? plain : symmetric;
+    const size_t elem = type == ncclFloat32 ? 4 : 2, count = bytes / elem;
+    char* own = static_cast<char*>(buf) + (gather ? rank * bytes : 0);
+    const std::string what = std::string(x.kind) + (type == ncclFloat32 ? " f32" : " bf16");
+    auto exchange = [&](int n) {
+      for (int i = 0; i < n; ++i) {
+        if (gather)
+          CHECK_NCCL(ncclAllGather(own, buf, count, type, ce_comm, bg));
+        else
+          CHECK_NCCL(ncclAllReduce(buf, buf, count, type, ncclSum, comm, bg));
       }
+    };
+    // Correct first: after an all-reduce, element i holds 3 + 2·(i % 7); after the all-gather, rank
+    // s's part holds s + 1 + (i % 7), so their sum is that again.
+    if (type == ncclFloat32)
+      fill_known<float><<<1024, 256, 0, bg>>>(reinterpret_cast<float*>(own), count, rank);
+    else
+      fill_known<__nv_bfloat16><<<1024, 256, 0, bg>>>(reinterpret_cast<__nv_bfloat16*>(own), count, rank);
+    exchange(1);
+    if (gather) add_halves<<<1024, 256, 0, bg>>>(static_cast<__nv_bfloat16*>(buf), count);
+    CHECK_CUDA(cudaMemsetAsync(wrong, 0, sizeof *wrong, bg));
+    if (type == ncclFloat32)
+      count_wrong<float><<<1024, 256, 0, bg>>>(static_cast<float*>(buf), count, wrong);
+    else
+      count_wrong<__nv_bfloat16><<<1024, 256, 0, bg>>>(static_cast<__nv_bfloat16*>(buf), count, wrong);
+    unsigned long long bad = 0;
+    CHECK_CUDA(cudaMemcpyAsync(&bad, wrong, sizeof bad, cudaMemcpyDeviceToHost, bg));
+    CHECK_CUDA(cudaStreamSynchronize(bg));
+    // Alone: 20 after 3.
+    exchange(3);
+    CHECK_CUDA(cudaEventRecord(b0, bg));
+    exchange(20);
+    CHECK_CUDA(cudaEventRecord(b1, bg));
+    CHECK_CUDA(cudaEventSynchronize(b1));
+    float ar_ms;
+    CHECK_CUDA(cudaEventElapsedTime(&ar_ms, b0, b1));
+    ar_ms /= 20;
+    char line[512];
+    std::snprintf(line, sizeof line, "%s %s of %.1f MiB a rank: %.3f ms alone, bus %.0f GB/s, %llu wrong", what.c_str(),
+                  gather ? "all-gather" : "all-reduce", bytes / 1048576.0, ar_ms, bytes / (ar_ms * 1e-3) / 1e9, bad);
+    say(line);
+
+    for (const GemmShape& s : kShapes) {
+      ProbeGemm gemm(lt, s, ops, workspace, workspace_bytes, fg);
+      // Per GEMM, ms: alone, or beside a loop of all-reduces that both ranks run alike (4x the
+      // slower rank's GEMM loop alone); says when the loop outlasted it.
+      auto time_ms = [&](cublasLtMatmulDesc_t d, const cublasLtMatmulAlgo_t& algo, bool beside) {
+        std::vector<float> t;
+        int bg_reps = 0;
+        if (beside) {
+          sh.reps[rank] = std::max(1, static_cast<int>(4 * gemm.loop_ms(d, algo) / ar_ms) + 1);
+          sh.both.arrive_and_wait();
+          bg_reps = std::max(sh.reps[0], sh.reps[1]);
+          sh.both.arrive_and_wait();
+        }
+        for (int run = 0; run < 3; ++run) {
+          if (beside) {
+            sh.both.arrive_and_wait();
+            CHECK_CUDA(cudaEventRecord(b0, bg));
+            exchange(bg_reps);
+            CHECK_CUDA(cudaEventRecord(b1, bg));
+          }
+          const float ms = gemm.loop_ms(d, algo);
+          if (beside) {
+            CHECK_CUDA(cudaEventSynchronize(b1));
+            float bg_ms;
+            CHECK_CUDA(cudaEventElapsedTime(&bg_ms, b0, b1));
+            if (ms > bg_ms) say("(a GEMM loop outlasted the collectives)");
+          }
+          t.push_back(ms / gemm.reps);
+        }
+        return median3(t);
+      };
+      cublasLtMatmulDesc_t whole = gemm.desc(0), fewer_sms = gemm.desc(sms - fewer);
+      const auto first = gemm.algos(whole, 1);
+      time_ms(whole, first[0].algo, false);  // warm up
+      const float alone = time_ms(whole, first[0].algo, false);
+      const float beside = time_ms(whole, first[0].algo, true);
+      float best_beside = 1e30f, best_alone = 0;
+      for (const auto& cand : gemm.algos(fewer_sms, 8)) {
+        const float t = time_ms(fewer_sms, cand.algo, true);
+        if (t < best_beside) {
+          best_beside = t;
+          best_alone = time_ms(fewer_sms, cand.algo, false);
+        }
+      }
+      std::snprintf(line, sizeof line, "| %s | %s %dx%dx%d | %.4f | %.4f (%.2fx) | %.4f | %.4f (%.2fx) |", what.c_str(),
+                    s.name, s.m, s.n, s.k, alone, beside, beside / alone, best_alone, best_beside, best_beside / alone);
+      say(line);
     }
   }
   CHECK_CUDA(cudaDeviceSynchronize());
+  CHECK_NCCL(ncclCommWindowDeregister(ce_comm, gathered_window));
+  CHECK_NCCL(ncclMemFree(gathered));
+  CHECK_NCCL(ncclCommDestroy(ce_comm));
   CHECK_NCCL(ncclCommWindowDeregister(comm, window));
   CHECK_NCCL(ncclMemFree(symmetric));
   CHECK_NCCL(ncclCommDestroy(comm));

@@ -22,6 +22,12 @@ void ParallelFlags::add_to(CLI::App& app, bool with_world_size) {
                  "Data parallelism over the ranks (lmscope launch, torchrun or Slurm start them): naive (each "
                  "gradient all-reduced after the backward), flat (one buffer), overlap (each gradient's all-reduce "
                  "started as the backward finishes it) or bucketed (the default with several ranks)");
+  app.add_option("--grad-exchange", grad_exchange,
+                 "With --ddp: how the ranks' gradients are summed: all-reduce (NCCL's or Gloo's), or all-gather "
+                 "(every rank gathers every rank's gradients and adds them up after the backward, holding the "
+                 "world's size times the gradients; on GPUs with --symmetric-memory on, NCCL 2.28 or later moves "
+                 "them by the copy engines, leaving every SM to the backward)")
+      ->capture_default_str();
   app.add_option("--bucket-mb", bucket_mb, "Bucket size of --ddp bucketed and of --zero 1's exchange (MiB)")
       ->capture_default_str();
   app.add_option("--comm-sms", comm_sms,
@@ -61,11 +67,12 @@ ParallelFlags::Resolved ParallelFlags::resolve(std::int64_t global_batch, const 
   if (symmetric_memory != "on" && symmetric_memory != "off")
     user_error("unknown --symmetric-memory '{}' (use on or off)", symmetric_memory);
   const bool asked = app.count("--ddp") + app.count("--zero") + app.count("--bucket-mb") +
-                         app.count("--symmetric-memory") + app.count("--comm-sms") >
+                         app.count("--symmetric-memory") + app.count("--comm-sms") + app.count("--grad-exchange") >
                      0;
   if (r.world.size == 1 && !asked) return r;
   dist::DataParallelSpec spec;
   if (!ddp.empty()) spec.mode = dist::parse_ddp_mode(ddp);
+  spec.exchange = dist::parse_grad_exchange(grad_exchange);
   spec.bucket_mb = bucket_mb;
   spec.zero = zero;
   spec.symmetric_memory = symmetric_memory == "on";
@@ -83,10 +90,14 @@ ParallelFlags::Resolved ParallelFlags::resolve(std::int64_t global_batch, const 
     user_error(
         "--zero 1 exchanges the gradients its own way (reduce-scattered in --bucket-mb buckets); leave --ddp "
         "out");
-  if (zero == 1 && app.count("--symmetric-memory") + app.count("--comm-sms") > 0)
+  if (zero == 1 && app.count("--symmetric-memory") + app.count("--comm-sms") + app.count("--grad-exchange") > 0)
     user_error(
-        "--symmetric-memory and --comm-sms shape --ddp's all-reduce; --zero 1 exchanges its own way: leave "
-        "them out");
+        "--symmetric-memory, --comm-sms and --grad-exchange shape --ddp's exchange; --zero 1 exchanges its own "
+        "way: leave them out");
+  if (spec.exchange == dist::GradExchange::all_gather && app.count("--comm-sms") > 0)
+    user_error(
+        "--comm-sms plans the backward beside an all-reduce's blocks; --grad-exchange all-gather holds none "
+        "on the copy engines: leave it out");
   if (app.count("--comm-sms") > 0 && (spec.mode == dist::DdpMode::naive || spec.mode == dist::DdpMode::flat))
     user_error(
         "--comm-sms plans the backward for an exchange beside it, and --ddp {} exchanges after it: use it "

@@ -1,5 +1,5 @@
-// The data-parallel flags train and bench share (--ddp, --bucket-mb, --zero, --symmetric-memory,
-// --comm-sms, --rendezvous), and the
+// The data-parallel flags train and bench share (--ddp, --grad-exchange, --bucket-mb, --zero,
+// --symmetric-memory, --comm-sms, --rendezvous), and the
 // run they ask for in the world this process finds itself in (dist/world.h).
 #pragma once
 
@@ -14,7 +14,7 @@
 namespace lmscope::cli {
 
 struct ParallelFlags {
-  std::string ddp, rendezvous, symmetric_memory = "on";
+  std::string ddp, rendezvous, symmetric_memory = "on", grad_exchange = "all-reduce";
   double bucket_mb = 25;
   int zero = 0;
   std::string comm_sms = "auto";

@@ -212,10 +212,13 @@ class TrainCommand : public Command {
           "training {} ({} parameters) on {}: {} tokens in '{}', {} steps of {}{}x{} tokens{}{}\n", c.name,
           c.parameter_count(), backend->name(), data.size(), s_.data, s_.steps,
           s_.grad_accum > 1 ? fmt::format("{} micro-batches of ", s_.grad_accum) : "", s_.batch, s_.ctx,
-          dp ? fmt::format(" over {} ranks ({} rows each, {} over {}{})", parallel.world.size, local_batch,
+          dp ? fmt::format(" over {} ranks ({} rows each, {} over {}{}{})", parallel.world.size, local_batch,
                            dp->spec().zero ? "ZeRO-1" : dist::ddp_mode_name(dp->spec().mode), dp->communicator().name(),
                            dp->spec().zero || dp->spec().mode == dist::DdpMode::bucketed
                                ? fmt::format(", {:g} MiB buckets", dp->spec().bucket_mb)
+                               : "",
+                           !dp->spec().zero && dp->spec().exchange == dist::GradExchange::all_gather
+                               ? ", gradients all-gathered"
                                : "")
              : "",
           resumed ? fmt::format(", resumed at step {} from '{}'", start, resumed->path) : "");

@@ -1,6 +1,7 @@
 """Data parallelism end to end: two ranks started by `lmscope launch` (on the CPU, Gloo over
 loopback) with the global batch split between them give the losses and parameters of one process
-with the whole batch, within 1e-6 relative, for every --ddp mode and for --zero 1; a world of one
+with the whole batch, within 1e-6 relative, for every --ddp mode (with either --grad-exchange) and for
+--zero 1; a world of one
 through the same code path gives that process's bits, in every mode; bad input ends in one sentence
 and exit 2. Run by ctest with LMSCOPE pointing at the built program. LMSCOPE_DDP_DEVICE=cuda runs
 them on the GPUs through NCCL (scripts/gpu_check.sh --data-parallel), with LMSCOPE_DDP_PRECISION
@@ -30,7 +31,9 @@ TOLERANCE = 1e-6 if PRECISION == "fp32" else 2e-2
 # in a world of one, it changes nothing.)
 MODES = (["--ddp", "naive"], ["--ddp", "flat"], ["--ddp", "overlap"], ["--ddp", "bucketed", "--bucket-mb", "0.01"],
          ["--ddp", "bucketed"], ["--ddp", "bucketed", "--symmetric-memory", "off"],
-         ["--ddp", "bucketed", "--bucket-mb", "0.01", "--comm-sms", "8"])
+         ["--ddp", "bucketed", "--bucket-mb", "0.01", "--comm-sms", "8"],
+         ["--ddp", "bucketed", "--bucket-mb", "0.01", "--grad-exchange", "all-gather"],
+         ["--ddp", "naive", "--grad-exchange", "all-gather"])
 MODEL = ["--device", DEVICE, "--precision", PRECISION, "--vocab", "50", "--d-model", "32", "--d-ff", "64", "--layers", "2", "--heads", "2",
          "--grad-dtype", GRAD_DTYPE, "--batch", "4", "--ctx", "16", "--lr", "3e-3", "--print-every", "5"]
 
@@ -202,13 +205,16 @@ class TwoRanks(FilesTest):
                   "--format", "json"]
         state = {}
         for name, extra in (("one", []), ("ddp", ["--world-size", "2"]), ("zero2", ["--world-size", "2", "--zero", "1"]),
-                            ("zero4", ["--world-size", "4", "--zero", "1"])):
+                            ("zero4", ["--world-size", "4", "--zero", "1"]),
+                            ("gather", ["--world-size", "2", "--grad-exchange", "all-gather"])):
             r = run(*memory, *extra, "--out", self.path(name + ".json"))
             self.assertEqual(r.returncode, 0, r.stderr)
             with open(self.path(name + ".json")) as f:
                 [row] = json.load(f)
-            state[name] = row["step_start_bytes"], row["peak_by_kind"]["optimizer_state"]
+            state[name] = row["step_start_bytes"], row["peak_by_kind"]["optimizer_state"], row["peak_by_kind"]["gradient"]
         moments = state["one"][1]
+        # The all-gather holds every rank's gradients: twice one rank's in a world of two.
+        self.assertEqual(state["gather"][2], 2 * state["ddp"][2])
         self.assertEqual(state["ddp"][1], moments)
         for n in (2, 4):  # 1/N of the moments (each bucket padded to N elements: a few bytes more)
             self.assertAlmostEqual(state[f"zero{n}"][1] / moments, 1 / n, places=3)
@@ -230,6 +236,10 @@ class TwoRanks(FilesTest):
             ([*base, "--ddp", "flat", "--bucket-mb", "0"], "--bucket-mb"),
             ([*base, "--ddp", "bucketed", "--comm-sms", "-1"], "--comm-sms"),
             ([*base, "--ddp", "flat", "--comm-sms", "8"], "overlap or bucketed"),
+            ([*base, "--ddp", "bucketed", "--grad-exchange", "ring"], "unknown --grad-exchange"),
+            ([*base, "--ddp", "flat", "--grad-exchange", "all-gather"], "naive, overlap or bucketed"),
+            ([*base, "--ddp", "bucketed", "--grad-exchange", "all-gather", "--comm-sms", "8"], "holds none"),
+            (["launch", "--nproc", "2", "--", *base, "--zero", "1", "--grad-exchange", "all-gather"], "its own way"),
             (["launch", "--nproc", "2", "--", *base, "--zero", "1", "--symmetric-memory", "off"], "leave them out"),
             (["launch", "--nproc", "2", "--", *base, "--zero", "1", "--ddp", "flat"], "leave --ddp out"),
             (["bench", *MODEL[:MODEL.index("--lr")], "--steps", "1", "--mode", "forward", "--ddp", "flat"],

@@ -191,6 +191,32 @@ TEST_F(CudaVsCpu, RmsNormForwardSameBitsWhateverAlignment) {
   expect_close(out, kFp32, "rmsnorm off alignment");
 }
 
+// The add in 16-byte packs gives the one-element-a-thread bits (its tail and unaligned tensors go that
+// way), in f32 and in bf16 as the all-gather's gradient sums run it, out aliasing an input; f32 equals
+// the CPU's to the bit.
+TEST_F(CudaVsCpu, AddInPacksGivesTheElementByElementBits) {
+  const std::int64_t n = 4099;  // not a multiple of any pack
+  auto a = random({n}), b = random({n}), sum = output({n}), ref = output({n});
+  const auto [ka, a_off] = shifted_copy(a.gpu);
+  const auto packed = launched("add_kernel", [&] { gpu->add(a.gpu, b.gpu, sum.gpu); });
+  EXPECT_TRUE(!packed || *packed == "add_kernel<float, float, float, 4>") << *packed;
+  const auto single = launched("add_kernel", [&] { gpu->add(a_off, b.gpu, ref.gpu); });
+  EXPECT_TRUE(!single || *single == "add_kernel<float, float, float, 1>") << *single;
+  EXPECT_EQ(download(*gpu, sum.gpu), download(*gpu, ref.gpu));
+  cpu->add(a.cpu, b.cpu, sum.cpu);
+  EXPECT_EQ(download(*gpu, ref.gpu), download(*cpu, sum.cpu));
+  for (DType t : {DType::bf16, DType::f16}) {
+    Allocation x = gpu->allocator().allocate({n}, t, {}), y = gpu->allocator().allocate({n}, t, {});
+    gpu->cast(a.gpu, x);
+    gpu->cast(b.gpu, y);
+    const auto [kx, x_off] = shifted_copy(x);
+    const auto [ky, y_off] = shifted_copy(y);
+    gpu->add(x_off, y_off, y_off);  // one by one, into an input
+    gpu->add(x, y, y);              // in packs, into an input
+    EXPECT_EQ(download_bits16(y), download_bits16(y_off)) << dtype_name(t);
+  }
+}
+
 // The fused residual add + RMSNorm and RMSNorm backward + residual gradient: the CPU's values, and
 // on the GPU the very values of the two ops they replace.
 TEST_F(CudaVsCpu, FusedResidualAndRmsNorm) {
@@ -751,7 +777,7 @@ TEST_F(CudaVsCpu, KernelTracerSeesEveryKernelInItsPhase) {
   EXPECT_EQ(records[0].name, "fill_kernel<float>");
   EXPECT_EQ(records[0].phase, Phase::forward);
   for (int i : {1, 2}) {
-    EXPECT_EQ(records[i].name, "add_kernel<float, float, float>");
+    EXPECT_EQ(records[i].name, "add_kernel<float, float, float, 4>");
     EXPECT_EQ(records[i].phase, Phase::optimizer);
     EXPECT_GE(records[i].start_ns, records[i - 1].end_ns);  // one stream: in order, no overlap
   }

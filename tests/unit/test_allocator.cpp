@@ -51,6 +51,27 @@ TEST(Allocator, FreedNeighboursMergeIntoOneBlock) {
   EXPECT_EQ(a.reserved_bytes(), 12 * kMiB) << "a request of the whole segment needs no new one";
 }
 
+TEST(Allocator, ANarrowedAllocationHoldsAndGivesBackItsWholeBlock) {
+  HostAllocator a(1024 * kMiB);
+  a.record_events(true);
+  auto g = a.allocate({2, 1000}, DType::f32, {MemKind::gradient, "w", -1});
+  const Tensor whole = g.tensor();
+  g.narrow(whole.rows(1, 1).view({10, 100}));  // the second of two parts, as rank 1's gradient
+  EXPECT_EQ(g.tensor().data, static_cast<char*>(whole.data) + 4000);
+  EXPECT_EQ(g.tensor().shape, (Shape{10, 100}));
+  EXPECT_EQ(g.block().data, whole.data);
+  EXPECT_EQ(g.block().numel(), 2000);
+  EXPECT_EQ(a.current_bytes(MemKind::gradient), 8192u);  // the whole block, rounded to 256 bytes
+  g.reset();
+  EXPECT_EQ(a.current_bytes(), 0u);
+  const MemEvent& freed = a.events().back();
+  EXPECT_EQ(freed.action, MemAction::free);
+  EXPECT_EQ(freed.address, reinterpret_cast<std::uintptr_t>(whole.data));  // the block's, not the part's
+  EXPECT_EQ(freed.bytes, 8192u);
+  auto h = a.allocate({100}, DType::f32, {MemKind::gradient, "h", -1});
+  EXPECT_THROW(h.narrow(whole), std::logic_error) << "a part outside the block";
+}
+
 TEST(Allocator, TheSmallestBlockThatHoldsTheRequestWins) {
   HostAllocator a(1024 * kMiB);
   auto big = floats(a, 8 * kMiB / 4, "big"), gap = floats(a, 2 * kMiB / 4, "gap");

@@ -40,6 +40,8 @@ nlohmann::ordered_json data_parallel_json(const BenchSpec& s) {
   const dist::DataParallelSpec& p = *s.parallel;
   return {{"world_size", s.world.size},
           {"ddp", p.zero ? nlohmann::ordered_json(nullptr) : nlohmann::ordered_json(dist::ddp_mode_name(p.mode))},
+          {"grad_exchange",
+           p.zero ? nlohmann::ordered_json(nullptr) : nlohmann::ordered_json(dist::grad_exchange_name(p.exchange))},
           {"zero", p.zero},
           {"bucket_mb", p.bucket_mb},
           {"symmetric_memory", p.zero == 0 && p.symmetric_memory},
@@ -192,7 +194,7 @@ std::string csv(const std::vector<BenchResult>& rows) {
   out += ",tokens_per_s,model_tflops,mfu,peak_bytes,device_name,dry_run,status";
   out +=
       ",world_size,ddp,zero,bucket_mb,symmetric_memory,comm_sms,communication_mean_ms,exchange_mean_ms,hidden_share,"
-      "collectives_library\n";
+      "collectives_library,grad_exchange\n";
   for (const BenchResult& r : rows) {
     const BenchSpec& s = r.spec;
     out += fmt::format("{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{}", csv_field(s.model.name),
@@ -226,7 +228,8 @@ std::string csv(const std::vector<BenchResult>& rows) {
       out += fmt::format(",{:.4f},{:.4f},{:.4f}", r.communication.mean, r.exchange.mean, r.hidden_share);
     else
       out += ",,,";
-    out += "," + csv_field(r.collectives_library) + "\n";
+    out += "," + csv_field(r.collectives_library);
+    out += fmt::format(",{}\n", s.parallel && !s.parallel->zero ? dist::grad_exchange_name(s.parallel->exchange) : "");
   }
   return out;
 }

@@ -40,6 +40,7 @@ std::string mode_label(const BenchSpec& s) {
       label += fmt::format(", DDP bucketed {:g} MiB", p.bucket_mb);
     else
       label += fmt::format(", DDP {}", dist::ddp_mode_name(p.mode));
+    if (p.zero == 0 && p.exchange == dist::GradExchange::all_gather) label += ", gradients all-gathered";
     if (p.zero == 0 && !p.symmetric_memory) label += ", symmetric memory off";
     if (exchange_sms(s) > 0) label += fmt::format(", exchange on {} SMs", exchange_sms(s));
     label += fmt::format(", {} rank{}", s.world.size, s.world.size == 1 ? "" : "s");

@@ -76,10 +76,12 @@ Allocation& Allocation::operator=(Allocation&& o) noexcept {
     reset();
     owner_ = o.owner_;
     tensor_ = std::move(o.tensor_);
+    block_ = std::move(o.block_);
     tag_ = std::move(o.tag_);
     bytes_ = o.bytes_;
     o.owner_ = nullptr;
     o.tensor_ = Tensor{};
+    o.block_ = Tensor{};
   }
   return *this;
 }
@@ -88,6 +90,14 @@ void Allocation::reset() {
   if (owner_) owner_->release(*this);
   owner_ = nullptr;
   tensor_ = Tensor{};
+  block_ = Tensor{};
+}
+
+void Allocation::narrow(const Tensor& part) {
+  const auto begin = reinterpret_cast<std::uintptr_t>(block_.data), at = reinterpret_cast<std::uintptr_t>(part.data);
+  LMSCOPE_CHECK(owner_ && at >= begin && at + part.bytes() <= begin + block_.bytes(),
+                "a part of {} bytes at +{} of a block of {}", part.bytes(), at - begin, block_.bytes());
+  tensor_ = part;
 }
 
 Allocation Allocator::allocate(Shape shape, DType dtype, AllocTag tag, std::source_location where) {
@@ -101,6 +111,7 @@ Allocation Allocator::allocate(Shape shape, DType dtype, AllocTag tag, std::sour
   a.bytes_ = rounded_bytes(a.tensor_.bytes());
   a.tag_ = std::move(tag);
   a.tensor_.data = raw_allocate(a.bytes_, a.tag_, a.tensor_.shape, dtype);
+  a.block_ = a.tensor_;
   a.owner_ = this;
   current_ += a.bytes_;
   current_by_kind_[static_cast<int>(a.tag_.kind)] += a.bytes_;
@@ -200,9 +211,9 @@ Allocator::Segment& Allocator::segment_of(std::uintptr_t p) {
 
 void Allocator::release(Allocation& a) {
   if (recording_)
-    record(MemAction::free, a.bytes_, reinterpret_cast<std::uintptr_t>(a.tensor_.data), a.tag_, a.tensor_.shape,
-           a.tensor_.dtype);
-  const auto p = reinterpret_cast<std::uintptr_t>(a.tensor_.data);
+    record(MemAction::free, a.bytes_, reinterpret_cast<std::uintptr_t>(a.block_.data), a.tag_, a.block_.shape,
+           a.block_.dtype);
+  const auto p = reinterpret_cast<std::uintptr_t>(a.block_.data);
   Segment& s = segment_of(p);
   std::set<FreeBlock>& free = pool(s);
   auto it = s.blocks.find(p - s.base);

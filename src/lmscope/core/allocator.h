@@ -93,11 +93,17 @@ class Allocation {
   operator const Tensor&() const { return tensor_; }  // NOLINT: lets ops take owners directly
   const AllocTag& tag() const { return tag_; }
   bool empty() const { return owner_ == nullptr; }
+  // From here on tensor() is `part` of the memory (which must lie within it), as is block() the whole
+  // as allocated; the whole is still what is held and given back. Data parallelism's all-gather keeps
+  // a gradient as one rank's part of a block with every rank's (dist/data_parallel.h).
+  void narrow(const Tensor& part);
+  const Tensor& block() const { return block_; }
 
  private:
   friend class Allocator;
   Allocator* owner_ = nullptr;
   Tensor tensor_;
+  Tensor block_;  // as allocated: tensor_ unless narrowed
   AllocTag tag_;
   std::size_t bytes_ = 0;
 };

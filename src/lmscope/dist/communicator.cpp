@@ -7,7 +7,8 @@ namespace lmscope::dist {
 
 // Defined where the library is there (gloo_communicator.cpp, nccl_communicator.cpp).
 std::unique_ptr<Communicator> make_gloo_communicator(const World& world, Store& store);
-std::unique_ptr<Communicator> make_nccl_communicator(Backend& backend, const World& world, Store& store, int max_ctas);
+std::unique_ptr<Communicator> make_nccl_communicator(Backend& backend, const World& world, Store& store,
+                                                     const CommunicatorOptions& options);
 int nccl_library_version();
 
 namespace {
@@ -33,8 +34,12 @@ class ShapeOnlyCommunicator final : public Communicator {
     LMSCOPE_CHECK(in.numel() == out.numel() * size_, "reduce-scatter of {} into {}", in.numel(), out.numel());
     return std::make_unique<Done>();
   }
-  std::unique_ptr<CollectiveWork> all_gather_async(const Tensor& in, const Tensor& out) override {
-    LMSCOPE_CHECK(out.numel() == in.numel() * size_, "all-gather of {} into {}", in.numel(), out.numel());
+  using Communicator::all_gather_async;
+  std::unique_ptr<CollectiveWork> all_gather_async(std::span<const Tensor> ins, std::span<const Tensor> outs) override {
+    LMSCOPE_CHECK(ins.size() == outs.size(), "all-gather of {} tensors into {}", ins.size(), outs.size());
+    for (std::size_t i = 0; i < ins.size(); ++i)
+      LMSCOPE_CHECK(outs[i].numel() == ins[i].numel() * size_, "all-gather of {} into {}", ins[i].numel(),
+                    outs[i].numel());
     return std::make_unique<Done>();
   }
   std::unique_ptr<CollectiveWork> broadcast_async(const Tensor&, int) override { return std::make_unique<Done>(); }
@@ -66,11 +71,11 @@ int loaded_nccl_version() {
 }
 
 std::unique_ptr<Communicator> make_communicator(Backend& backend, const World& world, [[maybe_unused]] Store& store,
-                                                [[maybe_unused]] int max_ctas) {
+                                                [[maybe_unused]] const CommunicatorOptions& options) {
   if (is_dry_run(backend)) return make_shape_only_communicator(world.rank, world.size);
   if (backend.cuda_stream()) {
 #if LMSCOPE_HAVE_NCCL
-    return make_nccl_communicator(backend, world, store, max_ctas);
+    return make_nccl_communicator(backend, world, store, options);
 #else
     throw Unsupported(
         "this build has no NCCL, which carries the collectives between GPUs (give CMake "

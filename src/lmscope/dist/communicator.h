@@ -47,8 +47,15 @@ class Communicator {
   // out [n] = the sum over ranks of in's part `rank` (in [size·n]); out may be that part of in, and
   // the rest of in is left unspecified (Gloo's sums all of it in place).
   virtual std::unique_ptr<CollectiveWork> reduce_scatter_async(const Tensor& in, const Tensor& out) = 0;
-  // out [size·n] = every rank's in [n], in rank order; in may be this rank's part of out.
-  virtual std::unique_ptr<CollectiveWork> all_gather_async(const Tensor& in, const Tensor& out) = 0;
+  // outs[i] [size·n_i] = every rank's ins[i] [n_i], in rank order, as one call (an NCCL group); ins[i]
+  // may be this rank's part of outs[i]. NCCL moves them by the copy engines, holding no SMs, where
+  // the communicator was made with CommunicatorOptions::copy_engines and both lie in its symmetric
+  // memory.
+  virtual std::unique_ptr<CollectiveWork> all_gather_async(std::span<const Tensor> ins,
+                                                           std::span<const Tensor> outs) = 0;
+  std::unique_ptr<CollectiveWork> all_gather_async(const Tensor& in, const Tensor& out) {
+    return all_gather_async({&in, 1}, {&out, 1});
+  }
   // t = root's t on every rank.
   virtual std::unique_ptr<CollectiveWork> broadcast_async(const Tensor& t, int root) = 0;
   // Returns when every rank has called it (and, on CUDA, their work before it is done).
@@ -76,11 +83,18 @@ class Communicator {
   void broadcast(const Tensor& t, int root) { broadcast_async(t, root)->wait(); }
 };
 
+// What NCCL is asked for (Gloo has no such things): max_ctas > 0 caps the blocks (so the SMs) a
+// collective takes (0: NCCL's choice); copy_engines: no blocks wherever NCCL can do without (its
+// zero-CTA policy, NCCL 2.28 on): all-gathers between symmetric windows then run on the copy engines.
+struct CommunicatorOptions {
+  int max_ctas = 0;
+  bool copy_engines = false;
+};
 // The communicator for `backend`'s device: NCCL for CUDA (meeting through `store`), Gloo for the CPU,
 // the shape-only one for the dry run (moves nothing; the world's size shapes the buffers). Throws
-// Unsupported when this build lacks the library the device needs. max_ctas > 0 caps the blocks (so
-// the SMs) an NCCL collective takes (0: NCCL's choice; Gloo has no such thing).
-std::unique_ptr<Communicator> make_communicator(Backend& backend, const World& world, Store& store, int max_ctas = 0);
+// Unsupported when this build lacks the library the device needs.
+std::unique_ptr<Communicator> make_communicator(Backend& backend, const World& world, Store& store,
+                                                const CommunicatorOptions& options = {});
 // name(), and version() after it where there is one: "nccl 2.28.9", "gloo".
 std::string name_and_version(const Communicator& comm);
 // The dry run's: rank `rank` of `size`, every op a no-op.

@@ -27,11 +27,25 @@ DdpMode parse_ddp_mode(const std::string& s) {
   user_error("unknown --ddp '{}' (use naive, flat, overlap or bucketed)", s);
 }
 
+const char* grad_exchange_name(GradExchange e) { return e == GradExchange::all_gather ? "all-gather" : "all-reduce"; }
+
+GradExchange parse_grad_exchange(const std::string& s) {
+  for (GradExchange e : {GradExchange::all_reduce, GradExchange::all_gather})
+    if (s == grad_exchange_name(e)) return e;
+  user_error("unknown --grad-exchange '{}' (use all-reduce or all-gather)", s);
+}
+
 void DataParallelSpec::validate(int world_size) const {
   if (!(bucket_mb > 0 && std::isfinite(bucket_mb))) user_error("--bucket-mb must be positive, got {}", bucket_mb);
   if (zero != 0 && zero != 1) user_error("--zero takes 0 or 1 (optimizer-state sharding), got {}", zero);
   if (comm_sms != kAutoCommSms && (comm_sms < 0 || comm_sms > 64))
     user_error("--comm-sms takes auto, or 0 (NCCL's choice) to 64, got {}", comm_sms);
+  if (exchange == GradExchange::all_gather && zero == 1)
+    user_error("--grad-exchange all-gather is --ddp's; --zero 1 reduce-scatters the gradients its own way");
+  if (exchange == GradExchange::all_gather && mode == DdpMode::flat)
+    user_error(
+        "--grad-exchange all-gather gathers each gradient where it lies, and --ddp flat copies them into one "
+        "buffer: use it with naive, overlap or bucketed");
   if (zero == 1 && world_size < 2)
     user_error(
         "--zero 1 shards the optimizer's state across ranks, and this is a world of {} (start several with "
@@ -40,7 +54,8 @@ void DataParallelSpec::validate(int world_size) const {
 }
 
 int DataParallelSpec::exchange_sms() const {
-  if (zero != 0 || (mode != DdpMode::overlap && mode != DdpMode::bucketed)) return 0;
+  if (zero != 0 || exchange == GradExchange::all_gather || (mode != DdpMode::overlap && mode != DdpMode::bucketed))
+    return 0;
   if (comm_sms != kAutoCommSms) return comm_sms;
   return symmetric_memory ? 8 : 0;
 }
@@ -99,9 +114,11 @@ GradientSync::GradientSync(Transformer& model, Communicator& comm, const DataPar
       bytes +=
           Allocator::rounded_bytes(static_cast<std::size_t>(p.value.tensor().numel()) * dtype_size(model.grad_dtype()));
     if (spec.mode == DdpMode::flat) bytes *= 2;
+    if (spec.exchange == GradExchange::all_gather) bytes *= static_cast<std::size_t>(comm.size());
     model.backend().allocator().open_region(MemKind::gradient, bytes, {MemKind::gradient, "ddp.symmetric_memory", -1},
                                             comm.symmetric_memory());
   }
+  if (spec.exchange == GradExchange::all_gather) model.set_gradient_parts(comm.size(), comm.rank());
   // Overlapping modes start a bucket's collective from the backward itself (hooked last: nothing
   // after it can throw and leave the model calling a GradientSync that was never made).
   if (spec.mode == DdpMode::overlap || spec.mode == DdpMode::bucketed)
@@ -110,6 +127,11 @@ GradientSync::GradientSync(Transformer& model, Communicator& comm, const DataPar
 
 GradientSync::~GradientSync() {
   model_.set_gradient_ready({});
+  if (spec_.exchange == GradExchange::all_gather) {
+    // The next gradients are blocks of one again; ones still held (a step that threw) go first.
+    for (Parameter& p : model_.parameters()) p.grad.reset();
+    model_.set_gradient_parts(1, 0);
+  }
   if (spec_.symmetric_memory) model_.backend().allocator().close_region();
   try {
     if (beside_backward_) model_.backend().set_collective_sms(0);  // a backward that threw
@@ -135,9 +157,13 @@ void GradientSync::launch(std::size_t b) {
   std::vector<Parameter>& params = model_.parameters();
   const Bucket& bucket = buckets_[b];
   if (spec_.mode != DdpMode::flat) {
-    std::vector<Tensor> grads;
-    for (std::size_t p : bucket.params) grads.push_back(params[p].grad.tensor());
-    f.work = comm_.all_reduce_async(grads);
+    std::vector<Tensor> grads, blocks;
+    for (std::size_t p : bucket.params) {
+      grads.push_back(params[p].grad.tensor());
+      blocks.push_back(params[p].grad.block());
+    }
+    f.work = spec_.exchange == GradExchange::all_gather ? comm_.all_gather_async(grads, blocks)
+                                                        : comm_.all_reduce_async(grads);
     return;
   }
   // The assignment's flat variant: flatten, one all-reduce, unflatten (finish).
@@ -157,6 +183,7 @@ void GradientSync::finish(std::size_t b) {
   LMSCOPE_CHECK(f.work != nullptr, "bucket {} was never launched", b);
   f.work->wait();
   f.work.reset();
+  if (spec_.exchange == GradExchange::all_gather) sum_gathered(b);
   if (!f.buffer.empty()) {
     std::vector<Parameter>& params = model_.parameters();
     std::int64_t at = 0;
@@ -168,6 +195,23 @@ void GradientSync::finish(std::size_t b) {
     f.buffer.reset();
   }
   pending_[b] = buckets_[b].params.size();
+}
+
+void GradientSync::sum_gathered(std::size_t b) {
+  // parts[0] + parts[1] + ... in rank order, each addition rounded to the gradient's dtype, into
+  // parts[0] until the last, which writes this rank's part: every rank makes the same additions, so
+  // every rank's sum has the same bits. Each addition reads a part before any later one writes it
+  // (parts[0] is overwritten only as the running sum; this rank's is read before it is written).
+  Backend& be = model_.backend();
+  const std::int64_t parts = comm_.size();
+  for (std::size_t p : buckets_[b].params) {
+    const Allocation& g = model_.parameters()[p].grad;
+    const std::int64_t n = g.tensor().numel();
+    const Tensor block = g.block().view({parts, n});
+    const Tensor first = block.rows(0, 1).view({n});
+    for (std::int64_t r = 1; r < parts; ++r)
+      be.add(first, block.rows(r, 1).view({n}), r == parts - 1 ? g.tensor().view({n}) : first);
+  }
 }
 
 void GradientSync::after_backward(MicroBatch micro) {

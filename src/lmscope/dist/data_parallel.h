@@ -23,8 +23,19 @@ enum class DdpMode { naive, flat, overlap, bucketed };
 const char* ddp_mode_name(DdpMode m);
 DdpMode parse_ddp_mode(const std::string& s);  // throws UserError naming the choices
 
+// How a bucket's gradients are summed across the ranks. all_reduce: NCCL's (or Gloo's) all-reduce,
+// in place. all_gather: every rank gathers every rank's gradients (each gradient a block of the
+// world's size: Transformer::set_gradient_parts), then, after the backward, sums the parts itself in
+// rank order, the same additions on every rank. It holds the world's size times the gradients, but
+// on GPUs NCCL moves the parts by the copy engines from symmetric memory, holding no SMs, so the
+// backward beside it keeps its speed (docs/distributed.md).
+enum class GradExchange { all_reduce, all_gather };
+const char* grad_exchange_name(GradExchange e);
+GradExchange parse_grad_exchange(const std::string& s);  // throws UserError naming the choices
+
 struct DataParallelSpec {
   DdpMode mode = DdpMode::bucketed;
+  GradExchange exchange = GradExchange::all_reduce;
   double bucket_mb = 25;  // bucketed's, and ZeRO-1's exchange's, bucket size (MiB of gradient)
   int zero = 0;           // 1: AdamW's moments sharded across the ranks (optimizer/zero_sharding)
   // The gradients in one region of the communicator's symmetric memory (GradientSync), so NCCL
@@ -37,9 +48,11 @@ struct DataParallelSpec {
   int comm_sms = kAutoCommSms;
   // What comm_sms comes to: auto is 8 with symmetric memory (NCCL's symmetric all-reduce takes 7 SMs
   // on an H100 or H200, by its own cost model) and 0 without (its ring wants its 24); always 0 for
-  // ZeRO-1 and the modes whose exchange follows the backward.
+  // ZeRO-1, the modes whose exchange follows the backward, and the all-gather (the copy engines'
+  // takes none).
   int exchange_sms() const;
-  void validate(int world_size) const;  // UserError for a bad bucket size or --zero without ranks
+  // UserError for a bad bucket size, --zero without ranks, or the all-gather with flat or ZeRO-1.
+  void validate(int world_size) const;
   // UserError unless the step has a backward (the gradients exchanged) and, for ZeRO-1, an optimizer.
   void check_step(bool backward, bool optimizer) const;
 };
@@ -74,6 +87,7 @@ class GradientSync {
   void gradient_ready(std::size_t param);
   void launch(std::size_t bucket);
   void finish(std::size_t bucket);
+  void sum_gathered(std::size_t bucket);  // the all-gather's: each gradient = its parts' sum
   Transformer& model_;
   Communicator& comm_;
   DataParallelSpec spec_;

@@ -12,7 +12,10 @@ DataParallelRun::DataParallelRun(const World& world, Backend& backend, const Dat
     comm_ = make_shape_only_communicator(world.rank, world.size);
   } else {
     store_ = next_group_store(world);
-    comm_ = make_communicator(backend, world, *store_, held_sms());
+    CommunicatorOptions options;
+    options.max_ctas = held_sms();
+    options.copy_engines = spec_.exchange == GradExchange::all_gather && spec_.symmetric_memory;
+    comm_ = make_communicator(backend, world, *store_, options);
   }
 }
 

@@ -103,19 +103,26 @@ class GlooCommunicator final : public Communicator {
     });
   }
 
-  std::unique_ptr<CollectiveWork> all_gather_async(const Tensor& in, const Tensor& out) override {
-    LMSCOPE_CHECK(in.dtype == out.dtype && out.numel() == in.numel() * world_.size, "all-gather of {} into {}",
-                  in.numel(), out.numel());
-    return queue("all-gather", [this, in, out] {
-      with_type(in, [&](auto zero) {
-        using T = decltype(zero);
-        T* mine = out.as<T>() + static_cast<std::size_t>(world_.rank) * static_cast<std::size_t>(in.numel());
-        if (mine != in.as<T>()) std::memcpy(mine, in.data, in.bytes());
-        gloo::AllgatherOptions opts(context_);
-        opts.setOutput(out.as<T>(), static_cast<std::size_t>(out.numel()));  // this rank's part is its input
-        opts.setTag(next_tag());
-        gloo::allgather(opts);
-      });
+  using Communicator::all_gather_async;
+  std::unique_ptr<CollectiveWork> all_gather_async(std::span<const Tensor> ins, std::span<const Tensor> outs) override {
+    LMSCOPE_CHECK(ins.size() == outs.size(), "all-gather of {} tensors into {}", ins.size(), outs.size());
+    for (std::size_t i = 0; i < ins.size(); ++i)
+      LMSCOPE_CHECK(ins[i].dtype == outs[i].dtype && outs[i].numel() == ins[i].numel() * world_.size,
+                    "all-gather of {} into {}", ins[i].numel(), outs[i].numel());
+    return queue("all-gather", [this, ins = std::vector<Tensor>(ins.begin(), ins.end()),
+                                outs = std::vector<Tensor>(outs.begin(), outs.end())] {
+      for (std::size_t i = 0; i < ins.size(); ++i) {
+        const Tensor &in = ins[i], &out = outs[i];
+        with_type(in, [&](auto zero) {
+          using T = decltype(zero);
+          T* mine = out.as<T>() + static_cast<std::size_t>(world_.rank) * static_cast<std::size_t>(in.numel());
+          if (mine != in.as<T>()) std::memcpy(mine, in.data, in.bytes());
+          gloo::AllgatherOptions opts(context_);
+          opts.setOutput(out.as<T>(), static_cast<std::size_t>(out.numel()));  // this rank's part is its input
+          opts.setTag(next_tag());
+          gloo::allgather(opts);
+        });
+      }
     });
   }
 

@@ -80,7 +80,7 @@ struct Windows {
 
 class NcclCommunicator final : public Communicator {
  public:
-  NcclCommunicator(Backend& backend, const World& world, Store& store, int max_ctas)
+  NcclCommunicator(Backend& backend, const World& world, Store& store, const CommunicatorOptions& options)
       : compute_(static_cast<cudaStream_t>(backend.cuda_stream())),
         allocator_(backend.allocator()),
         rank_(world.rank),
@@ -97,7 +97,15 @@ class NcclCommunicator final : public Communicator {
       std::memcpy(id.internal, got.data(), got.size());
     }
     ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
-    if (max_ctas > 0) config.maxCTAs = max_ctas;
+    if (options.max_ctas > 0) config.maxCTAs = options.max_ctas;
+    if (options.copy_engines) {
+#if NCCL_VERSION_CODE >= NCCL_VERSION(2, 28, 0)
+      config.CTAPolicy = NCCL_CTA_POLICY_ZERO;
+#else
+      throw Unsupported(fmt::format("NCCL's copy-engine collectives came with 2.28; this build has NCCL's {} headers",
+                                    nccl_version_text(NCCL_VERSION_CODE)));
+#endif
+    }
     LMSCOPE_NCCL_CHECK(ncclCommInitRankConfig(&comm_, world.size, id, world.rank, &config), "initialisation");
     stream_ = cuda::take_stream();  // as the backend's: a sweep's later cells exchange as its first
 #if LMSCOPE_NCCL_WINDOWS
@@ -160,13 +168,21 @@ class NcclCommunicator final : public Communicator {
     });
   }
 
-  std::unique_ptr<CollectiveWork> all_gather_async(const Tensor& in, const Tensor& out) override {
-    LMSCOPE_CHECK(in.dtype == out.dtype && out.numel() == in.numel() * size_, "all-gather of {} into {}", in.numel(),
-                  out.numel());
+  using Communicator::all_gather_async;
+  std::unique_ptr<CollectiveWork> all_gather_async(std::span<const Tensor> ins, std::span<const Tensor> outs) override {
+    LMSCOPE_CHECK(ins.size() == outs.size(), "all-gather of {} tensors into {}", ins.size(), outs.size());
+    for (std::size_t i = 0; i < ins.size(); ++i)
+      LMSCOPE_CHECK(ins[i].dtype == outs[i].dtype && outs[i].numel() == ins[i].numel() * size_,
+                    "all-gather of {} into {}", ins[i].numel(), outs[i].numel());
     return launch([&] {
-      LMSCOPE_NCCL_CHECK(
-          ncclAllGather(in.data, out.data, static_cast<std::size_t>(in.numel()), nccl_type(in.dtype), comm_, stream_),
-          "all-gather");
+      LMSCOPE_NCCL_CHECK(ncclGroupStart(), "group start");  // closed whatever fails, as all-reduce's
+      ncclResult_t first = ncclSuccess;
+      for (std::size_t i = 0; i < ins.size() && first == ncclSuccess; ++i)
+        first = ncclAllGather(ins[i].data, outs[i].data, static_cast<std::size_t>(ins[i].numel()),
+                              nccl_type(ins[i].dtype), comm_, stream_);
+      const ncclResult_t end = ncclGroupEnd();
+      LMSCOPE_NCCL_CHECK(first, "all-gather");
+      LMSCOPE_NCCL_CHECK(end, "all-gather");
     });
   }
 
@@ -291,8 +307,9 @@ int nccl_library_version() {
   return version;
 }
 
-std::unique_ptr<Communicator> make_nccl_communicator(Backend& backend, const World& world, Store& store, int max_ctas) {
-  return std::make_unique<NcclCommunicator>(backend, world, store, max_ctas);
+std::unique_ptr<Communicator> make_nccl_communicator(Backend& backend, const World& world, Store& store,
+                                                     const CommunicatorOptions& options) {
+  return std::make_unique<NcclCommunicator>(backend, world, store, options);
 }
 
 }  // namespace lmscope::dist

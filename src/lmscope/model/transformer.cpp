@@ -145,9 +145,24 @@ void Transformer::set_grad_dtype(DType t) {
 }
 
 const Tensor& Transformer::gradient(Parameter& p) {
-  if (p.grad.empty())
+  if (!p.grad.empty()) return p.grad;
+  if (gradient_parts_ == 1) {
     p.grad = backend_.allocator().allocate(p.spec.shape, grad_dtype_, {MemKind::gradient, p.spec.name, p.spec.layer});
+  } else {
+    const std::int64_t n = shape_numel(p.spec.shape);
+    p.grad = backend_.allocator().allocate({gradient_parts_, n}, grad_dtype_,
+                                           {MemKind::gradient, p.spec.name, p.spec.layer});
+    p.grad.narrow(p.grad.block().rows(gradient_part_, 1).view(p.spec.shape));
+  }
   return p.grad;
+}
+
+void Transformer::set_gradient_parts(int parts, int part) {
+  LMSCOPE_CHECK(parts >= 1 && part >= 0 && part < parts, "gradient part {} of {}", part, parts);
+  for (const Parameter& p : params_)
+    LMSCOPE_CHECK(p.grad.empty(), "the gradients' parts set while {} has a gradient", p.spec.name);
+  gradient_parts_ = parts;
+  gradient_part_ = part;
 }
 
 const Tensor& Transformer::weight(Parameter* p) {

@@ -138,6 +138,11 @@ class Transformer {
   Allocation& lowp_copy(Parameter& p);
   // p's gradient, allocated (not filled) if the backward has not made it yet.
   const Tensor& gradient(Parameter& p);
+  // Data parallelism by all-gather: each gradient is allocated as a block of `parts` (the world's
+  // ranks), one after another, and p.grad is part `part` of it (Allocation::block() is the whole), so
+  // the ranks' gradients can be gathered into one another's blocks in place. Before the first
+  // backward; 1, 0: a gradient is its own block (the default).
+  void set_gradient_parts(int parts, int part);
   Backend& backend() { return backend_; }
   std::vector<Parameter>& parameters() { return params_; }
   Parameter& parameter(const std::string& name);  // throws UserError if unknown
@@ -261,6 +266,7 @@ class Transformer {
   bool accumulating_ = false;  // the backward under way adds into the gradients
   bool last_micro_batch_ = true;
   GradientReady gradient_ready_;
+  int gradient_parts_ = 1, gradient_part_ = 0;
 };
 
 }  // namespace lmscope

@@ -6,7 +6,7 @@
 # beside torch.distributed.all_reduce, and the train step of the models in LMSCOPE_DDP_MODELS
 # (default xl,2.7B) at LMSCOPE_DDP_CTXS (default 512,1024), bf16, flash, batch 4 per rank: lmscope on
 # one GPU, with each --ddp (bucketed at 1, 10, 25, 100 and 1000 MB) and --zero 1 on two, and bucketed
-# 25 MB with bf16 gradients (one GPU with them too), beside PyTorch DDP (25 MB buckets; also with its
+# 25 MB with bf16 gradients (one GPU with them too), all-reduced and all-gathered, beside PyTorch DDP (25 MB buckets; also with its
 # bf16_compress_hook) and ZeRO-1 (ZeroRedundancyOptimizer), and the dry run's prediction of a
 # ZeRO-1 rank's peak. Also: lmscope's ranks started by torchrun itself (their trained weights against
 # those of ranks started by lmscope launch), and bench --profile over two ranks (NCCL's kernels in
@@ -33,7 +33,8 @@ steps=(--warmup "${LMSCOPE_DDP_WARMUP:-3}" --steps "${LMSCOPE_DDP_MEASURED:-10}"
 parts=",${LMSCOPE_DDP_PARTS:-tests,ddptests,torchrun,profile,allreduce,bench,table},"
 variants=${LMSCOPE_DDP_VARIANTS:-"--ddp naive;--ddp flat;--ddp overlap;--ddp bucketed --bucket-mb 1;\
 --ddp bucketed --bucket-mb 10;--ddp bucketed --bucket-mb 25;--ddp bucketed --bucket-mb 100;\
---ddp bucketed --bucket-mb 1000;--zero 1;--ddp bucketed --bucket-mb 25 --grad-dtype bf16"}
+--ddp bucketed --bucket-mb 1000;--zero 1;--ddp bucketed --bucket-mb 25 --grad-dtype bf16;\
+--ddp bucketed --bucket-mb 25 --grad-dtype bf16 --grad-exchange all-gather"}
 pt_variants=${LMSCOPE_DDP_PT_VARIANTS:-ddp,zero1,ddp-bf16}
 one_gpu=${LMSCOPE_DDP_ONE_GPU:-"--graphs off,on --grad-dtype fp32,bf16"}
 

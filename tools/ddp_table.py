@@ -1,10 +1,11 @@
 """The short table of scripts/gpu_multi_check.sh, from the files it leaves in OUT: lmscope allreduce
 beside torch.distributed.all_reduce (time, bus bandwidth, PyTorch over lmscope); per model and context
 the train step's median (ms) on one GPU (device graphs off and on; bf16 gradients) and on two with
-each --ddp mode and --zero 1 (and bucketed with bf16 gradients), beside PyTorch DDP (also with its
+each --ddp mode and --zero 1 (and bucketed with bf16 gradients, summed by all-reduce and by
+all-gather), beside PyTorch DDP (also with its
 bf16_compress_hook) and ZeRO-1, with the collectives' time, the share hidden behind the backward and
 the per-rank peak; lmscope's bucketed step (25 MB) over its one-GPU step without graphs (the target: at
-most 1.1), with fp32 and with bf16 gradients, PyTorch DDP's step over lmscope's fastest (> 1: lmscope
+most 1.1), with fp32 and with bf16 gradients (all-reduced and all-gathered), PyTorch DDP's step over lmscope's fastest (> 1: lmscope
 faster; with bf16 gradients, PyTorch's hook over lmscope's), and ZeRO-1's measured peak beside the dry
 run's prediction. Missing files leave "-".
 
@@ -20,8 +21,10 @@ GiB = 2**30
 NAMES = {"ddpnaive": "naive", "ddpflat": "flat", "ddpoverlap": "overlap", "ddpbucketedbucketmb1": "bucketed 1 MB",
          "ddpbucketedbucketmb10": "bucketed 10 MB", "ddpbucketedbucketmb25": "bucketed 25 MB",
          "ddpbucketedbucketmb100": "bucketed 100 MB", "ddpbucketedbucketmb1000": "bucketed 1000 MB",
-         "zero1": "ZeRO-1", "ddpbucketedbucketmb25graddtypebf16": "bucketed 25 MB, bf16 gradients"}
+         "zero1": "ZeRO-1", "ddpbucketedbucketmb25graddtypebf16": "bucketed 25 MB, bf16 gradients",
+         "ddpbucketedbucketmb25graddtypebf16gradexchangeallgather": "the same, all-gathered"}
 BF16 = "ddpbucketedbucketmb25graddtypebf16"
+GATHERED = "ddpbucketedbucketmb25graddtypebf16gradexchangeallgather"
 VARIANTS = list(NAMES)  # the files' tags (gpu_multi_check.sh: the flags without spaces and dashes), in order
 
 
@@ -97,21 +100,23 @@ def main(out):
     text += (f"## train step, {precision}, one GPU's batch per rank: median ms\n\n| model | ctx | one GPU, graphs off | "
              "one GPU, graphs on | one GPU, bf16 gradients | " + " | ".join(NAMES[v] for v in VARIANTS)
              + " | PyTorch DDP | PyTorch DDP, bf16 hook | PyTorch ZeRO-1 | bucketed 25 MB / one GPU | "
-             "the same, bf16 gradients | PyTorch DDP / lmscope's fastest | PyTorch's bf16 hook / lmscope's bf16 |\n"
-             + "|---|---:|" + "---:|" * (len(VARIANTS) + 10) + "\n")
+             "the same, bf16 gradients | the same, all-gathered | PyTorch DDP / lmscope's fastest | "
+             "PyTorch's bf16 hook / lmscope's bf16 |\n"
+             + "|---|---:|" + "---:|" * (len(VARIANTS) + 11) + "\n")
 
     def ratio(a, b):
         return a / b if a and b else None
 
     for c in cells:
         steps = {v: median(two[(c, v)]) if (c, v) in two else None for v in VARIANTS}
-        ddp = [s for v, s in steps.items() if s is not None and v not in ("zero1", BF16)]
+        ddp = [s for v, s in steps.items() if s is not None and v not in ("zero1", BF16, GATHERED)]
         base, base_bf16 = one.get((c, False, "fp32")), one.get((c, False, "bf16"))
         pt_ddp, pt_bf16 = pt.get((c, "ddp"), (None, None))[0], pt.get((c, "ddp-bf16"), (None, None))[0]
         text += (f"| {c[0]} | {c[1]} | {fmt(base)} | {fmt(one.get((c, True, 'fp32')))} | {fmt(base_bf16)} | "
                  + " | ".join(fmt(steps[v]) for v in VARIANTS)
                  + f" | {fmt(pt_ddp)} | {fmt(pt_bf16)} | {fmt(pt.get((c, 'zero1'), (None, None))[0])} | "
                  + f"{fmt(ratio(steps['ddpbucketedbucketmb25'], base))} | {fmt(ratio(steps[BF16], base_bf16))} | "
+                 + f"{fmt(ratio(steps[GATHERED], base_bf16))} | "
                  + f"{fmt(ratio(pt_ddp, min(ddp) if ddp else None))} | {fmt(ratio(pt_bf16, steps[BF16]))} |\n")
     text += ("\n## where the exchange goes (two GPUs): collectives ms / exposed after the backward ms / hidden\n\n"
              "| model | ctx | " + " | ".join(NAMES[v] for v in VARIANTS) + " |\n|---|---:|" + "---|" * len(VARIANTS)

@@ -41,7 +41,7 @@ MODEL = ["--device", DEVICE, "--precision", PRECISION, "--vocab", "50", "--d-mod
 def ranks_possible():
     """How many ranks this machine can run: any number of CPU processes, one per GPU."""
     if DEVICE == "cpu":
-        return 2
+        return 4
     r = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True)
     return len(r.stdout.strip().splitlines()) if r.returncode == 0 else 0
 
@@ -105,6 +105,15 @@ class TwoRanks(FilesTest):
         start = self.train("start", "--sample", "sequential", steps=1)[1]
         moved = max(np.abs(reference[1][n] - start[n]).max() for n in start)
         self.assertGreater(moved, 1e-3)
+
+    @unittest.skipUnless(ranks_possible() >= 4, "four ranks need four GPUs")
+    def test_four_ranks_sum_the_gathered_gradients_in_rank_order(self):
+        # Three additions a gradient, each rank's part read before the running sum can reach it.
+        reference = self.one_process("--sample", "sequential")
+        for mode in (["--grad-exchange", "all-gather"], ["--grad-exchange", "all-reduce"]):
+            with self.subTest(mode=mode):
+                got = self.train("four", "--sample", "sequential", "--ddp", "bucketed", *mode, ranks=4)
+                self.assertClose(got, reference, "four ranks " + " ".join(mode))
 
     @TWO_RANKS
     def test_random_batches_and_micro_batches_split_the_same_way(self):

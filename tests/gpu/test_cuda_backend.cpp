@@ -193,7 +193,7 @@ TEST_F(CudaVsCpu, RmsNormForwardSameBitsWhateverAlignment) {
 
 // The add in 16-byte packs gives the one-element-a-thread bits (its tail and unaligned tensors go that
 // way), in f32 and in bf16 as the all-gather's gradient sums run it, out aliasing an input; f32 equals
-// the CPU's to the bit.
+// the CPU's to the bit; add_all's launches of many give add()'s bits.
 TEST_F(CudaVsCpu, AddInPacksGivesTheElementByElementBits) {
   const std::int64_t n = 4099;  // not a multiple of any pack
   auto a = random({n}), b = random({n}), sum = output({n}), ref = output({n});
@@ -214,6 +214,38 @@ TEST_F(CudaVsCpu, AddInPacksGivesTheElementByElementBits) {
     gpu->add(x_off, y_off, y_off);  // one by one, into an input
     gpu->add(x, y, y);              // in packs, into an input
     EXPECT_EQ(download_bits16(y), download_bits16(y_off)) << dtype_name(t);
+  }
+  // add_all: many triples a launch (aligned, unaligned, one in f32 among bf16, outputs aliasing either
+  // input), the bits of add() one by one.
+  std::vector<Allocation> keep;
+  std::vector<Tensor> as, bs, outs, outs_one;
+  for (int i = 0; i < 30; ++i) {
+    const std::int64_t m = 1 + 97 * i;
+    const DType t = i == 7 ? DType::f32 : DType::bf16;
+    for (int copy = 0; copy < 2; ++copy) {
+      Allocation x = gpu->allocator().allocate({m + 1}, t, {}), y = gpu->allocator().allocate({m + 1}, t, {});
+      gpu->cast(a.gpu.tensor().rows(0, m + 1), x);
+      gpu->cast(b.gpu.tensor().rows(i, m + 1), y);
+      const Tensor xs = i % 3 == 1 ? x.tensor().rows(1, m) : x.tensor().rows(0, m);
+      const Tensor ys = i % 3 == 1 ? y.tensor().rows(1, m) : y.tensor().rows(0, m);
+      (copy ? outs_one : outs).push_back(i % 2 ? xs : ys);
+      if (!copy) {
+        as.push_back(xs);
+        bs.push_back(ys);
+      } else {
+        gpu->add(xs, ys, outs_one.back());
+      }
+      keep.push_back(std::move(x));
+      keep.push_back(std::move(y));
+    }
+  }
+  const auto fused = launched("add_many_kernel", [&] { gpu->add_all(as, bs, outs); });
+  EXPECT_TRUE(!fused || *fused == "add_many_kernel<__nv_bfloat16>") << *fused;
+  for (std::size_t i = 0; i < outs.size(); ++i) {
+    if (outs[i].dtype == DType::f32)
+      EXPECT_EQ(download_raw(outs[i]), download_raw(outs_one[i])) << "triple " << i;
+    else
+      EXPECT_EQ(download_bits16(outs[i]), download_bits16(outs_one[i])) << "triple " << i;
   }
 }
 

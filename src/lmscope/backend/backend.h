@@ -159,6 +159,15 @@ class Backend {
     for (std::size_t i = 0; i < ins.size(); ++i) cast(ins[i], outs[i]);
   }
 
+  // outs[i] = as[i] + bs[i], the bits of add() one by one; where the backend has a fused kernel (CUDA),
+  // one launch for many (data parallelism's sums of gathered gradients). outs[i] may alias as[i] or
+  // bs[i], but no output may overlap another triple's inputs.
+  virtual void add_all(std::span<const Tensor> as, std::span<const Tensor> bs, std::span<const Tensor> outs) {
+    LMSCOPE_CHECK(as.size() == bs.size() && as.size() == outs.size(), "add_all of {}, {} and {} tensors", as.size(),
+                  bs.size(), outs.size());
+    for (std::size_t i = 0; i < as.size(); ++i) add(as[i], bs[i], outs[i]);
+  }
+
   virtual void gemm(const GemmArgs& g) = 0;
 
   // ids [N] i32, table [V, d] -> out [N, d]

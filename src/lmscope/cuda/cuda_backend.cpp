@@ -158,6 +158,33 @@ class CudaBackend final : public Backend {
     }
   }
 
+  void add_all(std::span<const Tensor> as, std::span<const Tensor> bs, std::span<const Tensor> outs) override {
+    LMSCOPE_CHECK(as.size() == bs.size() && as.size() == outs.size(), "add_all of {}, {} and {} tensors", as.size(),
+                  bs.size(), outs.size());
+    graphs_->note("add_all", as.size());
+    for (std::size_t i = 0; i < as.size(); ++i) {
+      same_shape(as[i], bs[i], "add_all");
+      same_shape(as[i], outs[i], "add_all out");
+      graphs_->note("add_all triple", as[i], bs[i], outs[i]);
+    }
+    if (graphs_->replaying()) return;
+    // One launch for each run of triples of one dtype throughout; a triple of mixed dtypes by itself.
+    std::vector<cuda::AddTriple> run;
+    auto one_dtype = [&](std::size_t i) { return as[i].dtype == bs[i].dtype && as[i].dtype == outs[i].dtype; };
+    for (std::size_t i = 0; i < as.size(); ++i) {
+      if (!one_dtype(i)) {
+        cuda::add(as[i].data, elem(as[i]), bs[i].data, elem(bs[i]), outs[i].data, elem(outs[i]), as[i].numel(),
+                  stream_);
+        continue;
+      }
+      run.push_back({as[i].data, bs[i].data, outs[i].data, as[i].numel()});
+      if (i + 1 == as.size() || !one_dtype(i + 1) || as[i + 1].dtype != as[i].dtype) {
+        cuda::add_many(run.data(), static_cast<std::int64_t>(run.size()), elem(as[i]), stream_);
+        run.clear();
+      }
+    }
+  }
+
   void set_collective_sms(int sms) override {
     LMSCOPE_CHECK(!graphs_->active(), "collectives beside a device graph");
     gemm_->set_held_sms(sms);

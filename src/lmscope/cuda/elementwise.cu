@@ -65,20 +65,42 @@ __global__ void cast_many_kernel(CastList<TI, TO> t) {
 // one by one. Data parallelism's all-gather sums every gradient this way after the backward (3 bf16
 // tensors of every parameter's size), which one element a thread left at about half the bandwidth.
 template <typename TA, typename TB, typename TO, int VEC>
+__device__ __forceinline__ void add_unit(std::int64_t j, const TA* a, const TB* b, TO* out, std::int64_t packs) {
+  if (j < packs) {
+    float x[VEC], y[VEC];
+    load<VEC>(a + j * VEC, x);
+    load<VEC>(b + j * VEC, y);
+    for (int k = 0; k < VEC; ++k) x[k] += y[k];
+    store<VEC>(out + j * VEC, x);
+  } else {
+    const std::int64_t i = (VEC - 1) * packs + j;
+    out[i] = st<TO>(ld(a[i]) + ld(b[i]));
+  }
+}
+
+template <typename TA, typename TB, typename TO, int VEC>
 __global__ void add_kernel(const TA* a, const TB* b, TO* out, std::int64_t n) {
   const std::int64_t packs = n / VEC;
-  GRID_STRIDE(j, cast_units(n, packs, VEC)) {
-    if (j < packs) {
-      float x[VEC], y[VEC];
-      load<VEC>(a + j * VEC, x);
-      load<VEC>(b + j * VEC, y);
-      for (int k = 0; k < VEC; ++k) x[k] += y[k];
-      store<VEC>(out + j * VEC, x);
-    } else {
-      const std::int64_t i = (VEC - 1) * packs + j;
-      out[i] = st<TO>(ld(a[i]) + ld(b[i]));
-    }
-  }
+  GRID_STRIDE(j, cast_units(n, packs, VEC)) add_unit<TA, TB, TO, VEC>(j, a, b, out, packs);
+}
+
+// add_kernel over up to kTensorsPerLaunch triples of one dtype, a chunk of one a block, as
+// cast_many_kernel (`packs` 0 for a triple not 16-byte aligned).
+template <typename T>
+struct AddList {
+  const T* a[kTensorsPerLaunch];
+  const T* b[kTensorsPerLaunch];
+  T* out[kTensorsPerLaunch];
+  std::int64_t n[kTensorsPerLaunch], packs[kTensorsPerLaunch];
+  ChunkEnds chunks;
+  int count;
+};
+
+template <typename T>
+__global__ void add_many_kernel(AddList<T> t) {
+  const auto [k, j] = chunk_place(t.chunks, t.count);
+  if (j < cast_units(t.n[k], t.packs[k], kPack<T>))
+    add_unit<T, T, T, kPack<T>>(j, t.a[k], t.b[k], t.out[k], t.packs[k]);
 }
 
 // SwiGLU moves 3 (forward) and 5 (backward) tensors of B·T·d_ff: VEC elements per 16-byte access
@@ -200,6 +222,29 @@ void add(const void* a, Elem ea, const void* b, Elem eb, void* out, Elem eout, s
     });
   });
   check_launch("add_kernel");
+}
+
+void add_many(const AddTriple* triples, std::int64_t count, Elem e, cudaStream_t s) {
+  with_elem(e, [&](auto t) {
+    using T = typename decltype(t)::type;
+    for (std::int64_t first = 0; first < count; first += kTensorsPerLaunch) {
+      const int k = static_cast<int>(std::min<std::int64_t>(kTensorsPerLaunch, count - first));
+      AddList<T> list{};
+      std::int64_t units[kTensorsPerLaunch];
+      for (int i = 0; i < k; ++i) {
+        const AddTriple& p = triples[first + i];
+        list.a[i] = static_cast<const T*>(p.a);
+        list.b[i] = static_cast<const T*>(p.b);
+        list.out[i] = static_cast<T*>(p.out);
+        list.n[i] = p.n;
+        list.packs[i] = aligned16({p.a, p.b, p.out}) ? p.n / kPack<T> : 0;
+        units[i] = cast_units(p.n, list.packs[i], kPack<T>);
+      }
+      list.count = k;
+      add_many_kernel<T><<<chunk_ends(units, k, list.chunks), kBlock, 0, s>>>(list);
+    }
+  });
+  check_launch("add_many_kernel");
 }
 
 void swiglu_forward(const void* a, const void* b, void* out, Elem e, std::int64_t n, cudaStream_t s) {

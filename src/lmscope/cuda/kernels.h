@@ -68,6 +68,15 @@ struct CastPair {
   std::int64_t n;
 };
 void cast_many(const CastPair* pairs, std::int64_t count, Elem ein, Elem eout, cudaStream_t s);
+// Triple i's n elements: out = a + b, all of one dtype, up to kTensorsPerLaunch triples a launch: the
+// bits of add() triple by triple.
+struct AddTriple {
+  const void* a;
+  const void* b;
+  void* out;
+  std::int64_t n;
+};
+void add_many(const AddTriple* triples, std::int64_t count, Elem e, cudaStream_t s);
 
 // rowwise.cu (x, weights, rstd, lse and the losses are fp32; the rest has the storage named)
 void embedding_forward(const std::int32_t* ids, const float* table, float* out, std::int64_t n, std::int64_t d,

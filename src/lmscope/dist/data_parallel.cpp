@@ -183,7 +183,8 @@ void GradientSync::finish(std::size_t b) {
   LMSCOPE_CHECK(f.work != nullptr, "bucket {} was never launched", b);
   f.work->wait();
   f.work.reset();
-  if (spec_.exchange == GradExchange::all_gather) sum_gathered(b);
+  if (spec_.exchange == GradExchange::all_gather)
+    unsummed_.insert(unsummed_.end(), buckets_[b].params.begin(), buckets_[b].params.end());
   if (!f.buffer.empty()) {
     std::vector<Parameter>& params = model_.parameters();
     std::int64_t at = 0;
@@ -197,21 +198,26 @@ void GradientSync::finish(std::size_t b) {
   pending_[b] = buckets_[b].params.size();
 }
 
-void GradientSync::sum_gathered(std::size_t b) {
+void GradientSync::sum_gathered() {
   // parts[0] + parts[1] + ... in rank order, each addition rounded to the gradient's dtype, into
   // parts[0] until the last, which writes this rank's part: every rank makes the same additions, so
   // every rank's sum has the same bits. Each addition reads a part before any later one writes it
   // (parts[0] is overwritten only as the running sum; this rank's is read before it is written).
-  Backend& be = model_.backend();
   const std::int64_t parts = comm_.size();
-  for (std::size_t p : buckets_[b].params) {
+  std::vector<Tensor> firsts, owns;
+  for (std::size_t p : unsummed_) {
     const Allocation& g = model_.parameters()[p].grad;
     const std::int64_t n = g.tensor().numel();
-    const Tensor block = g.block().view({parts, n});
-    const Tensor first = block.rows(0, 1).view({n});
-    for (std::int64_t r = 1; r < parts; ++r)
-      be.add(first, block.rows(r, 1).view({n}), r == parts - 1 ? g.tensor().view({n}) : first);
+    firsts.push_back(g.block().view({parts, n}).rows(0, 1).view({n}));
+    owns.push_back(g.tensor().view({n}));
   }
+  for (std::int64_t r = 1; r < parts; ++r) {
+    std::vector<Tensor> nexts;
+    for (const Tensor& first : firsts)
+      nexts.push_back(Tensor{first.as<char>() + r * first.bytes(), first.dtype, first.shape});
+    model_.backend().add_all(firsts, nexts, r == parts - 1 ? owns : firsts);
+  }
+  unsummed_.clear();
 }
 
 void GradientSync::after_backward(MicroBatch micro) {
@@ -220,6 +226,8 @@ void GradientSync::after_backward(MicroBatch micro) {
   for (std::size_t b = 0; b < buckets_.size(); ++b) {
     if (!launched) launch(b);
     finish(b);  // naive and flat: each collective waited for before the next starts
+    // The all-gather's sums go a few dozen gradients a launch, each batch once its buckets are in.
+    if (!unsummed_.empty() && (unsummed_.size() >= kSumBatch || b + 1 == buckets_.size())) sum_gathered();
   }
   if (beside_backward_) model_.backend().set_collective_sms(0);
   beside_backward_ = false;

@@ -87,7 +87,7 @@ class GradientSync {
   void gradient_ready(std::size_t param);
   void launch(std::size_t bucket);
   void finish(std::size_t bucket);
-  void sum_gathered(std::size_t bucket);  // the all-gather's: each gradient = its parts' sum
+  void sum_gathered();  // the all-gather's: each gradient in unsummed_ = its parts' sum
   Transformer& model_;
   Communicator& comm_;
   DataParallelSpec spec_;
@@ -100,7 +100,9 @@ class GradientSync {
     Allocation buffer;  // flat's: every gradient side by side
     std::unique_ptr<CollectiveWork> work;
   };
-  std::vector<InFlight> in_flight_;  // per bucket
+  std::vector<InFlight> in_flight_;             // per bucket
+  std::vector<std::size_t> unsummed_;           // all-gather: parameters gathered, not yet summed
+  static constexpr std::size_t kSumBatch = 48;  // gradients summed together (two of CUDA's launches)
 };
 
 }  // namespace lmscope::dist

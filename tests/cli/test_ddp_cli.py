@@ -122,6 +122,8 @@ class TwoRanks(FilesTest):
                 reference = self.one_process(*extra)
                 self.assertClose(self.train("two", *extra, "--ddp", "bucketed", "--bucket-mb", "0.01", ranks=2),
                                  reference, " ".join(extra))
+                self.assertClose(self.train("gathered", *extra, "--ddp", "bucketed", "--grad-exchange", "all-gather",
+                                            ranks=2), reference, "all-gather " + " ".join(extra))
                 self.assertClose(self.train("zero", *extra, "--zero", "1", ranks=2), reference, "zero " + " ".join(extra))
 
     def test_a_world_of_one_through_the_same_path_gives_the_same_bits(self):

@@ -119,16 +119,19 @@ void run_rank(int rank, Shared& sh, size_t bytes, int fewer) {
   ncclWindow_t window;
   CHECK_NCCL(ncclCommWindowRegister(comm, symmetric, bytes, &window, NCCL_WIN_COLL_SYMMETRIC));
   // The copy engines' all-gather: a communicator asked to use no blocks where it can
-  // (NCCL_CTA_POLICY_ZERO, NCCL 2.28), each rank's `bytes` gathered in place into a symmetric window
-  // of both ranks' (rank r's at r·bytes): as much of each rank's gradient as the all-reduce sums.
+  // (NCCL_CTA_POLICY_ZERO, NCCL 2.28 on; left out when built against older headers), each rank's
+  // `bytes` gathered in place into a symmetric window of both ranks' (rank r's at r·bytes): as much
+  // of each rank's gradient as the all-reduce sums.
+  ncclComm_t ce_comm = nullptr;
+  void* gathered = nullptr;
+  ncclWindow_t gathered_window{};
+#if NCCL_VERSION_CODE >= NCCL_VERSION(2, 28, 0)
   ncclConfig_t zero_cta = NCCL_CONFIG_INITIALIZER;
   zero_cta.CTAPolicy = NCCL_CTA_POLICY_ZERO;
-  ncclComm_t ce_comm;
   CHECK_NCCL(ncclCommSplit(comm, 0, rank, &ce_comm, &zero_cta));
-  void* gathered;
   CHECK_NCCL(ncclMemAlloc(&gathered, 2 * bytes));
-  ncclWindow_t gathered_window;
   CHECK_NCCL(ncclCommWindowRegister(ce_comm, gathered, 2 * bytes, &gathered_window, NCCL_WIN_COLL_SYMMETRIC));
+#endif
 
   struct Exchange {
     const char* kind;  // plain, symmetric, copy engines
@@ -137,6 +140,7 @@ void run_rank(int rank, Shared& sh, size_t bytes, int fewer) {
   for (const Exchange x :
        {Exchange{"plain", ncclFloat32}, Exchange{"plain", ncclBfloat16}, Exchange{"symmetric", ncclFloat32},
         Exchange{"symmetric", ncclBfloat16}, Exchange{"copy engines", ncclBfloat16}}) {
+    if (std::string(x.kind) == "copy engines" && !ce_comm) continue;
     const ncclDataType_t type = x.type;
     const bool gather = std::string(x.kind) == "copy engines";
     void* buf = gather ? gathered : std::string(x.kind) == "plain" ? plain : symmetric;
@@ -173,23 +177,23 @@ void run_rank(int rank, Shared& sh, size_t bytes, int fewer) {
     exchange(20);
     CHECK_CUDA(cudaEventRecord(b1, bg));
     CHECK_CUDA(cudaEventSynchronize(b1));
-    float ar_ms;
-    CHECK_CUDA(cudaEventElapsedTime(&ar_ms, b0, b1));
-    ar_ms /= 20;
+    float one_ms;
+    CHECK_CUDA(cudaEventElapsedTime(&one_ms, b0, b1));
+    one_ms /= 20;
     char line[512];
     std::snprintf(line, sizeof line, "%s %s of %.1f MiB a rank: %.3f ms alone, bus %.0f GB/s, %llu wrong", what.c_str(),
-                  gather ? "all-gather" : "all-reduce", bytes / 1048576.0, ar_ms, bytes / (ar_ms * 1e-3) / 1e9, bad);
+                  gather ? "all-gather" : "all-reduce", bytes / 1048576.0, one_ms, bytes / (one_ms * 1e-3) / 1e9, bad);
     say(line);
 
     for (const GemmShape& s : kShapes) {
       ProbeGemm gemm(lt, s, ops, workspace, workspace_bytes, fg);
-      // Per GEMM, ms: alone, or beside a loop of all-reduces that both ranks run alike (4x the
+      // Per GEMM, ms: alone, or beside a loop of the collective that both ranks run alike (4x the
       // slower rank's GEMM loop alone); says when the loop outlasted it.
       auto time_ms = [&](cublasLtMatmulDesc_t d, const cublasLtMatmulAlgo_t& algo, bool beside) {
         std::vector<float> t;
         int bg_reps = 0;
         if (beside) {
-          sh.reps[rank] = std::max(1, static_cast<int>(4 * gemm.loop_ms(d, algo) / ar_ms) + 1);
+          sh.reps[rank] = std::max(1, static_cast<int>(4 * gemm.loop_ms(d, algo) / one_ms) + 1);
           sh.both.arrive_and_wait();
           bg_reps = std::max(sh.reps[0], sh.reps[1]);
           sh.both.arrive_and_wait();
@@ -231,9 +235,11 @@ void run_rank(int rank, Shared& sh, size_t bytes, int fewer) {
     }
   }
   CHECK_CUDA(cudaDeviceSynchronize());
-  CHECK_NCCL(ncclCommWindowDeregister(ce_comm, gathered_window));
-  CHECK_NCCL(ncclMemFree(gathered));
-  CHECK_NCCL(ncclCommDestroy(ce_comm));
+  if (ce_comm) {
+    CHECK_NCCL(ncclCommWindowDeregister(ce_comm, gathered_window));
+    CHECK_NCCL(ncclMemFree(gathered));
+    CHECK_NCCL(ncclCommDestroy(ce_comm));
+  }
   CHECK_NCCL(ncclCommWindowDeregister(comm, window));
   CHECK_NCCL(ncclMemFree(symmetric));
   CHECK_NCCL(ncclCommDestroy(comm));

@@ -25,8 +25,8 @@ void ParallelFlags::add_to(CLI::App& app, bool with_world_size) {
   app.add_option("--grad-exchange", grad_exchange,
                  "With --ddp: how the ranks' gradients are summed: all-reduce (NCCL's or Gloo's), or all-gather "
                  "(every rank gathers every rank's gradients and adds them up after the backward, holding the "
-                 "world's size times the gradients; on GPUs with --symmetric-memory on, NCCL 2.28 or later moves "
-                 "them by the copy engines, leaving every SM to the backward)")
+                 "world's size times the gradients; on GPUs with --symmetric-memory on and NCCL 2.28.9 or later, "
+                 "NCCL moves them by the copy engines, leaving every SM to the backward)")
       ->capture_default_str();
   app.add_option("--bucket-mb", bucket_mb, "Bucket size of --ddp bucketed and of --zero 1's exchange (MiB)")
       ->capture_default_str();
@@ -96,8 +96,8 @@ ParallelFlags::Resolved ParallelFlags::resolve(std::int64_t global_batch, const 
         "way: leave them out");
   if (spec.exchange == dist::GradExchange::all_gather && app.count("--comm-sms") > 0)
     user_error(
-        "--comm-sms plans the backward beside an all-reduce's blocks; --grad-exchange all-gather holds none "
-        "on the copy engines: leave it out");
+        "--comm-sms plans the backward beside the all-reduce's blocks, and --grad-exchange all-gather is not "
+        "planned around (on the copy engines it holds no SMs): leave it out");
   if (app.count("--comm-sms") > 0 && (spec.mode == dist::DdpMode::naive || spec.mode == dist::DdpMode::flat))
     user_error(
         "--comm-sms plans the backward for an exchange beside it, and --ddp {} exchanges after it: use it "

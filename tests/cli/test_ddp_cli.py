@@ -249,7 +249,7 @@ class TwoRanks(FilesTest):
             ([*base, "--ddp", "flat", "--comm-sms", "8"], "overlap or bucketed"),
             ([*base, "--ddp", "bucketed", "--grad-exchange", "ring"], "unknown --grad-exchange"),
             ([*base, "--ddp", "flat", "--grad-exchange", "all-gather"], "naive, overlap or bucketed"),
-            ([*base, "--ddp", "bucketed", "--grad-exchange", "all-gather", "--comm-sms", "8"], "holds none"),
+            ([*base, "--ddp", "bucketed", "--grad-exchange", "all-gather", "--comm-sms", "8"], "not planned around"),
             (["launch", "--nproc", "2", "--", *base, "--zero", "1", "--grad-exchange", "all-gather"], "its own way"),
             (["launch", "--nproc", "2", "--", *base, "--zero", "1", "--symmetric-memory", "off"], "leave them out"),
             (["launch", "--nproc", "2", "--", *base, "--zero", "1", "--ddp", "flat"], "leave --ddp out"),

@@ -215,15 +215,15 @@ TEST_F(CudaVsCpu, AddInPacksGivesTheElementByElementBits) {
     gpu->add(x, y, y);              // in packs, into an input
     EXPECT_EQ(download_bits16(y), download_bits16(y_off)) << dtype_name(t);
   }
-  // add_all: many triples a launch (aligned, unaligned, one in f32 among bf16, outputs aliasing either
-  // input), the bits of add() one by one.
+  // add_all: many triples a launch (28 bf16 in a row: two launches; aligned and not; then one in f32
+  // and one of mixed dtypes; outputs aliasing either input), the bits of add() one by one.
   std::vector<Allocation> keep;
   std::vector<Tensor> as, bs, outs, outs_one;
   for (int i = 0; i < 30; ++i) {
     const std::int64_t m = 1 + 97 * i;
-    const DType t = i == 7 ? DType::f32 : DType::bf16;
+    const DType tx = i >= 28 ? DType::f32 : DType::bf16, ty = i == 28 ? DType::f32 : DType::bf16;
     for (int copy = 0; copy < 2; ++copy) {
-      Allocation x = gpu->allocator().allocate({m + 1}, t, {}), y = gpu->allocator().allocate({m + 1}, t, {});
+      Allocation x = gpu->allocator().allocate({m + 1}, tx, {}), y = gpu->allocator().allocate({m + 1}, ty, {});
       gpu->cast(a.gpu.tensor().rows(0, m + 1), x);
       gpu->cast(b.gpu.tensor().rows(i, m + 1), y);
       const Tensor xs = i % 3 == 1 ? x.tensor().rows(1, m) : x.tensor().rows(0, m);

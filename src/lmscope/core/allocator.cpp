@@ -95,8 +95,9 @@ void Allocation::reset() {
 
 void Allocation::narrow(const Tensor& part) {
   const auto begin = reinterpret_cast<std::uintptr_t>(block_.data), at = reinterpret_cast<std::uintptr_t>(part.data);
-  LMSCOPE_CHECK(owner_ && at >= begin && at + part.bytes() <= begin + block_.bytes(),
-                "a part of {} bytes at +{} of a block of {}", part.bytes(), at - begin, block_.bytes());
+  LMSCOPE_CHECK(owner_ && part.dtype == block_.dtype && at >= begin && at + part.bytes() <= begin + block_.bytes(),
+                "a part of {} bytes at {:+} of a block of {}", part.bytes(),
+                static_cast<std::int64_t>(at) - static_cast<std::int64_t>(begin), block_.bytes());
   tensor_ = part;
 }
 

@@ -62,8 +62,9 @@ __global__ void cast_many_kernel(CastList<TI, TO> t) {
 }
 
 // By units as cast_kernel: packs of VEC elements (16-byte accesses for the widest type), then the rest
-// one by one. Data parallelism's all-gather sums every gradient this way after the backward (3 bf16
-// tensors of every parameter's size), which one element a thread left at about half the bandwidth.
+// one by one. Data parallelism's all-gather sums every gradient this way after the backward (over two
+// ranks, 3 bf16 tensors of every parameter's size), which one element a thread left at about half the
+// bandwidth.
 template <typename TA, typename TB, typename TO, int VEC>
 __device__ __forceinline__ void add_unit(std::int64_t j, const TA* a, const TB* b, TO* out, std::int64_t packs) {
   if (j < packs) {

@@ -36,10 +36,7 @@ class ShapeOnlyCommunicator final : public Communicator {
   }
   using Communicator::all_gather_async;
   std::unique_ptr<CollectiveWork> all_gather_async(std::span<const Tensor> ins, std::span<const Tensor> outs) override {
-    LMSCOPE_CHECK(ins.size() == outs.size(), "all-gather of {} tensors into {}", ins.size(), outs.size());
-    for (std::size_t i = 0; i < ins.size(); ++i)
-      LMSCOPE_CHECK(outs[i].numel() == ins[i].numel() * size_, "all-gather of {} into {}", ins[i].numel(),
-                    outs[i].numel());
+    check_all_gather(ins, outs);
     return std::make_unique<Done>();
   }
   std::unique_ptr<CollectiveWork> broadcast_async(const Tensor&, int) override { return std::make_unique<Done>(); }
@@ -52,6 +49,13 @@ class ShapeOnlyCommunicator final : public Communicator {
 };
 
 }  // namespace
+
+void Communicator::check_all_gather(std::span<const Tensor> ins, std::span<const Tensor> outs) const {
+  LMSCOPE_CHECK(ins.size() == outs.size(), "all-gather of {} tensors into {}", ins.size(), outs.size());
+  for (std::size_t i = 0; i < ins.size(); ++i)
+    LMSCOPE_CHECK(ins[i].dtype == outs[i].dtype && outs[i].numel() == ins[i].numel() * size(),
+                  "all-gather of {} into {}", ins[i].numel(), outs[i].numel());
+}
 
 std::unique_ptr<Communicator> make_shape_only_communicator(int rank, int size) {
   return std::make_unique<ShapeOnlyCommunicator>(rank, size);

@@ -81,6 +81,10 @@ class Communicator {
   void reduce_scatter(const Tensor& in, const Tensor& out) { reduce_scatter_async(in, out)->wait(); }
   void all_gather(const Tensor& in, const Tensor& out) { all_gather_async(in, out)->wait(); }
   void broadcast(const Tensor& t, int root) { broadcast_async(t, root)->wait(); }
+
+ protected:
+  // all_gather_async's arguments: as many of each, each out the world's size times its in, one dtype.
+  void check_all_gather(std::span<const Tensor> ins, std::span<const Tensor> outs) const;
 };
 
 // What NCCL is asked for (Gloo has no such things): max_ctas > 0 caps the blocks (so the SMs) a

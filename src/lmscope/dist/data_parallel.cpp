@@ -106,6 +106,7 @@ GradientSync::GradientSync(Transformer& model, Communicator& comm, const DataPar
   pending_.resize(buckets_.size());
   in_flight_.resize(buckets_.size());
   for (std::size_t b = 0; b < buckets_.size(); ++b) pending_[b] = buckets_[b].params.size();
+  if (spec.exchange == GradExchange::all_gather) model.set_gradient_parts(comm.size(), comm.rank());
   if (spec.symmetric_memory) {
     // Room for every gradient at once (they all live from the backward to the optimizer), and for
     // flat's buffer of them all beside.
@@ -118,7 +119,6 @@ GradientSync::GradientSync(Transformer& model, Communicator& comm, const DataPar
     model.backend().allocator().open_region(MemKind::gradient, bytes, {MemKind::gradient, "ddp.symmetric_memory", -1},
                                             comm.symmetric_memory());
   }
-  if (spec.exchange == GradExchange::all_gather) model.set_gradient_parts(comm.size(), comm.rank());
   // Overlapping modes start a bucket's collective from the backward itself (hooked last: nothing
   // after it can throw and leave the model calling a GradientSync that was never made).
   if (spec.mode == DdpMode::overlap || spec.mode == DdpMode::bucketed)
@@ -128,7 +128,15 @@ GradientSync::GradientSync(Transformer& model, Communicator& comm, const DataPar
 GradientSync::~GradientSync() {
   model_.set_gradient_ready({});
   if (spec_.exchange == GradExchange::all_gather) {
-    // The next gradients are blocks of one again; ones still held (a step that threw) go first.
+    // The next gradients are blocks of one again; ones still held (a step that threw) go first, after
+    // the collectives that may still write into them (the backend's stream waits for them).
+    for (InFlight& f : in_flight_) {
+      try {
+        if (f.work) f.work->wait();
+      } catch (const std::exception&) {
+        // Unwinding from a failure already; the communicator synchronises as it goes.
+      }
+    }
     for (Parameter& p : model_.parameters()) p.grad.reset();
     model_.set_gradient_parts(1, 0);
   }

@@ -100,9 +100,10 @@ class GradientSync {
     Allocation buffer;  // flat's: every gradient side by side
     std::unique_ptr<CollectiveWork> work;
   };
-  std::vector<InFlight> in_flight_;             // per bucket
-  std::vector<std::size_t> unsummed_;           // all-gather: parameters gathered, not yet summed
-  static constexpr std::size_t kSumBatch = 48;  // gradients summed together (two of CUDA's launches)
+  std::vector<InFlight> in_flight_;    // per bucket
+  std::vector<std::size_t> unsummed_;  // all-gather: parameters gathered, not yet summed
+  // Gradients summed together: on CUDA two launches for each of the world's size - 1 additions.
+  static constexpr std::size_t kSumBatch = 48;
 };
 
 }  // namespace lmscope::dist

@@ -105,10 +105,7 @@ class GlooCommunicator final : public Communicator {
 
   using Communicator::all_gather_async;
   std::unique_ptr<CollectiveWork> all_gather_async(std::span<const Tensor> ins, std::span<const Tensor> outs) override {
-    LMSCOPE_CHECK(ins.size() == outs.size(), "all-gather of {} tensors into {}", ins.size(), outs.size());
-    for (std::size_t i = 0; i < ins.size(); ++i)
-      LMSCOPE_CHECK(ins[i].dtype == outs[i].dtype && outs[i].numel() == ins[i].numel() * world_.size,
-                    "all-gather of {} into {}", ins[i].numel(), outs[i].numel());
+    check_all_gather(ins, outs);
     return queue("all-gather", [this, ins = std::vector<Tensor>(ins.begin(), ins.end()),
                                 outs = std::vector<Tensor>(outs.begin(), outs.end())] {
       for (std::size_t i = 0; i < ins.size(); ++i) {

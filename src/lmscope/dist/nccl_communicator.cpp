@@ -70,6 +70,7 @@ class NcclWork final : public CollectiveWork {
 struct Windows {
   ncclComm_t comm = nullptr;  // null once the communicator is gone
   int rank = 0;
+  bool copy_engines = false;                               // CommunicatorOptions's (what a missing window costs)
   std::vector<std::pair<void*, ncclWindow_t>> registered;  // in the order made, the same on every rank
   std::vector<void*> given_back;
   bool registered_here(void* p) const {
@@ -102,8 +103,10 @@ class NcclCommunicator final : public Communicator {
 #if NCCL_VERSION_CODE >= NCCL_VERSION(2, 28, 0)
       config.CTAPolicy = NCCL_CTA_POLICY_ZERO;
 #else
-      throw Unsupported(fmt::format("NCCL's copy-engine collectives came with 2.28; this build has NCCL's {} headers",
-                                    nccl_version_text(NCCL_VERSION_CODE)));
+      throw Unsupported(
+          fmt::format("NCCL's copy-engine collectives came with 2.28, and this build has NCCL's {} headers: use "
+                      "--grad-exchange all-reduce, or build against a newer NCCL",
+                      nccl_version_text(NCCL_VERSION_CODE)));
 #endif
     }
     LMSCOPE_NCCL_CHECK(ncclCommInitRankConfig(&comm_, world.size, id, world.rank, &config), "initialisation");
@@ -111,6 +114,7 @@ class NcclCommunicator final : public Communicator {
 #if LMSCOPE_NCCL_WINDOWS
     windows_->comm = comm_;
     windows_->rank = rank_;
+    windows_->copy_engines = options.copy_engines;
 #endif
   }
 
@@ -170,10 +174,7 @@ class NcclCommunicator final : public Communicator {
 
   using Communicator::all_gather_async;
   std::unique_ptr<CollectiveWork> all_gather_async(std::span<const Tensor> ins, std::span<const Tensor> outs) override {
-    LMSCOPE_CHECK(ins.size() == outs.size(), "all-gather of {} tensors into {}", ins.size(), outs.size());
-    for (std::size_t i = 0; i < ins.size(); ++i)
-      LMSCOPE_CHECK(ins[i].dtype == outs[i].dtype && outs[i].numel() == ins[i].numel() * size_,
-                    "all-gather of {} into {}", ins[i].numel(), outs[i].numel());
+    check_all_gather(ins, outs);
     return launch([&] {
       LMSCOPE_NCCL_CHECK(ncclGroupStart(), "group start");  // closed whatever fails, as all-reduce's
       ncclResult_t first = ncclSuccess;
@@ -223,9 +224,12 @@ class NcclCommunicator final : public Communicator {
       // NCCL answers with no window where its symmetric kernels cannot run (GPUs without peer access,
       // NCCL_WIN_ENABLE=0): the memory still serves, the all-reduce is the ring's.
       if (!window && w->rank == 0)
-        fmt::print(stderr,
-                   "lmscope: NCCL made no symmetric window here; the gradients' all-reduce runs on its ring "
-                   "(give --comm-sms 0 then, or --symmetric-memory off)\n");
+        fmt::print(stderr, "{}",
+                   w->copy_engines
+                       ? "lmscope: NCCL made no symmetric window here; the gradients' all-gather runs as NCCL's "
+                         "kernel, not on the copy engines\n"
+                       : "lmscope: NCCL made no symmetric window here; the gradients' all-reduce runs on its ring "
+                         "(give --comm-sms 0 then, or --symmetric-memory off)\n");
       w->registered.emplace_back(p, window);
       return p;
     };

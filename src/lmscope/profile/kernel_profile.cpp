@@ -26,7 +26,9 @@ const char* kernel_category(std::string_view name) {
   if (has("cross_entropy_") || has("loss_")) return "loss";
   if (has("embedding_")) return "embedding";
   if (has("adamw_") || has("sum_squares_") || has("sum_partials_sqrt")) return "optimizer";
-  if (has("add_kernel") || has("cast_kernel") || has("cast_many_kernel") || has("fill_kernel")) return "elementwise";
+  if (has("add_kernel") || has("add_many_kernel") || has("cast_kernel") || has("cast_many_kernel") ||
+      has("fill_kernel"))
+    return "elementwise";
   return "other";
 }
 

@@ -159,11 +159,45 @@ TEST_F(CudaVsCpu, RmsNormDwSameBitsWhateverColumnsAThread) {
     const auto [kept, unaligned] = shifted_copy(dy.gpu);
     const auto pairs = launched("rmsnorm_backward_dw_kernel",
                                 [&] { gpu->rmsnorm_backward(dy.gpu, x.gpu, w.gpu, r.gpu, dx.gpu, dw.gpu); });
-    EXPECT_TRUE(!pairs || pairs->ends_with(", 2>")) << *pairs;
+    EXPECT_TRUE(!pairs || pairs->ends_with(", 2, true>")) << *pairs;
     const auto ones = launched("rmsnorm_backward_dw_kernel",
                                [&] { gpu->rmsnorm_backward(unaligned, x.gpu, w.gpu, r.gpu, dx.gpu, dw1.gpu); });
-    EXPECT_TRUE(!ones || ones->ends_with(", 1>")) << *ones;
+    EXPECT_TRUE(!ones || ones->ends_with(", 1, true>")) << *ones;
     EXPECT_EQ(download(*gpu, dw.gpu), download(*gpu, dw1.gpu));
+  }
+}
+
+// With four rows or more for each of the dx kernel's 1024 blocks, it also sums dw's terms into partials
+// (rmsnorm_backward_dx_dw_kernel) and a second kernel adds them: the CPU's dx and dw, plain and fused
+// with the residual's gradient, and dx the very bits of the kernel without partials, which row by row
+// computes the same (the first 37 rows alone take that one). N 4133: rows that do not fill the last
+// round of blocks; d 203: one element a thread.
+TEST_F(CudaVsCpu, RmsNormBackwardWithDwPartials) {
+  for (const std::int64_t d : {1280, 203}) {
+    SCOPED_TRACE(d);
+    const std::int64_t N = 4133, few = 37;
+    auto x = random({N, d}), w = random({d}), dy = random({N, d}), dres = random({N, d});
+    auto y = output({N, d}), r = output({N}), dx = output({N, d}), dw = output({d});
+    auto dxf = output({N, d}), dwf = output({d});
+    const auto kernel = launched("rmsnorm_backward_dx_dw_kernel", [&] { rmsnorm_on_both(x, w, dy, y, r, dx, dw); });
+    EXPECT_TRUE(!kernel || kernel->ends_with(d % 4 == 0 ? ", 4>" : ", 1>")) << *kernel;
+    expect_close(dx, kFp32, "rmsnorm dx");
+    expect_close(dw, kFp32, "rmsnorm dw");
+    for (Backend* b : {cpu.get(), gpu.get()}) {
+      const bool c = b == cpu.get();
+      b->rmsnorm_backward_add(c ? dy.cpu : dy.gpu, c ? x.cpu : x.gpu, c ? w.cpu : w.gpu, c ? r.cpu : r.gpu,
+                              c ? dres.cpu : dres.gpu, c ? dxf.cpu : dxf.gpu, c ? dwf.cpu : dwf.gpu);
+    }
+    expect_close(dxf, kFp32, "fused rmsnorm dx");
+    EXPECT_EQ(download(*gpu, dwf.gpu), download(*gpu, dw.gpu));
+    auto dx_few = output({few, d}), dw_few = output({d});
+    const auto plain = launched("rmsnorm_backward_dx_kernel", [&] {
+      gpu->rmsnorm_backward(dy.gpu.tensor().rows(0, few), x.gpu.tensor().rows(0, few), w.gpu,
+                            r.gpu.tensor().rows(0, few), dx_few.gpu, dw_few.gpu);
+    });
+    EXPECT_TRUE(!plain || plain->starts_with("rmsnorm_backward_dx_kernel<")) << *plain;
+    const std::vector<float> all = download_raw(dx.gpu), first = download_raw(dx_few.gpu);
+    EXPECT_EQ(std::vector<float>(all.begin(), all.begin() + few * d), first);
   }
 }
 
@@ -600,13 +634,30 @@ TEST_P(LowpVsCpu, RmsNormDwFromWidePacks) {
     const auto [kept, unaligned] = shifted_copy(dyb);
     const auto pairs = launched("rmsnorm_backward_dw_kernel",
                                 [&] { gpu->rmsnorm_backward(dyb, x.gpu, w.gpu, r.gpu, dx.gpu, dw.gpu); });
-    EXPECT_TRUE(!pairs || pairs->ends_with(", 2>")) << *pairs;
+    EXPECT_TRUE(!pairs || pairs->ends_with(", 2, true>")) << *pairs;
     expect_close(dw, kLowp, "rmsnorm dw from a 16-bit gradient");
     const auto ones = launched("rmsnorm_backward_dw_kernel",
                                [&] { gpu->rmsnorm_backward(unaligned, x.gpu, w.gpu, r.gpu, dx.gpu, dw1.gpu); });
-    EXPECT_TRUE(!ones || ones->ends_with(", 1>")) << *ones;
+    EXPECT_TRUE(!ones || ones->ends_with(", 1, true>")) << *ones;
     EXPECT_EQ(download(*gpu, dw.gpu), download(*gpu, dw1.gpu));
   }
+}
+
+// The dx kernel that also sums dw's terms (RmsNormBackwardWithDwPartials) from a 16-bit gradient
+// (8-byte loads of it): the CPU's values.
+TEST_P(LowpVsCpu, RmsNormBackwardWithDwPartials) {
+  const std::int64_t N = 4133, d = 1280;
+  auto x = random({N, d}), w = random({d}), r = output({N}), dy = random({N, d}), y = output({N, d});
+  auto dx = output({N, d}), dw = output({d});
+  cpu->rmsnorm_forward(x.cpu, w.cpu, y.cpu, r.cpu, 1e-5);
+  cpu->rmsnorm_backward(dy.cpu, x.cpu, w.cpu, r.cpu, dx.cpu, dw.cpu);
+  gpu->rmsnorm_forward(x.gpu, w.gpu, y.gpu, r.gpu, 1e-5);
+  Allocation dyb = lowp(dy);
+  const auto kernel = launched("rmsnorm_backward_dx_dw_kernel",
+                               [&] { gpu->rmsnorm_backward(dyb, x.gpu, w.gpu, r.gpu, dx.gpu, dw.gpu); });
+  EXPECT_TRUE(!kernel || kernel->ends_with(", 4>")) << *kernel;
+  expect_close(dx, kLowp, "rmsnorm dx from a 16-bit gradient");
+  expect_close(dw, kLowp, "rmsnorm dw from a 16-bit gradient");
 }
 
 TEST_P(LowpVsCpu, RowOps) {

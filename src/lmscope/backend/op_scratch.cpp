@@ -52,6 +52,11 @@ Allocation cuda_cross_entropy(Allocator& mem, std::int64_t rows) {
   return mem.allocate({rows}, DType::f32, {MemKind::workspace, "cross_entropy.row_loss", -1});
 }
 
+Allocation cuda_rmsnorm_backward(Allocator& mem, std::int64_t rows, std::int64_t d) {
+  if (rows < kRmsNormDwBlocks * kRmsNormDwMinRows || d > kRmsNormDwMaxD) return {};
+  return floats(mem, kRmsNormDwBlocks * d, "rmsnorm.dw_partials");
+}
+
 Allocation cuda_global_norm(Allocator& mem, std::size_t tensors) {
   return mem.allocate({static_cast<std::int64_t>(tensors) * kGlobalNormBlocks}, DType::f64,
                       {MemKind::workspace, "global_norm.partials", -1});

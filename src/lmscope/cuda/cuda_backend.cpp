@@ -25,6 +25,11 @@ float* f32(const Tensor& t) {
   LMSCOPE_CHECK(t.dtype == DType::f32, "this CUDA op takes f32 here, got {}", dtype_name(t.dtype));
   return t.as<float>();
 }
+// RMSNorm backward's partial sums of dw, or none (scratch::cuda_rmsnorm_backward).
+float* dw_partials(const Allocation& a) {
+  static_assert(scratch::kRmsNormDwBlocks == cuda::kRmsNormDwBlocks);
+  return a.empty() ? nullptr : f32(a);
+}
 // A gradient, or a tensor the global norm reads: f32, or bf16 (--grad-dtype bf16).
 const void* grad_data(const Tensor& t) {
   LMSCOPE_CHECK(t.dtype == DType::f32 || t.dtype == DType::bf16, "gradients are f32 or bf16 here, got {}",
@@ -215,10 +220,11 @@ class CudaBackend final : public Backend {
   }
   void rmsnorm_backward(const Tensor& dout, const Tensor& x, const Tensor& w, const Tensor& rstd, const Tensor& dx,
                         const Tensor& dw) override {
-    if (graphs_->skip("rmsnorm_backward", dout, x, w, rstd, dx, dw)) return;
-    const std::int64_t d = x.dim(-1);
-    cuda::rmsnorm_backward(dout.data, elem(dout), f32(x), f32(w), f32(rstd), nullptr, f32(dx), f32(dw), x.numel() / d,
-                           d, stream_);
+    const std::int64_t d = x.dim(-1), n = x.numel() / d;
+    const Allocation partials = scratch::cuda_rmsnorm_backward(alloc_, n, d);
+    if (graphs_->skip("rmsnorm_backward", dout, x, w, rstd, dx, dw, partials.tensor())) return;
+    cuda::rmsnorm_backward(dout.data, elem(dout), f32(x), f32(w), f32(rstd), nullptr, f32(dx), f32(dw),
+                           dw_partials(partials), n, d, stream_);
   }
   void add_rmsnorm_forward(const Tensor& x, const Tensor& y, const Tensor& h, const Tensor& w, const Tensor& out,
                            const Tensor& rstd, double eps) override {
@@ -232,10 +238,11 @@ class CudaBackend final : public Backend {
   void rmsnorm_backward_add(const Tensor& dout, const Tensor& x, const Tensor& w, const Tensor& rstd,
                             const Tensor& dresidual, const Tensor& dx, const Tensor& dw) override {
     same_shape(x, dresidual, "rmsnorm_backward_add dresidual");
-    if (graphs_->skip("rmsnorm_backward_add", dout, x, w, rstd, dresidual, dx, dw)) return;
-    const std::int64_t d = x.dim(-1);
+    const std::int64_t d = x.dim(-1), n = x.numel() / d;
+    const Allocation partials = scratch::cuda_rmsnorm_backward(alloc_, n, d);
+    if (graphs_->skip("rmsnorm_backward_add", dout, x, w, rstd, dresidual, dx, dw, partials.tensor())) return;
     cuda::rmsnorm_backward(dout.data, elem(dout), f32(x), f32(w), f32(rstd), f32(dresidual), f32(dx), f32(dw),
-                           x.numel() / d, d, stream_);
+                           dw_partials(partials), n, d, stream_);
   }
 
   void split_heads(const Tensor& in, const Tensor& out, double theta) override {

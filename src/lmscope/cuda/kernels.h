@@ -88,9 +88,13 @@ void rmsnorm_forward(const float* x, const float* w, void* out, Elem eout, float
 // h = x + y (y stored as ey), then the RMSNorm of h: add and rmsnorm_forward's values in one pass.
 void add_rmsnorm_forward(const float* x, const void* y, Elem ey, float* h, const float* w, void* out, Elem eout,
                          float* rstd, std::int64_t n, std::int64_t d, float eps, cudaStream_t s);
-// dresidual (nullable): added to dx in the same pass, as add after the backward would.
+// dresidual (nullable): added to dx in the same pass, as add after the backward would. dw_partials
+// (nullable, [kRmsNormDwBlocks, d]): the dx kernel also sums dy·x·r over its rows, a block's sums a row
+// of them, then dw adds the rows; without, a second kernel reads dy and x again for dw.
+inline constexpr int kRmsNormDwBlocks = 1024;
 void rmsnorm_backward(const void* dout, Elem edout, const float* x, const float* w, const float* rstd,
-                      const float* dresidual, float* dx, float* dw, std::int64_t n, std::int64_t d, cudaStream_t s);
+                      const float* dresidual, float* dx, float* dw, float* dw_partials, std::int64_t n, std::int64_t d,
+                      cudaStream_t s);
 void softmax_forward(const void* scores, void* probs, Elem e, std::int64_t rows, std::int64_t tq, std::int64_t tk,
                      float scale, bool causal, cudaStream_t s);
 void softmax_backward(const void* probs, const void* dprobs, void* dscores, Elem e, std::int64_t rows, std::int64_t tk,

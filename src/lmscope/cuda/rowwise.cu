@@ -156,17 +156,73 @@ __global__ void rmsnorm_backward_dx_kernel(const TD* dout, const float* x, const
   }
 }
 
-// dw[j] = Σ_rows dy·x·r, in a fixed order (deterministic, no atomics): a block takes 32·V columns,
-// its thread (lane, g) V consecutive columns of rows g, g + 16·RANKS, ... (one load of V elements of
-// each row, four rows' loads issued before their sums), then the threads g < V add the 16 row
-// groups' sums of a column in order. d/(32·V) blocks alone leave most SMs idle, so on Hopper RANKS = 8
-// blocks of a cluster share a column tile's rows, and rank 0 adds their sums from distributed shared
-// memory in rank order: eight times the blocks, and no scratch memory to account for. V (2 where d
-// and the rows' alignment allow, else 1) changes which thread sums a column, not the order of its
-// sum, so both give the same bits. One row's loads in flight left the kernel at 35% of its memory
-// floor; the shape kept was timed against others (docs/speed.md, "RMSNorm's weight gradient").
+// The dx kernel's values, and dw's sums a block at a time: block b takes rows b, b + G, b + 2G, ...
+// (G blocks) and each thread adds dy·x·r of the elements it loads into its own columns' sums in
+// shared memory (a thread loads the same columns in every row, so no two threads add to one column
+// and no barrier guards them); the block's sums go to partials[b]. dy and x are read once for both
+// gradients, leaving dw a sum of the G rows of partials (rmsnorm_backward_dw_kernel, unscaled):
+// 8 bytes an element of the rows over the rows a block, where the dw kernel alone reads 6. The
+// 1024 blocks are one wave on 132 SMs only at 8 blocks an SM, so at most 32 registers a thread: with
+// the 40 the compiler chose it made 6 an SM and two waves (H100, large ctx 1024: 35.4 µs a call
+// against the dx kernel's 26.9, where the partials' bytes add 1.7).
+template <typename TD, int N>
+__global__ void __launch_bounds__(256, 8)
+    rmsnorm_backward_dx_dw_kernel(const TD* dout, const float* x, const float* w, const float* rstd,
+                                  const float* dresidual, float* dx, float* partials, std::int64_t n, int d) {
+  extern __shared__ float column_sums[];
+  const int first = threadIdx.x * N, step = blockDim.x * N;
+  for (int j = first; j < d; j += step)
+#pragma unroll
+    for (int k = 0; k < N; ++k) column_sums[j + k] = 0;
+  for (std::int64_t row = blockIdx.x; row < n; row += gridDim.x) {
+    const float* xr = x + row * d;
+    const TD* gr = dout + row * d;
+    float dot = 0;
+    for (int j = first; j < d; j += step) {
+      float xv[N], wv[N], gv[N];
+      load(xr + j, xv);
+      load(w + j, wv);
+      load(gr + j, gv);
+#pragma unroll
+      for (int k = 0; k < N; ++k) dot += xv[k] * wv[k] * gv[k];
+    }
+    const float r = rstd[row], c = r * r * r * block_sum(dot) / static_cast<float>(d);
+#pragma unroll 1  // unrolled, this loop spilled at 32 registers
+    for (int j = first; j < d; j += step) {
+      float xv[N], wv[N], gv[N], rv[N] = {}, out[N];
+      load(xr + j, xv);
+      load(w + j, wv);
+      load(gr + j, gv);
+      if (dresidual) load(dresidual + row * d + j, rv);
+#pragma unroll
+      for (int k = 0; k < N; ++k) {
+        const float g = r * wv[k] * gv[k] - xv[k] * c;
+        out[k] = dresidual ? g + rv[k] : g;
+        column_sums[j + k] += gv[k] * xv[k] * r;
+      }
+      store(dx + row * d + j, out);
+    }
+  }
+  for (int j = first; j < d; j += step) {
+    float sums[N];
+#pragma unroll
+    for (int k = 0; k < N; ++k) sums[k] = column_sums[j + k];
+    store(partials + std::int64_t{blockIdx.x} * d + j, sums);
+  }
+}
+
+// dw[j] = Σ_rows dy·x·r (SCALED), or Σ_rows dy (the dx kernel's partial sums), in a fixed order
+// (deterministic, no atomics): a block takes 32·V columns, its thread (lane, g) V consecutive columns
+// of rows g, g + 16·RANKS, ... (one load of V elements of each row, four rows' loads issued before
+// their sums), then the threads g < V add the 16 row groups' sums of a column in order. d/(32·V)
+// blocks alone leave most SMs idle, so on Hopper RANKS = 8 blocks of a cluster share a column tile's
+// rows, and rank 0 adds their sums from distributed shared memory in rank order: eight times the
+// blocks, and no scratch memory to account for. V (2 where d and the rows' alignment allow, else 1)
+// changes which thread sums a column, not the order of its sum, so both give the same bits. One row's
+// loads in flight left the kernel at 35% of its memory floor; the shape kept was timed against
+// others (docs/speed.md, "RMSNorm's weight gradient").
 constexpr int kDwLanes = 32, kDwRowGroups = 16, kDwClusterRanks = 8, kDwUnroll = 4;
-template <typename TD, int RANKS, int V>
+template <typename TD, int RANKS, int V, bool SCALED>
 __global__ void __launch_bounds__(kDwLanes* kDwRowGroups)
     rmsnorm_backward_dw_kernel(const TD* dout, const float* x, const float* rstd, float* dw, std::int64_t n,
                                std::int64_t d) {
@@ -183,20 +239,22 @@ __global__ void __launch_bounds__(kDwLanes* kDwRowGroups)
 #pragma unroll
       for (int u = 0; u < kDwUnroll; ++u) {
         load(dout + (r + u * stride) * d + j, g[u]);
-        load(x + (r + u * stride) * d + j, xv[u]);
-        rs[u] = rstd[r + u * stride];
+        if constexpr (SCALED) {
+          load(x + (r + u * stride) * d + j, xv[u]);
+          rs[u] = rstd[r + u * stride];
+        }
       }
 #pragma unroll
       for (int u = 0; u < kDwUnroll; ++u)
 #pragma unroll
-        for (int c = 0; c < V; ++c) acc[c] += g[u][c] * xv[u][c] * rs[u];
+        for (int c = 0; c < V; ++c) acc[c] += SCALED ? g[u][c] * xv[u][c] * rs[u] : g[u][c];
     }
     for (; r < n; r += stride) {
       float g[V], xv[V];
       load(dout + r * d + j, g);
-      load(x + r * d + j, xv);
+      if constexpr (SCALED) load(x + r * d + j, xv);
 #pragma unroll
-      for (int c = 0; c < V; ++c) acc[c] += g[c] * xv[c] * rstd[r];
+      for (int c = 0; c < V; ++c) acc[c] += SCALED ? g[c] * xv[c] * rstd[r] : g[c];
     }
   }
 #pragma unroll
@@ -235,7 +293,7 @@ bool dw_clusters() {
     cudaFuncAttributes attr{};
     return cudaGetDevice(&device) == cudaSuccess &&
            cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device) == cudaSuccess && major >= 9 &&
-           cudaFuncGetAttributes(&attr, rmsnorm_backward_dw_kernel<float, kDwClusterRanks, 1>) == cudaSuccess &&
+           cudaFuncGetAttributes(&attr, rmsnorm_backward_dw_kernel<float, kDwClusterRanks, 1, true>) == cudaSuccess &&
            attr.ptxVersion >= 90;
   }();
   return ok;
@@ -245,6 +303,44 @@ bool dw_clusters() {
 // same bits either way).
 int dw_columns_per_thread(std::int64_t d, const void* dy, std::size_t dy_bytes, const float* x) {
   return packs_fit(d, 2, {{dy, dy_bytes}, {x, sizeof(float)}}) ? 2 : 1;
+}
+
+// dw from the n rows of dy (and x and rstd where SCALED; else dy's rows are sums to add).
+template <typename TD, bool SCALED>
+void launch_dw(const TD* dy, const float* x, const float* rstd, float* dw, std::int64_t n, std::int64_t d,
+               cudaStream_t s) {
+  const int ranks = dw_clusters() ? kDwClusterRanks : 1;
+  const int v = dw_columns_per_thread(d, dy, sizeof(TD), x);
+  const auto tiles = static_cast<unsigned>((d + kDwLanes * v - 1) / (kDwLanes * v));
+  auto launch = [&](auto columns) {
+    constexpr int V = decltype(columns)::value;
+    if (ranks == 1) {
+      rmsnorm_backward_dw_kernel<TD, 1, V, SCALED>
+          <<<tiles, dim3(kDwLanes, kDwRowGroups), 0, s>>>(dy, x, rstd, dw, n, d);
+      return;
+    }
+    cudaLaunchAttribute cluster{};
+    cluster.id = cudaLaunchAttributeClusterDimension;
+    cluster.val.clusterDim.x = 1;
+    cluster.val.clusterDim.y = kDwClusterRanks;
+    cluster.val.clusterDim.z = 1;
+    cudaLaunchConfig_t config{};
+    config.gridDim = dim3(tiles, kDwClusterRanks);
+    config.blockDim = dim3(kDwLanes, kDwRowGroups);
+    config.stream = s;
+    config.attrs = &cluster;
+    config.numAttrs = 1;
+    const cudaError_t err =
+        cudaLaunchKernelEx(&config, rmsnorm_backward_dw_kernel<TD, kDwClusterRanks, V, SCALED>, dy, x, rstd, dw, n, d);
+    if (err != cudaSuccess)
+      throw std::runtime_error(std::string("CUDA launch of rmsnorm_backward_dw_kernel failed: ") +
+                               cudaGetErrorString(err));
+  };
+  if (v == 2)
+    launch(std::integral_constant<int, 2>{});
+  else
+    launch(std::integral_constant<int, 1>{});
+  check_launch("rmsnorm_backward_dw_kernel");
 }
 
 // Softmax rows are short (T keys) and many (B·h·T), so a warp takes a row: shuffles instead of
@@ -386,47 +482,32 @@ void add_rmsnorm_forward(const float* x, const void* y, Elem ey, float* h, const
 }
 
 void rmsnorm_backward(const void* dout, Elem edout, const float* x, const float* w, const float* rstd,
-                      const float* dresidual, float* dx, float* dw, std::int64_t n, std::int64_t d, cudaStream_t s) {
+                      const float* dresidual, float* dx, float* dw, float* dw_partials, std::int64_t n, std::int64_t d,
+                      cudaStream_t s) {
   with_elem(edout, [&](auto t) {
     using T = typename decltype(t)::type;
     const T* dy = static_cast<const T*>(dout);
-    if (d % 4 == 0 && aligned16({dy, x, w, dx}) && (!dresidual || aligned16({dresidual})))
+    const bool packed = d % 4 == 0 && aligned16({dy, x, w, dx}) && (!dresidual || aligned16({dresidual}));
+    if (dw_partials) {
+      const auto bytes = static_cast<std::size_t>(d) * sizeof(float);
+      const int columns = static_cast<int>(d);  // at most scratch::kRmsNormDwMaxD
+      if (packed)
+        rmsnorm_backward_dx_dw_kernel<T, 4>
+            <<<kRmsNormDwBlocks, 256, bytes, s>>>(dy, x, w, rstd, dresidual, dx, dw_partials, n, columns);
+      else
+        rmsnorm_backward_dx_dw_kernel<T, 1>
+            <<<kRmsNormDwBlocks, 256, bytes, s>>>(dy, x, w, rstd, dresidual, dx, dw_partials, n, columns);
+      check_launch("rmsnorm_backward_dx_dw_kernel");
+      launch_dw<float, false>(dw_partials, nullptr, nullptr, dw, kRmsNormDwBlocks, d, s);
+      return;
+    }
+    if (packed)
       rmsnorm_backward_dx_kernel<T, 4><<<static_cast<unsigned>(n), 256, 0, s>>>(dy, x, w, rstd, dresidual, dx, d);
     else
       rmsnorm_backward_dx_kernel<T, 1><<<static_cast<unsigned>(n), 256, 0, s>>>(dy, x, w, rstd, dresidual, dx, d);
     check_launch("rmsnorm_backward_dx_kernel");
-    const int ranks = dw_clusters() ? kDwClusterRanks : 1;
-    const int v = dw_columns_per_thread(d, dy, sizeof(T), x);
-    const auto tiles = static_cast<unsigned>((d + kDwLanes * v - 1) / (kDwLanes * v));
-    auto launch = [&](auto columns) {
-      constexpr int V = decltype(columns)::value;
-      if (ranks == 1) {
-        rmsnorm_backward_dw_kernel<T, 1, V><<<tiles, dim3(kDwLanes, kDwRowGroups), 0, s>>>(dy, x, rstd, dw, n, d);
-        return;
-      }
-      cudaLaunchAttribute cluster{};
-      cluster.id = cudaLaunchAttributeClusterDimension;
-      cluster.val.clusterDim.x = 1;
-      cluster.val.clusterDim.y = kDwClusterRanks;
-      cluster.val.clusterDim.z = 1;
-      cudaLaunchConfig_t config{};
-      config.gridDim = dim3(tiles, kDwClusterRanks);
-      config.blockDim = dim3(kDwLanes, kDwRowGroups);
-      config.stream = s;
-      config.attrs = &cluster;
-      config.numAttrs = 1;
-      const cudaError_t err =
-          cudaLaunchKernelEx(&config, rmsnorm_backward_dw_kernel<T, kDwClusterRanks, V>, dy, x, rstd, dw, n, d);
-      if (err != cudaSuccess)
-        throw std::runtime_error(std::string("CUDA launch of rmsnorm_backward_dw_kernel failed: ") +
-                                 cudaGetErrorString(err));
-    };
-    if (v == 2)
-      launch(std::integral_constant<int, 2>{});
-    else
-      launch(std::integral_constant<int, 1>{});
+    launch_dw<T, true>(dy, x, rstd, dw, n, d, s);
   });
-  check_launch("rmsnorm_backward_dw_kernel");
 }
 
 void softmax_forward(const void* scores, void* probs, Elem e, std::int64_t rows, std::int64_t tq, std::int64_t tk,

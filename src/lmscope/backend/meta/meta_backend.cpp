@@ -61,8 +61,10 @@ class MetaBackend final : public Backend {
   void embedding_forward(const Tensor&, const Tensor&, const Tensor&) override {}
   void embedding_backward(const Tensor&, const Tensor&, const Tensor&, bool) override {}
   void rmsnorm_forward(const Tensor&, const Tensor&, const Tensor&, const Tensor&, double) override {}
-  void rmsnorm_backward(const Tensor&, const Tensor&, const Tensor&, const Tensor&, const Tensor&,
-                        const Tensor&) override {}
+  void rmsnorm_backward(const Tensor&, const Tensor& x, const Tensor&, const Tensor&, const Tensor&,
+                        const Tensor&) override {
+    if (on_cuda()) const Allocation partials = scratch::cuda_rmsnorm_backward(alloc_, x.numel() / x.dim(-1), x.dim(-1));
+  }
   void split_heads(const Tensor& in, const Tensor&, double theta) override { rope(in.dim(1), in.dim(3), theta); }
   void merge_heads(const Tensor&, const Tensor& out, double theta) override { rope(out.dim(1), out.dim(3), theta); }
   void softmax_forward(const Tensor&, const Tensor&, double, bool) override {}

@@ -379,17 +379,30 @@ TEST_F(CudaVsCpu, Swiglu) {
   expect_close(db, kFp32, "swiglu db");
 }
 
+// V 1237: one element a load; 1240: four (16 bytes of fp32), and the backward's values the same bits
+// as one at a time, which logits one element off alignment force.
 TEST_F(CudaVsCpu, CrossEntropy) {
-  const std::int64_t N = 33, V = 1237;
-  auto x = random({N, V}, 2.0), lse = output({N}), loss = output({1}), dx = output({N, V});
-  auto t = ids(N, V);
-  cpu->cross_entropy_forward(x.cpu, t.cpu, lse.cpu, loss.cpu);
-  gpu->cross_entropy_forward(x.gpu, t.gpu, lse.gpu, loss.gpu);
-  cpu->cross_entropy_backward(x.cpu, t.cpu, lse.cpu, dx.cpu, 1.0 / N);
-  gpu->cross_entropy_backward(x.gpu, t.gpu, lse.gpu, dx.gpu, 1.0 / N);
-  expect_close(lse, kFp32, "lse");
-  expect_close(loss, kFp32, "loss");
-  expect_close(dx, kFp32, "dlogits");
+  for (const std::int64_t V : {1237, 1240}) {
+    SCOPED_TRACE(V);
+    const std::int64_t N = 33;
+    auto x = random({N, V}, 2.0), lse = output({N}), loss = output({1}), dx = output({N, V});
+    auto t = ids(N, V);
+    cpu->cross_entropy_forward(x.cpu, t.cpu, lse.cpu, loss.cpu);
+    const auto rows =
+        launched("cross_entropy_rows_kernel", [&] { gpu->cross_entropy_forward(x.gpu, t.gpu, lse.gpu, loss.gpu); });
+    EXPECT_TRUE(!rows || rows->ends_with(V % 4 == 0 ? ", 4>" : ", 1>")) << *rows;
+    cpu->cross_entropy_backward(x.cpu, t.cpu, lse.cpu, dx.cpu, 1.0 / N);
+    gpu->cross_entropy_backward(x.gpu, t.gpu, lse.gpu, dx.gpu, 1.0 / N);
+    expect_close(lse, kFp32, "lse");
+    expect_close(loss, kFp32, "loss");
+    expect_close(dx, kFp32, "dlogits");
+    const auto [kept, unaligned] = shifted_copy(x.gpu);
+    auto dx1 = output({N, V});
+    const auto ones = launched("cross_entropy_backward_kernel",
+                               [&] { gpu->cross_entropy_backward(unaligned, t.gpu, lse.gpu, dx1.gpu, 1.0 / N); });
+    EXPECT_TRUE(!ones || ones->ends_with(", 1>")) << *ones;
+    EXPECT_EQ(download_raw(dx.gpu), download_raw(dx1.gpu));
+  }
 }
 
 TEST_F(CudaVsCpu, Embedding) {
@@ -696,8 +709,8 @@ TEST_P(LowpVsCpu, RowOps) {
     expect_close_lowp(pb, p, "16-bit softmax");
     expect_close_lowp(dsb, ds, "16-bit softmax backward");
   }
-  {  // cross-entropy from 16-bit logits
-    const std::int64_t V = 1237;
+  for (const std::int64_t V : {1237, 1240}) {  // cross-entropy from 16-bit logits (1240: 16-byte loads)
+    SCOPED_TRACE(V);
     auto x = random({N, V}, 2.0), lse = output({N}), loss = output({1}), dx = output({N, V});
     auto t = ids(N, V);
     cpu->cross_entropy_forward(x.cpu, t.cpu, lse.cpu, loss.cpu);

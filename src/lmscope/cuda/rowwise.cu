@@ -398,15 +398,27 @@ __global__ void softmax_backward_kernel(const T* probs, const T* dprobs, T* dsco
   }
 }
 
-template <typename T>
+// Logit rows are long (the vocabulary) and few (the tokens): a block a row, VEC elements per 16-byte
+// load where the row length and the buffers allow (one 2-byte load at a time, the kernels took
+// 25-33% of their memory floor: docs/speed.md). Two passes over the row, the max and then the sum of
+// exponentials, the second from cache.
+template <typename T, int VEC>
 __global__ void cross_entropy_rows_kernel(const T* logits, const std::int32_t* targets, float* lse, float* row_loss,
                                           std::int64_t v) {
   const T* x = logits + blockIdx.x * v;
-  float mx = -FLT_MAX;
-  for (std::int64_t j = threadIdx.x; j < v; j += blockDim.x) mx = fmaxf(mx, ld(x[j]));
+  float mx = -FLT_MAX, xv[VEC];
+  for (std::int64_t j = threadIdx.x * std::int64_t{VEC}; j < v; j += std::int64_t{blockDim.x} * VEC) {
+    load<VEC>(x + j, xv);
+#pragma unroll
+    for (int k = 0; k < VEC; ++k) mx = fmaxf(mx, xv[k]);
+  }
   mx = block_max(mx);
   float sum = 0;
-  for (std::int64_t j = threadIdx.x; j < v; j += blockDim.x) sum += expf(ld(x[j]) - mx);
+  for (std::int64_t j = threadIdx.x * std::int64_t{VEC}; j < v; j += std::int64_t{blockDim.x} * VEC) {
+    load<VEC>(x + j, xv);
+#pragma unroll
+    for (int k = 0; k < VEC; ++k) sum += expf(xv[k] - mx);
+  }
   sum = block_sum(sum);
   if (threadIdx.x == 0) {
     const float l = mx + logf(sum);
@@ -423,13 +435,19 @@ __global__ void loss_sum_kernel(const float* values, float* out, std::int64_t n,
   if (threadIdx.x == 0) *out = (accumulate ? *out : 0.0f) + acc * scale;
 }
 
-template <typename T>
+// A block a row as above; each element's value is the one-element-a-thread kernel's (the same bits
+// whatever VEC).
+template <typename T, int VEC>
 __global__ void cross_entropy_backward_kernel(const T* logits, const std::int32_t* targets, const float* lse,
-                                              T* dlogits, std::int64_t n, std::int64_t v, float scale) {
-  for (std::int64_t i = blockIdx.x * std::int64_t{blockDim.x} + threadIdx.x; i < n * v;
-       i += std::int64_t{gridDim.x} * blockDim.x) {
-    const std::int64_t row = i / v, col = i % v;
-    dlogits[i] = st<T>((expf(ld(logits[i]) - lse[row]) - (col == targets[row] ? 1.0f : 0.0f)) * scale);
+                                              T* dlogits, std::int64_t v, float scale) {
+  const std::int64_t base = blockIdx.x * v, target = targets[blockIdx.x];
+  const float l = lse[blockIdx.x];
+  for (std::int64_t j = threadIdx.x * std::int64_t{VEC}; j < v; j += std::int64_t{blockDim.x} * VEC) {
+    float xv[VEC];
+    load<VEC>(logits + base + j, xv);
+#pragma unroll
+    for (int k = 0; k < VEC; ++k) xv[k] = (expf(xv[k] - l) - (j + k == target ? 1.0f : 0.0f)) * scale;
+    store<VEC>(dlogits + base + j, xv);
   }
 }
 
@@ -544,8 +562,12 @@ void cross_entropy_forward(const void* logits, Elem e, const std::int32_t* targe
                            float* loss, std::int64_t n, std::int64_t v, float scale, bool accumulate, cudaStream_t s) {
   with_elem(e, [&](auto t) {
     using T = typename decltype(t)::type;
-    cross_entropy_rows_kernel<T>
-        <<<static_cast<unsigned>(n), 256, 0, s>>>(static_cast<const T*>(logits), targets, lse, row_loss, v);
+    const auto* x = static_cast<const T*>(logits);
+    const auto rows = static_cast<unsigned>(n);
+    if (v % kPack<T> == 0 && aligned16({x}))
+      cross_entropy_rows_kernel<T, kPack<T>><<<rows, 256, 0, s>>>(x, targets, lse, row_loss, v);
+    else
+      cross_entropy_rows_kernel<T, 1><<<rows, 256, 0, s>>>(x, targets, lse, row_loss, v);
   });
   check_launch("cross_entropy_rows_kernel");
   loss_sum_kernel<<<1, 1024, 0, s>>>(row_loss, loss, n, scale, accumulate);
@@ -556,8 +578,13 @@ void cross_entropy_backward(const void* logits, const std::int32_t* targets, con
                             std::int64_t n, std::int64_t v, float scale, cudaStream_t s) {
   with_elem(e, [&](auto t) {
     using T = typename decltype(t)::type;
-    cross_entropy_backward_kernel<T><<<grid_for(n * v, 256), 256, 0, s>>>(static_cast<const T*>(logits), targets, lse,
-                                                                          static_cast<T*>(dlogits), n, v, scale);
+    const auto* x = static_cast<const T*>(logits);
+    auto* dx = static_cast<T*>(dlogits);
+    const auto rows = static_cast<unsigned>(n);
+    if (v % kPack<T> == 0 && aligned16({x, dx}))
+      cross_entropy_backward_kernel<T, kPack<T>><<<rows, 256, 0, s>>>(x, targets, lse, dx, v, scale);
+    else
+      cross_entropy_backward_kernel<T, 1><<<rows, 256, 0, s>>>(x, targets, lse, dx, v, scale);
   });
   check_launch("cross_entropy_backward_kernel");
 }

@@ -155,7 +155,8 @@ CUtensorMap encode_map(CUtensorMapDataType type, cuuint32_t rank, const void* ba
   return map;
 }
 // A [n, rows, D] bf16 tensor in boxes of box_rows rows × one panel, stored in shared memory as
-// sm90::TileOf<D> lays it out (64 columns with the 128-byte swizzle, or 32 with the 64-byte one);
+// sm90::TileOf<D> lays it out (64 columns with the 128-byte swizzle, 32 with the 64-byte one, or 16
+// with the 32-byte one);
 // rows past a sequence's end read as zeros.
 template <int D>
 CUtensorMap tile_map(const void* base, long long n, long long rows, int box_rows) {
@@ -164,7 +165,9 @@ CUtensorMap tile_map(const void* base, long long n, long long rows, int box_rows
   const cuuint64_t strides[2] = {static_cast<cuuint64_t>(D) * 2, static_cast<cuuint64_t>(rows * D) * 2};
   const cuuint32_t box[3] = {Tile::kCols, static_cast<cuuint32_t>(box_rows), 1};
   return encode_map(CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 3, base, dims, strides, box,
-                    Tile::kRowBytes == 128 ? CU_TENSOR_MAP_SWIZZLE_128B : CU_TENSOR_MAP_SWIZZLE_64B);
+                    Tile::kRowBytes == 128  ? CU_TENSOR_MAP_SWIZZLE_128B
+                    : Tile::kRowBytes == 64 ? CU_TENSOR_MAP_SWIZZLE_64B
+                                            : CU_TENSOR_MAP_SWIZZLE_32B);
 }
 // An [n, rows] fp32 array (rows a multiple of 4, so each sequence's rows start 16-byte aligned, as
 // the copy engine needs) read in runs of `box` rows of one sequence.
@@ -250,8 +253,9 @@ FlashKernelFacts read_kernel_facts() {
           r.forward_wgmma = resident_ctas(flash_forward_wgmma<D, false>, kWgThreads, forward_wgmma_smem<D>());
           r.backward_wgmma =
               resident_ctas(flash_backward_wgmma<D, false, false>, kWgThreads, wgmma_backward_smem<D, false>());
-          r.backward_wgmma_atomic =
-              resident_ctas(flash_backward_wgmma<D, true, false>, kWgThreads, wgmma_backward_smem<D, true>());
+          if constexpr (kHopperAtomicHeadDim<D>)
+            r.backward_wgmma_atomic =
+                resident_ctas(flash_backward_wgmma<D, true, false>, kWgThreads, wgmma_backward_smem<D, true>());
           r.dq_wgmma = resident_ctas(flash_backward_dq_wgmma<D, false>, kWgThreads, dq_wgmma_smem<D>());
         }
       facts.residency.push_back(r);
@@ -378,18 +382,21 @@ void flash_attention_backward(const void* q, const void* k, const void* v, const
                            dk_out, dv_out, dq_accum, itq, itk, scale, causal);
             };
             const bool split = kv_parts > 1;
-            if (atomics)
-              launch(split ? flash_backward_wgmma<D, true, true> : flash_backward_wgmma<D, true, false>,
-                     wgmma_backward_smem<D, true>());
-            else
+            if (atomics) {
+              if constexpr (kHopperAtomicHeadDim<D>) {
+                launch(split ? flash_backward_wgmma<D, true, true> : flash_backward_wgmma<D, true, false>,
+                       wgmma_backward_smem<D, true>());
+                const int tiles = static_cast<int>(plan.dq_accum_rows / kWbTileQ);
+                const long long quads = n * plan.dq_accum_rows * D / 4;
+                dq_from_tiles<D><<<static_cast<unsigned>((quads + 255) / 256), 256, 0, s>>>(
+                    dq_accum, static_cast<bf16*>(dq), itq, tiles, quads, scale);
+                check_launch("dq_from_tiles");
+              } else {
+                throw std::logic_error("flash attention: a plan put atomic dQ on a Hopper backward without it");
+              }
+            } else {
               launch(split ? flash_backward_wgmma<D, false, true> : flash_backward_wgmma<D, false, false>,
                      wgmma_backward_smem<D, false>());
-            if (atomics) {
-              const int tiles = static_cast<int>(plan.dq_accum_rows / kWbTileQ);
-              const long long quads = n * plan.dq_accum_rows * D / 4;
-              dq_from_tiles<D><<<static_cast<unsigned>((quads + 255) / 256), 256, 0, s>>>(
-                  dq_accum, static_cast<bf16*>(dq), itq, tiles, quads, scale);
-              check_launch("dq_from_tiles");
             }
             dkdv_done = true;
           }

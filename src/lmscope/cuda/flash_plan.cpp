@@ -62,7 +62,8 @@ std::int64_t whole_query_tiles(std::int64_t tq) {
 }  // namespace
 
 bool tensor_core_head_dim(int d) { return d == 16 || d == 32 || d == 64 || d == 80 || d == 96 || d == 128; }
-bool hopper_head_dim(int d) { return d == 32 || d == 64 || d == 128; }
+bool hopper_head_dim(int d) { return d == 32 || d == 64 || d == 80 || d == 128; }
+bool hopper_atomic_head_dim(int d) { return d == 32 || d == 64 || d == 128; }
 
 const FlashResidency& FlashKernelFacts::at(int d) const {
   for (const FlashResidency& r : residency)
@@ -81,7 +82,8 @@ FlashAttentionPlan flash_attention_plan(const FlashKernelFacts& gpu, Elem e, int
     auto keys = [&](long long i, int rows) { return keys_seen(i, rows, tk, causal); };
     auto queries = [&](long long j, int rows) { return queries_seen(j, rows, tq, causal); };
     const KernelChoice forward = choose(gpu, hopper, n, tq, r.forward_wgmma, r.forward_tc, kForwardShares, keys);
-    const KernelChoice dkdv = choose(gpu, hopper, n, tk, atomics ? r.backward_wgmma_atomic : r.backward_wgmma,
+    const KernelChoice dkdv = choose(gpu, hopper && (!atomics || hopper_atomic_head_dim(d)), n, tk,
+                                     atomics ? r.backward_wgmma_atomic : r.backward_wgmma,
                                      atomics ? r.dkdv_tc_atomic : r.dkdv_tc, kBackwardShares, queries);
     plan.forward_wgmma = forward.wgmma, plan.forward_parts = forward.parts;
     plan.dkdv_wgmma = dkdv.wgmma, plan.dkdv_parts = dkdv.parts;

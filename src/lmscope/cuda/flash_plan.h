@@ -53,9 +53,11 @@ struct FlashAttentionPlan {
   std::int64_t forward_workspace = 0, backward_workspace = 0;  // fp32 elements of the parts, 0: none
 };
 
-// Head dims the tensor-core kernels are built for, and those with Hopper kernels too.
+// Head dims the tensor-core kernels are built for, those with Hopper kernels too, and those whose
+// Hopper backward also sums dQ by atomics (bulk reductions; at d 80 only its own pass does).
 bool tensor_core_head_dim(int d);
 bool hopper_head_dim(int d);
+bool hopper_atomic_head_dim(int d);
 
 // deterministic: dq by its own pass; false: accumulated by atomics where the tensor-core path runs.
 FlashAttentionPlan flash_attention_plan(const FlashKernelFacts& gpu, Elem e, int d, std::int64_t n, std::int64_t tq,

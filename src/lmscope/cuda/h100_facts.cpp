@@ -3,7 +3,8 @@
 namespace lmscope::cuda {
 
 // Printed by the GPU test MemoryOnGpu.StoredH100FactsAreThisH100s on the H100 80GB HBM3 of
-// ../shared/GPU-MACHINE.md (2026-11-23), which also checks them against the live ones.
+// ../shared/GPU-MACHINE.md (2026-11-23; d 80's Hopper kernels 2026-11-27), which also checks them
+// against the live ones.
 const FlashKernelFacts& h100_flash_facts() {
   // d: forward_tc, dkdv_tc, dkdv_tc_atomic, dq_tc, forward_wgmma, backward_wgmma, backward_wgmma_atomic, dq_wgmma
   static const FlashKernelFacts facts{132,
@@ -11,7 +12,7 @@ const FlashKernelFacts& h100_flash_facts() {
                                       {{16, 5, 5, 4, 4, 0, 0, 0, 0},
                                        {32, 4, 4, 4, 4, 2, 1, 1, 2},
                                        {64, 3, 2, 2, 2, 2, 1, 1, 1},
-                                       {80, 3, 2, 2, 2, 0, 0, 0, 0},
+                                       {80, 3, 2, 2, 2, 1, 1, 0, 1},
                                        {96, 2, 2, 2, 2, 0, 0, 0, 0},
                                        {128, 2, 2, 2, 2, 1, 1, 1, 1}}};
   return facts;

@@ -2,7 +2,8 @@
 // the PTX ISA (§9.7.15, "Asynchronous Warpgroup Level Matrix Multiply-Accumulate").
 //
 // Shared tiles are swizzled (Swizzled below): a tile of R rows × C bf16 columns is stored as panels
-// of R rows × ROW_BYTES bytes (128: 64 columns, d 64 and 128; 64: 32 columns, d 32), and the 16-byte
+// of R rows × ROW_BYTES bytes (128: 64 columns, d 64 and 128; 64: 32 columns, d 32; 32: 16 columns,
+// d 80), and the 16-byte
 // chunk c of row r sits at chunk c ^ (r · ROW_BYTES / 128 mod ROW_BYTES / 16) of that row. The same
 // bytes serve both majors: read as a K-major operand, rows are M or N and the panel's columns are K;
 // read as an MN-major operand (transposed), rows are K and the columns N. Eight rows are one swizzle
@@ -32,10 +33,10 @@ namespace lmscope::cuda::sm90 {
 
 constexpr int kAtomBytes = 1024;  // the largest swizzle atom: 8 rows of 128 bytes
 
-// The layout of a swizzled tile with ROW_BYTES-byte rows (128 or 64).
+// The layout of a swizzled tile with ROW_BYTES-byte rows (128, 64 or 32).
 template <int ROW_BYTES>
 struct Swizzled {
-  static_assert(ROW_BYTES == 128 || ROW_BYTES == 64, "the swizzles these kernels use");
+  static_assert(ROW_BYTES == 128 || ROW_BYTES == 64 || ROW_BYTES == 32, "the swizzles these kernels use");
   static constexpr int kRowBytes = ROW_BYTES, kCols = ROW_BYTES / 2, kChunks = ROW_BYTES / 16;
 
   // Byte offset of the 16-byte chunk `chunk` (8 columns) of row r in a tile of `rows` rows.
@@ -49,20 +50,24 @@ struct Swizzled {
     constexpr int kSteps = ROW_BYTES / 32;
     return (kc / kSteps) * rows * ROW_BYTES + (kc % kSteps) * 32;
   }
-  // Matrix descriptor of the operand starting at p: this swizzle (mode 1: 128 bytes, 2: 64), 8-row
+  // Matrix descriptor of the operand starting at p: this swizzle (mode 1: 128 bytes, 2: 64, 3: 32), 8-row
   // groups 8 rows apart (the stride byte offset). The leading byte offset is not used by swizzled
   // K-major operands, nor by MN-major ones no wider than a panel; mma_rs_panels sets it for one
   // that spans two.
   __device__ __forceinline__ static std::uint64_t descriptor(const void* p) {
     const std::uint64_t addr = smem_addr(p);
-    constexpr std::uint64_t kGroup = 8 * ROW_BYTES, kMode = ROW_BYTES == 128 ? 1 : 2;
+    constexpr std::uint64_t kGroup = 8 * ROW_BYTES, kMode = ROW_BYTES == 128 ? 1 : ROW_BYTES == 64 ? 2 : 3;
     return ((addr & 0x3FFFF) >> 4) | ((kGroup >> 4) << 16) | ((kGroup >> 4) << 32) | (kMode << 62);
   }
 };
-// The layout of a bf16 tile of D columns: 64-column panels with the 128-byte swizzle, or for D 32 one
-// 32-column panel with the 64-byte swizzle (the copy engine's box and wgmma's operand both take it).
+// The layout of a bf16 tile of D columns: 64-column panels with the 128-byte swizzle, for D 32 one
+// 32-column panel with the 64-byte swizzle, for D 80 five 16-column panels with the 32-byte swizzle
+// (the copy engine's box and wgmma's operand both take it).
 template <int D>
-using TileOf = Swizzled<(D >= 64 ? 64 : D) * 2>;
+using TileOf = Swizzled<(D % 64 == 0 ? 64
+                         : D == 32   ? 32
+                                     : 16) *
+                        2>;
 template <int D>
 constexpr int kPanels = D / TileOf<D>::kCols;
 
@@ -193,6 +198,9 @@ __device__ __forceinline__ void hold(T (&x)[NB][4]) {
   LMSCOPE_WGMMA_D16, "+f"(d[4][0]), "+f"(d[4][1]), "+f"(d[4][2]), "+f"(d[4][3]), "+f"(d[5][0]), "+f"(d[5][1]), \
       "+f"(d[5][2]), "+f"(d[5][3]), "+f"(d[6][0]), "+f"(d[6][1]), "+f"(d[6][2]), "+f"(d[6][3]), "+f"(d[7][0]), \
       "+f"(d[7][1]), "+f"(d[7][2]), "+f"(d[7][3])
+#define LMSCOPE_WGMMA_D40                                                                                      \
+  LMSCOPE_WGMMA_D32, "+f"(d[8][0]), "+f"(d[8][1]), "+f"(d[8][2]), "+f"(d[8][3]), "+f"(d[9][0]), "+f"(d[9][1]), \
+      "+f"(d[9][2]), "+f"(d[9][3])
 #define LMSCOPE_WGMMA_D64                                                                                             \
   LMSCOPE_WGMMA_D32, "+f"(d[8][0]), "+f"(d[8][1]), "+f"(d[8][2]), "+f"(d[8][3]), "+f"(d[9][0]), "+f"(d[9][1]),        \
       "+f"(d[9][2]), "+f"(d[9][3]), "+f"(d[10][0]), "+f"(d[10][1]), "+f"(d[10][2]), "+f"(d[10][3]), "+f"(d[11][0]),   \
@@ -204,17 +212,22 @@ __device__ __forceinline__ void hold(T (&x)[NB][4]) {
 #define LMSCOPE_WGMMA_REGS32                                                                                   \
   "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, " \
   "%23, %24, %25, %26, %27, %28, %29, %30, %31}"
+#define LMSCOPE_WGMMA_REGS40                                                                                   \
+  "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, " \
+  "%23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39}"
 #define LMSCOPE_WGMMA_REGS64                                                                                   \
   "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, " \
   "%23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, "  \
   "%44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}"
 
-// d[64 × N] (+)= a[64 × 16] · b[16 × N], N 32, 64 or 128: a from registers (the m16n8k16 A fragment of
-// each warp's 16 rows), b from shared memory, K-major (TRANS_B false: stored [n][k]) or N-major
-// (stored [k][n]). The accumulator layout is m16n8k16's, N/8 8-column blocks side by side per warp.
+// d[64 × N] (+)= a[64 × 16] · b[16 × N], N 16, 32, 64, 80 or 128: a from registers (the m16n8k16 A
+// fragment of each warp's 16 rows), b from shared memory, K-major (TRANS_B false: stored [n][k]) or
+// N-major (stored [k][n]). The accumulator layout is m16n8k16's, N/8 8-column blocks side by side per
+// warp.
 template <bool TRANS_B, int N = 64>
 __device__ __forceinline__ void mma_rs(float (&d)[N / 8][4], const unsigned (&a)[4], std::uint64_t b, bool accumulate) {
-  static_assert(N == 32 || N == 64 || N == 128, "wgmma shapes these kernels issue from registers: n32, n64, n128");
+  static_assert(N == 16 || N == 32 || N == 64 || N == 80 || N == 128,
+                "wgmma shapes these kernels issue from registers");
   if constexpr (N == 128)
     asm volatile(
         "{\n.reg .pred p;\nsetp.ne.b32 p, %69, 0;\n"
@@ -229,17 +242,32 @@ __device__ __forceinline__ void mma_rs(float (&d)[N / 8][4], const unsigned (&a)
         ", {%32, %33, %34, %35}, %36, p, 1, 1, %38;\n}\n"
         : LMSCOPE_WGMMA_D32
         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(static_cast<int>(accumulate)), "n"(TRANS_B ? 1 : 0));
-  else
+  else if constexpr (N == 80)
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %45, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n80k16.f32.bf16.bf16 " LMSCOPE_WGMMA_REGS40
+        ", {%40, %41, %42, %43}, %44, p, 1, 1, %46;\n}\n"
+        : LMSCOPE_WGMMA_D40
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(static_cast<int>(accumulate)), "n"(TRANS_B ? 1 : 0));
+  else if constexpr (N == 32)
     asm volatile(
         "{\n.reg .pred p;\nsetp.ne.b32 p, %21, 0;\n"
         "wgmma.mma_async.sync.aligned.m64n32k16.f32.bf16.bf16 " LMSCOPE_WGMMA_REGS16
         ", {%16, %17, %18, %19}, %20, p, 1, 1, %22;\n}\n"
         : LMSCOPE_WGMMA_D16
         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(static_cast<int>(accumulate)), "n"(TRANS_B ? 1 : 0));
+  else
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %13, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n16k16.f32.bf16.bf16 " LMSCOPE_WGMMA_REGS8
+        ", {%8, %9, %10, %11}, %12, p, 1, 1, %14;\n}\n"
+        : LMSCOPE_WGMMA_D8
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(static_cast<int>(accumulate)), "n"(TRANS_B ? 1 : 0));
 }
 
-// The descriptor of an N-major operand 128 columns wide stored as two 64-column panels, panel 0 at
-// desc's address and panel 1 panel_bytes further: the panels' distance is its leading byte offset.
+// The descriptor of an N-major operand stored as several panels (two of 64 columns, 128 wide; five
+// of 16, 80 wide), panel 0 at desc's address and each next one panel_bytes further: the panels'
+// distance is its leading byte offset.
 __device__ __forceinline__ std::uint64_t two_panels(std::uint64_t desc, int panel_bytes) {
   constexpr std::uint64_t kLeading = 0x3FFFull << 16;
   return (desc & ~kLeading) | (static_cast<std::uint64_t>(panel_bytes >> 4) << 16);
@@ -247,12 +275,15 @@ __device__ __forceinline__ std::uint64_t two_panels(std::uint64_t desc, int pane
 
 // acc[p] += a[64 × 16] · panel p of an N-major b (TileOf's N-column panels, panel 0 at b, each next
 // one panel_bytes further): one product per panel, or for two 64-column panels one n128 product
-// (two_panels; half the instructions, each A fragment read once: step 42 in docs/log/flash-attention.md).
+// (two_panels; half the instructions, each A fragment read once: step 42 in docs/log/flash-attention.md),
+// and for five 16-column panels one n80 product.
 template <int PANELS, int N>
 __device__ __forceinline__ void mma_rs_panels(float (&acc)[PANELS][N / 8][4], const unsigned (&a)[4], std::uint64_t b,
                                               int panel_bytes) {
   if constexpr (PANELS == 2 && N == 64) {
     mma_rs<true, 128>(*reinterpret_cast<float(*)[16][4]>(&acc[0][0][0]), a, two_panels(b, panel_bytes), true);
+  } else if constexpr (PANELS == 5 && N == 16) {
+    mma_rs<true, 80>(*reinterpret_cast<float(*)[10][4]>(&acc[0][0][0]), a, two_panels(b, panel_bytes), true);
   } else {
 #pragma unroll
     for (int p = 0; p < PANELS; ++p) mma_rs<true, N>(acc[p], a, advance(b, p * panel_bytes), true);
@@ -298,6 +329,8 @@ __device__ __forceinline__ void mma_ss(float (&d)[N / 8][4], std::uint64_t a, st
 #undef LMSCOPE_WGMMA_REGS16
 #undef LMSCOPE_WGMMA_D32
 #undef LMSCOPE_WGMMA_REGS32
+#undef LMSCOPE_WGMMA_D40
+#undef LMSCOPE_WGMMA_REGS40
 #undef LMSCOPE_WGMMA_D64
 #undef LMSCOPE_WGMMA_REGS64
 #endif

@@ -178,7 +178,7 @@ __global__ void __launch_bounds__(kWgThreads)
   constexpr int kDsIn = 1, kDsFree = 3, kDqStaged = 5;
   // dQ columns [n0, n0 + kDqCols) of tile r = dS·K over the CTA's keys: dSᵀ (buffer r % 2) as an
   // M-major A, K as an N-major B (at d 128 both panels as one operand).
-  constexpr int kDqCols = kDqAlternating ? D : D / 2;
+  constexpr int kDqCols = !ATOMIC_DQ ? kCols : kDqAlternating ? D : D / 2;  // without ATOMIC_DQ, unused
   const int n0 = kDqAlternating ? 0 : wg * kDqCols;
   float dq[kDqCols / 8][4];
   auto issue_dq = [&](int r) {
@@ -358,9 +358,9 @@ __global__ void dq_from_tiles(const float* __restrict__ accum, bf16* __restrict_
 // dQ of 128 queries (two warpgroups × 64) over every key tile they see, in order: the deterministic
 // dQ on Hopper. Built as the forward is: K and V in the same 4-slot ring; per key tile S = Q·Kᵀ and
 // dP = dO·Vᵀ (K-major B), then dQ += dS·K (N-major B), which runs on while the next tile's S and dP
-// are issued. At d 128 Q and dO sit in registers as A fragments. At d 32 and 64 wgmma reads them from
-// shared memory (at d 64 2% slower): with register fragments there, dq comes out wrong although the
-// PTX is right, and the cause is not found (docs/log/flash-attention.md, steps 16 and 20).
+// are issued. At d 128 Q and dO sit in registers as A fragments. At d 32, 64 and 80 wgmma reads them
+// from shared memory (at d 64 2% slower): with register fragments at d 64, dq comes out wrong although
+// the PTX is right, and the cause is not found (docs/log/flash-attention.md, steps 16 and 20).
 template <bool MASK>
 __device__ __forceinline__ void probabilities(float (&s)[8][4], const float (&lse2)[2], float scale_log2,
                                               const int (&row)[2], int k0, int t, int tq, int tk, bool causal) {
@@ -425,7 +425,7 @@ __global__ void __launch_bounds__(kWgThreads)
   for (int p = 0; p < kPanels; ++p) sm90::hold(acc[p]);  // zeroed here, not inside a wgmma stage
   float s[8][4], dp[8][4];
   unsigned qa[D / 16][4], da[D / 16][4], sa[kWgTileK / 16][4];
-  constexpr bool kFromShared = D <= 64;  // Q and dO as shared-memory operands, qa and da unused
+  constexpr bool kFromShared = D != 128;  // Q and dO as shared-memory operands, qa and da unused
 
   ring.wait(0);
   if constexpr (!kFromShared)

@@ -1,4 +1,4 @@
-// What the Hopper kernels share (sm_90a, bf16 at d 32, 64 and 128): warpgroup tile shapes, the
+// What the Hopper kernels share (sm_90a, bf16 at d 32, 64, 80 and 128): warpgroup tile shapes, the
 // shared-memory sizes of their rings, TMA tile copies, the products issued from registers, and
 // TmaRing, the ring of tiles the copy engine fills and mbarriers hand over.
 // Part of flash_attention.cu's one translation unit: included there only, in order, so that its
@@ -16,9 +16,12 @@ namespace {
 // read once into registers as A fragments, and P goes from the S accumulators to the A fragments
 // of P·V without leaving registers, as in the mma.sync kernel.
 constexpr int kWgThreads = 256, kWgTileQ = 128, kWgTileK = 64, kWgStages = 4;
-// Head dims with Hopper kernels (tiles laid out as sm90::TileOf says).
+// Head dims with Hopper kernels (tiles laid out as sm90::TileOf says), and those whose backward also
+// sums dQ by bulk reductions (at d 80 its own pass sums it).
 template <int D>
-constexpr bool kHopperHeadDim = D == 32 || D == 64 || D == 128;
+constexpr bool kHopperHeadDim = D == 32 || D == 64 || D == 80 || D == 128;
+template <int D>
+constexpr bool kHopperAtomicHeadDim = D == 32 || D == 64 || D == 128;
 // Shared bytes of a ring's mbarriers (full and empty per slot), and of a K/V ring of STAGES slots
 // of ROWS keys: K and V tiles, then the barriers.
 constexpr int ring_barrier_bytes(int stages) { return 2 * stages * 8; }

@@ -7,6 +7,7 @@
 
 #include "lmscope/backend/backend.h"
 #include "lmscope/backend/devices.h"
+#include "lmscope/backend/op_scratch.h"
 #include "lmscope/core/rng.h"
 #include "lmscope/cuda/kernels.h"
 #include "lmscope/model/optimizer.h"
@@ -199,6 +200,18 @@ TEST_F(CudaVsCpu, RmsNormBackwardWithDwPartials) {
     const std::vector<float> all = download_raw(dx.gpu), first = download_raw(dx_few.gpu);
     EXPECT_EQ(std::vector<float>(all.begin(), all.begin() + few * d), first);
   }
+}
+
+// The widest rows that take the partials: the block's column sums and its reduction's scratch fit the
+// 48 KiB of shared memory a launch has without asking (one column more failed to launch).
+TEST_F(CudaVsCpu, RmsNormBackwardWithDwPartialsAtTheWidestRows) {
+  const std::int64_t N = scratch::kRmsNormDwBlocks * scratch::kRmsNormDwMinRows, d = scratch::kRmsNormDwMaxD;
+  auto x = random({N, d}), w = random({d}), dy = random({N, d});
+  auto y = output({N, d}), r = output({N}), dx = output({N, d}), dw = output({d});
+  const auto kernel = launched("rmsnorm_backward_dx_dw_kernel", [&] { rmsnorm_on_both(x, w, dy, y, r, dx, dw); });
+  EXPECT_TRUE(!kernel || kernel->ends_with(", 4>")) << *kernel;
+  expect_close(dx, kFp32, "rmsnorm dx");
+  expect_close(dw, kFp32, "rmsnorm dw");
 }
 
 // The forward kernels take four elements a thread where d is a multiple of 4, in packs where the

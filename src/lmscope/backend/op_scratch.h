@@ -27,11 +27,12 @@ Allocation cuda_flash_forward(Allocator& mem, const cuda::FlashAttentionPlan& pl
 CudaFlashBackward cuda_flash_backward(Allocator& mem, const cuda::FlashAttentionPlan& plan, const AttentionShape& s);
 Allocation cuda_cross_entropy(Allocator& mem, std::int64_t rows);  // per-row losses [rows] f32
 // RMSNorm's backward on `rows` rows of d: where each of kRmsNormDwBlocks blocks gets at least
-// kRmsNormDwMinRows rows and a row's sums fit shared memory, the dx kernel also sums the weight
-// gradient's terms, a block's into a row of these partials [kRmsNormDwBlocks, d] f32, and a second
-// kernel adds the rows (cuda::rmsnorm_backward); with fewer rows the partials would cost more than
-// reading dy and x again, and none are made (empty).
-inline constexpr std::int64_t kRmsNormDwBlocks = 1024, kRmsNormDwMinRows = 4, kRmsNormDwMaxD = 12288;
+// kRmsNormDwMinRows rows and a row's sums fit the 48 KiB of shared memory a block has without asking
+// (4 bytes a column, beside the block reduction's 128), the dx kernel also sums the weight gradient's
+// terms, a block's into a row of these partials [kRmsNormDwBlocks, d] f32, and a second kernel adds
+// the rows (cuda::rmsnorm_backward). Else none are made (empty) and the dw kernel reads dy and x
+// again: fewer rows than that were not timed (docs/speed.md).
+inline constexpr std::int64_t kRmsNormDwBlocks = 1024, kRmsNormDwMinRows = 4, kRmsNormDwMaxD = 12224;
 Allocation cuda_rmsnorm_backward(Allocator& mem, std::int64_t rows, std::int64_t d);
 // The global norm's f64 partial sums, kGlobalNormBlocks per tensor (cuda::sum_squares).
 inline constexpr std::int64_t kGlobalNormBlocks = 256;

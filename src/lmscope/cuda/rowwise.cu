@@ -8,6 +8,8 @@
 #include <cooperative_groups.h>
 
 #include <cstdint>
+#include <stdexcept>
+#include <string>
 #include <type_traits>
 #include <utility>
 
@@ -400,7 +402,7 @@ __global__ void softmax_backward_kernel(const T* probs, const T* dprobs, T* dsco
 
 // Logit rows are long (the vocabulary) and few (the tokens): a block a row, VEC elements per 16-byte
 // load where the row length and the buffers allow (one 2-byte load at a time, the kernels took
-// 25-33% of their memory floor: docs/speed.md). Two passes over the row, the max and then the sum of
+// 25-32% of their memory floor: docs/speed.md). Two passes over the row, the max and then the sum of
 // exponentials, the second from cache.
 template <typename T, int VEC>
 __global__ void cross_entropy_rows_kernel(const T* logits, const std::int32_t* targets, float* lse, float* row_loss,
@@ -505,9 +507,12 @@ void rmsnorm_backward(const void* dout, Elem edout, const float* x, const float*
   with_elem(edout, [&](auto t) {
     using T = typename decltype(t)::type;
     const T* dy = static_cast<const T*>(dout);
-    const bool packed = d % 4 == 0 && aligned16({dy, x, w, dx}) && (!dresidual || aligned16({dresidual}));
+    const bool packed = d % 4 == 0 && aligned16({dy, x, w, dx, dw_partials}) && (!dresidual || aligned16({dresidual}));
     if (dw_partials) {
       const auto bytes = static_cast<std::size_t>(d) * sizeof(float);
+      if (bytes + 128 > 48 * 1024)  // the default limit; scratch::kRmsNormDwMaxD keeps below it
+        throw std::logic_error("rmsnorm backward: partial sums of " + std::to_string(d) +
+                               " columns exceed shared memory");
       const int columns = static_cast<int>(d);  // at most scratch::kRmsNormDwMaxD
       if (packed)
         rmsnorm_backward_dx_dw_kernel<T, 4>

@@ -53,7 +53,7 @@ struct Swizzled {
   // Matrix descriptor of the operand starting at p: this swizzle (mode 1: 128 bytes, 2: 64, 3: 32), 8-row
   // groups 8 rows apart (the stride byte offset). The leading byte offset is not used by swizzled
   // K-major operands, nor by MN-major ones no wider than a panel; mma_rs_panels sets it for one
-  // that spans two.
+  // that spans several (panels_as_one).
   __device__ __forceinline__ static std::uint64_t descriptor(const void* p) {
     const std::uint64_t addr = smem_addr(p);
     constexpr std::uint64_t kGroup = 8 * ROW_BYTES, kMode = ROW_BYTES == 128 ? 1 : ROW_BYTES == 64 ? 2 : 3;
@@ -220,7 +220,7 @@ __device__ __forceinline__ void hold(T (&x)[NB][4]) {
   "%23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, "  \
   "%44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}"
 
-// d[64 × N] (+)= a[64 × 16] · b[16 × N], N 16, 32, 64, 80 or 128: a from registers (the m16n8k16 A
+// d[64 × N] (+)= a[64 × 16] · b[16 × N], N 32, 64, 80 or 128: a from registers (the m16n8k16 A
 // fragment of each warp's 16 rows), b from shared memory, K-major (TRANS_B false: stored [n][k]) or
 // N-major (stored [k][n]). The accumulator layout is m16n8k16's, N/8 8-column blocks side by side per
 // warp.
@@ -256,34 +256,27 @@ __device__ __forceinline__ void mma_rs(float (&d)[N / 8][4], const unsigned (&a)
         ", {%16, %17, %18, %19}, %20, p, 1, 1, %22;\n}\n"
         : LMSCOPE_WGMMA_D16
         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(static_cast<int>(accumulate)), "n"(TRANS_B ? 1 : 0));
-  else
-    asm volatile(
-        "{\n.reg .pred p;\nsetp.ne.b32 p, %13, 0;\n"
-        "wgmma.mma_async.sync.aligned.m64n16k16.f32.bf16.bf16 " LMSCOPE_WGMMA_REGS8
-        ", {%8, %9, %10, %11}, %12, p, 1, 1, %14;\n}\n"
-        : LMSCOPE_WGMMA_D8
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(static_cast<int>(accumulate)), "n"(TRANS_B ? 1 : 0));
 }
 
 // The descriptor of an N-major operand stored as several panels (two of 64 columns, 128 wide; five
 // of 16, 80 wide), panel 0 at desc's address and each next one panel_bytes further: the panels'
 // distance is its leading byte offset.
-__device__ __forceinline__ std::uint64_t two_panels(std::uint64_t desc, int panel_bytes) {
+__device__ __forceinline__ std::uint64_t panels_as_one(std::uint64_t desc, int panel_bytes) {
   constexpr std::uint64_t kLeading = 0x3FFFull << 16;
   return (desc & ~kLeading) | (static_cast<std::uint64_t>(panel_bytes >> 4) << 16);
 }
 
 // acc[p] += a[64 × 16] · panel p of an N-major b (TileOf's N-column panels, panel 0 at b, each next
 // one panel_bytes further): one product per panel, or for two 64-column panels one n128 product
-// (two_panels; half the instructions, each A fragment read once: step 42 in docs/log/flash-attention.md),
+// (panels_as_one; half the instructions, each A fragment read once: step 42 in docs/log/flash-attention.md),
 // and for five 16-column panels one n80 product.
 template <int PANELS, int N>
 __device__ __forceinline__ void mma_rs_panels(float (&acc)[PANELS][N / 8][4], const unsigned (&a)[4], std::uint64_t b,
                                               int panel_bytes) {
   if constexpr (PANELS == 2 && N == 64) {
-    mma_rs<true, 128>(*reinterpret_cast<float(*)[16][4]>(&acc[0][0][0]), a, two_panels(b, panel_bytes), true);
+    mma_rs<true, 128>(*reinterpret_cast<float(*)[16][4]>(&acc[0][0][0]), a, panels_as_one(b, panel_bytes), true);
   } else if constexpr (PANELS == 5 && N == 16) {
-    mma_rs<true, 80>(*reinterpret_cast<float(*)[10][4]>(&acc[0][0][0]), a, two_panels(b, panel_bytes), true);
+    mma_rs<true, 80>(*reinterpret_cast<float(*)[10][4]>(&acc[0][0][0]), a, panels_as_one(b, panel_bytes), true);
   } else {
 #pragma unroll
     for (int p = 0; p < PANELS; ++p) mma_rs<true, N>(acc[p], a, advance(b, p * panel_bytes), true);

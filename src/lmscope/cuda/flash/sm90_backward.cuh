@@ -184,7 +184,7 @@ __global__ void __launch_bounds__(kWgThreads)
   auto issue_dq = [&](int r) {
     const std::uint64_t ds_desc = DsTile::descriptor(sdS + (r & 1) * kDsBytes);
     std::uint64_t kn_desc = Tile::descriptor(sK + (n0 / kCols) * kWbKeys * Tile::kRowBytes + (n0 % kCols) * 2);
-    if constexpr (kDqCols == 2 * kCols) kn_desc = sm90::two_panels(kn_desc, kWbKeys * Tile::kRowBytes);
+    if constexpr (kDqCols == 2 * kCols) kn_desc = sm90::panels_as_one(kn_desc, kWbKeys * Tile::kRowBytes);
 #pragma unroll
     for (int kc = 0; kc < kWbKeys / 16; ++kc)
       sm90::mma_ss<kDqCols, true, true>(dq, sm90::advance(ds_desc, kc * 16 * DsTile::kRowBytes),

@@ -3,11 +3,10 @@
 //
 // Shared tiles are swizzled (Swizzled below): a tile of R rows × C bf16 columns is stored as panels
 // of R rows × ROW_BYTES bytes (128: 64 columns, d 64 and 128; 64: 32 columns, d 32; 32: 16 columns,
-// d 80), and the 16-byte
-// chunk c of row r sits at chunk c ^ (r · ROW_BYTES / 128 mod ROW_BYTES / 16) of that row. The same
-// bytes serve both majors: read as a K-major operand, rows are M or N and the panel's columns are K;
-// read as an MN-major operand (transposed), rows are K and the columns N. Eight rows are one swizzle
-// atom, so panels must start atom-aligned (1024 bytes at most).
+// d 80), and the 16-byte chunk c of row r sits at chunk c ^ (r · ROW_BYTES / 128 mod ROW_BYTES / 16)
+// of that row. The same bytes serve both majors: read as a K-major operand, rows are M or N and the
+// panel's columns are K; read as an MN-major operand (transposed), rows are K and the columns N.
+// Eight rows are one swizzle atom, so panels must start atom-aligned (1024 bytes at most).
 //
 // Only compiled into sm_90a code (LMSCOPE_WGMMA); the host checks the device before launching.
 #pragma once

@@ -4,7 +4,7 @@
 //   accumulation, operands staged in shared memory by cp.async (double-buffered) and read with
 //   ldmatrix; each warp owns 16 rows, the softmax statistics live in registers (ptx.cuh,
 //   online_softmax.cuh, sm80_forward.cuh, sm80_backward.cuh);
-// - on Hopper, bf16 at d 32, 64 and 128 with enough tiles to fill the GPU: wgmma (warpgroup MMA
+// - on Hopper, bf16 at d 32, 64, 80 and 128 with enough tiles to fill the GPU: wgmma (warpgroup MMA
 //   reading swizzled shared memory that the copy engine, TMA, fills), the same algorithm in both
 //   directions (sm90_tiles.cuh, sm90_forward.cuh, sm90_backward.cuh);
 // - CUDA cores (fp32 storage, or any head dim up to 128): the same tiling in plain fp32 arithmetic,

@@ -51,6 +51,11 @@ if [[ "${1:-}" == "--compile-table" ]]; then
   odd=$(comm -3 <(cells_of warm) <(cells_of timed) | tr -d '\t' | head -4 | paste -sd' ')
   [[ -z "$odd" ]] || refuse "LMSCOPE_COMPILE_WARM_SPLIT and LMSCOPE_COMPILE_SPLIT must hold the same cells; one holds $odd and the other not"
 fi
+if [[ "${1:-}" == "--ab" ]]; then  # its settings, refused before anything is built (its section below)
+  (($# >= 4)) || refuse "--ab takes BASE NEW CELLS [ROUNDS]"
+  [[ "${5:-2}" =~ ^[1-9][0-9]*$ ]] || refuse "--ab: ROUNDS must be a whole number from 1, not '${5:-}'"
+  for cell in ${4//,/ }; do [[ "$cell" =~ ^[^@]+@[0-9]+$ ]] || refuse "--ab: a cell is MODEL@CTX, not '$cell'"; done
+fi
 source "$(dirname "$0")/gpu_env.sh"
 nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.max.sm --format=csv | tee "$OUT/gpu.txt"
 date -u +%FT%TZ | tee -a "$OUT/gpu.txt"
@@ -304,4 +309,33 @@ if [[ "${1:-}" == "--profile" ]]; then
     --attention "$attn" --warmup 5 --steps 10 --profile --format json --out "$OUT/lmscope-$tag.json" \
     >"$OUT/lmscope-$tag.md" 2>/dev/null
   head -8 "$OUT/lmscope-$tag.md"
+fi
+
+# --ab BASE NEW CELLS [ROUNDS]: two lmscope binaries (or one, twice), the train step of each cell
+# (MODEL@CTX, comma-separated) one process a cell, base then new, for ROUNDS rounds (default 2), so
+# that both see the card alike and each cell's rounds show the spread; bf16, flash, batch 4, fusion
+# and graphs on, medians of 20 steps after 5 (small, medium) or of 10 after 3 (the larger models).
+# LMSCOPE_AB_ARGS are added to both sides' bench, LMSCOPE_AB_BASE_ARGS and LMSCOPE_AB_NEW_ARGS to one
+# (e.g. "--weight-copies resident"). JSON and Markdown under $OUT/ab/, the table (tools/ab_table.py)
+# in $OUT/ab.md.
+if [[ "${1:-}" == "--ab" ]]; then
+  base=$2 new=$3 cells=$4 rounds=${5:-2}
+  for bin in "$base" "$new"; do [[ -x "$bin" ]] || refuse "--ab: no lmscope binary at '$bin'"; done
+  mkdir -p "$OUT/ab"
+  for round in $(seq "$rounds"); do
+    for cell in ${cells//,/ }; do
+      model=${cell%@*} ctx=${cell#*@}
+      [[ "$model" =~ ^(small|medium)$ ]] && steps=(--warmup 5 --steps 20) || steps=(--warmup 3 --steps 10)
+      for side in base new; do
+        [[ $side == base ]] && bin=$base extra=${LMSCOPE_AB_BASE_ARGS:-} || bin=$new extra=${LMSCOPE_AB_NEW_ARGS:-}
+        name="$side-$model-$ctx-$round"
+        # shellcheck disable=SC2086  # the settings' words are bench's arguments
+        timeout 300 "$bin" bench --device cuda --model "$model" --ctx "$ctx" --precision bf16 --attention flash \
+          --batch 4 "${steps[@]}" ${LMSCOPE_AB_ARGS:-} $extra --format json --out "$OUT/ab/$name.json" \
+          >"$OUT/ab/$name.md" 2>&1
+        echo "== $name: exit $?"
+      done
+    done
+  done
+  $PY tools/ab_table.py "$OUT/ab" | tee "$OUT/ab.md"
 fi

@@ -2,7 +2,10 @@
 // (lmscope's orientation: forward Y = X·Wᵀ, input gradient dX = dY·W, weight gradient dW = dYᵀ·X into
 // f32), the time of cuBLASLt's heuristic's first algorithm (what lmscope runs) against the fastest of
 // its first `count`, and the same for the products merged side by side (q, k and v as one
-// projection, w1 with w3) that a layer could run instead. Random bf16 operands; each algorithm timed
+// projection, w1 with w3) that a layer could run instead, and as batches of separate products
+// (cuBLASLt's batch of 3 or 2, with the shared operand given once: by fixed strides, as if the
+// weights lay side by side, or by arrays of pointers, which need nothing side by side; the input
+// gradients sum their products, so they have no batched form). Random bf16 operands; each algorithm timed
 // as the median of 3 loops of about 2 ms, each loop one device graph (as a step's GEMMs are replayed),
 // operands warm in L2 as in a step.
 //
@@ -22,12 +25,17 @@
 
 namespace {
 
+enum class Batch { none, strided, pointers };
+
 struct Product {
   std::string name;
   int m, n, k;  // row-major C[m, n] = op(A)[m, k] · op(B)[k, n]
   bool trans_a, trans_b;
   bool f32_out;
   int per_layer;  // launches of this shape in one layer's forward and backward (0: once a step)
+  int count = 1;  // products in the batch, each C its own; A or B shared where shared_a or shared_b
+  Batch batch = Batch::none;
+  bool shared_a = false, shared_b = false;
 };
 
 // A linear layer of `in` to `out` over `rows` tokens: its forward, input gradient and weight gradient.
@@ -35,6 +43,16 @@ void add_linear(std::vector<Product>& list, const std::string& name, int rows, i
   list.push_back({name + " fwd", rows, out, in, false, true, false, per_layer});
   list.push_back({name + " dgrad", rows, in, out, false, false, false, per_layer});
   list.push_back({name + " wgrad", out, in, rows, true, false, true, per_layer});
+}
+
+// `count` products of a linear layer's forward (the input shared) and weight gradient (the input
+// shared) as one batched call.
+void add_batched(std::vector<Product>& list, const std::string& name, int rows, int in, int out, int count) {
+  for (Batch batch : {Batch::strided, Batch::pointers}) {
+    const std::string how = batch == Batch::strided ? " (strided batch)" : " (pointer-array batch)";
+    list.push_back({name + " fwd" + how, rows, out, in, false, true, false, 0, count, batch, true, false});
+    list.push_back({name + " wgrad" + how, out, in, rows, true, false, true, 0, count, batch, false, true});
+  }
 }
 
 }  // namespace
@@ -62,7 +80,9 @@ int main(int argc, char** argv) {
   add_linear(list, "w2", rows, f, d, 1);
   add_linear(list, "lm head", rows, d, vocab, 0);
   add_linear(list, "merged q,k,v", rows, d, 3 * d, 0);
-  add_linear(list, "merged w1,w3", rows, d, 2 * f, 0);
+  add_linear(list, "merged w1,w3", rows, d, 2 * f, 0);  // sizes the operands for the batches too
+  add_batched(list, "batched q,k,v", rows, d, d, 3);
+  add_batched(list, "batched w1,w3", rows, d, f, 2);
 
   const Operands ops = random_operands(list, 1, 2);
   __nv_bfloat16 *a = ops.a, *b = ops.b;
@@ -70,6 +90,8 @@ int main(int argc, char** argv) {
   size_t workspace_bytes = size_t(32) << 20;
   void* workspace;
   CHECK_CUDA(cudaMalloc(&workspace, workspace_bytes));
+  const void** pointers;  // a pointer-array batch's A, B and C pointers, 3 of each at most
+  CHECK_CUDA(cudaMalloc(&pointers, 9 * sizeof(void*)));
   cudaStream_t stream;
   CHECK_CUDA(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
   cublasLtHandle_t lt;
@@ -99,6 +121,38 @@ int main(int argc, char** argv) {
     else
       CHECK_LT(cublasLtMatrixLayoutCreate(&lb, CUDA_R_16BF, p.k, p.m, p.k));
     CHECK_LT(cublasLtMatrixLayoutCreate(&lc, p.f32_out ? CUDA_R_32F : CUDA_R_16BF, p.n, p.m, p.n));
+    // A batch: each layout gets the count and either its stride (0 for the shared operand) or the
+    // pointer-array mode; then the call's A, B and C are the device arrays of each product's pointers.
+    const void *first = b, *second = a;
+    void* out = c;
+    if (p.batch != Batch::none) {
+      const int32_t batch_count = p.count;
+      const int64_t a_size = int64_t(p.m) * p.k, b_size = int64_t(p.k) * p.n, c_size = int64_t(p.m) * p.n;
+      const cublasLtMatrixLayout_t layouts[3] = {la, lb, lc};
+      const int64_t strides[3] = {p.shared_b ? 0 : b_size, p.shared_a ? 0 : a_size, c_size};
+      for (int i = 0; i < 3; ++i) {
+        CHECK_LT(cublasLtMatrixLayoutSetAttribute(layouts[i], CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT, &batch_count,
+                                                  sizeof(batch_count)));
+        if (p.batch == Batch::strided) {
+          CHECK_LT(cublasLtMatrixLayoutSetAttribute(layouts[i], CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET,
+                                                    &strides[i], sizeof(strides[i])));
+        } else {
+          const cublasLtBatchMode_t mode = CUBLASLT_BATCH_MODE_POINTER_ARRAY;
+          CHECK_LT(
+              cublasLtMatrixLayoutSetAttribute(layouts[i], CUBLASLT_MATRIX_LAYOUT_BATCH_MODE, &mode, sizeof(mode)));
+        }
+      }
+      if (p.batch == Batch::pointers) {
+        std::vector<const void*> host;
+        for (int i = 0; i < p.count; ++i) host.push_back(b + (p.shared_b ? 0 : i * b_size));
+        for (int i = 0; i < p.count; ++i) host.push_back(a + (p.shared_a ? 0 : i * a_size));
+        for (int i = 0; i < p.count; ++i) host.push_back(c + i * c_size);
+        CHECK_CUDA(cudaMemcpy(pointers, host.data(), host.size() * sizeof(void*), cudaMemcpyHostToDevice));
+        first = pointers;
+        second = pointers + p.count;
+        out = pointers + 2 * p.count;
+      }
+    }
     cublasLtMatmulPreference_t pref;
     CHECK_LT(cublasLtMatmulPreferenceCreate(&pref));
     CHECK_LT(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &workspace_bytes,
@@ -114,8 +168,8 @@ int main(int argc, char** argv) {
       CHECK_CUDA(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
       bool ran = true;
       for (int i = 0; i < reps && ran; ++i)
-        ran = cublasLtMatmul(lt, desc, &alpha, b, la, a, lb, &beta, c, lc, c, lc, &algo, workspace, workspace_bytes,
-                             stream) == CUBLAS_STATUS_SUCCESS;
+        ran = cublasLtMatmul(lt, desc, &alpha, first, la, second, lb, &beta, out, lc, out, lc, &algo, workspace,
+                             workspace_bytes, stream) == CUBLAS_STATUS_SUCCESS;
       cudaGraph_t graph = nullptr;
       CHECK_CUDA(cudaStreamEndCapture(stream, &graph));
       cudaGraphExec_t exec = nullptr;
@@ -138,7 +192,7 @@ int main(int argc, char** argv) {
       cublasLtMatmulAlgoConfigGetAttribute(&algo, CUBLASLT_ALGO_CONFIG_TILE_ID, &id, sizeof(id), &written);
       return id;
     };
-    const double gflop = 2.0 * p.m * p.n * p.k / 1e9;
+    const double gflop = 2.0 * p.m * p.n * p.k * p.count / 1e9;
     std::vector<double> us(static_cast<size_t>(got), -1);
     for (int i = 0; i < got; ++i) {
       cudaGraphExec_t one = graph_of(found[i].algo, 1);

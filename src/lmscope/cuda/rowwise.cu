@@ -8,6 +8,7 @@
 #include <cooperative_groups.h>
 
 #include <cstdint>
+#include <limits>
 #include <stdexcept>
 #include <string>
 #include <type_traits>
@@ -125,48 +126,65 @@ void with_row_elements(std::int64_t d, std::initializer_list<std::pair<const voi
     f(std::integral_constant<int, 4>{}, std::false_type{});
 }
 
-// dx = r·(w∘dy) − x·r³·mean(x∘w∘dy), plus the residual's gradient when one is given (fused: the add
-// after the norm's backward). Each thread takes N consecutive elements at a time (one 16-byte load
-// of the fp32 rows with N = 4; N = 1 where rows or buffers do not allow it): one element at a time,
-// the kernel ran at 69% of its memory floor (docs/speed.md).
-template <typename TD, int N>
-__global__ void rmsnorm_backward_dx_kernel(const TD* dout, const float* x, const float* w, const float* rstd,
-                                           const float* dresidual, float* dx, std::int64_t d) {
-  const std::int64_t base = blockIdx.x * d;
+// dx = r·(w∘dy) − x·r³·mean(x∘w∘dy) of one row, plus the residual's gradient when one is given
+// (fused: the add after the norm's backward), in two passes over the row. Each thread takes N
+// consecutive elements at a time (one 16-byte load of the fp32 rows with N = 4; N = 1 where rows or
+// buffers do not allow it): one element at a time, the kernel ran at 69% of its memory floor
+// (docs/speed.md). With PARTIALS the second pass also adds dy·x·r of each element it loads into its
+// column's sum in column_sums (a thread loads the same columns in every row, so no two threads add
+// to one column and no barrier guards them).
+template <typename TD, int N, bool PARTIALS>
+__device__ __forceinline__ void rmsnorm_dx_row(const TD* gr, const float* xr, const float* w, float r,
+                                               const float* dresidual_row, float* dx_row, float* column_sums, int d) {
+  const int first = threadIdx.x * N, step = blockDim.x * N;
   float dot = 0;
-  for (std::int64_t j = threadIdx.x * std::int64_t{N}; j < d; j += std::int64_t{blockDim.x} * N) {
+  for (int j = first; j < d; j += step) {
     float xv[N], wv[N], gv[N];
-    load(x + base + j, xv);
+    load(xr + j, xv);
     load(w + j, wv);
-    load(dout + base + j, gv);
+    load(gr + j, gv);
 #pragma unroll
     for (int k = 0; k < N; ++k) dot += xv[k] * wv[k] * gv[k];
   }
-  const float r = rstd[blockIdx.x], c = r * r * r * block_sum(dot) / static_cast<float>(d);
-  for (std::int64_t j = threadIdx.x * std::int64_t{N}; j < d; j += std::int64_t{blockDim.x} * N) {
+  const float c = r * r * r * block_sum(dot) / static_cast<float>(d);
+  auto second_pass = [&](int j) {
     float xv[N], wv[N], gv[N], rv[N] = {}, out[N];
-    load(x + base + j, xv);
+    load(xr + j, xv);
     load(w + j, wv);
-    load(dout + base + j, gv);
-    if (dresidual) load(dresidual + base + j, rv);
+    load(gr + j, gv);
+    if (dresidual_row) load(dresidual_row + j, rv);
 #pragma unroll
     for (int k = 0; k < N; ++k) {
       const float g = r * wv[k] * gv[k] - xv[k] * c;
-      out[k] = dresidual ? g + rv[k] : g;
+      out[k] = dresidual_row ? g + rv[k] : g;
+      if constexpr (PARTIALS) column_sums[j + k] += gv[k] * xv[k] * r;
     }
-    store(dx + base + j, out);
+    store(dx_row + j, out);
+  };
+  if constexpr (PARTIALS) {
+#pragma unroll 1  // unrolled, this loop spilled at the dx_dw kernel's 32 registers
+    for (int j = first; j < d; j += step) second_pass(j);
+  } else {
+    for (int j = first; j < d; j += step) second_pass(j);
   }
 }
 
+// dx alone, a block a row.
+template <typename TD, int N>
+__global__ void rmsnorm_backward_dx_kernel(const TD* dout, const float* x, const float* w, const float* rstd,
+                                           const float* dresidual, float* dx, int d) {
+  const std::int64_t base = blockIdx.x * std::int64_t{d};
+  rmsnorm_dx_row<TD, N, false>(dout + base, x + base, w, rstd[blockIdx.x], dresidual ? dresidual + base : nullptr,
+                               dx + base, nullptr, d);
+}
+
 // The dx kernel's values, and dw's sums a block at a time: block b takes rows b, b + G, b + 2G, ...
-// (G blocks) and each thread adds dy·x·r of the elements it loads into its own columns' sums in
-// shared memory (a thread loads the same columns in every row, so no two threads add to one column
-// and no barrier guards them); the block's sums go to partials[b]. dy and x are read once for both
-// gradients, leaving dw a sum of the G rows of partials (rmsnorm_backward_dw_kernel, unscaled):
-// 8 bytes an element of the rows over the rows a block, where the dw kernel alone reads 6. The
-// 1024 blocks are one wave on 132 SMs only at 8 blocks an SM, so at most 32 registers a thread: with
-// the 40 the compiler chose it made 6 an SM and two waves (H100, large ctx 1024: 35.4 µs a call
-// against the dx kernel's 26.9, where the partials' bytes add 1.7).
+// (G blocks), summing in shared memory, and the block's sums go to partials[b]. dy and x are read
+// once for both gradients, leaving dw a sum of the G rows of partials (rmsnorm_backward_dw_kernel,
+// unscaled): 8 bytes an element of the rows over the rows a block, where the dw kernel alone reads
+// 6. The 1024 blocks are one wave on 132 SMs only at 8 blocks an SM, so at most 32 registers a
+// thread: with the 40 the compiler chose it made 6 an SM and two waves (H100, large ctx 1024: 35.4 µs
+// a call against the dx kernel's 26.9, where the partials' bytes add 1.7).
 template <typename TD, int N>
 __global__ void __launch_bounds__(256, 8)
     rmsnorm_backward_dx_dw_kernel(const TD* dout, const float* x, const float* w, const float* rstd,
@@ -176,35 +194,9 @@ __global__ void __launch_bounds__(256, 8)
   for (int j = first; j < d; j += step)
 #pragma unroll
     for (int k = 0; k < N; ++k) column_sums[j + k] = 0;
-  for (std::int64_t row = blockIdx.x; row < n; row += gridDim.x) {
-    const float* xr = x + row * d;
-    const TD* gr = dout + row * d;
-    float dot = 0;
-    for (int j = first; j < d; j += step) {
-      float xv[N], wv[N], gv[N];
-      load(xr + j, xv);
-      load(w + j, wv);
-      load(gr + j, gv);
-#pragma unroll
-      for (int k = 0; k < N; ++k) dot += xv[k] * wv[k] * gv[k];
-    }
-    const float r = rstd[row], c = r * r * r * block_sum(dot) / static_cast<float>(d);
-#pragma unroll 1  // unrolled, this loop spilled at 32 registers
-    for (int j = first; j < d; j += step) {
-      float xv[N], wv[N], gv[N], rv[N] = {}, out[N];
-      load(xr + j, xv);
-      load(w + j, wv);
-      load(gr + j, gv);
-      if (dresidual) load(dresidual + row * d + j, rv);
-#pragma unroll
-      for (int k = 0; k < N; ++k) {
-        const float g = r * wv[k] * gv[k] - xv[k] * c;
-        out[k] = dresidual ? g + rv[k] : g;
-        column_sums[j + k] += gv[k] * xv[k] * r;
-      }
-      store(dx + row * d + j, out);
-    }
-  }
+  for (std::int64_t row = blockIdx.x; row < n; row += gridDim.x)
+    rmsnorm_dx_row<TD, N, true>(dout + row * d, x + row * d, w, rstd[row], dresidual ? dresidual + row * d : nullptr,
+                                dx + row * d, column_sums, d);
   for (int j = first; j < d; j += step) {
     float sums[N];
 #pragma unroll
@@ -524,10 +516,13 @@ void rmsnorm_backward(const void* dout, Elem edout, const float* x, const float*
       launch_dw<float, false>(dw_partials, nullptr, nullptr, dw, kRmsNormDwBlocks, d, s);
       return;
     }
+    if (d > std::numeric_limits<int>::max())
+      throw std::logic_error("rmsnorm backward: rows of " + std::to_string(d) + " columns");
+    const int columns = static_cast<int>(d);
     if (packed)
-      rmsnorm_backward_dx_kernel<T, 4><<<static_cast<unsigned>(n), 256, 0, s>>>(dy, x, w, rstd, dresidual, dx, d);
+      rmsnorm_backward_dx_kernel<T, 4><<<static_cast<unsigned>(n), 256, 0, s>>>(dy, x, w, rstd, dresidual, dx, columns);
     else
-      rmsnorm_backward_dx_kernel<T, 1><<<static_cast<unsigned>(n), 256, 0, s>>>(dy, x, w, rstd, dresidual, dx, d);
+      rmsnorm_backward_dx_kernel<T, 1><<<static_cast<unsigned>(n), 256, 0, s>>>(dy, x, w, rstd, dresidual, dx, columns);
     check_launch("rmsnorm_backward_dx_kernel");
     launch_dw<T, true>(dy, x, rstd, dw, n, d, s);
   });

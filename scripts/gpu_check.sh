@@ -316,8 +316,8 @@ fi
 # that both see the card alike and each cell's rounds show the spread; bf16, flash, batch 4, fusion
 # and graphs on, medians of 20 steps after 5 (small, medium) or of 10 after 3 (the larger models).
 # LMSCOPE_AB_ARGS are added to both sides' bench, LMSCOPE_AB_BASE_ARGS and LMSCOPE_AB_NEW_ARGS to one
-# (e.g. "--weight-copies resident"). JSON and Markdown under $OUT/ab/, the table (tools/ab_table.py)
-# in $OUT/ab.md.
+# (e.g. "--weight-copies resident"). The table (tools/ab_table.py) in $OUT/ab.md, each run's JSON and
+# Markdown in $OUT/ab.tgz.
 if [[ "${1:-}" == "--ab" ]]; then
   base=$2 new=$3 cells=$4 rounds=${5:-2}
   for bin in "$base" "$new"; do [[ -x "$bin" ]] || refuse "--ab: no lmscope binary at '$bin'"; done
@@ -338,4 +338,5 @@ if [[ "${1:-}" == "--ab" ]]; then
     done
   done
   $PY tools/ab_table.py "$OUT/ab" | tee "$OUT/ab.md"
+  tar -C "$OUT" -czf "$OUT/ab.tgz" ab && rm -r "$OUT/ab"  # one file back from the machine, not four a cell
 fi

@@ -187,7 +187,7 @@ TEST_F(CudaVsCpu, RmsNormBackwardWithDwPartials) {
     for (Backend* b : {cpu.get(), gpu.get()}) {
       const bool c = b == cpu.get();
       b->rmsnorm_backward_add(c ? dy.cpu : dy.gpu, c ? x.cpu : x.gpu, c ? w.cpu : w.gpu, c ? r.cpu : r.gpu,
-                              c ? dres.cpu : dres.gpu, c ? dxf.cpu : dxf.gpu, c ? dwf.cpu : dwf.gpu);
+                              c ? dres.cpu : dres.gpu, c ? dxf.cpu : dxf.gpu, c ? dwf.cpu : dwf.gpu, Tensor{});
     }
     expect_close(dxf, kFp32, "fused rmsnorm dx");
     EXPECT_EQ(download(*gpu, dwf.gpu), download(*gpu, dw.gpu));
@@ -309,7 +309,7 @@ TEST_F(CudaVsCpu, FusedResidualAndRmsNorm) {
       b->add_rmsnorm_forward(c ? x.cpu : x.gpu, c ? y.cpu : y.gpu, c ? h.cpu : h.gpu, c ? w.cpu : w.gpu,
                              c ? out.cpu : out.gpu, c ? r.cpu : r.gpu, 1e-5);
       b->rmsnorm_backward_add(c ? dy.cpu : dy.gpu, c ? h.cpu : h.gpu, c ? w.cpu : w.gpu, c ? r.cpu : r.gpu,
-                              c ? dres.cpu : dres.gpu, c ? dx.cpu : dx.gpu, c ? dw.cpu : dw.gpu);
+                              c ? dres.cpu : dres.gpu, c ? dx.cpu : dx.gpu, c ? dw.cpu : dw.gpu, Tensor{});
     }
     for (auto [t, what] : {std::pair{&h, "residual"}, {&out, "norm"}, {&r, "rstd"}, {&dx, "dx"}, {&dw, "dw"}})
       expect_close(*t, kFp32, std::string("fused ") + what);
@@ -684,6 +684,25 @@ TEST_P(LowpVsCpu, RmsNormBackwardWithDwPartials) {
   EXPECT_TRUE(!kernel || kernel->ends_with(", 4>")) << *kernel;
   expect_close(dx, kLowp, "rmsnorm dx from a 16-bit gradient");
   expect_close(dw, kLowp, "rmsnorm dw from a 16-bit gradient");
+}
+
+// The residual's gradient in 16 bits from the same pass as dx (the GEMMs after read it so): the bits
+// cast(dx) gives, and dx itself the bits of the call without it; from the dx kernel alone (37 rows)
+// and from the one that also sums dw's partials (4133 rows), four elements a thread and one.
+TEST_P(LowpVsCpu, RmsNormBackwardAddWritesDxInSixteenBits) {
+  for (auto [N, d] : {std::pair<std::int64_t, std::int64_t>{37, 256}, {37, 203}, {4133, 1280}, {4133, 203}}) {
+    SCOPED_TRACE(std::to_string(N) + " rows of " + std::to_string(d));
+    auto x = random({N, d}), w = random({d}), r = output({N}), dy = random({N, d}), y = output({N, d});
+    auto dres = random({N, d}), dx = output({N, d}), dw = output({d}), dx2 = output({N, d}), dw2 = output({d});
+    gpu->rmsnorm_forward(x.gpu, w.gpu, y.gpu, r.gpu, 1e-5);
+    Allocation dyb = lowp(dy), dxl = lowp_output({N, d}), cast = lowp_output({N, d});
+    gpu->rmsnorm_backward_add(dyb, x.gpu, w.gpu, r.gpu, dres.gpu, dx.gpu, dw.gpu, dxl);
+    gpu->rmsnorm_backward_add(dyb, x.gpu, w.gpu, r.gpu, dres.gpu, dx2.gpu, dw2.gpu, Tensor{});
+    EXPECT_EQ(download_raw(dx.gpu), download_raw(dx2.gpu));
+    EXPECT_EQ(download_raw(dw.gpu), download_raw(dw2.gpu));
+    gpu->cast(dx.gpu, cast);
+    EXPECT_EQ(download_bits16(dxl), download_bits16(cast));
+  }
 }
 
 TEST_P(LowpVsCpu, RowOps) {

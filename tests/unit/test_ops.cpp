@@ -58,7 +58,12 @@ TEST_F(Ops, FusedResidualAndRmsNormEqualTheTwoOps) {
     auto h2 = make(s, false), out2 = make(s, false), r2 = make({7}, false), dx2 = make(s, false),
          dw2 = make({37}, false);
     be->add_rmsnorm_forward(x, y, h, w, out, r, 1e-5);
-    be->rmsnorm_backward_add(dy, h, w, r, dres, dx, dw);
+    // dx in f32 beside it, from the f64 pass (the CPU computes in one dtype: this checks the contract).
+    Allocation dx_lowp = be->allocator().allocate(s, t == DType::f64 ? DType::f32 : t, {}),
+               cast = be->allocator().allocate(s, dx_lowp.tensor().dtype, {});
+    be->rmsnorm_backward_add(dy, h, w, r, dres, dx, dw, dx_lowp);
+    be->cast(dx, cast);
+    EXPECT_EQ(download(*be, dx_lowp), download(*be, cast));
     be->add(x, y, h2);
     be->rmsnorm_forward(h2, w, out2, r2, 1e-5);
     be->rmsnorm_backward(dy, h2, w, r2, dx2, dw2);

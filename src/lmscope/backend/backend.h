@@ -185,16 +185,20 @@ class Backend {
   // (y may have the compute dtype, x and h the residual stream's); and the RMSNorm's backward with the
   // residual's gradient added, dx = rmsnorm_backward(...) + dresidual. One pass each where the backend
   // has it (CPU, CUDA: the same values as the two ops); these defaults are the two ops. h may alias x;
-  // dx aliases neither x nor dresidual.
+  // dx aliases neither x nor dresidual. dx_lowp, unless empty, also gets dx in its own (the compute)
+  // dtype, the bits cast(dx, dx_lowp) gives, for the GEMMs that read the residual's gradient: on
+  // CUDA from the same pass, where the cast would read dx again.
   virtual void add_rmsnorm_forward(const Tensor& x, const Tensor& y, const Tensor& h, const Tensor& weight,
                                    const Tensor& out, const Tensor& rstd, double eps) {
     add(x, y, h);
     rmsnorm_forward(h, weight, out, rstd, eps);
   }
   virtual void rmsnorm_backward_add(const Tensor& dout, const Tensor& x, const Tensor& weight, const Tensor& rstd,
-                                    const Tensor& dresidual, const Tensor& dx, const Tensor& dweight) {
+                                    const Tensor& dresidual, const Tensor& dx, const Tensor& dweight,
+                                    const Tensor& dx_lowp) {
     rmsnorm_backward(dout, x, weight, rstd, dx, dweight);
     add(dx, dresidual, dx);
+    if (!dx_lowp.empty()) cast(dx, dx_lowp);
   }
 
   // in [B, T, h, dk] -> out [B, h, T, dk]; with rope_theta > 0 also rotates interleaved pairs

@@ -223,7 +223,7 @@ class CudaBackend final : public Backend {
     const std::int64_t d = x.dim(-1), n = x.numel() / d;
     const Allocation partials = scratch::cuda_rmsnorm_backward(alloc_, n, d);
     if (graphs_->skip("rmsnorm_backward", dout, x, w, rstd, dx, dw, partials.tensor())) return;
-    cuda::rmsnorm_backward(dout.data, elem(dout), f32(x), f32(w), f32(rstd), nullptr, f32(dx), f32(dw),
+    cuda::rmsnorm_backward(dout.data, elem(dout), f32(x), f32(w), f32(rstd), nullptr, f32(dx), nullptr, f32(dw),
                            dw_partials(partials), n, d, stream_);
   }
   void add_rmsnorm_forward(const Tensor& x, const Tensor& y, const Tensor& h, const Tensor& w, const Tensor& out,
@@ -236,13 +236,18 @@ class CudaBackend final : public Backend {
                               static_cast<float>(eps), stream_);
   }
   void rmsnorm_backward_add(const Tensor& dout, const Tensor& x, const Tensor& w, const Tensor& rstd,
-                            const Tensor& dresidual, const Tensor& dx, const Tensor& dw) override {
+                            const Tensor& dresidual, const Tensor& dx, const Tensor& dw,
+                            const Tensor& dx_lowp) override {
     same_shape(x, dresidual, "rmsnorm_backward_add dresidual");
+    if (!dx_lowp.empty()) {
+      same_shape(x, dx_lowp, "rmsnorm_backward_add dx_lowp");
+      same_dtype(dout, dx_lowp, "rmsnorm_backward_add dx_lowp");  // the kernel writes it in dy's type
+    }
     const std::int64_t d = x.dim(-1), n = x.numel() / d;
     const Allocation partials = scratch::cuda_rmsnorm_backward(alloc_, n, d);
-    if (graphs_->skip("rmsnorm_backward_add", dout, x, w, rstd, dresidual, dx, dw, partials.tensor())) return;
-    cuda::rmsnorm_backward(dout.data, elem(dout), f32(x), f32(w), f32(rstd), f32(dresidual), f32(dx), f32(dw),
-                           dw_partials(partials), n, d, stream_);
+    if (graphs_->skip("rmsnorm_backward_add", dout, x, w, rstd, dresidual, dx, dw, partials.tensor(), dx_lowp)) return;
+    cuda::rmsnorm_backward(dout.data, elem(dout), f32(x), f32(w), f32(rstd), f32(dresidual), f32(dx), dx_lowp.data,
+                           f32(dw), dw_partials(partials), n, d, stream_);
   }
 
   void split_heads(const Tensor& in, const Tensor& out, double theta) override {

@@ -90,11 +90,12 @@ void add_rmsnorm_forward(const float* x, const void* y, Elem ey, float* h, const
                          float* rstd, std::int64_t n, std::int64_t d, float eps, cudaStream_t s);
 // dresidual (nullable): added to dx in the same pass, as add after the backward would. dw_partials
 // (nullable, [kRmsNormDwBlocks, d]): the dx kernel also sums dy·x·r over its rows, a block's sums a row
-// of them, then dw adds the rows; without, a second kernel reads dy and x again for dw.
+// of them, then dw adds the rows; without, a second kernel reads dy and x again for dw. dx_lowp
+// (nullable, stored as edout): dx rounded as a cast to that type would round it, from the same pass.
 inline constexpr int kRmsNormDwBlocks = 1024;
 void rmsnorm_backward(const void* dout, Elem edout, const float* x, const float* w, const float* rstd,
-                      const float* dresidual, float* dx, float* dw, float* dw_partials, std::int64_t n, std::int64_t d,
-                      cudaStream_t s);
+                      const float* dresidual, float* dx, void* dx_lowp, float* dw, float* dw_partials, std::int64_t n,
+                      std::int64_t d, cudaStream_t s);
 void softmax_forward(const void* scores, void* probs, Elem e, std::int64_t rows, std::int64_t tq, std::int64_t tk,
                      float scale, bool causal, cudaStream_t s);
 void softmax_backward(const void* probs, const void* dprobs, void* dscores, Elem e, std::int64_t rows, std::int64_t tk,

@@ -130,12 +130,14 @@ void with_row_elements(std::int64_t d, std::initializer_list<std::pair<const voi
 // (fused: the add after the norm's backward), in two passes over the row. Each thread takes N
 // consecutive elements at a time (one 16-byte load of the fp32 rows with N = 4; N = 1 where rows or
 // buffers do not allow it): one element at a time, the kernel ran at 69% of its memory floor
-// (docs/speed.md). With PARTIALS the second pass also adds dy·x·r of each element it loads into its
-// column's sum in column_sums (a thread loads the same columns in every row, so no two threads add
-// to one column and no barrier guards them).
+// (docs/speed.md). dx_lowp_row, unless null, gets dx in TD too (the GEMMs after read it so; a cast
+// would read dx again). With PARTIALS the second pass also adds dy·x·r of each element it loads into
+// its column's sum in column_sums (a thread loads the same columns in every row, so no two threads
+// add to one column and no barrier guards them).
 template <typename TD, int N, bool PARTIALS>
 __device__ __forceinline__ void rmsnorm_dx_row(const TD* gr, const float* xr, const float* w, float r,
-                                               const float* dresidual_row, float* dx_row, float* column_sums, int d) {
+                                               const float* dresidual_row, float* dx_row, TD* dx_lowp_row,
+                                               float* column_sums, int d) {
   const int first = threadIdx.x * N, step = blockDim.x * N;
   float dot = 0;
   for (int j = first; j < d; j += step) {
@@ -160,6 +162,7 @@ __device__ __forceinline__ void rmsnorm_dx_row(const TD* gr, const float* xr, co
       if constexpr (PARTIALS) column_sums[j + k] += gv[k] * xv[k] * r;
     }
     store(dx_row + j, out);
+    if (dx_lowp_row) store(dx_lowp_row + j, out);
   };
   if constexpr (PARTIALS) {
 #pragma unroll 1  // unrolled, this loop spilled at the dx_dw kernel's 32 registers
@@ -172,10 +175,10 @@ __device__ __forceinline__ void rmsnorm_dx_row(const TD* gr, const float* xr, co
 // dx alone, a block a row.
 template <typename TD, int N>
 __global__ void rmsnorm_backward_dx_kernel(const TD* dout, const float* x, const float* w, const float* rstd,
-                                           const float* dresidual, float* dx, int d) {
+                                           const float* dresidual, float* dx, TD* dx_lowp, int d) {
   const std::int64_t base = blockIdx.x * std::int64_t{d};
   rmsnorm_dx_row<TD, N, false>(dout + base, x + base, w, rstd[blockIdx.x], dresidual ? dresidual + base : nullptr,
-                               dx + base, nullptr, d);
+                               dx + base, dx_lowp ? dx_lowp + base : nullptr, nullptr, d);
 }
 
 // The dx kernel's values, and dw's sums a block at a time: block b takes rows b, b + G, b + 2G, ...
@@ -188,7 +191,8 @@ __global__ void rmsnorm_backward_dx_kernel(const TD* dout, const float* x, const
 template <typename TD, int N>
 __global__ void __launch_bounds__(256, 8)
     rmsnorm_backward_dx_dw_kernel(const TD* dout, const float* x, const float* w, const float* rstd,
-                                  const float* dresidual, float* dx, float* partials, std::int64_t n, int d) {
+                                  const float* dresidual, float* dx, TD* dx_lowp, float* partials, std::int64_t n,
+                                  int d) {
   extern __shared__ float column_sums[];
   const int first = threadIdx.x * N, step = blockDim.x * N;
   for (int j = first; j < d; j += step)
@@ -196,7 +200,7 @@ __global__ void __launch_bounds__(256, 8)
     for (int k = 0; k < N; ++k) column_sums[j + k] = 0;
   for (std::int64_t row = blockIdx.x; row < n; row += gridDim.x)
     rmsnorm_dx_row<TD, N, true>(dout + row * d, x + row * d, w, rstd[row], dresidual ? dresidual + row * d : nullptr,
-                                dx + row * d, column_sums, d);
+                                dx + row * d, dx_lowp ? dx_lowp + row * d : nullptr, column_sums, d);
   for (int j = first; j < d; j += step) {
     float sums[N];
 #pragma unroll
@@ -494,35 +498,38 @@ void add_rmsnorm_forward(const float* x, const void* y, Elem ey, float* h, const
 }
 
 void rmsnorm_backward(const void* dout, Elem edout, const float* x, const float* w, const float* rstd,
-                      const float* dresidual, float* dx, float* dw, float* dw_partials, std::int64_t n, std::int64_t d,
-                      cudaStream_t s) {
+                      const float* dresidual, float* dx, void* dx_lowp, float* dw, float* dw_partials, std::int64_t n,
+                      std::int64_t d, cudaStream_t s) {
+  if (d > std::numeric_limits<int>::max())
+    throw std::logic_error("rmsnorm backward: rows of " + std::to_string(d) + " columns");
+  const int columns = static_cast<int>(d);
   with_elem(edout, [&](auto t) {
     using T = typename decltype(t)::type;
     const T* dy = static_cast<const T*>(dout);
-    const bool packed = d % 4 == 0 && aligned16({dy, x, w, dx, dw_partials}) && (!dresidual || aligned16({dresidual}));
+    T* lowp = static_cast<T*>(dx_lowp);
+    const bool packed = d % 4 == 0 && aligned16({dy, x, w, dx, dw_partials}) &&
+                        (!dresidual || aligned16({dresidual})) && (!lowp || aligned16({lowp}));
     if (dw_partials) {
       const auto bytes = static_cast<std::size_t>(d) * sizeof(float);
       if (bytes + 128 > 48 * 1024)  // the default limit; scratch::kRmsNormDwMaxD keeps below it
         throw std::logic_error("rmsnorm backward: partial sums of " + std::to_string(d) +
                                " columns exceed shared memory");
-      const int columns = static_cast<int>(d);  // at most scratch::kRmsNormDwMaxD
       if (packed)
         rmsnorm_backward_dx_dw_kernel<T, 4>
-            <<<kRmsNormDwBlocks, 256, bytes, s>>>(dy, x, w, rstd, dresidual, dx, dw_partials, n, columns);
+            <<<kRmsNormDwBlocks, 256, bytes, s>>>(dy, x, w, rstd, dresidual, dx, lowp, dw_partials, n, columns);
       else
         rmsnorm_backward_dx_dw_kernel<T, 1>
-            <<<kRmsNormDwBlocks, 256, bytes, s>>>(dy, x, w, rstd, dresidual, dx, dw_partials, n, columns);
+            <<<kRmsNormDwBlocks, 256, bytes, s>>>(dy, x, w, rstd, dresidual, dx, lowp, dw_partials, n, columns);
       check_launch("rmsnorm_backward_dx_dw_kernel");
       launch_dw<float, false>(dw_partials, nullptr, nullptr, dw, kRmsNormDwBlocks, d, s);
       return;
     }
-    if (d > std::numeric_limits<int>::max())
-      throw std::logic_error("rmsnorm backward: rows of " + std::to_string(d) + " columns");
-    const int columns = static_cast<int>(d);
     if (packed)
-      rmsnorm_backward_dx_kernel<T, 4><<<static_cast<unsigned>(n), 256, 0, s>>>(dy, x, w, rstd, dresidual, dx, columns);
+      rmsnorm_backward_dx_kernel<T, 4>
+          <<<static_cast<unsigned>(n), 256, 0, s>>>(dy, x, w, rstd, dresidual, dx, lowp, columns);
     else
-      rmsnorm_backward_dx_kernel<T, 1><<<static_cast<unsigned>(n), 256, 0, s>>>(dy, x, w, rstd, dresidual, dx, columns);
+      rmsnorm_backward_dx_kernel<T, 1>
+          <<<static_cast<unsigned>(n), 256, 0, s>>>(dy, x, w, rstd, dresidual, dx, lowp, columns);
     check_launch("rmsnorm_backward_dx_kernel");
     launch_dw<T, true>(dy, x, rstd, dw, n, d, s);
   });

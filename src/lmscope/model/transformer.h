@@ -242,8 +242,11 @@ class Transformer {
   AttentionCall attention_call(int layer) const;
   // An RMSNorm's backward from dn, its input x and statistics, with the residual's gradient
   // dresidual added: dx = the norm's input gradient + dresidual (fused or not, as fusion_ says).
-  void norm_backward_add(Parameter* norm, const Tensor& dn, const Tensor& x, const Tensor& rstd,
-                         const Tensor& dresidual, const Tensor& dx);
+  // Fused under mixed precision, the same pass also makes dx in the compute dtype for the GEMMs of
+  // layer `reader`, returned as that layer's "lowp_name" (what as_compute would cast there); with no
+  // name, or otherwise, nothing is returned.
+  Allocation norm_backward_add(Parameter* norm, const Tensor& dn, const Tensor& x, const Tensor& rstd,
+                               const Tensor& dresidual, const Tensor& dx, const char* lowp_name, int reader);
 
   ModelConfig config_;
   Backend& backend_;

@@ -34,15 +34,19 @@ void Transformer::parameter_gradient(Parameter* p, Op&& op) {
     backend_.cast(part, gradient(*p));
 }
 
-void Transformer::norm_backward_add(Parameter* norm, const Tensor& dn, const Tensor& x, const Tensor& rstd,
-                                    const Tensor& dresidual, const Tensor& dx) {
+Allocation Transformer::norm_backward_add(Parameter* norm, const Tensor& dn, const Tensor& x, const Tensor& rstd,
+                                          const Tensor& dresidual, const Tensor& dx, const char* lowp_name,
+                                          int reader) {
+  Allocation lowp;
+  if (fusion_ && compute_ != dx.dtype && lowp_name) lowp = act(lowp_name, reader, dx.shape);
   parameter_gradient(norm, [&](const Tensor& dw) {
     if (fusion_)
-      backend_.rmsnorm_backward_add(dn, x, norm->value, rstd, dresidual, dx, dw);
+      backend_.rmsnorm_backward_add(dn, x, norm->value, rstd, dresidual, dx, dw, lowp);
     else
       backend_.rmsnorm_backward(dn, x, norm->value, rstd, dx, dw);
   });
   if (!fusion_) backend_.add(dx, dresidual, dx);
+  return lowp;
 }
 
 void Transformer::backward(MicroBatch micro) {
@@ -104,6 +108,7 @@ void Transformer::backward(MicroBatch micro) {
 
   head.done();
   const double eps = 1e-5;
+  Allocation dx_lowp;  // dx in the compute dtype where the layer after made it (norm_backward_add)
   for (int l = config_.layers - 1; l >= 0; --l) {
     ScopedRange r(ranges, RangeLevel::layer, "layer", l);
     const LayerParams& P = layer_params_[l];
@@ -114,8 +119,8 @@ void Transformer::backward(MicroBatch micro) {
     OpRanges op(ranges);
     op.next("w2");
     // x_out = h + w2·(silu(w1·n2) ∘ w3·n2), n2 = ln2(h); dx holds d x_out.
-    Allocation dx_scratch;
-    const Tensor& dx_c = as_compute(dx, dx_scratch, "grad.residual.lowp", l);
+    Allocation dx_scratch = std::move(dx_lowp);
+    const Tensor& dx_c = dx_scratch.empty() ? as_compute(dx, dx_scratch, "grad.residual.lowp", l) : dx_scratch;
     Allocation dgate = act("grad.ffn.gate", l, {N, f});
     linear_backward_input(dx_c, weight(P.w2), dgate, 0.0f);
     drop_lowp_copies({P.w2});
@@ -150,7 +155,7 @@ void Transformer::backward(MicroBatch micro) {
     L.n2.reset();
     op.next("ln2 and residual");
     Allocation dh = wide("grad.attn.residual", l, {N, d});
-    norm_backward_add(P.ln2, dn, L.h, L.rstd2, dx, dh);
+    Allocation dh_scratch = norm_backward_add(P.ln2, dn, L.h, L.rstd2, dx, dh, "grad.attn.residual.lowp", l);
     gradients_done({P.ln2});
     dn.reset();
     dx.reset();
@@ -159,8 +164,7 @@ void Transformer::backward(MicroBatch micro) {
 
     op.next("output projection");
     // h = x + wo·merge(attention(q, k, v)); dh holds d h.
-    Allocation dh_scratch;
-    const Tensor& dh_c = as_compute(dh, dh_scratch, "grad.attn.residual.lowp", l);
+    const Tensor& dh_c = dh_scratch.empty() ? as_compute(dh, dh_scratch, "grad.attn.residual.lowp", l) : dh_scratch;
     Allocation d_o = act("grad.attn.o", l, {N, d});
     linear_backward_input(dh_c, weight(P.wo), d_o, 0.0f);
     drop_lowp_copies({P.wo});
@@ -213,7 +217,8 @@ void Transformer::backward(MicroBatch micro) {
     L.n1.reset();
     op.next("ln1 and residual");
     dx = wide("grad.residual", l, {N, d});
-    norm_backward_add(P.ln1, dn, L.x, L.rstd1, dh, dx);
+    // Layer 0's dx goes to the embedding's backward alone, which reads the master dtype.
+    dx_lowp = norm_backward_add(P.ln1, dn, L.x, L.rstd1, dh, dx, l > 0 ? "grad.residual.lowp" : nullptr, l - 1);
     gradients_done({P.ln1});
     dn.reset();
     dh.reset();

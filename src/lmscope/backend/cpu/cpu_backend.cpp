@@ -195,9 +195,11 @@ class CpuBackend final : public Backend {
     rmsnorm_backward_rows(dout, x, w, rstd, nullptr, dx, dw);
   }
   void rmsnorm_backward_add(const Tensor& dout, const Tensor& x, const Tensor& w, const Tensor& rstd,
-                            const Tensor& dresidual, const Tensor& dx, const Tensor& dw) override {
+                            const Tensor& dresidual, const Tensor& dx, const Tensor& dw,
+                            const Tensor& dx_lowp) override {
     expect_shape(dresidual, x.shape, "rmsnorm_backward_add dresidual");
     rmsnorm_backward_rows(dout, x, w, rstd, &dresidual, dx, dw);
+    if (!dx_lowp.empty()) cast(dx, dx_lowp);  // the CPU computes in its master dtype: the model never asks
   }
 
   void split_heads(const Tensor& in, const Tensor& out, double theta) override {

@@ -338,6 +338,40 @@ TEST_F(CudaVsCpu, HeadsWithRope) {
     }
 }
 
+// Moves of several tensors in one launch (up to three, each with its own angle; a fourth takes a
+// second launch): each the bits of split_heads or merge_heads alone, one pair a thread (dk 18) and
+// 16 bytes a thread (dk 64).
+TEST_F(CudaVsCpu, HeadsMovedTogetherGiveTheBitsOfEachAlone) {
+  for (auto [T, dk] : {std::pair<std::int64_t, std::int64_t>{37, 18}, {77, 64}}) {
+    SCOPED_TRACE(dk);
+    const std::int64_t B = 3, H = 5;
+    const double thetas[4] = {10000.0, 10000.0, 0.0, 500.0};
+    std::vector<Twin> twins;  // per move: tokens, heads alone, heads together, tokens back alone, back together
+    Tensor tokens[4], together[4], heads[4], back[4];
+    for (int i = 0; i < 4; ++i) {
+      twins.push_back(random({B, T, H, dk}));
+      twins.push_back(output({B, H, T, dk}));
+      twins.push_back(output({B, H, T, dk}));
+      twins.push_back(output({B, T, H, dk}));
+      twins.push_back(output({B, T, H, dk}));
+    }
+    for (int i = 0; i < 4; ++i) {
+      tokens[i] = twins[5 * i].gpu;
+      together[i] = twins[5 * i + 2].gpu;
+      back[i] = twins[5 * i + 4].gpu;
+      gpu->split_heads(tokens[i], twins[5 * i + 1].gpu, thetas[i]);
+      heads[i] = twins[5 * i + 1].gpu;
+    }
+    gpu->split_heads_all(tokens, together, thetas);
+    gpu->merge_heads_all(heads, back, thetas);
+    for (int i = 0; i < 4; ++i) {
+      EXPECT_EQ(download_raw(together[i]), download_raw(heads[i])) << "split " << i;
+      gpu->merge_heads(heads[i], twins[5 * i + 3].gpu, thetas[i]);
+      EXPECT_EQ(download_raw(back[i]), download_raw(twins[5 * i + 3].gpu)) << "merge " << i;
+    }
+  }
+}
+
 TEST_F(CudaVsCpu, HeadsSixteenBytesAThreadGiveTheOnePairKernelsBits) {
   // Rows one pair off 16-byte alignment take the one-pair kernel; aligned rows the 16-byte one.
   const std::int64_t B = 2, T = 37, H = 3, dk = 64, n = B * T * H * dk;

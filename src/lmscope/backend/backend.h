@@ -206,6 +206,24 @@ class Backend {
   // from in [B, h, T, dk], rotating by the negative angle. So the backward of one is the other.
   virtual void split_heads(const Tensor& in, const Tensor& out, double rope_theta) = 0;
   virtual void merge_heads(const Tensor& in, const Tensor& out, double rope_theta) = 0;
+  // Several moves one way at once (a layer's q, k and v; o and dO): ins[i] to outs[i] with
+  // rope_thetas[i], each the values split_heads or merge_heads makes (these defaults; CUDA moves up
+  // to three of one shape and dtype in a launch).
+  virtual void split_heads_all(std::span<const Tensor> ins, std::span<const Tensor> outs,
+                               std::span<const double> rope_thetas) {
+    check_heads_all(ins, outs, rope_thetas);
+    for (std::size_t i = 0; i < ins.size(); ++i) split_heads(ins[i], outs[i], rope_thetas[i]);
+  }
+  virtual void merge_heads_all(std::span<const Tensor> ins, std::span<const Tensor> outs,
+                               std::span<const double> rope_thetas) {
+    check_heads_all(ins, outs, rope_thetas);
+    for (std::size_t i = 0; i < ins.size(); ++i) merge_heads(ins[i], outs[i], rope_thetas[i]);
+  }
+  static void check_heads_all(std::span<const Tensor> ins, std::span<const Tensor> outs,
+                              std::span<const double> rope_thetas) {
+    LMSCOPE_CHECK(ins.size() == outs.size() && ins.size() == rope_thetas.size(),
+                  "heads moves of {} tensors into {} with {} angles", ins.size(), outs.size(), rope_thetas.size());
+  }
 
   // scores [N, Tq, Tk] -> probs = softmax(scale · scores) over the last dim, keys j > i masked
   // when causal (query i sits at position i).

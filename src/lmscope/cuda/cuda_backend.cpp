@@ -251,17 +251,18 @@ class CudaBackend final : public Backend {
   }
 
   void split_heads(const Tensor& in, const Tensor& out, double theta) override {
-    same_dtype(in, out, "split_heads");
-    const float* rope = rope_table(in.dim(1), in.dim(3), theta);
-    if (graphs_->skip("split_heads", in, out, in.dim(0), in.dim(1), in.dim(2), rope)) return;
-    cuda::permute_heads(in.data, out.data, elem(in), in.dim(0), in.dim(1), in.dim(2), in.dim(3), rope, true, stream_);
+    move_heads({&in, 1}, {&out, 1}, {&theta, 1}, true);
   }
   void merge_heads(const Tensor& in, const Tensor& out, double theta) override {
-    same_dtype(in, out, "merge_heads");
-    const float* rope = rope_table(out.dim(1), out.dim(3), theta);
-    if (graphs_->skip("merge_heads", in, out, out.dim(0), out.dim(1), out.dim(2), rope)) return;
-    cuda::permute_heads(in.data, out.data, elem(in), out.dim(0), out.dim(1), out.dim(2), out.dim(3), rope, false,
-                        stream_);
+    move_heads({&in, 1}, {&out, 1}, {&theta, 1}, false);
+  }
+  void split_heads_all(std::span<const Tensor> ins, std::span<const Tensor> outs,
+                       std::span<const double> thetas) override {
+    move_heads(ins, outs, thetas, true);
+  }
+  void merge_heads_all(std::span<const Tensor> ins, std::span<const Tensor> outs,
+                       std::span<const double> thetas) override {
+    move_heads(ins, outs, thetas, false);
   }
 
   void softmax_forward(const Tensor& scores, const Tensor& probs, double scale, bool causal) override {
@@ -458,6 +459,28 @@ class CudaBackend final : public Backend {
   Allocation norm_sum_;
   std::vector<cudaEvent_t> events_;
   scratch::RopeTables rope_tables_;
+  // split_heads (to heads-major) or merge_heads of each pair, up to cuda::kMaxHeadMoves of one shape
+  // and dtype a launch (the [B, T, h, dk] side's shape names the cut).
+  void move_heads(std::span<const Tensor> ins, std::span<const Tensor> outs, std::span<const double> thetas,
+                  bool to_heads_major) {
+    check_heads_all(ins, outs, thetas);
+    const char* op = to_heads_major ? "split_heads" : "merge_heads";
+    std::vector<cuda::HeadMove> run;
+    for (std::size_t i = 0; i < ins.size(); ++i) {
+      same_dtype(ins[i], outs[i], op);
+      const Tensor& tokens = to_heads_major ? ins[i] : outs[i];  // [B, T, h, dk]
+      const float* rope = rope_table(tokens.dim(1), tokens.dim(3), thetas[i]);
+      graphs_->note(op, ins[i], outs[i], tokens.dim(0), tokens.dim(1), tokens.dim(2), rope);
+      run.push_back({ins[i].data, outs[i].data, rope});
+      const bool last = i + 1 == ins.size() || run.size() == cuda::kMaxHeadMoves || ins[i + 1].shape != ins[i].shape ||
+                        ins[i + 1].dtype != ins[i].dtype;
+      if (!last) continue;
+      if (!graphs_->replaying())
+        cuda::permute_heads(run.data(), static_cast<int>(run.size()), elem(ins[i]), tokens.dim(0), tokens.dim(1),
+                            tokens.dim(2), tokens.dim(3), to_heads_major, stream_);
+      run.clear();
+    }
+  }
   const float* rope_table(std::int64_t t, std::int64_t dk, double theta) {
     auto [table, made] = rope_tables_.get(alloc_, t, dk, theta);
     if (made && !graphs_->skip("rope_table", *table, theta))

@@ -346,9 +346,38 @@ void flash_attention_backward(const void* q, const void* k, const void* v, const
   const long long padded = plan.row_stats_rows > 0 ? plan.row_stats_rows : tq;
   with_elem(e, [&](auto tag) {
     using T = typename decltype(tag)::type;
-    flash_delta<T><<<static_cast<unsigned>((n * padded + 7) / 8), 256, 0, s>>>(
-        static_cast<const T*>(o), static_cast<const T*>(dout), lse, delta,
-        plan.row_stats_rows > 0 ? row_stats : nullptr, n, tq, padded, d);
+    const T *out = static_cast<const T*>(o), *grad = static_cast<const T*>(dout);
+    float* stats = plan.row_stats_rows > 0 ? row_stats : nullptr;
+    constexpr int kVec = 16 / sizeof(T);
+    int lanes = d % kVec == 0 && aligned16({out, grad}) ? 1 : 0;  // the fewest whole lanes a row holds
+    while (lanes > 0 && lanes * kVec < d) lanes *= 2;
+    // 8 warps a block: (32 / lanes) rows a warp, or one with the element-a-lane kernel.
+    auto launch = [&](auto kernel, int rows_a_warp) {
+      kernel<<<static_cast<unsigned>((n * padded + 8 * rows_a_warp - 1) / (8 * rows_a_warp)), 256, 0, s>>>(
+          out, grad, lse, delta, stats, n, tq, padded, d);
+    };
+    switch (lanes) {
+      case 1:
+        launch(flash_delta_packed<T, 1>, 32);
+        break;
+      case 2:
+        launch(flash_delta_packed<T, 2>, 16);
+        break;
+      case 4:
+        launch(flash_delta_packed<T, 4>, 8);
+        break;
+      case 8:
+        launch(flash_delta_packed<T, 8>, 4);
+        break;
+      case 16:
+        launch(flash_delta_packed<T, 16>, 2);
+        break;
+      case 32:
+        launch(flash_delta_packed<T, 32>, 1);
+        break;
+      default:
+        launch(flash_delta<T>, 1);
+    }
   });
   check_launch("flash_delta");
   const int itq = static_cast<int>(tq), itk = static_cast<int>(tk);

@@ -110,9 +110,15 @@ void cross_entropy_backward(const void* logits, const std::int32_t* targets, con
 // heads.cu: the RoPE table [t, dk/2] of (cos, sin) of p·theta^(-2i/dk), formed in double.
 void rope_table(float* table, std::int64_t t, std::int64_t dk, double theta, cudaStream_t s);
 // [B, T, h, dk] <-> [B, h, T, dk], rotating pairs by the table (inverse rotation when merging back);
-// rope nullptr: no rotation. dk is even.
-void permute_heads(const void* in, void* out, Elem e, std::int64_t b, std::int64_t t, std::int64_t h, std::int64_t dk,
-                   const float* rope, bool to_heads_major, cudaStream_t s);
+// rope nullptr: no rotation. dk is even. Up to kMaxHeadMoves tensors of the same shape in a launch.
+struct HeadMove {
+  const void* in;
+  void* out;
+  const float* rope;
+};
+inline constexpr int kMaxHeadMoves = 3;
+void permute_heads(const HeadMove* moves, int count, Elem e, std::int64_t b, std::int64_t t, std::int64_t h,
+                   std::int64_t dk, bool to_heads_major, cudaStream_t s);
 
 // flash_attention.cu: FlashAttention-2. q [n, tq, d], k and v [n, tk, d], o [n, tq, d] in the
 // storage named; lse [n, tq] fp32 (natural log of Σ exp(scale·s)); causal masks key j > query i.

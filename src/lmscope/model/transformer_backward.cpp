@@ -171,14 +171,17 @@ void Transformer::backward(MicroBatch micro) {
     linear_backward_weight(dh_c, L.o, gradient(*P.wo));
     gradients_done({P.wo});
     dh_scratch.reset();
-    Allocation o_heads;  // flash's backward reads the output; re-split from o rather than saved twice
-    if (attention_ == AttentionKind::flash) {
-      o_heads = act("attn.o_heads", l, {B, H, T, dk});
-      backend_.split_heads(L.o.tensor().view({B, T, H, dk}), o_heads, 0.0);
+    // Flash's backward reads the output too: re-split from o (rather than saved twice) beside dO.
+    Allocation o_heads = attention_ == AttentionKind::flash ? act("attn.o_heads", l, {B, H, T, dk}) : Allocation{};
+    Allocation do_heads = act("grad.attn.o_heads", l, {B, H, T, dk});
+    {
+      const Tensor tokens[2] = {d_o.tensor().view({B, T, H, dk}), L.o.tensor().view({B, T, H, dk})};
+      const Tensor heads[2] = {do_heads, o_heads};
+      const double thetas[2] = {0.0, 0.0};
+      const std::size_t moves = o_heads.empty() ? 1 : 2;
+      backend_.split_heads_all({tokens, moves}, {heads, moves}, {thetas, moves});
     }
     L.o.reset();
-    Allocation do_heads = act("grad.attn.o_heads", l, {B, H, T, dk});
-    backend_.split_heads(d_o.tensor().view({B, T, H, dk}), do_heads, 0.0);
     d_o.reset();
     op.next("attention");
     Allocation dq_heads = act("grad.attn.q", l, {B, H, T, dk}), dk_heads = act("grad.attn.k", l, {B, H, T, dk}),
@@ -202,18 +205,28 @@ void Transformer::backward(MicroBatch micro) {
       backend_.rmsnorm_forward(L.x, P.ln1->value, L.n1, L.rstd1, eps);
     }
     dn = act("grad.ln1.out", l, {N, d});
-    Allocation dproj = act("grad.attn.proj", l, {N, d});
-    Allocation* dheads[3] = {&dq_heads, &dk_heads, &dv_heads};
+    Allocation dproj[3];
+    {  // the three head merges in one move (one launch on CUDA), then each projection's products
+      const Tensor dheads[3] = {dq_heads, dk_heads, dv_heads};
+      Tensor tokens[3];
+      for (int i = 0; i < 3; ++i) {
+        dproj[i] = act("grad.attn.proj", l, {N, d});
+        tokens[i] = dproj[i].tensor().view({B, T, H, dk});
+      }
+      const double thetas[3] = {theta, theta, 0.0};
+      backend_.merge_heads_all(dheads, tokens, thetas);
+    }
+    dq_heads.reset();
+    dk_heads.reset();
+    dv_heads.reset();
     Parameter* weights[3] = {P.wq, P.wk, P.wv};
     for (int i = 0; i < 3; ++i) {
-      backend_.merge_heads(*dheads[i], dproj.tensor().view({B, T, H, dk}), i < 2 ? theta : 0.0);
-      dheads[i]->reset();
-      linear_backward_input(dproj, weight(weights[i]), dn, i == 0 ? 0.0f : 1.0f);
+      linear_backward_input(dproj[i], weight(weights[i]), dn, i == 0 ? 0.0f : 1.0f);
       drop_lowp_copies({weights[i]});
-      linear_backward_weight(dproj, L.n1, gradient(*weights[i]));
+      linear_backward_weight(dproj[i], L.n1, gradient(*weights[i]));
       gradients_done({weights[i]});
+      dproj[i].reset();
     }
-    dproj.reset();
     L.n1.reset();
     op.next("ln1 and residual");
     dx = wide("grad.residual", l, {N, d});

@@ -228,5 +228,38 @@ __global__ void flash_delta(const T* __restrict__ out, const T* __restrict__ dou
   }
 }
 
+// flash_delta's values by 16-byte loads: LANES lanes a row (LANES·VEC ≥ d, VEC elements a lane),
+// 32/LANES rows a warp, each lane's products summed in order and then across the row's lanes. One
+// warp a row, one element a lane, read 128 bytes of a d 64 row at a time and ran at 39% of the
+// memory's rate (H100, large ctx 1024: 18.8 µs a call for 22 MB); for rows of whole 16-byte packs.
+template <typename T, int LANES>
+__global__ void flash_delta_packed(const T* __restrict__ out, const T* __restrict__ dout, const float* __restrict__ lse,
+                                   float* __restrict__ delta, float* __restrict__ stats, long long n, long long tq,
+                                   long long padded, int d) {
+  constexpr int kVec = 16 / sizeof(T);
+  const int lane = threadIdx.x % 32, col = (lane % LANES) * kVec;
+  const long long i =
+      (static_cast<long long>(blockIdx.x) * (blockDim.x / 32) + threadIdx.x / 32) * (32 / LANES) + lane / LANES;
+  const bool in = i < n * padded;
+  const long long seq = i / padded, r = i % padded, row = seq * tq + r;
+  const bool real = in && r < tq;
+  float s = 0.f;
+  if (real && col < d) {
+    float o[kVec], g[kVec];
+    load(out + row * d + col, o);
+    load(dout + row * d + col, g);
+#pragma unroll
+    for (int k = 0; k < kVec; ++k) s += o[k] * g[k];
+  }
+#pragma unroll
+  for (int off = LANES / 2; off > 0; off /= 2) s += __shfl_xor_sync(0xffffffffu, s, off);
+  if (!in || lane % LANES != 0) return;
+  if (real) delta[row] = s;
+  if (stats) {
+    stats[i] = s;
+    stats[n * padded + i] = real ? lse[row] * kLog2e : 0.f;
+  }
+}
+
 }  // namespace
 }  // namespace lmscope::cuda

@@ -54,7 +54,8 @@ fi
 if [[ "${1:-}" == "--ab" ]]; then  # its settings, refused before anything is built (its section below)
   (($# >= 4)) || refuse "--ab takes BASE NEW CELLS [ROUNDS]"
   [[ "${5:-2}" =~ ^[1-9][0-9]*$ ]] || refuse "--ab: ROUNDS must be a whole number from 1, not '${5:-}'"
-  for cell in ${4//,/ }; do [[ "$cell" =~ ^[^@]+@[0-9]+$ ]] || refuse "--ab: a cell is MODEL@CTX, not '$cell'"; done
+  IFS=, read -ra ab_cells <<<"$4"
+  for cell in "${ab_cells[@]}"; do [[ "$cell" =~ ^[^@]+@[0-9]+$ ]] || refuse "--ab: a cell is MODEL@CTX, not '$cell'"; done
 fi
 source "$(dirname "$0")/gpu_env.sh"
 nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.max.sm --format=csv | tee "$OUT/gpu.txt"
@@ -319,11 +320,11 @@ fi
 # (e.g. "--weight-copies resident"). The table (tools/ab_table.py) in $OUT/ab.md, each run's JSON and
 # Markdown in $OUT/ab.tgz.
 if [[ "${1:-}" == "--ab" ]]; then
-  base=$2 new=$3 cells=$4 rounds=${5:-2}
+  base=$2 new=$3 rounds=${5:-2}
   for bin in "$base" "$new"; do [[ -x "$bin" ]] || refuse "--ab: no lmscope binary at '$bin'"; done
   mkdir -p "$OUT/ab"
   for round in $(seq "$rounds"); do
-    for cell in ${cells//,/ }; do
+    for cell in "${ab_cells[@]}"; do
       model=${cell%@*} ctx=${cell#*@}
       [[ "$model" =~ ^(small|medium)$ ]] && steps=(--warmup 5 --steps 20) || steps=(--warmup 3 --steps 10)
       for side in base new; do

@@ -3,7 +3,7 @@
 // new tokens and a new learning rate each step, a held-out forward at another batch size between
 // steps, and in fp32, bf16 (kept and transient weight copies, recompute) and fp16 (a loss scale that
 // overflows, so steps are skipped on the device and the scale changes), fused but for one case; bf16
-// gradients fused and unfused. The
+// gradients fused and unfused; and fused against unfused in bf16. The
 // replays must have happened, or the test would compare the eager path with itself. Skipped without a
 // GPU.
 #include "lmscope/backend/backend.h"
@@ -141,6 +141,16 @@ TEST(GraphsOnGpu, ReplayedStepsGiveTheBitsOfStepsOpByOp) {
     std::printf("%s: %lld graphs recorded, %lld replayed\n", what.c_str(),
                 static_cast<long long>(graphed.graphs.recorded), static_cast<long long>(graphed.graphs.replayed));
   }
+}
+
+// The fused ops give the unfused ones' bits in bf16 too, where the RMSNorm backward also writes the
+// residual gradient's bf16 copy for the GEMMs after it (in place of a cast): 20 steps op by op, every
+// loss, norm and parameter.
+TEST(GraphsOnGpu, FusedBf16StepsGiveTheUnfusedBits) {
+  if (list_gpus().empty()) GTEST_SKIP() << "no CUDA GPU visible";
+  Case fused{"bf16"}, unfused{"bf16"};
+  unfused.fusion = false;
+  expect_same_bits(train(fused, false), train(unfused, false), "bf16, fused against unfused");
 }
 
 }  // namespace

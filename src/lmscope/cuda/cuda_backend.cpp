@@ -460,7 +460,8 @@ class CudaBackend final : public Backend {
   std::vector<cudaEvent_t> events_;
   scratch::RopeTables rope_tables_;
   // split_heads (to heads-major) or merge_heads of each pair, up to cuda::kMaxHeadMoves of one shape
-  // and dtype a launch (the [B, T, h, dk] side's shape names the cut).
+  // and dtype a launch (runs are cut where the inputs' shape or dtype changes; the [B, T, h, dk]
+  // side's dims size the launch).
   void move_heads(std::span<const Tensor> ins, std::span<const Tensor> outs, std::span<const double> thetas,
                   bool to_heads_major) {
     check_heads_all(ins, outs, thetas);

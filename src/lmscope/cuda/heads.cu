@@ -34,7 +34,8 @@ __global__ void rope_table_kernel(float2* table, std::int64_t t, std::int64_t dk
 // traffic). rope: [T, dk/2] (cos, sin), or nullptr for no rotation; sign −1 undoes the rotation
 // (backward). Every P does the same arithmetic per pair, so gives the same bits.
 template <typename E>
-struct Moves {  // kMaxHeadMoves (3) of each: the kernel picks among three
+struct Moves {
+  static_assert(kMaxHeadMoves == 3, "permute_heads_kernel picks among three moves");
   const E* in[kMaxHeadMoves];
   E* out[kMaxHeadMoves];
   const float2* rope[kMaxHeadMoves];

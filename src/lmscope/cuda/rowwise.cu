@@ -165,7 +165,8 @@ __device__ __forceinline__ void rmsnorm_dx_row(const TD* gr, const float* xr, co
     if (dx_lowp_row) store(dx_lowp_row + j, out);
   };
   if constexpr (PARTIALS) {
-#pragma unroll 1  // unrolled, this loop spilled at the dx_dw kernel's 32 registers
+    // Unrolled it spilled at 32 registers (fp16 with dx_lowp still spills 16 bytes on sm_90a).
+#pragma unroll 1
     for (int j = first; j < d; j += step) second_pass(j);
   } else {
     for (int j = first; j < d; j += step) second_pass(j);

@@ -246,7 +246,8 @@ class Transformer {
   // layer `reader`, returned as that layer's "lowp_name" (what as_compute would cast there); with no
   // name, or otherwise, nothing is returned.
   Allocation norm_backward_add(Parameter* norm, const Tensor& dn, const Tensor& x, const Tensor& rstd,
-                               const Tensor& dresidual, const Tensor& dx, const char* lowp_name, int reader);
+                               const Tensor& dresidual, const Tensor& dx, const char* lowp_name, int reader,
+                               std::source_location where = std::source_location::current());
 
   ModelConfig config_;
   Backend& backend_;

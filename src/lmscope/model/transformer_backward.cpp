@@ -35,10 +35,10 @@ void Transformer::parameter_gradient(Parameter* p, Op&& op) {
 }
 
 Allocation Transformer::norm_backward_add(Parameter* norm, const Tensor& dn, const Tensor& x, const Tensor& rstd,
-                                          const Tensor& dresidual, const Tensor& dx, const char* lowp_name,
-                                          int reader) {
+                                          const Tensor& dresidual, const Tensor& dx, const char* lowp_name, int reader,
+                                          std::source_location where) {
   Allocation lowp;
-  if (fusion_ && compute_ != dx.dtype && lowp_name) lowp = act(lowp_name, reader, dx.shape);
+  if (fusion_ && compute_ != dx.dtype && lowp_name) lowp = act(lowp_name, reader, dx.shape, where);
   parameter_gradient(norm, [&](const Tensor& dw) {
     if (fusion_)
       backend_.rmsnorm_backward_add(dn, x, norm->value, rstd, dresidual, dx, dw, lowp);

@@ -168,15 +168,15 @@ TEST_F(CudaVsCpu, RmsNormDwSameBitsWhateverColumnsAThread) {
   }
 }
 
-// With four rows or more for each of the dx kernel's 1024 blocks, it also sums dw's terms into partials
+// With two rows or more for each of the dx kernel's 1024 blocks, it also sums dw's terms into partials
 // (rmsnorm_backward_dx_dw_kernel) and a second kernel adds them: the CPU's dx and dw, plain and fused
 // with the residual's gradient, and dx the very bits of the kernel without partials, which row by row
-// computes the same (the first 37 rows alone take that one). N 4133: rows that do not fill the last
-// round of blocks; d 203: one element a thread.
+// computes the same (the first 37 rows alone take that one). N 4133 and 2100: rows that do not fill
+// the last round of blocks; d 203: one element a thread.
 TEST_F(CudaVsCpu, RmsNormBackwardWithDwPartials) {
-  for (const std::int64_t d : {1280, 203}) {
-    SCOPED_TRACE(d);
-    const std::int64_t N = 4133, few = 37;
+  for (auto [N, d] : {std::pair<std::int64_t, std::int64_t>{4133, 1280}, {4133, 203}, {2100, 1024}, {2100, 203}}) {
+    SCOPED_TRACE(std::to_string(N) + " rows of " + std::to_string(d));
+    const std::int64_t few = 37;
     auto x = random({N, d}), w = random({d}), dy = random({N, d}), dres = random({N, d});
     auto y = output({N, d}), r = output({N}), dx = output({N, d}), dw = output({d});
     auto dxf = output({N, d}), dwf = output({d});
@@ -453,7 +453,9 @@ TEST_F(CudaVsCpu, CrossEntropy) {
 }
 
 TEST_F(CudaVsCpu, Embedding) {
-  // Many repeated ids in few rows (a block per row); then more rows than blocks, several tiles of ids.
+  // Many repeated ids in few rows (a block per row); then more rows than blocks, several tiles of ids,
+  // the last block's rows past the table's end. The table holds NaN before the first backward, which
+  // zeroes each block's rows itself.
   for (auto [V, d, N] : {std::array<std::int64_t, 3>{17, 45, 301}, {5003, 64, 2000}}) {
     SCOPED_TRACE(V);
     auto table = random({V, d}), dy = random({N, d}), y = output({N, d}), dt = output({V, d});

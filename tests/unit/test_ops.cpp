@@ -2,6 +2,8 @@
 // central finite differences in f64.
 #include "gradcheck.h"
 
+#include "lmscope/backend/op_scratch.h"
+
 #include <numeric>
 
 namespace lmscope::test {
@@ -258,6 +260,18 @@ TEST_F(Ops, AdamWFollowsTheAssignmentsFormula) {
 TEST_F(Ops, CpuBackendRefusesUnsupportedTypes) {
   auto x = zeros(*be, {4}, DType::bf16);
   EXPECT_THROW(be->fill(x, 1.0), UserError);
+}
+
+// The CUDA RMSNorm backward's partial sums of dw (the dry run accounts for them by the same rule): from
+// two rows for each of the 1024 blocks, rows whose sums fit a block's shared memory.
+TEST(OpScratch, RmsNormPartialsFromTwoRowsABlock) {
+  HostAllocator mem(64 << 20);
+  const Allocation partials = scratch::cuda_rmsnorm_backward(mem, 2048, 768);
+  EXPECT_EQ(partials.tensor().numel(), 1024 * 768);
+  EXPECT_EQ(partials.tag().what, std::string("rmsnorm.dw_partials"));
+  EXPECT_TRUE(scratch::cuda_rmsnorm_backward(mem, 2047, 768).empty());
+  EXPECT_TRUE(scratch::cuda_rmsnorm_backward(mem, 4096, scratch::kRmsNormDwMaxD + 1).empty());
+  EXPECT_FALSE(scratch::cuda_rmsnorm_backward(mem, 4096, scratch::kRmsNormDwMaxD).empty());
 }
 
 }  // namespace

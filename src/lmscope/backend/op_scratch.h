@@ -31,8 +31,9 @@ Allocation cuda_cross_entropy(Allocator& mem, std::int64_t rows);  // per-row lo
 // (4 bytes a column, beside the block reduction's 128), the dx kernel also sums the weight gradient's
 // terms, a block's into a row of these partials [kRmsNormDwBlocks, d] f32, and a second kernel adds
 // the rows (cuda::rmsnorm_backward). Else none are made (empty) and the dw kernel reads dy and x
-// again: fewer rows than that were not timed (docs/speed.md).
-inline constexpr std::int64_t kRmsNormDwBlocks = 1024, kRmsNormDwMinRows = 4, kRmsNormDwMaxD = 12224;
+// again. Two rows a block (2048 rows: batch 4 at ctx 512) paid on an H100; fewer blocks for fewer rows
+// did not (docs/speed.md).
+inline constexpr std::int64_t kRmsNormDwBlocks = 1024, kRmsNormDwMinRows = 2, kRmsNormDwMaxD = 12224;
 Allocation cuda_rmsnorm_backward(Allocator& mem, std::int64_t rows, std::int64_t d);
 // The global norm's f64 partial sums, kGlobalNormBlocks per tensor (cuda::sum_squares).
 inline constexpr std::int64_t kGlobalNormBlocks = 256;

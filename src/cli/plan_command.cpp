@@ -1,8 +1,8 @@
 // lmscope plan: for a memory budget, what fits before anything runs: per model, device, precision
 // and attention, the peak and FLOPs per token at a reference shape and the largest context and
 // batch whose step fits, all from dry runs (no GPU needed). With --recommend, per context instead:
-// the fastest way (recompute mode, kept or transient bf16 copies, micro-batches) to train --batch
-// sequences per step that fits, timed on the device with --measure.
+// the fastest way (recompute mode, resident, kept or transient bf16 copies, micro-batches) to train
+// --batch sequences per step that fits, timed on the device with --measure.
 #include "commands.h"
 #include "memory_flags.h"
 #include "model_flags.h"

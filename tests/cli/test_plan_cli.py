@@ -266,22 +266,41 @@ class Recommend(unittest.TestCase):
         self.assertEqual(times[rec["chosen"]], min(times))
 
     def test_transient_copies_where_they_save_recomputation(self):
-        # xl at ctx 4096 on an H100: kept copies need selective recompute or two micro-batches;
-        # transient ones fit the plain step, and are named first.
+        # xl at ctx 4096 on an H100: resident and kept copies need selective recompute or two
+        # micro-batches; transient ones fit the plain step, and are named first. Where resident copies
+        # fit, kept ones (more work under device graphs, less memory) are no candidate.
         r = run("plan", "--recommend", "--model", "xl", "--precision", "bf16", "--attention", "flash", "--ctx", "4096",
                 "--batch", "4", "--format", "json")
         self.assertEqual(r.returncode, 0, r.stderr)
         (rec,) = json.loads(r.stdout)
         ways = [(c["recompute"], c["weight_copies"], c["grad_accum"]) for c in rec["candidates"]]
-        self.assertEqual(ways, [("none", "transient", 1), ("selective", "kept", 1), ("none", "kept", 2)])
+        self.assertEqual(ways, [("none", "transient", 1), ("selective", "resident", 1), ("none", "resident", 2)])
         self.assertEqual(rec["chosen"], 0)
-        for recompute, copies, accum in ways + [("none", "kept", 1)]:
+        for recompute, copies, accum in ways + [("none", "kept", 1), ("none", "resident", 1)]:
             row = dry_memory("--model", "xl", "--precision", "bf16", "--ctx", "4096", "--batch", str(4 // accum),
                              "--grad-accum", str(accum), "--recompute", recompute, "--weight-copies", copies)
             self.assertEqual(row["status"] == "ok", (recompute, copies, accum) in ways, row["status"])
         md = run("plan", "--recommend", "--model", "xl", "--precision", "bf16", "--attention", "flash", "--ctx", "4096",
                  "--batch", "4")
         self.assertIn("`--weight-copies transient`", md.stdout)
+
+    def test_resident_copies_where_they_fit_under_device_graphs(self):
+        # Where every way fits the plain step, resident copies are named: the forward casts no copy.
+        r = run("plan", "--recommend", "--model", "small", "--precision", "bf16", "--attention", "flash", "--ctx", "256",
+                "--batch", "4", "--format", "json")
+        self.assertEqual(r.returncode, 0, r.stderr)
+        (rec,) = json.loads(r.stdout)
+        self.assertEqual([(c["recompute"], c["weight_copies"], c["grad_accum"]) for c in rec["candidates"]],
+                         [("none", "resident", 1)])
+        md = run("plan", "--recommend", "--model", "small", "--precision", "bf16", "--attention", "flash", "--ctx",
+                 "256", "--batch", "4")
+        self.assertIn("`--weight-copies resident`", md.stdout)
+        # Without copies (fp32) no way is resident.
+        r = run("plan", "--recommend", "--model", "small", "--precision", "fp32", "--attention", "flash", "--ctx", "256",
+                "--batch", "4", "--format", "json")
+        self.assertEqual(r.returncode, 0, r.stderr)
+        (rec,) = json.loads(r.stdout)
+        self.assertEqual([c["weight_copies"] for c in rec["candidates"]], ["kept"])
 
     def test_what_fits_as_is_and_what_fits_nowhere(self):
         small, huge = self.recommend("--ctx", "64,4096")

@@ -15,17 +15,22 @@ Recommendation recommend(const RecommendSpec& spec) {
   LMSCOPE_CHECK(has_backward(c.mode) && c.batch >= 1, "recommendations are for steps with a backward");
   Recommendation out;
   out.spec = spec;
-  // Transient copies exist only where there are copies: under mixed precision.
+  // Copies exist only under mixed precision. Resident ones save work only where device graphs run
+  // (the forward casts kept copies there, AdamW writes resident ones in place); elsewhere AdamW writes
+  // kept copies as it would resident ones, so resident would only add memory.
   std::vector<WeightCopies> copies{WeightCopies::kept};
-  if (compute_dtype(c.precision) != DType::f32) copies.push_back(WeightCopies::transient);
+  if (compute_dtype(c.precision) != DType::f32) {
+    if (c.graphs && c.device == "cuda") copies.insert(copies.begin(), WeightCopies::resident);
+    copies.push_back(WeightCopies::transient);
+  }
   // A way no cheaper on either count than one already found (by a coarser split, or by this one with
-  // kept copies) is never faster.
+  // copies that cost less work: resident, then kept) is never faster.
   auto dominated = [&](Recompute r, WeightCopies w) {
     for (const Candidate& o : out.candidates)
       if (o.spec.recompute <= r && o.spec.weight_copies <= w) return true;
     return false;
   };
-  for (std::int64_t k = 1; k <= c.batch && !dominated(Recompute::none, WeightCopies::kept); k *= 2) {
+  for (std::int64_t k = 1; k <= c.batch && !dominated(Recompute::none, copies.front()); k *= 2) {
     if (c.batch % k != 0) break;
     for (WeightCopies w : copies)
       for (Recompute r : {Recompute::none, Recompute::selective, Recompute::full}) {
@@ -53,7 +58,8 @@ Recommendation recommend(const RecommendSpec& spec) {
   }
   if (out.candidates.empty()) return out;
   // Untimed, the coarsest split with the least recomputation is named, transient copies before more
-  // recomputation (two casts of the weights against a pass over the activations).
+  // recomputation (two casts of the weights against a pass over the activations), and at one split and
+  // recomputation the copies with the least work (found first).
   std::stable_sort(out.candidates.begin(), out.candidates.end(), [](const Candidate& a, const Candidate& b) {
     return std::tie(a.spec.grad_accum, a.spec.recompute) < std::tie(b.spec.grad_accum, b.spec.recompute);
   });
@@ -115,8 +121,8 @@ std::string markdown(const std::vector<Recommendation>& rows) {
   const BenchSpec& c = rows.front().spec.cell;
   std::string out = fmt::format(
       "The fastest way to run a {} step of the sequences named, found by dry runs: per split into micro-batches, "
-      "the least recomputation that fits, with the weights' bf16 copies kept and, where that saves recomputation, "
-      "transient; {}.\n",
+      "the least recomputation that fits, with the weights' bf16 copies resident (under device graphs), kept and, "
+      "where that saves recomputation, transient; {}.\n",
       bench_mode_name(c.mode),
       rows.front().spec.measure ? "each candidate then timed on the device, the fastest named"
                                 : "the coarsest split named (not timed: --measure times every candidate)");

@@ -280,6 +280,11 @@ class Recommend(unittest.TestCase):
             row = dry_memory("--model", "xl", "--precision", "bf16", "--ctx", "4096", "--batch", str(4 // accum),
                              "--grad-accum", str(accum), "--recompute", recompute, "--weight-copies", copies)
             self.assertEqual(row["status"] == "ok", (recompute, copies, accum) in ways, row["status"])
+        # The kept ways of the resident ones fit too, but do more work: no candidates.
+        for recompute, accum in (("selective", 1), ("none", 2)):
+            row = dry_memory("--model", "xl", "--precision", "bf16", "--ctx", "4096", "--batch", str(4 // accum),
+                             "--grad-accum", str(accum), "--recompute", recompute, "--weight-copies", "kept")
+            self.assertEqual(row["status"], "ok")
         md = run("plan", "--recommend", "--model", "xl", "--precision", "bf16", "--attention", "flash", "--ctx", "4096",
                  "--batch", "4")
         self.assertIn("`--weight-copies transient`", md.stdout)
@@ -295,12 +300,13 @@ class Recommend(unittest.TestCase):
         md = run("plan", "--recommend", "--model", "small", "--precision", "bf16", "--attention", "flash", "--ctx",
                  "256", "--batch", "4")
         self.assertIn("`--weight-copies resident`", md.stdout)
-        # Without copies (fp32) no way is resident.
-        r = run("plan", "--recommend", "--model", "small", "--precision", "fp32", "--attention", "flash", "--ctx", "256",
-                "--batch", "4", "--format", "json")
-        self.assertEqual(r.returncode, 0, r.stderr)
-        (rec,) = json.loads(r.stdout)
-        self.assertEqual([c["weight_copies"] for c in rec["candidates"]], ["kept"])
+        # Without copies (fp32), or without device graphs (data parallelism turns them off), no way is resident.
+        for args in (["--precision", "fp32"], ["--precision", "bf16", "--world-size", "2", "--ddp", "bucketed"]):
+            r = run("plan", "--recommend", "--model", "small", "--attention", "flash", "--ctx", "256", "--batch", "4",
+                    "--format", "json", *args)
+            self.assertEqual(r.returncode, 0, r.stderr)
+            (rec,) = json.loads(r.stdout)
+            self.assertEqual([c["weight_copies"] for c in rec["candidates"]], ["kept"], args)
 
     def test_what_fits_as_is_and_what_fits_nowhere(self):
         small, huge = self.recommend("--ctx", "64,4096")

@@ -16,11 +16,12 @@ Recommendation recommend(const RecommendSpec& spec) {
   Recommendation out;
   out.spec = spec;
   // Copies exist only under mixed precision. Resident ones save work only where device graphs run
-  // (the forward casts kept copies there, AdamW writes resident ones in place); elsewhere AdamW writes
-  // kept copies as it would resident ones, so resident would only add memory.
+  // (the forward casts kept copies there, AdamW writes resident ones in place): on CUDA, without data
+  // parallelism (which turns graphs off); elsewhere AdamW writes kept copies as it would resident
+  // ones, so resident would only add memory.
   std::vector<WeightCopies> copies{WeightCopies::kept};
   if (compute_dtype(c.precision) != DType::f32) {
-    if (c.graphs && c.device == "cuda") copies.insert(copies.begin(), WeightCopies::resident);
+    if (c.graphs && c.device == "cuda" && !c.parallel) copies.insert(copies.begin(), WeightCopies::resident);
     copies.push_back(WeightCopies::transient);
   }
   // A way no cheaper on either count than one already found (by a coarser split, or by this one with
@@ -121,8 +122,8 @@ std::string markdown(const std::vector<Recommendation>& rows) {
   const BenchSpec& c = rows.front().spec.cell;
   std::string out = fmt::format(
       "The fastest way to run a {} step of the sequences named, found by dry runs: per split into micro-batches, "
-      "the least recomputation that fits, with the weights' bf16 copies resident (under device graphs), kept and, "
-      "where that saves recomputation, transient; {}.\n",
+      "the least recomputation that fits, with the weights' bf16 copies (under mixed precision) resident where "
+      "device graphs run, kept and, where that saves recomputation, transient; {}.\n",
       bench_mode_name(c.mode),
       rows.front().spec.measure ? "each candidate then timed on the device, the fastest named"
                                 : "the coarsest split named (not timed: --measure times every candidate)");

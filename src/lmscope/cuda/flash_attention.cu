@@ -356,28 +356,17 @@ void flash_attention_backward(const void* q, const void* k, const void* v, const
       kernel<<<static_cast<unsigned>((n * padded + 8 * rows_a_warp - 1) / (8 * rows_a_warp)), 256, 0, s>>>(
           out, grad, lse, delta, stats, n, tq, padded, d);
     };
-    switch (lanes) {
-      case 1:
-        launch(flash_delta_packed<T, 1>, 32);
-        break;
-      case 2:
-        launch(flash_delta_packed<T, 2>, 16);
-        break;
-      case 4:
-        launch(flash_delta_packed<T, 4>, 8);
-        break;
-      case 8:
-        launch(flash_delta_packed<T, 8>, 4);
-        break;
-      case 16:
-        launch(flash_delta_packed<T, 16>, 2);
-        break;
-      case 32:
-        launch(flash_delta_packed<T, 32>, 1);
-        break;
-      default:
+    // The packed kernel of `lanes` lanes a row (1 to 32, powers of two), else an element a lane.
+    auto dispatch = [&](auto self, auto lanes_tried) {
+      constexpr int kLanes = decltype(lanes_tried)::value;
+      if (lanes == kLanes)
+        launch(flash_delta_packed<T, kLanes>, 32 / kLanes);
+      else if constexpr (kLanes < 32)
+        self(self, std::integral_constant<int, 2 * kLanes>{});
+      else
         launch(flash_delta<T>, 1);
-    }
+    };
+    dispatch(dispatch, std::integral_constant<int, 1>{});
   });
   check_launch("flash_delta");
   const int itq = static_cast<int>(tq), itk = static_cast<int>(tk);

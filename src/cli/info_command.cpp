@@ -121,7 +121,7 @@ class InfoCommand : public Command {
     const WeightCopies weight_copies = check_weight_copies(weight_copies_, precision_);
     check_grad_dtype(grad_dtype_, precision_);
     std::vector<MemoryRow> rows;
-    for (BenchMode mode : {BenchMode::inference, BenchMode::forward, BenchMode::forward_backward, BenchMode::train}) {
+    for (StepMode mode : {StepMode::inference, StepMode::forward, StepMode::forward_backward, StepMode::train}) {
       BenchSpec cell;
       cell.model = c;
       cell.device = device_;
@@ -134,7 +134,7 @@ class InfoCommand : public Command {
       cell.steps = 1;
       cell.recompute = recompute;
       cell.weight_copies = weight_copies;
-      cell.grad_dtype = cell_grad_dtype(mode, grad_dtype_);
+      cell.grad_dtype = cell_grad_dtype(mode, parse_grad_dtype(grad_dtype_));
       rows.push_back(memory_row(record_memory(MemorySpec{cell, true, limit}), 1));
     }
     return rows;
@@ -145,7 +145,7 @@ class InfoCommand : public Command {
   static std::string markdown_steps(const std::vector<MemoryRow>& rows) {
     const MemoryRecord& first = rows.front().record;
     const BenchSpec& c = first.spec.cell;
-    const bool bf16_grads = rows.back().record.spec.cell.grad_dtype == "bf16";
+    const bool bf16_grads = rows.back().record.spec.cell.grad_dtype == DType::bf16;
     std::string out = fmt::format(
         "## One step at batch {}, ctx {}, {}{}, {} attention: the {}, whose whole device may hold {}\n\n"
         "| mode | peak GiB | reached in | forward peak | backward peak | optimizer peak | whole device GiB | fits |\n"
@@ -160,7 +160,7 @@ class InfoCommand : public Command {
     for (const MemoryRow& row : rows) {
       const MemoryRecord& r = row.record;
       const MemoryAnalysis& a = row.analysis;
-      out += fmt::format("| {} | ", bench_mode_name(r.spec.cell.mode));
+      out += fmt::format("| {} | ", step_mode_name(r.spec.cell.mode));
       if (!row.recorded) {
         out += fmt::format("- | - | - | - | - | - | {} |\n", r.status);
         continue;

@@ -47,8 +47,8 @@ std::size_t MemoryCellFlags::memory_limit() const {
 std::vector<MemorySpec> MemoryCellFlags::resolve() const {
   const auto models = model_.resolve();
   const auto ctxs = parse_positive_list("--ctx", ctx), batches = parse_positive_list("--batch", batch);
-  std::vector<BenchMode> modes;
-  for (const auto& m : split_list(mode)) modes.push_back(parse_bench_mode(m));
+  std::vector<StepMode> modes;
+  for (const auto& m : split_list(mode)) modes.push_back(parse_step_mode(m));
   const auto devices = split_list(device.empty() ? (dry_run_ ? std::string("cuda") : default_device()) : device);
   for (const auto& d : devices)
     if (d != "cpu" && d != "cuda") user_error("unknown --device '{}' (use cpu or cuda)", d);
@@ -100,11 +100,12 @@ std::vector<MemorySpec> MemoryCellFlags::resolve() const {
                         s.cell.recompute = rc;
                         s.cell.grad_accum = has_backward(md) ? static_cast<int>(k) : 1;
                         s.cell.weight_copies = wc;
-                        s.cell.grad_dtype = cell_grad_dtype(md, gd);
+                        s.cell.grad_dtype = cell_grad_dtype(md, parse_grad_dtype(gd));
                         const ParallelFlags::Resolved parallel = parallel_.resolve(b, d, dry_run_);
                         s.cell.parallel = parallel.spec;
                         s.cell.world = parallel.world;
-                        check_parallel_mode(s.cell);  // before any cell runs
+                        RunSpec checked = s.cell;  // before any cell runs
+                        validate_run(checked);
                         s.dry_run = dry_run_;
                         s.memory_limit = limit;
                         cells.push_back(s);
@@ -122,7 +123,7 @@ std::vector<MemorySpec> MemoryCellFlags::resolve() const {
 std::string cell_label(const MemorySpec& s) {
   const BenchSpec& c = s.cell;
   return fmt::format("{} {} {} {} {} batch {} ctx {}{}", c.model.name, c.device, c.precision,
-                     attention_name(c.attention), mode_label(c), c.batch, c.ctx, s.dry_run ? " (dry run)" : "");
+                     attention_name(c.attention), c.label(), c.batch, c.ctx, s.dry_run ? " (dry run)" : "");
 }
 
 void warn_of_cells_that_cannot_fit(const std::vector<MemorySpec>& cells) {

@@ -3,6 +3,7 @@
 #include "lmscope/backend/backend.h"
 #include "lmscope/core/error.h"
 #include "lmscope/model/transformer.h"
+#include "lmscope/run/run_spec.h"
 
 #include <charconv>
 
@@ -114,9 +115,7 @@ std::string weight_copies_help(bool list) {
 
 WeightCopies check_weight_copies(const std::string& weight_copies, const std::string& precision) {
   const WeightCopies parsed = parse_weight_copies(weight_copies);
-  if (parsed != WeightCopies::kept && compute_dtype(precision) == DType::f32)
-    user_error("--weight-copies {} needs --precision bf16 or fp16: under fp32 and tf32 the weights have no copies",
-               weight_copies);
+  check_weight_copies(parsed, precision);
   return parsed;
 }
 

@@ -64,7 +64,7 @@ class PlanCommand : public Command {
     for (std::size_t i = 0; i < cells.size(); ++i) {
       const BenchSpec& c = cells[i].cell;
       shown.start(fmt::format("[{}/{}] {} {} {} {} {}", i + 1, cells.size(), c.model.name, c.device, c.precision,
-                              attention_name(c.attention), mode_label(c)));
+                              attention_name(c.attention), c.label()));
       rows.push_back(plan_cell(PlanSpec{c, ctx_multiple_, cells[i].memory_limit}));
       const PlanRow& row = rows.back();
       shown.finish(row.reference_outcome == MemoryOutcome::failed
@@ -87,7 +87,7 @@ class PlanCommand : public Command {
     for (const MemorySpec& m : cells)
       if (!has_backward(m.cell.mode))
         user_error("plan --recommend is for steps with a backward (--mode train or forward-backward), got {}",
-                   bench_mode_name(m.cell.mode));
+                   step_mode_name(m.cell.mode));
     const ReportFormat format = parse_report_format(format_);
     if (!out_.empty()) write_file(out_, "");
 

@@ -10,12 +10,12 @@
 
 #include "lmscope/backend/backend.h"
 #include "lmscope/bench/trace_session.h"
-#include "lmscope/dist/data_parallel_run.h"
 #include "lmscope/io/checkpoint.h"
 #include "lmscope/io/durable_file.h"
 #include "lmscope/io/safetensors.h"
 #include "lmscope/io/token_data.h"
-#include "lmscope/model/optimizer.h"
+#include "lmscope/run/session.h"
+#include "lmscope/run/step_driver.h"
 
 #include <nlohmann/json.hpp>
 
@@ -24,6 +24,7 @@
 #include <cmath>
 #include <csignal>
 #include <fstream>
+#include <functional>
 #include <optional>
 
 namespace lmscope::cli {
@@ -40,21 +41,20 @@ extern "C" void record_stop_signal(int sig) {
 // Mean loss over the first `batches` windows of the held-out data (the same each time), from
 // forwards that keep nothing for a backward. With data parallelism each rank runs its rows of each
 // batch, as in training, and the ranks' means are averaged.
-double held_out_loss(Transformer& model, const TokenData& data, const TrainSettings& s, dist::DataParallelRun* dp) {
-  const std::int64_t local_batch = dp ? dp->local_batch(s.batch) : s.batch, first_row = dp ? dp->first_row(s.batch) : 0;
+double held_out_loss(Session& session, const TokenData& data, std::int64_t batches) {
+  const RunSpec& s = session.spec();
+  Transformer& model = session.model();
   BatchSampler sampler(data, s.batch, s.ctx, true, 0);
   std::vector<std::int32_t> ids(static_cast<std::size_t>(s.batch * s.ctx)), targets(ids.size());
-  const std::size_t first = static_cast<std::size_t>(first_row * s.ctx);
   double sum = 0;
-  for (std::int64_t b = 0; b < s.eval_batches; ++b) {
+  for (std::int64_t b = 0; b < batches; ++b) {
     sampler.next(ids.data(), targets.data());
-    model.set_batch(local_batch, s.ctx, ids.data() + first, targets.data() + first);
+    session.set_batch(ids.data(), targets.data());
     model.forward(false);
     sum += model.read_loss();
     model.discard_activations();
   }
-  const double mean = sum / static_cast<double>(s.eval_batches);
-  return dp ? dp->mean_over_ranks(mean) : mean;
+  return session.mean_over_ranks(sum / static_cast<double>(batches));
 }
 
 // What the loop says of a step: a line of the JSON-lines log, and one on the console.
@@ -116,6 +116,62 @@ std::ofstream open_log(const std::string& path, std::optional<std::int64_t> resu
   return log;
 }
 
+// What a training step is followed by, inside its range: the loss checked, the held-out loss when
+// due, the log's line and the console's, and a checkpoint when due.
+class TrainProgress : public StepObserver {
+ public:
+  using SaveCheckpoint = std::function<void(std::int64_t step)>;
+  TrainProgress(const TrainSettings& s, Session& session, const TokenData* val, std::ofstream& log, std::int64_t start,
+                SaveCheckpoint save)
+      : s_(s), session_(session), val_(val), log_(log), start_(start), save_(std::move(save)) {}
+
+  std::int64_t last_saved = -1;
+
+  void step_end(const StepResult& result) override {
+    const std::int64_t step = result.iteration + 1;
+    if (!std::isfinite(result.loss))
+      user_error("the loss became {} at step {}; lower --lr or enable --clip", result.loss, step);
+    RangeListener* ranges = session_.backend().range_listener();
+    std::optional<double> val_loss;
+    if (val_ && ((s_.eval_every > 0 && step % s_.eval_every == 0) || step == s_.steps)) {
+      ScopedRange r(ranges, RangeLevel::phase, "held-out loss");
+      val_loss = held_out_loss(session_, *val_, s_.eval_batches);
+    }
+    AdamW& opt = *session_.optimizer();
+    StepReport report{.step = step,
+                      .steps = s_.steps,
+                      .loss = result.loss,
+                      .lr = result.lr,
+                      .grad_norm = opt.last_grad_norm(),
+                      .tokens_per_step = s_.batch * s_.ctx * s_.grad_accum,
+                      .elapsed_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0_).count(),
+                      .steps_done = step - start_,
+                      .val_loss = val_loss,
+                      .loss_scale = std::nullopt,
+                      .applied = result.applied,
+                      .skipped_in_all = opt.loss_scaler().skipped()};
+    if (opt.loss_scaler().on()) report.loss_scale = opt.last_loss_scale();
+    if (log_.is_open()) log_ << report.log_line() << "\n" << std::flush;
+    if (session_.main_rank() &&
+        (step % s_.print_every == 0 || result.iteration == start_ || step == s_.steps || val_loss))
+      fmt::print("{}\n", report.console_line());
+    if (!s_.checkpoint_dir.empty() && ((s_.save_every > 0 && step % s_.save_every == 0) || step == s_.steps)) {
+      ScopedRange r(ranges, RangeLevel::phase, "checkpoint");
+      save_(step);
+      last_saved = step;
+    }
+  }
+
+ private:
+  const TrainSettings& s_;
+  Session& session_;
+  const TokenData* val_;
+  std::ofstream& log_;
+  std::int64_t start_;
+  SaveCheckpoint save_;
+  std::chrono::steady_clock::time_point t0_ = std::chrono::steady_clock::now();
+};
+
 class TrainCommand : public Command {
  public:
   explicit TrainCommand(CLI::App& parent) {
@@ -159,37 +215,23 @@ class TrainCommand : public Command {
       val.emplace(s_.val_data);
       val->check_vocabulary(c.vocab);
     }
-    BatchSampler sampler(data, s_.batch, s_.ctx, s_.sample == "sequential", s_.seed);
-
-    dist::use_rank_gpu(parallel.world, s_.device);
-    std::unique_ptr<Backend> backend = make_backend(s_.device, s_.precision);
+    TokenFileBatches batches(data, s_.batch, s_.ctx, s_.sample == "sequential", s_.seed);
     // The log before the ranks meet: rank 0 failing to open it must not leave the others waiting.
     std::ofstream log;
     if (!s_.log.empty() && main_rank)
       log = open_log(s_.log, resumed ? std::optional(resumed->state.step) : std::nullopt);
-    Transformer model(c, *backend, DType::f32, compute_dtype(s_.precision), parse_attention(s_.attention));
-    model.set_recompute(parse_recompute(s_.recompute));
-    model.set_weight_copies(parse_weight_copies(s_.weight_copies));
-    if (s_.grad_dtype != "fp32") model.set_grad_dtype(gradient_dtype(s_.grad_dtype));
-    model.set_graphs(s_.graphs == "on");
-    model.set_fusion(s_.fusion == "on");
-    std::unique_ptr<dist::DataParallelRun> dp;  // after the model it hooks into, which outlives it
-    if (parallel.spec) dp = std::make_unique<dist::DataParallelRun>(parallel.world, *backend, *parallel.spec);
-    const std::int64_t local_batch = dp ? dp->local_batch(s_.batch) : s_.batch;
-    const std::int64_t first_row = dp ? dp->first_row(s_.batch) : 0;
+    // The starting weights: made or loaded alike on every rank, which take rank 0's all the same, as
+    // DDP does; a resumed run's ranks each load the checkpoint once AdamW (whose moments a sharded run
+    // keeps for its part only) is made.
+    SessionOptions options;
+    options.weights = resumed ? InitialWeights::none : s_.init.empty() ? InitialWeights::seeded : InitialWeights::file;
+    options.weights_file = s_.init;
+    Session session(s_.run_spec(parallel.world, parallel.spec), std::move(options));
+    Backend& backend = session.backend();
+    Transformer& model = session.model();
+    AdamW& opt = *session.optimizer();
+    dist::DataParallelRun* dp = session.data_parallel();
     std::int64_t start = 0;
-    // The starting weights (every rank makes or loads the same, and takes rank 0's all the same, as
-    // DDP does) before AdamW, whose moments a sharded run keeps for its part only; a resumed run's
-    // ranks each load the checkpoint once AdamW is made.
-    if (!resumed) {
-      if (s_.init.empty())
-        model.init_parameters(s_.seed);
-      else
-        load_parameters(model, s_.init);
-    }
-    if (dp) dp->attach(model, !resumed);
-    AdamW opt(model, s_.optimizer, dp ? dp->sharding() : nullptr);
-    if (dp) dp->configure(opt);
     if (app->count("--loss-scale") + app->count("--loss-scale-interval") > 0 && !opt.loss_scaler().on())
       fmt::print("note: --loss-scale and --loss-scale-interval apply to fp16, and this run is {}\n", s_.precision);
     if (resumed) {
@@ -197,7 +239,7 @@ class TrainCommand : public Command {
       if (app->count("--loss-scale") > 0 && resumed->state.loss_scaler)
         fmt::print("note: the loss scale goes on from the checkpoint's, {:g}; --loss-scale sets a new run's first\n",
                    resumed->state.loss_scaler->scale);
-      sampler.restore(resumed->state.sampler);
+      batches.sampler().restore(resumed->state.sampler);
       start = resumed->state.step;
     }
     if (!s_.checkpoint_dir.empty() || dp) {
@@ -205,14 +247,12 @@ class TrainCommand : public Command {
       std::signal(SIGTERM, record_stop_signal);
     }
 
-    const std::size_t micro = static_cast<std::size_t>(s_.batch * s_.ctx);
-    const std::size_t tokens_per_step = micro * static_cast<std::size_t>(s_.grad_accum);
     if (main_rank)
       fmt::print(
           "training {} ({} parameters) on {}: {} tokens in '{}', {} steps of {}{}x{} tokens{}{}\n", c.name,
-          c.parameter_count(), backend->name(), data.size(), s_.data, s_.steps,
+          c.parameter_count(), backend.name(), data.size(), s_.data, s_.steps,
           s_.grad_accum > 1 ? fmt::format("{} micro-batches of ", s_.grad_accum) : "", s_.batch, s_.ctx,
-          dp ? fmt::format(" over {} ranks ({} rows each, {} over {}{}{})", parallel.world.size, local_batch,
+          dp ? fmt::format(" over {} ranks ({} rows each, {} over {}{}{})", parallel.world.size, session.local_batch(),
                            dp->spec().zero ? "ZeRO-1" : dist::ddp_mode_name(dp->spec().mode), dp->communicator().name(),
                            dp->spec().zero || dp->spec().mode == dist::DdpMode::bucketed
                                ? fmt::format(", {:g} MiB buckets", dp->spec().bucket_mb)
@@ -229,87 +269,34 @@ class TrainCommand : public Command {
       }
       const std::string path = write_checkpoint(
           s_.checkpoint_dir, model, opt,
-          CheckpointState{step, opt.steps_taken(), sampler.position(), s_.to_json(),
+          CheckpointState{step, opt.steps_taken(), batches.sampler().position(), s_.to_json(),
                           opt.loss_scaler().on() ? std::optional(opt.loss_scaler().state()) : std::nullopt},
           s_.keep);
       fmt::print("saved checkpoint '{}'\n", path);
     };
 
-    std::vector<std::int32_t> ids(micro), targets(micro);
-    const auto t0 = std::chrono::steady_clock::now();
-    std::int64_t last_saved = resumed ? start : -1;
+    StepDriver driver(session, batches, true);
+    TrainProgress progress(s_, session, val ? &*val : nullptr, log, start, save_checkpoint);
+    progress.last_saved = resumed ? start : -1;
+    driver.add_observer(progress);
     // --trace: the first --trace-steps steps of this run, written as soon as they are done.
     std::unique_ptr<TraceSession> trace;
     if (!s_.trace.empty())
       trace = std::make_unique<TraceSession>(
-          *backend, TraceLabels{fmt::format("lmscope train: {} {} {} batch {} ctx {}", c.name, backend->name(),
-                                            s_.precision, s_.batch, s_.ctx)});
+          backend, TraceLabels{fmt::format("lmscope train: {} {} {} batch {} ctx {}", c.name, backend.name(),
+                                           s_.precision, s_.batch, s_.ctx)});
     for (std::int64_t it = start; it < s_.steps; ++it) {
       const std::int64_t step = it + 1;
-      {
-        RangeListener* ranges = backend->range_listener();
-        ScopedRange whole(ranges, RangeLevel::step, "step", static_cast<int>(step));
-        // The step's loss is the mean of its micro-batches' (each the mean over its tokens).
-        double loss = 0;
-        for (int k = 0; k < s_.grad_accum; ++k) {
-          sampler.next(ids.data(), targets.data());
-          const std::size_t first = static_cast<std::size_t>(first_row * s_.ctx);
-          model.set_batch(local_batch, s_.ctx, ids.data() + first, targets.data() + first);
-          {
-            ScopedRange r(ranges, RangeLevel::phase, "forward");
-            model.forward();
-          }
-          {
-            ScopedRange r(ranges, RangeLevel::phase, "backward");
-            model.backward({k, s_.grad_accum});
-            if (dp) dp->after_backward({k, s_.grad_accum});
-          }
-          loss += model.read_loss() / s_.grad_accum;
-        }
-        if (dp) loss = dp->mean_over_ranks(loss);
-        const double lr = s_.schedule.at(it);
-        bool applied = true;
-        {
-          ScopedRange r(ranges, RangeLevel::phase, "optimizer");
-          applied = opt.step(lr);
-        }
-        if (!std::isfinite(loss)) user_error("the loss became {} at step {}; lower --lr or enable --clip", loss, step);
-        std::optional<double> val_loss;
-        if (val && ((s_.eval_every > 0 && step % s_.eval_every == 0) || step == s_.steps)) {
-          ScopedRange r(ranges, RangeLevel::phase, "held-out loss");
-          val_loss = held_out_loss(model, *val, s_, dp.get());
-        }
-        const StepReport report{
-            .step = step,
-            .steps = s_.steps,
-            .loss = loss,
-            .lr = lr,
-            .grad_norm = opt.last_grad_norm(),
-            .tokens_per_step = static_cast<std::int64_t>(tokens_per_step),
-            .elapsed_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(),
-            .steps_done = step - start,
-            .val_loss = val_loss,
-            .loss_scale = opt.loss_scaler().on() ? std::optional(opt.last_loss_scale()) : std::nullopt,
-            .applied = applied,
-            .skipped_in_all = opt.loss_scaler().skipped()};
-        if (log.is_open()) log << report.log_line() << "\n" << std::flush;
-        if (main_rank && (step % s_.print_every == 0 || it == start || step == s_.steps || val_loss))
-          fmt::print("{}\n", report.console_line());
-        if (!s_.checkpoint_dir.empty() && ((s_.save_every > 0 && step % s_.save_every == 0) || step == s_.steps)) {
-          ScopedRange r(ranges, RangeLevel::phase, "checkpoint");
-          save_checkpoint(step);
-          last_saved = step;
-        }
-      }
+      driver.step(it, step);
       if (trace && (step - start == s_.trace_steps || step == s_.steps || stop_signal.load())) {
         write_file(s_.trace, trace->finish().json);
         trace.reset();
         fmt::print("wrote the trace of steps {} to {} to '{}'\n", start + 1, step, s_.trace);
       }
       // Every rank stops after the same step: a signal any of them had stops them all.
-      const bool stop = dp ? dp->mean_over_ranks(stop_signal.load() != 0 ? 1.0 : 0.0) > 0 : stop_signal.load() != 0;
+      const bool stop = session.mean_over_ranks(stop_signal.load() != 0 ? 1.0 : 0.0) > 0;
       if (stop) {
-        if (!s_.checkpoint_dir.empty() && last_saved != step) save_checkpoint(step);
+        if (!s_.checkpoint_dir.empty() && progress.last_saved != step) save_checkpoint(step);
         const int own = stop_signal.load() ? stop_signal.load() : SIGTERM;
         if (main_rank)
           fmt::print("stopped by {} after step {}{}\n", own == SIGINT ? "SIGINT" : "SIGTERM", step,
@@ -319,7 +306,7 @@ class TrainCommand : public Command {
     }
     if (start >= s_.steps && main_rank)
       fmt::print("the checkpoint is at step {}, --steps is {}: nothing to train\n", start, s_.steps);
-    if (const Backend::GraphCounts g = backend->graph_counts(); g.given_up && main_rank)
+    if (const Backend::GraphCounts g = backend.graph_counts(); g.given_up && main_rank)
       fmt::print(
           "note: device graphs stopped ({} recorded, {} replayed): the phases' memory kept changing, so the run "
           "went on op by op (--graphs off does so from the start)\n",

@@ -30,18 +30,6 @@ void take(const CLI::App& app, const nlohmann::json& saved, const char* flag, T&
         fmt::format("{} is {} here and was {} in the checkpoint's run; going on with {}", flag, value, old, value));
 }
 
-ModelConfig model_from_json(const nlohmann::json& j) {
-  ModelConfig c;  // validated by the model flags' resolution or the Transformer
-  c.name = j.at("name").get<std::string>();
-  c.d_model = j.at("d_model").get<std::int64_t>();
-  c.d_ff = j.at("d_ff").get<std::int64_t>();
-  c.layers = j.at("layers").get<std::int64_t>();
-  c.heads = j.at("heads").get<std::int64_t>();
-  c.vocab = j.at("vocab").get<std::int64_t>();
-  c.rope_theta = j.at("rope_theta").get<double>();
-  return c;
-}
-
 std::string shape_words(const ModelConfig& c) {
   return fmt::format("d_model {}, d_ff {}, {} layers, {} heads, vocabulary {}, RoPE theta {}", c.d_model, c.d_ff,
                      c.layers, c.heads, c.vocab, c.rope_theta);
@@ -197,6 +185,29 @@ nlohmann::ordered_json TrainSettings::to_json() const {
           {"eval_every", eval_every},
           {"eval_batches", eval_batches},
           {"print_every", print_every}};
+}
+
+RunSpec TrainSettings::run_spec(const dist::World& world, const std::optional<dist::DataParallelSpec>& parallel) const {
+  RunSpec r;
+  r.model = model;
+  r.mode = StepMode::train;
+  r.batch = batch;
+  r.ctx = ctx;
+  r.grad_accum = grad_accum;
+  r.device = device;
+  r.precision = precision;
+  r.attention = parse_attention(attention);
+  r.recompute = parse_recompute(recompute);
+  r.weight_copies = parse_weight_copies(weight_copies);
+  r.grad_dtype = parse_grad_dtype(grad_dtype);
+  r.graphs = graphs == "on";
+  r.fusion = fusion == "on";
+  r.seed = seed;
+  r.optimizer = optimizer;
+  r.schedule = schedule;
+  r.parallel = parallel;
+  r.world = world;
+  return r;
 }
 
 std::vector<std::string> TrainSettings::take_from_checkpoint(const CLI::App& app, const nlohmann::json& saved,

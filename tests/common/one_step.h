@@ -1,12 +1,14 @@
-// Training steps of a seeded model, each taken whole or as micro-batches, with a recompute mode and
-// a place for the weight copies: the last step's loss and gradients and every parameter after its
-// AdamW, copied to the host. What the tests of the memory diet compare, on the CPU and on the GPU.
+// Training steps of a seeded model through the step driver, each taken whole or as micro-batches,
+// with a recompute mode and a place for the weight copies: the last step's loss and gradients and
+// every parameter after its AdamW, copied to the host. What the tests of the memory diet compare, on the CPU and on the
+// GPU.
 #pragma once
 
 #include "lmscope/core/rng.h"
-#include "lmscope/model/optimizer.h"
-#include "lmscope/model/transformer.h"
+#include "lmscope/run/session.h"
+#include "lmscope/run/step_driver.h"
 
+#include <algorithm>
 #include <cmath>
 #include <optional>
 #include <vector>
@@ -58,14 +60,50 @@ inline std::vector<float> host_floats(Backend& be, const Tensor& t) {
   return v;
 }
 
+// The rows × ctx tokens of a step in micro-batches of `micro` rows, one after another, round and round.
+class MicroBatchSlices : public BatchSource {
+ public:
+  MicroBatchSlices(std::vector<std::int32_t> ids, std::vector<std::int32_t> targets, std::int64_t micro_tokens)
+      : ids_(std::move(ids)), targets_(std::move(targets)), micro_tokens_(micro_tokens) {}
+  bool next(std::int32_t* ids, std::int32_t* targets) override {
+    std::copy_n(ids_.begin() + at_, micro_tokens_, ids);
+    std::copy_n(targets_.begin() + at_, micro_tokens_, targets);
+    at_ = (at_ + micro_tokens_) % static_cast<std::int64_t>(ids_.size());
+    return true;
+  }
+
+ private:
+  std::vector<std::int32_t> ids_, targets_;
+  std::int64_t micro_tokens_, at_ = 0;
+};
+
+// The precision whose compute dtype is `compute` (none: the masters', fp32).
+inline std::string precision_of(std::optional<DType> compute) {
+  if (compute == DType::bf16) return "bf16";
+  if (compute == DType::f16) return "fp16";
+  return "fp32";
+}
+
 inline OneStep one_step(Backend& be, const OneStepSpec& s) {
-  Transformer model(s.model, be, DType::f32, s.compute, s.attention);
-  model.set_recompute(s.recompute);
-  model.set_weight_copies(s.weight_copies);
+  RunSpec spec;
+  spec.model = s.model;
+  spec.batch = s.micro;
+  spec.ctx = s.ctx;
+  spec.grad_accum = static_cast<int>(s.rows / s.micro);
+  spec.precision = precision_of(s.compute);
+  spec.attention = s.attention;
+  spec.recompute = s.recompute;
+  spec.weight_copies = s.weight_copies;
+  spec.grad_dtype = s.grad_dtype;
+  spec.graphs = false;
+  spec.fusion = s.fusion;
+  spec.seed = 6;
+  spec.schedule.lr_max = s.lr;
+  SessionOptions options;
+  options.shared_backend = &be;
+  Session session(spec, std::move(options));
+  Transformer& model = session.model();
   model.set_logit_chunk_bytes(s.logit_chunk_bytes);
-  model.set_fusion(s.fusion);
-  model.set_grad_dtype(s.grad_dtype);
-  model.init_parameters(6);
   const std::int64_t n = s.rows * s.ctx;
   std::vector<std::int32_t> ids(static_cast<std::size_t>(n)), targets(static_cast<std::size_t>(n));
   Rng rng(11);
@@ -73,24 +111,27 @@ inline OneStep one_step(Backend& be, const OneStepSpec& s) {
     ids[i] = static_cast<std::int32_t>(rng.below(static_cast<std::uint64_t>(s.model.vocab)));
     targets[i] = static_cast<std::int32_t>(rng.below(static_cast<std::uint64_t>(s.model.vocab)));
   }
-  AdamW opt(model, OptimizerConfig{});
-  OneStep out;
-  const int k = static_cast<int>(s.rows / s.micro);
-  for (int step = 0; step < s.steps; ++step) {
-    out = OneStep{};
-    for (int i = 0; i < k; ++i) {
-      const std::int64_t at = i * s.micro * s.ctx;
-      model.set_batch(s.micro, s.ctx, ids.data() + at, targets.data() + at);
-      model.forward();
-      if (i == 0) out.saved_bytes = be.allocator().current_bytes(MemKind::activation);
-      model.backward({i, k});
-      out.loss += model.read_loss() / k;
+  MicroBatchSlices batches(std::move(ids), std::move(targets), s.micro * s.ctx);
+  // What the step holds when its first forward ends, and its gradients before AdamW frees them.
+  struct Reader : StepObserver {
+    Backend& be;
+    Transformer& model;
+    OneStep out;
+    Reader(Backend& b, Transformer& m) : be(b), model(m) {}
+    void step_begin(std::int64_t) override { out = OneStep{}; }
+    void phase_end(StepPhase p, int micro) override {
+      if (p == StepPhase::forward && micro == 0) out.saved_bytes = be.allocator().current_bytes(MemKind::activation);
     }
-    for (Parameter& p : model.parameters()) out.grads.push_back(host_floats(be, p.grad));
-    opt.step(s.lr);
-  }
-  for (Parameter& p : model.parameters()) out.params.push_back(host_floats(be, p.value));
-  return out;
+    void phase_begin(StepPhase p, int) override {
+      if (p == StepPhase::optimizer)
+        for (Parameter& q : model.parameters()) out.grads.push_back(host_floats(be, q.grad));
+    }
+  } reader(be, model);
+  StepDriver driver(session, batches, true);
+  driver.add_observer(reader);
+  for (int step = 0; step < s.steps; ++step) reader.out.loss = driver.step(step, step).loss;
+  for (Parameter& p : model.parameters()) reader.out.params.push_back(host_floats(be, p.value));
+  return reader.out;
 }
 
 // The largest over tensors of ‖a − b‖ / ‖b‖.

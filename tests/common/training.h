@@ -2,8 +2,7 @@
 // tests compare between backends, precisions and attention forms.
 #pragma once
 
-#include "lmscope/model/optimizer.h"
-#include "lmscope/model/transformer.h"
+#include "one_step.h"
 
 #include <optional>
 #include <vector>
@@ -14,17 +13,24 @@ inline std::vector<double> twenty_step_losses(Backend& be, const ModelConfig& c,
                                               std::int64_t B, std::int64_t T, const std::vector<std::int32_t>& x,
                                               const std::vector<std::int32_t>& y,
                                               AttentionKind attention = AttentionKind::flash) {
-  Transformer model(c, be, DType::f32, compute, attention);
-  model.init_parameters(11);
-  AdamW opt(model, {.lr = 3e-3, .clip = 1.0, .loss_scaling = {}});
-  model.set_batch(B, T, x.data(), y.data());
+  RunSpec spec;
+  spec.model = c;
+  spec.batch = B;
+  spec.ctx = T;
+  spec.precision = precision_of(compute);
+  spec.attention = attention;
+  spec.graphs = false;
+  spec.fusion = false;
+  spec.seed = 11;
+  spec.optimizer.lr = 3e-3;
+  spec.schedule.lr_max = 3e-3;
+  SessionOptions options;
+  options.shared_backend = &be;
+  Session session(spec, std::move(options));
+  MicroBatchSlices batches(x, y, B * T);
+  StepDriver driver(session, batches, true);
   std::vector<double> out;
-  for (int i = 0; i < 20; ++i) {
-    model.forward();
-    out.push_back(model.read_loss());
-    model.backward();
-    opt.step(3e-3);
-  }
+  for (int i = 0; i < 20; ++i) out.push_back(driver.step(i, i).loss);
   return out;
 }
 

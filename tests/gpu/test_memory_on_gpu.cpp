@@ -31,7 +31,7 @@ BenchSpec train_cell(const ModelConfig& model, const std::string& precision, Att
   s.device = "cuda";
   s.precision = precision;
   s.attention = attention;
-  s.mode = BenchMode::train;
+  s.mode = StepMode::train;
   s.batch = 4;
   s.ctx = ctx;
   s.warmup = 1;

@@ -1,6 +1,6 @@
 // How a cell's mode reads: bench's label and the report's reading of a result file word it alike.
-#include "lmscope/bench/mode_words.h"
 #include "lmscope/report/result_files.h"
+#include "lmscope/run/mode_words.h"
 
 #include <gtest/gtest.h>
 

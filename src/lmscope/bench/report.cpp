@@ -24,18 +24,7 @@ std::string csv_field(const std::string& s) {
   return q;
 }
 
-nlohmann::ordered_json model_json(const ModelConfig& m) {
-  return {{"name", m.name},
-          {"d_model", m.d_model},
-          {"d_ff", m.d_ff},
-          {"layers", m.layers},
-          {"heads", m.heads},
-          {"vocab", m.vocab},
-          {"rope_theta", m.rope_theta},
-          {"parameters", m.parameter_count()}};
-}
-
-nlohmann::ordered_json data_parallel_json(const BenchSpec& s) {
+nlohmann::ordered_json data_parallel_json(const RunSpec& s) {
   if (!s.parallel) return nullptr;
   const dist::DataParallelSpec& p = *s.parallel;
   return {{"world_size", s.world.size},
@@ -45,7 +34,7 @@ nlohmann::ordered_json data_parallel_json(const BenchSpec& s) {
           {"zero", p.zero},
           {"bucket_mb", p.bucket_mb},
           {"symmetric_memory", p.zero == 0 && p.symmetric_memory},
-          {"comm_sms", exchange_sms(s)}};
+          {"comm_sms", s.exchange_sms()}};
 }
 
 namespace {
@@ -81,7 +70,7 @@ std::string markdown_profile(const BenchResult& r) {
   std::string out = fmt::format(
       "\n### Where the time goes: {} {} {} {} {}, batch {}, ctx {} (per step, mean of {} measured steps)\n\n"
       "| phase | what | ms | share of phase | launches |\n|---|---|---:|---:|---:|\n",
-      s.model.name, s.device, s.precision, attention_name(s.attention), mode_label(s), s.batch, s.ctx, k.steps);
+      s.model.name, s.device, s.precision, attention_name(s.attention), s.label(), s.batch, s.ctx, k.steps);
   for (const TimedPhase& p : profiled_phases(r)) {
     for (const KernelSummary& c : k.categories)
       if (c.phase == p.phase)
@@ -148,7 +137,7 @@ std::string markdown_exchange(const std::vector<BenchResult>& rows) {
           "\n### Gradient exchange (per step)\n\n| model | mode | batch | ctx | library | collectives ms | exposed "
           "after backward ms | hidden behind the backward |\n|---|---|---:|---:|---|---:|---:|---:|\n";
     const BenchSpec& s = r.spec;
-    out += fmt::format("| {} | {} | {} | {} | {} | {} | {} | {:.0f}% |\n", s.model.name, mode_label(s), s.batch, s.ctx,
+    out += fmt::format("| {} | {} | {} | {} | {} | {} | {} | {:.0f}% |\n", s.model.name, s.label(), s.batch, s.ctx,
                        r.collectives_library, mean_std(r.communication), mean_std(r.exchange), 100 * r.hidden_share);
   }
   return out;
@@ -162,7 +151,7 @@ std::string markdown(const std::vector<BenchResult>& rows) {
   for (const BenchResult& r : rows) {
     const BenchSpec& s = r.spec;
     out += fmt::format("| {} | {}{} | {} | {} | {} | {} | {} | ", s.model.name, s.device, r.dry_run ? " (dry run)" : "",
-                       s.precision, attention_name(s.attention), mode_label(s), s.batch, s.ctx);
+                       s.precision, attention_name(s.attention), s.label(), s.batch, s.ctx);
     if (r.dry_run && r.ok())
       out += fmt::format("- | - | - | - | - | - | - | {} | fits |\n", human_bytes(static_cast<double>(r.peak_bytes)));
     else if (r.ok())
@@ -199,9 +188,9 @@ std::string csv(const std::vector<BenchResult>& rows) {
     const BenchSpec& s = r.spec;
     out += fmt::format("{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{}", csv_field(s.model.name),
                        s.model.d_model, s.model.d_ff, s.model.layers, s.model.heads, s.model.vocab, s.device,
-                       s.precision, attention_name(s.attention), bench_mode_name(s.mode), recompute_name(s.recompute),
-                       s.grad_accum, weight_copies_name(s.weight_copies), s.grad_dtype, s.graphs ? "on" : "off",
-                       s.fusion ? "on" : "off", s.batch, s.ctx, s.warmup, s.steps);
+                       s.precision, attention_name(s.attention), step_mode_name(s.mode), recompute_name(s.recompute),
+                       s.grad_accum, weight_copies_name(s.weight_copies), grad_dtype_name(s.grad_dtype),
+                       s.graphs ? "on" : "off", s.fusion ? "on" : "off", s.batch, s.ctx, s.warmup, s.steps);
     for (int i = 0; i < 4; ++i) {
       const PhaseStats& p = phase(r, i);
       if (p.n)
@@ -221,7 +210,7 @@ std::string csv(const std::vector<BenchResult>& rows) {
       out += fmt::format(",{},{},{},{:g},{},{}", s.world.size,
                          s.parallel->zero ? "" : dist::ddp_mode_name(s.parallel->mode), s.parallel->zero,
                          s.parallel->bucket_mb, s.parallel->zero == 0 && s.parallel->symmetric_memory ? "on" : "off",
-                         exchange_sms(s));
+                         s.exchange_sms());
     else
       out += ",1,,0,,,";
     if (measured_exchange(r))
@@ -243,11 +232,11 @@ std::string json(const std::vector<BenchResult>& rows) {
     j["device"] = s.device;
     j["precision"] = s.precision;
     j["attention"] = attention_name(s.attention);
-    j["mode"] = bench_mode_name(s.mode);
+    j["mode"] = step_mode_name(s.mode);
     j["recompute"] = recompute_name(s.recompute);
     j["grad_accum"] = s.grad_accum;
     j["weight_copies"] = weight_copies_name(s.weight_copies);
-    j["grad_dtype"] = s.grad_dtype;
+    j["grad_dtype"] = grad_dtype_name(s.grad_dtype);
     j["graphs"] = s.graphs;
     j["fusion"] = s.fusion;
     j["batch"] = s.batch;

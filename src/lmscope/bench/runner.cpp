@@ -3,10 +3,8 @@
 #include "lmscope/bench/trace_session.h"
 
 #include "lmscope/backend/backend.h"
-#include "lmscope/core/rng.h"
-#include "lmscope/dist/data_parallel_run.h"
-#include "lmscope/model/optimizer.h"
-#include "lmscope/model/transformer.h"
+#include "lmscope/run/session.h"
+#include "lmscope/run/step_driver.h"
 
 #include <algorithm>
 #include <chrono>
@@ -15,38 +13,6 @@
 #include <tuple>
 
 namespace lmscope {
-
-int exchange_sms(const BenchSpec& s) {
-  return s.parallel && s.device == "cuda" && s.world.size > 1 ? s.parallel->exchange_sms() : 0;
-}
-
-void check_parallel_mode(const BenchSpec& s) {
-  if (s.parallel) s.parallel->check_step(has_backward(s.mode), s.mode == BenchMode::train);
-}
-
-std::string mode_label(const BenchSpec& s) {
-  std::string label = mode_words({.mode = bench_mode_name(s.mode),
-                                  .recompute = recompute_name(s.recompute),
-                                  .grad_accum = has_backward(s.mode) ? s.grad_accum : 1,
-                                  .weight_copies = weight_copies_name(s.weight_copies),
-                                  .grad_dtype = s.grad_dtype,
-                                  .graphs_off_on_cuda = !s.graphs && s.device == "cuda",
-                                  .fusion = s.fusion});
-  if (s.parallel) {
-    const dist::DataParallelSpec& p = *s.parallel;
-    if (p.zero == 1)
-      label += fmt::format(", ZeRO-1 ({:g} MiB buckets)", p.bucket_mb);
-    else if (p.mode == dist::DdpMode::bucketed)
-      label += fmt::format(", DDP bucketed {:g} MiB", p.bucket_mb);
-    else
-      label += fmt::format(", DDP {}", dist::ddp_mode_name(p.mode));
-    if (p.zero == 0 && p.exchange == dist::GradExchange::all_gather) label += ", gradients all-gathered";
-    if (p.zero == 0 && !p.symmetric_memory) label += ", symmetric memory off";
-    if (exchange_sms(s) > 0) label += fmt::format(", exchange on {} SMs", exchange_sms(s));
-    label += fmt::format(", {} rank{}", s.world.size, s.world.size == 1 ? "" : "s");
-  }
-  return label;
-}
 
 double peak_tflops(const std::string& device_name, const std::string& precision) {
   // Dense tensor-core (bf16, tf32) and CUDA-core (fp32) peaks from NVIDIA's datasheets, TFLOP/s.
@@ -88,167 +54,151 @@ double overlap_ms(const std::vector<dist::Communicator::Span>& spans, double unt
   return ms;
 }
 
-void run_cell(const BenchSpec& spec, BenchResult& r, const BenchProgress& progress, KeptInitialValues* kept) {
-  check_parallel_mode(spec);
-  if (spec.parallel) dist::use_rank_gpu(spec.world, spec.device);
-  std::unique_ptr<Backend> backend = make_backend(spec.device, spec.precision);
-  Transformer model(spec.model, *backend, DType::f32, compute_dtype(spec.precision), spec.attention);
-  model.set_recompute(spec.recompute);
-  model.set_weight_copies(spec.weight_copies);
-  model.set_grad_dtype(gradient_dtype(spec.grad_dtype));
-  model.set_graphs(spec.graphs);  // (off once a data-parallel run attaches: DataParallelRun::attach)
-  model.set_fusion(spec.fusion);
-  model.init_parameters(spec.seed, kept);
-  std::unique_ptr<dist::DataParallelRun> dp;
-  if (spec.parallel) {
-    dp = std::make_unique<dist::DataParallelRun>(spec.world, *backend, *spec.parallel);
-    r.collectives_library = dist::name_and_version(dp->communicator());  // a cell that fails later too
-    dp->attach(model);
+// Times each phase by marks in the backend's stream (CUDA events on the GPU), so no phase waits for
+// the host, and the whole step by a host clock around a synchronised region, the seeds' method. With
+// spec.profile, a tracer records every kernel of the measured steps, tagged with its phase; with
+// spec.trace, the ranges the driver and the model mark, every allocation and the device's work.
+class PhaseTimer : public StepObserver {
+ public:
+  PhaseTimer(const BenchSpec& spec, Session& session, const BenchProgress& progress)
+      : spec_(spec), session_(session), backend_(session.backend()), progress_(progress) {}
+
+  void step_begin(std::int64_t i) override {
+    measured_ = i >= spec_.warmup;
+    if (i == spec_.warmup) {
+      if (AdamW* opt = session_.optimizer()) skipped_before_ = opt->loss_scaler().skipped();
+      graphs_before_ = backend_.graph_counts();
+    }
+    backend_.synchronize();
+    if (spec_.trace && i == spec_.warmup) {
+      trace_ = std::make_unique<TraceSession>(
+          backend_, TraceLabels{fmt::format("lmscope bench: {} {} {} {} batch {} ctx {}", spec_.model.name,
+                                            spec_.device, spec_.precision, spec_.label(), spec_.batch, spec_.ctx)});
+      tracer_ = trace_->kernel_tracer();
+    }
+    if (spec_.profile && i == spec_.warmup && !tracer_) {
+      own_tracer_ = backend_.kernel_tracer();
+      if (!own_tracer_)
+        throw Unsupported(fmt::format("--profile traces GPU kernels; the {} backend has none", spec_.device));
+      tracer_ = own_tracer_.get();
+    }
+    t0_ = std::chrono::steady_clock::now();
+    marks_ = {backend_.mark()};
+    if (session_.data_parallel() && measured_) session_.data_parallel()->communicator().start_timing();
   }
-  const std::int64_t n = spec.batch * spec.ctx;  // the global batch: each rank runs its rows of it
-  std::vector<std::int32_t> ids(static_cast<std::size_t>(n)), targets(static_cast<std::size_t>(n));
-  Rng rng = Rng::stream(spec.seed, "bench.tokens");  // random tokens, never zeros
-  for (auto& t : ids) t = static_cast<std::int32_t>(rng.below(static_cast<std::uint64_t>(spec.model.vocab)));
-  for (auto& t : targets) t = static_cast<std::int32_t>(rng.below(static_cast<std::uint64_t>(spec.model.vocab)));
-  const std::int64_t local_batch = dp ? dp->local_batch(spec.batch) : spec.batch;
-  const std::size_t first = static_cast<std::size_t>((dp ? dp->first_row(spec.batch) : 0) * spec.ctx);
-  model.set_batch(local_batch, spec.ctx, ids.data() + first, targets.data() + first);
-  std::unique_ptr<AdamW> opt;
-  if (spec.mode == BenchMode::train) {
-    opt = std::make_unique<AdamW>(model, OptimizerConfig{}, dp ? dp->sharding() : nullptr);
-    if (dp) dp->configure(*opt);
+  void phase_begin(StepPhase p, int) override {
+    if (!tracer_) return;
+    tracer_->set_phase(p == StepPhase::forward     ? Phase::forward
+                       : p == StepPhase::optimizer ? Phase::optimizer
+                                                   : Phase::backward);
+  }
+  void phase_end(StepPhase, int) override { marks_.push_back(backend_.mark()); }
+  void step_end(const StepResult& result) override {
+    backend_.synchronize();
+    const double host_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0_).count();
+    if (measured_) record(host_ms);
+    backend_.clear_marks();
+    const int done = static_cast<int>(result.iteration) + 1;
+    if (progress_) progress_(done, spec_.warmup + spec_.steps);
   }
 
-  // Phases are timed by marks in the backend's stream (CUDA events on the GPU), so no phase waits
-  // for the host; the whole step by a host clock around a synchronised region, the seeds' method.
-  // With spec.profile, a tracer records every kernel of the measured steps, tagged with its phase.
-  std::vector<double> fwd, bwd, optim, step, comm, exchange, hidden;
-  // With spec.trace, the ranges the runner and the model mark, every allocation and the device's
-  // work of the measured steps; its kernel tracer serves the profile too (one tracer at a time).
-  std::unique_ptr<TraceSession> trace;
-  std::unique_ptr<KernelTracer> own_tracer;
-  KernelTracer* tracer = nullptr;
-  auto enter = [&](Phase p) {
-    if (tracer) tracer->set_phase(p);
-  };
-  const int total = spec.warmup + spec.steps;
-  const int micro_batches = has_backward(spec.mode) ? spec.grad_accum : 1;
-  std::vector<int> step_marks;
-  std::int64_t skipped_before = 0;  // by the loss scaler, in the warm-up steps
-  Backend::GraphCounts graphs_before;
-  for (int i = 0; i < total; ++i) {
-    if (opt && i == spec.warmup) skipped_before = opt->loss_scaler().skipped();
-    if (i == spec.warmup) graphs_before = backend->graph_counts();
-    backend->synchronize();
-    if (spec.trace && i == spec.warmup) {
-      trace = std::make_unique<TraceSession>(
-          *backend, TraceLabels{fmt::format("lmscope bench: {} {} {} {} batch {} ctx {}", spec.model.name, spec.device,
-                                            spec.precision, mode_label(spec), spec.batch, spec.ctx)});
-      tracer = trace->kernel_tracer();
+  // The measured steps' figures into r.
+  void finish(BenchResult& r) {
+    const RunSpec& spec = session_.spec();
+    if (trace_) {
+      TraceSession::Result t = trace_->finish();
+      r.trace = std::move(t.json);
+      if (spec_.profile) r.kernels = summarize_kernels(t.device.work, spec_.steps);
+    } else if (own_tracer_) {
+      r.kernels = summarize_kernels(own_tracer_->finish().work, spec_.steps);
     }
-    if (spec.profile && i == spec.warmup && !tracer) {
-      own_tracer = backend->kernel_tracer();
-      if (!own_tracer)
-        throw Unsupported(fmt::format("--profile traces GPU kernels; the {} backend has none", spec.device));
-      tracer = own_tracer.get();
+    const Backend::GraphCounts graphs = backend_.graph_counts();
+    r.graphs = {graphs.recorded - graphs_before_.recorded, graphs.replayed - graphs_before_.replayed, graphs.given_up};
+    AdamW* opt = session_.optimizer();
+    if (opt && opt->loss_scaler().on()) {
+      r.skipped_steps = opt->loss_scaler().skipped() - skipped_before_;
+      r.loss_scale = opt->loss_scaler().scale();
     }
-    RangeListener* ranges = backend->range_listener();
-    const auto t0 = std::chrono::steady_clock::now();
-    {
-      ScopedRange whole(ranges, RangeLevel::step, "step", i - spec.warmup);
-      // Each micro-batch's forward and backward; a phase's time is their sum.
-      std::vector<int> marks{backend->mark()};
-      if (dp && i >= spec.warmup) dp->communicator().start_timing();
-      for (int k = 0; k < micro_batches; ++k) {
-        enter(Phase::forward);
-        {
-          ScopedRange r(ranges, RangeLevel::phase, "forward");
-          model.forward(spec.mode != BenchMode::inference);
-        }
-        marks.push_back(backend->mark());
-        enter(Phase::backward);
-        {
-          ScopedRange r(ranges, RangeLevel::phase, has_backward(spec.mode) ? "backward" : "discard");
-          if (!has_backward(spec.mode))
-            model.discard_activations();
-          else
-            model.backward({k, micro_batches});
-        }
-        marks.push_back(backend->mark());
-      }
-      if (dp) {  // the collectives the backward started, waited for (naive and flat: run) here
-        ScopedRange r(ranges, RangeLevel::phase, "gradient exchange");
-        dp->after_backward({micro_batches - 1, micro_batches});
-      }
-      marks.push_back(backend->mark());
-      enter(Phase::optimizer);
-      if (opt) {
-        ScopedRange r(ranges, RangeLevel::phase, "optimizer");
-        opt->step(1e-3);
-      }
-      marks.push_back(backend->mark());
-      backend->synchronize();
-      step_marks = std::move(marks);
+    r.forward = summarize(fwd_);
+    if (has_backward(spec.mode)) r.backward = summarize(bwd_);
+    if (opt) r.optimizer = summarize(optim_);
+    r.step = summarize(step_);
+    if (session_.data_parallel()) {
+      r.communication = summarize(comm_);
+      r.exchange = summarize(exchange_);
+      r.hidden_share = summarize(hidden_).mean;
     }
-    const double host_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
-    const std::vector<int>& marks = step_marks;
-    if (i >= spec.warmup) {
-      double f = 0, b = 0;
-      for (int k = 0; k < micro_batches; ++k) {
-        f += backend->elapsed_ms(marks[2 * k], marks[2 * k + 1]);
-        b += backend->elapsed_ms(marks[2 * k + 1], marks[2 * k + 2]);
-      }
-      fwd.push_back(f);
-      bwd.push_back(b);
-      const int backward_end = 2 * micro_batches;
-      exchange.push_back(backend->elapsed_ms(marks[backward_end], marks[backward_end + 1]));
-      optim.push_back(backend->elapsed_ms(marks[backward_end + 1], marks[backward_end + 2]));
-      step.push_back(host_ms);
-      if (dp) {
-        const std::vector<dist::Communicator::Span> spans = dp->communicator().finish_timing();
-        double total = 0;
-        for (const auto& s : spans) total += s.end_ms - s.start_ms;
-        comm.push_back(total);
-        hidden.push_back(total > 0 ? overlap_ms(spans, backend->elapsed_ms(marks[0], marks[backward_end])) / total : 0);
-      }
-    }
-    backend->clear_marks();
-    if (progress) progress(i + 1, total);
   }
-  if (trace) {
-    TraceSession::Result t = trace->finish();
-    r.trace = std::move(t.json);
-    if (spec.profile) r.kernels = summarize_kernels(t.device.work, spec.steps);
-  } else if (own_tracer) {
-    r.kernels = summarize_kernels(own_tracer->finish().work, spec.steps);
+
+ private:
+  // marks_: the step's start, then the end of each micro-batch's forward and backward, of the
+  // exchange and of the optimizer.
+  void record(double host_ms) {
+    const int micro_batches = session_.spec().micro_batches();
+    double f = 0, b = 0;
+    for (int k = 0; k < micro_batches; ++k) {
+      f += backend_.elapsed_ms(marks_[2 * k], marks_[2 * k + 1]);
+      b += backend_.elapsed_ms(marks_[2 * k + 1], marks_[2 * k + 2]);
+    }
+    fwd_.push_back(f);
+    bwd_.push_back(b);
+    const int backward_end = 2 * micro_batches;
+    exchange_.push_back(backend_.elapsed_ms(marks_[backward_end], marks_[backward_end + 1]));
+    optim_.push_back(backend_.elapsed_ms(marks_[backward_end + 1], marks_[backward_end + 2]));
+    step_.push_back(host_ms);
+    if (dist::DataParallelRun* dp = session_.data_parallel()) {
+      const std::vector<dist::Communicator::Span> spans = dp->communicator().finish_timing();
+      double total = 0;
+      for (const auto& s : spans) total += s.end_ms - s.start_ms;
+      comm_.push_back(total);
+      hidden_.push_back(total > 0 ? overlap_ms(spans, backend_.elapsed_ms(marks_[0], marks_[backward_end])) / total
+                                  : 0);
+    }
   }
-  const double loss = model.read_loss();
+
+  const BenchSpec& spec_;
+  Session& session_;
+  Backend& backend_;
+  const BenchProgress& progress_;
+  bool measured_ = false;
+  std::chrono::steady_clock::time_point t0_;
+  std::vector<int> marks_;
+  std::vector<double> fwd_, bwd_, optim_, step_, comm_, exchange_, hidden_;
+  std::unique_ptr<TraceSession> trace_;
+  std::unique_ptr<KernelTracer> own_tracer_;
+  KernelTracer* tracer_ = nullptr;
+  std::int64_t skipped_before_ = 0;  // by the loss scaler, in the warm-up steps
+  Backend::GraphCounts graphs_before_;
+};
+
+void run_cell(const BenchSpec& spec, BenchResult& r, const BenchProgress& progress, KeptInitialValues* kept) {
+  // Random tokens, never zeros: the global batch, each rank running its rows of it.
+  FixedBatch batch(spec.model.vocab, spec.batch, spec.ctx, spec.seed, "bench.tokens");
+  SessionOptions options;
+  options.kept = kept;
+  options.first_batch = &batch;
+  Session session(spec, std::move(options));
+  if (dist::DataParallelRun* dp = session.data_parallel())
+    r.collectives_library = dist::name_and_version(dp->communicator());  // a cell that fails later too
+  StepDriver driver(session, batch, false);
+  PhaseTimer timer(spec, session, progress);
+  driver.add_observer(timer);
+  for (int i = 0; i < spec.warmup + spec.steps; ++i) driver.step(i, i - spec.warmup);
+  timer.finish(r);
+  Backend& backend = session.backend();
+  const double loss = session.model().read_loss();
   if (!std::isfinite(loss)) throw std::runtime_error(fmt::format("the loss is {}", loss));
-  r.peak_bytes = backend->allocator().peak_bytes();
-  const Backend::GraphCounts graphs = backend->graph_counts();
-  r.graphs = {graphs.recorded - graphs_before.recorded, graphs.replayed - graphs_before.replayed, graphs.given_up};
-  if (opt && opt->loss_scaler().on()) {
-    r.skipped_steps = opt->loss_scaler().skipped() - skipped_before;
-    r.loss_scale = opt->loss_scaler().scale();
-  }
-  r.forward = summarize(fwd);
-  if (has_backward(spec.mode)) r.backward = summarize(bwd);
-  if (opt) r.optimizer = summarize(optim);
-  r.step = summarize(step);
-  if (dp) {
-    r.communication = summarize(comm);
-    r.exchange = summarize(exchange);
-    r.hidden_share = summarize(hidden).mean;
-  }
-  const double tokens = static_cast<double>(n) * micro_batches;  // per step, every rank's
+  r.peak_bytes = backend.allocator().peak_bytes();
+  const RunSpec& run = session.spec();
+  const double tokens = static_cast<double>(run.batch * run.ctx) * run.micro_batches();  // per step, every rank's
   r.tokens_per_s = tokens / (r.step.mean / 1e3);
-  const double per_token = has_backward(spec.mode) ? spec.model.train_flops_per_token(spec.ctx)
-                                                   : spec.model.forward_flops_per_token(spec.ctx);
+  const double per_token =
+      has_backward(run.mode) ? run.model.train_flops_per_token(run.ctx) : run.model.forward_flops_per_token(run.ctx);
   // Per device: this rank's share of the tokens.
-  const double local_tokens = tokens * static_cast<double>(local_batch) / static_cast<double>(spec.batch);
+  const double local_tokens = tokens * static_cast<double>(session.local_batch()) / static_cast<double>(run.batch);
   r.model_tflops = per_token * local_tokens / (r.step.mean / 1e3) / 1e12;
-  r.device_name = backend->allocator().device_name();
-  r.peak_tflops = peak_tflops(r.device_name, spec.precision);
+  r.device_name = backend.allocator().device_name();
+  r.peak_tflops = peak_tflops(r.device_name, run.precision);
   if (r.peak_tflops > 0) r.mfu = r.model_tflops / r.peak_tflops;
 }
 

@@ -3,13 +3,9 @@
 // timer around a synchronised region, as the seeds' PyTorch scripts do.
 #pragma once
 
-#include "lmscope/bench/bench_mode.h"
-#include "lmscope/bench/mode_words.h"
-#include "lmscope/dist/data_parallel.h"
-#include "lmscope/model/attention.h"
-#include "lmscope/model/config.h"
-#include "lmscope/model/transformer.h"
+#include "lmscope/backend/backend.h"
 #include "lmscope/profile/kernel_profile.h"
+#include "lmscope/run/run_spec.h"
 
 #include <functional>
 #include <optional>
@@ -18,46 +14,12 @@
 
 namespace lmscope {
 
-struct BenchSpec {
-  ModelConfig model;
-  std::string device = "cpu";
-  std::string precision = "fp32";
-  AttentionKind attention = AttentionKind::flash;
-  BenchMode mode = BenchMode::train;
-  std::int64_t batch = 4, ctx = 256;
+// A bench cell: the run (run/run_spec.h) and how it is measured.
+struct BenchSpec : RunSpec {
   int warmup = 5, steps = 10;
-  std::uint64_t seed = 0;
   bool profile = false;  // trace every kernel of the measured steps (a backend with a KernelTracer)
-  Recompute recompute = Recompute::none;
-  int grad_accum = 1;  // micro-batches of `batch` sequences per step (train and forward-backward)
-  WeightCopies weight_copies = WeightCopies::kept;  // matters under mixed precision only
-  std::string grad_dtype = "fp32";                  // --grad-dtype: fp32, or bf16 under bf16 precision
-  bool trace = false;  // record the measured steps' ranges and memory as a Chrome trace (BenchResult::trace)
-  // Each phase as one device graph, recorded once and replayed (Transformer::set_graphs), where the
-  // backend has them (CUDA).
-  bool graphs = true;
-  // The fused kernels (Transformer::set_fusion).
-  bool fusion = true;
-  // Data parallelism (train and forward-backward): this process is rank world.rank of world.size,
-  // running batch / world.size of the batch's rows; on the dry run, a rank of a world of that size
-  // (nothing is exchanged, every buffer of the exchange is made). Device graphs are off with it.
-  std::optional<dist::DataParallelSpec> parallel;
-  dist::World world;
+  bool trace = false;    // record the measured steps' ranges and memory as a Chrome trace (BenchResult::trace)
 };
-
-// The mode as tables show it: "train", with ", selective recompute" where something is recomputed,
-// ", 4 micro-batches" where gradients are accumulated, ", transient copies" or ", resident copies"
-// where the bf16 weight copies are not kept, ", bf16 gradients" where gradients are bf16, ", graphs
-// off" where a CUDA cell runs without device graphs, ", fusion off" where a cell runs the unfused
-// ops, and ", DDP bucketed 25 MiB, 2 ranks" or ", ZeRO-1, 2 ranks" with data parallelism
-// (", symmetric memory off", ", exchange on 8 SMs" where so).
-std::string mode_label(const BenchSpec& s);
-// The SMs a data-parallel cell's exchange holds beside its backward (--comm-sms as it comes to):
-// 0 but on GPUs in a world of several.
-int exchange_sms(const BenchSpec& s);
-// UserError unless a data-parallel cell's mode has what is exchanged (DataParallelSpec::check_step);
-// nothing for a cell without data parallelism.
-void check_parallel_mode(const BenchSpec& s);
 
 // The datasheet peak of a GPU for a precision (bf16/tf32 dense tensor cores, fp32 CUDA cores),
 // in TFLOP/s; 0 for devices not in the table (docs/timing.md lists it).

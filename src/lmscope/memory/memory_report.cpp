@@ -16,7 +16,7 @@ double share(std::size_t part, std::size_t whole) {
 std::string cell_label(const MemoryRecord& r) {
   const BenchSpec& c = r.spec.cell;
   return fmt::format("{} {} {} {} {}, batch {}, ctx {}", c.model.name, c.device, c.precision,
-                     attention_name(c.attention), mode_label(c), c.batch, c.ctx);
+                     attention_name(c.attention), c.label(), c.batch, c.ctx);
 }
 
 std::string peak_moment(const MemoryAnalysis& a) {
@@ -93,8 +93,8 @@ std::string markdown(const std::vector<MemoryRow>& rows) {
     const MemoryAnalysis& a = row.analysis;
     const BenchSpec& c = r.spec.cell;
     out += fmt::format("| {} | {}{} | {} | {} | {} | {} | {} | ", c.model.name, c.device,
-                       r.spec.dry_run ? " (dry run)" : "", c.precision, attention_name(c.attention), mode_label(c),
-                       c.batch, c.ctx);
+                       r.spec.dry_run ? " (dry run)" : "", c.precision, attention_name(c.attention), c.label(), c.batch,
+                       c.ctx);
     if (!row.recorded) {
       out += fmt::format("- | - | - | - | - | - | {} |\n", r.status);
       continue;
@@ -126,9 +126,10 @@ std::string csv(const std::vector<MemoryRow>& rows) {
     const MemoryRecord& r = row.record;
     const MemoryAnalysis& a = row.analysis;
     const BenchSpec& c = r.spec.cell;
-    out += fmt::format("{},{},{},{},{},{},{},{},{},{},{},{}", csv_field(c.model.name), c.device, r.spec.dry_run ? 1 : 0,
-                       c.precision, attention_name(c.attention), bench_mode_name(c.mode), recompute_name(c.recompute),
-                       c.grad_accum, weight_copies_name(c.weight_copies), c.grad_dtype, c.batch, c.ctx);
+    out +=
+        fmt::format("{},{},{},{},{},{},{},{},{},{},{},{}", csv_field(c.model.name), c.device, r.spec.dry_run ? 1 : 0,
+                    c.precision, attention_name(c.attention), step_mode_name(c.mode), recompute_name(c.recompute),
+                    c.grad_accum, weight_copies_name(c.weight_copies), grad_dtype_name(c.grad_dtype), c.batch, c.ctx);
     if (!row.recorded) {
       out +=
           std::string(9 + kMemKinds + 3, ',') + fmt::format(",{},{}\n", csv_field(r.device_name), csv_field(r.status));
@@ -169,11 +170,11 @@ std::string json(const std::vector<MemoryRow>& rows) {
     j["device_name"] = r.device_name;
     j["precision"] = c.precision;
     j["attention"] = attention_name(c.attention);
-    j["mode"] = bench_mode_name(c.mode);
+    j["mode"] = step_mode_name(c.mode);
     j["recompute"] = recompute_name(c.recompute);
     j["grad_accum"] = c.grad_accum;
     j["weight_copies"] = weight_copies_name(c.weight_copies);
-    j["grad_dtype"] = c.grad_dtype;
+    j["grad_dtype"] = grad_dtype_name(c.grad_dtype);
     j["batch"] = c.batch;
     j["ctx"] = c.ctx;
     j["warmup"] = c.warmup;

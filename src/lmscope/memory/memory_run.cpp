@@ -1,11 +1,9 @@
 #include "lmscope/memory/memory_run.h"
 
 #include "lmscope/backend/meta/meta_backend.h"
-#include "lmscope/core/rng.h"
-#include "lmscope/dist/data_parallel_run.h"
 #include "lmscope/memory/memory_analysis.h"
-#include "lmscope/model/optimizer.h"
-#include "lmscope/model/transformer.h"
+#include "lmscope/run/session.h"
+#include "lmscope/run/step_driver.h"
 
 #include <chrono>
 
@@ -28,85 +26,65 @@ std::unique_ptr<Backend> make_cell_backend(const MemorySpec& spec, MemoryRecord&
   return backend;
 }
 
-void run_steps(const MemorySpec& spec, MemoryRecord& r, Backend& backend, std::optional<Transformer>& model,
-               std::unique_ptr<dist::DataParallelRun>& dp, std::unique_ptr<AdamW>& opt) {
-  Allocator& mem = backend.allocator();
-  const BenchSpec& c = spec.cell;
-  model.emplace(c.model, backend, DType::f32, compute_dtype(c.precision), c.attention);
-  model->set_recompute(c.recompute);
-  model->set_weight_copies(c.weight_copies);
-  model->set_grad_dtype(gradient_dtype(c.grad_dtype));
-  model->set_fusion(c.fusion);
-  // The op-by-op step, graphs or not: with graphs kept bf16 copies are made by the forward rather than
-  // AdamW (Transformer::lowp_copy), which holds them no longer, so the record is the upper bound
-  // (resident copies are held the same way either way).
-  // What memory a step takes does not depend on the weights' values: a constant is as good as a
-  // seeded draw, and costs nothing at 2.7B (the draw takes the host tens of seconds).
-  for (Parameter& p : model->parameters()) backend.fill(p.value, 0.02);
-  model->refresh_lowp_copies();
-  check_parallel_mode(c);
-  if (c.parallel) {  // a rank: its share of the batch, and the exchange's buffers (ZeRO-1: its shard)
-    dp = std::make_unique<dist::DataParallelRun>(c.world, backend, *c.parallel);
-    dp->attach(*model);
+// Where the measured step's parts begin in the allocator's record.
+class StepMarks : public StepObserver {
+ public:
+  StepMarks(const MemorySpec& spec, MemoryRecord& r, Allocator& mem) : spec_(spec), r_(r), mem_(mem) {}
+  void step_begin(std::int64_t i) override {
+    measured_ = i == spec_.cell.warmup;
+    if (measured_) r_.step_begin = mem_.events().size();
   }
-  const std::int64_t local_batch = dp ? dp->local_batch(c.batch) : c.batch;
-  const std::int64_t n = local_batch * c.ctx;
-  std::vector<std::int32_t> ids(static_cast<std::size_t>(n)), targets(static_cast<std::size_t>(n));
-  Rng rng = Rng::stream(c.seed, "memory.tokens");
-  for (auto& t : ids) t = static_cast<std::int32_t>(rng.below(static_cast<std::uint64_t>(c.model.vocab)));
-  for (auto& t : targets) t = static_cast<std::int32_t>(rng.below(static_cast<std::uint64_t>(c.model.vocab)));
-  model->set_batch(local_batch, c.ctx, ids.data(), targets.data());
-  if (c.mode == BenchMode::train) {
-    opt = std::make_unique<AdamW>(*model, OptimizerConfig{}, dp ? dp->sharding() : nullptr);
-    if (dp) dp->configure(*opt);
+  void phase_begin(StepPhase p, int micro) override {
+    if (!measured_) return;
+    if (p == StepPhase::backward && micro == 0 && has_backward(spec_.cell.mode))
+      r_.backward_begin = mem_.events().size();
+    if (p == StepPhase::optimizer && spec_.cell.mode == StepMode::train) r_.optimizer_begin = mem_.events().size();
   }
-  const int micro_batches = has_backward(c.mode) ? c.grad_accum : 1;
-  for (int i = 0; i <= c.warmup; ++i) {
-    const bool measured = i == c.warmup;
-    if (measured) r.step_begin = mem.events().size();
-    for (int k = 0; k < micro_batches; ++k) {
-      model->forward(c.mode != BenchMode::inference);
-      if (has_backward(c.mode)) {
-        if (measured && k == 0) r.backward_begin = mem.events().size();
-        model->backward({k, micro_batches});
-        if (dp) dp->after_backward({k, micro_batches});
-      } else {
-        model->discard_activations();
-      }
-    }
-    if (opt) {
-      if (measured) r.optimizer_begin = mem.events().size();
-      opt->step(1e-3);
-    }
-  }
-  if (auto device = backend.device_memory()) {
-    r.device = device;
-    r.device_source = "cudaMemGetInfo after the step";
-  }
-}
+
+ private:
+  const MemorySpec& spec_;
+  MemoryRecord& r_;
+  Allocator& mem_;
+  bool measured_ = false;
+};
 
 // The record stops before the model goes (its teardown is not part of the step), on failure too.
-void run_cell(const MemorySpec& spec, MemoryRecord& r, std::unique_ptr<Backend>& backend) {
-  backend = make_cell_backend(spec, r);
+void run_cell(const MemorySpec& spec, MemoryRecord& r) {
+  std::unique_ptr<Backend> backend = make_cell_backend(spec, r);
   Allocator& mem = backend->allocator();
   LMSCOPE_CHECK(mem.current_bytes() == 0, "the backend allocated before the record began");
   r.device_name = mem.device_name();
   r.capacity = mem.capacity();
   r.start_epoch_us =
       std::chrono::duration<double, std::micro>(std::chrono::system_clock::now().time_since_epoch()).count();
-  std::optional<Transformer> model;
-  std::unique_ptr<dist::DataParallelRun> dp;  // before the optimizer it shards, after the model it hooks into
-  std::unique_ptr<AdamW> opt;
-  mem.record_events(true);
-  try {
-    run_steps(spec, r, *backend, model, dp, opt);
-  } catch (...) {
+  auto stop_record = [&] {
     r.events = mem.events();
     mem.record_events(false);
+  };
+  mem.record_events(true);
+  // A rank's share of the batch: random tokens (what memory a step takes does not depend on them).
+  FixedBatch batch(spec.cell.model.vocab, spec.cell.batch, spec.cell.ctx, spec.cell.seed, "memory.tokens");
+  SessionOptions options;
+  options.backend = std::move(backend);
+  options.weights = InitialWeights::constant;
+  options.op_by_op = true;
+  options.first_batch = &batch;
+  options.on_failure = stop_record;
+  Session session(spec.cell, std::move(options));
+  try {
+    StepDriver driver(session, batch, false);
+    StepMarks marks(spec, r, mem);
+    driver.add_observer(marks);
+    for (int i = 0; i <= spec.cell.warmup; ++i) driver.step(i, i);
+    if (auto device = session.backend().device_memory()) {
+      r.device = device;
+      r.device_source = "cudaMemGetInfo after the step";
+    }
+  } catch (...) {
+    stop_record();
     throw;
   }
-  r.events = mem.events();
-  mem.record_events(false);
+  stop_record();
 }
 
 }  // namespace
@@ -114,19 +92,16 @@ void run_cell(const MemorySpec& spec, MemoryRecord& r, std::unique_ptr<Backend>&
 MemoryRecord record_memory(const MemorySpec& spec, bool measure_misfit) {
   MemoryRecord r;
   r.spec = spec;
-  {
-    std::unique_ptr<Backend> backend;
-    try {
-      run_cell(spec, r, backend);
-    } catch (const OutOfMemory&) {
-      r.outcome = MemoryOutcome::out_of_memory;
-      r.status = failure_status(std::current_exception());
-    } catch (const RankFailure&) {
-      throw;  // the ranks cannot go on together: every later cell would wait out the timeout
-    } catch (...) {
-      r.outcome = MemoryOutcome::failed;
-      r.status = failure_status(std::current_exception());
-    }
+  try {
+    run_cell(spec, r);
+  } catch (const OutOfMemory&) {
+    r.outcome = MemoryOutcome::out_of_memory;
+    r.status = failure_status(std::current_exception());
+  } catch (const RankFailure&) {
+    throw;  // the ranks cannot go on together: every later cell would wait out the timeout
+  } catch (...) {
+    r.outcome = MemoryOutcome::failed;
+    r.status = failure_status(std::current_exception());
   }
   if (r.outcome != MemoryOutcome::out_of_memory || !spec.dry_run || !measure_misfit) return r;
   // A dry run that does not fit says by how much: the same cell without a limit, and its need.

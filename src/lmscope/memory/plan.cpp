@@ -99,7 +99,7 @@ std::string markdown(const std::vector<PlanRow>& rows) {
   std::string out = fmt::format(
       "Dry runs of a {} step (after {} warm-up step{}), reference batch {}, ctx {}; contexts in multiples "
       "of {}.\n",
-      bench_mode_name(c.mode), c.warmup, c.warmup == 1 ? "" : "s", c.batch, c.ctx, first.ctx_multiple);
+      step_mode_name(c.mode), c.warmup, c.warmup == 1 ? "" : "s", c.batch, c.ctx, first.ctx_multiple);
   for (const auto& [name, limit] : budgets)
     out += fmt::format("Budget of the {}: {} GiB, the whole device (what it holds beyond the allocator included).\n",
                        name, gib(limit));
@@ -107,12 +107,12 @@ std::string markdown(const std::vector<PlanRow>& rows) {
       "\n| model | parameters | device | precision | attention | step | peak GiB (batch {0}, ctx {1}) | whole "
       "device GiB | {2} GFLOPs/token (ctx {1}) | largest ctx (batch {0}) | largest batch (ctx {1}) | note |\n"
       "|---|---:|---|---|---|---|---:|---:|---:|---:|---:|---|\n",
-      c.batch, c.ctx, bench_mode_name(c.mode));
+      c.batch, c.ctx, step_mode_name(c.mode));
   for (const PlanRow& r : rows) {
     const BenchSpec& s = r.spec.reference;
     out += fmt::format("| {} | {:.3f} B | {} | {} | {} | {} | {} | {} | {:.2f} | {} | {} | {} |\n", s.model.name,
                        static_cast<double>(s.model.parameter_count()) / 1e9, s.device, s.precision,
-                       attention_name(s.attention), mode_label(s), peak_cell(r, r.reference_peak),
+                       attention_name(s.attention), s.label(), peak_cell(r, r.reference_peak),
                        peak_cell(r, r.reference_need), r.flops_per_token / 1e9,
                        searched(r, largest(r.largest_ctx, r.spec.ctx_multiple, kPlanMaxCtx)),
                        searched(r, largest(r.largest_batch, 1, kPlanMaxBatch)), reference_note(r));
@@ -130,9 +130,9 @@ std::string csv(const std::vector<PlanRow>& rows) {
     const bool measured = r.reference_outcome != MemoryOutcome::failed;
     out += fmt::format("{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{:.6g},{},{},{},{}\n",
                        csv_field(s.model.name), s.model.parameter_count(), s.device, csv_field(r.device_name), r.limit,
-                       s.precision, attention_name(s.attention), bench_mode_name(s.mode), recompute_name(s.recompute),
-                       s.grad_accum, weight_copies_name(s.weight_copies), s.grad_dtype, s.warmup, s.batch, s.ctx,
-                       r.spec.ctx_multiple, measured ? std::to_string(r.reference_peak) : "",
+                       s.precision, attention_name(s.attention), step_mode_name(s.mode), recompute_name(s.recompute),
+                       s.grad_accum, weight_copies_name(s.weight_copies), grad_dtype_name(s.grad_dtype), s.warmup,
+                       s.batch, s.ctx, r.spec.ctx_multiple, measured ? std::to_string(r.reference_peak) : "",
                        measured ? std::to_string(r.reference_need) : "", r.flops_per_token, r.largest_ctx,
                        r.largest_batch, csv_field(r.reference_status), csv_field(r.failed_probe));
   }
@@ -151,11 +151,11 @@ std::string json(const std::vector<PlanRow>& rows) {
     j["memory_limit_bytes"] = r.limit;
     j["precision"] = s.precision;
     j["attention"] = attention_name(s.attention);
-    j["mode"] = bench_mode_name(s.mode);
+    j["mode"] = step_mode_name(s.mode);
     j["recompute"] = recompute_name(s.recompute);
     j["grad_accum"] = s.grad_accum;
     j["weight_copies"] = weight_copies_name(s.weight_copies);
-    j["grad_dtype"] = s.grad_dtype;
+    j["grad_dtype"] = grad_dtype_name(s.grad_dtype);
     j["warmup"] = s.warmup;
     j["reference"] = {{"batch", s.batch},
                       {"ctx", s.ctx},

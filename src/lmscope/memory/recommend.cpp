@@ -91,7 +91,7 @@ std::string way(const BenchSpec& s) {
   std::string r =
       s.recompute == Recompute::none ? "no recompute" : recompute_name(s.recompute) + std::string(" recompute");
   if (s.weight_copies != WeightCopies::kept) r += fmt::format(", {} copies", weight_copies_name(s.weight_copies));
-  if (s.grad_dtype != "fp32") r += fmt::format(", {} gradients", s.grad_dtype);
+  if (s.grad_dtype != DType::f32) r += fmt::format(", {} gradients", grad_dtype_name(s.grad_dtype));
   return s.grad_accum == 1 ? fmt::format("{}, one batch of {}", r, s.batch)
                            : fmt::format("{}, {} micro-batches of {}", r, s.grad_accum, s.batch);
 }
@@ -102,7 +102,7 @@ std::string flags(const BenchSpec& s) {
   if (s.recompute != Recompute::none) f.push_back(fmt::format("--recompute {}", recompute_name(s.recompute)));
   if (s.weight_copies != WeightCopies::kept)
     f.push_back(fmt::format("--weight-copies {}", weight_copies_name(s.weight_copies)));
-  if (s.grad_dtype != "fp32") f.push_back(fmt::format("--grad-dtype {}", s.grad_dtype));
+  if (s.grad_dtype != DType::f32) f.push_back(fmt::format("--grad-dtype {}", grad_dtype_name(s.grad_dtype)));
   if (s.grad_accum > 1) f.push_back(fmt::format("--grad-accum {} --batch {}", s.grad_accum, s.batch));
   std::string joined;
   for (const std::string& part : f) joined += (joined.empty() ? "" : " ") + part;
@@ -124,7 +124,7 @@ std::string markdown(const std::vector<Recommendation>& rows) {
       "The fastest way to run a {} step of the sequences named, found by dry runs: per split into micro-batches, "
       "the least recomputation that fits, with the weights' bf16 copies (under mixed precision) resident where "
       "device graphs run, kept and, where that saves recomputation, transient; {}.\n",
-      bench_mode_name(c.mode),
+      step_mode_name(c.mode),
       rows.front().spec.measure ? "each candidate then timed on the device, the fastest named"
                                 : "the coarsest split named (not timed: --measure times every candidate)");
   for (const auto& [name, limit] : budgets)
@@ -161,14 +161,15 @@ std::string csv(const std::vector<Recommendation>& rows) {
     const BenchSpec& s = r.spec.cell;
     if (r.candidates.empty())
       out += fmt::format("{},{},{},{},{},{},{},{},{},,,,,,,,{},\n", csv_field(s.model.name), s.device,
-                         csv_field(r.device_name), r.limit, s.precision, s.grad_dtype, attention_name(s.attention),
-                         s.ctx, s.batch, csv_field(r.failure.empty() ? "nothing fits" : r.failure));
+                         csv_field(r.device_name), r.limit, s.precision, grad_dtype_name(s.grad_dtype),
+                         attention_name(s.attention), s.ctx, s.batch,
+                         csv_field(r.failure.empty() ? "nothing fits" : r.failure));
     for (std::size_t i = 0; i < r.candidates.size(); ++i) {
       const Candidate& c = r.candidates[i];
       out += fmt::format("{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{}\n", csv_field(s.model.name), s.device,
-                         csv_field(r.device_name), r.limit, s.precision, s.grad_dtype, attention_name(s.attention),
-                         s.ctx, s.batch, recompute_name(c.spec.recompute), c.spec.grad_accum, c.spec.batch,
-                         weight_copies_name(c.spec.weight_copies), c.peak, c.need,
+                         csv_field(r.device_name), r.limit, s.precision, grad_dtype_name(s.grad_dtype),
+                         attention_name(s.attention), s.ctx, s.batch, recompute_name(c.spec.recompute),
+                         c.spec.grad_accum, c.spec.batch, weight_copies_name(c.spec.weight_copies), c.peak, c.need,
                          c.step_ms ? fmt::format("{:.3f}", *c.step_ms) : "", csv_field(c.status),
                          static_cast<int>(i) == r.chosen ? 1 : 0);
     }
@@ -186,9 +187,9 @@ std::string json(const std::vector<Recommendation>& rows) {
     j["device_name"] = r.device_name;
     j["memory_limit_bytes"] = r.limit;
     j["precision"] = s.precision;
-    j["grad_dtype"] = s.grad_dtype;
+    j["grad_dtype"] = grad_dtype_name(s.grad_dtype);
     j["attention"] = attention_name(s.attention);
-    j["mode"] = bench_mode_name(s.mode);
+    j["mode"] = step_mode_name(s.mode);
     j["ctx"] = s.ctx;
     j["sequences_per_step"] = s.batch;
     j["measured"] = r.spec.measure;

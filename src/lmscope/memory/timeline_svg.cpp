@@ -121,7 +121,7 @@ std::string memory_timeline_svg(const MemoryRecord& record, const MemoryAnalysis
       kWidth, kHeight);
   svg += fmt::format("<text x=\"{}\" y=\"22\" font-size=\"16\" font-weight=\"bold\">{}</text>\n", kLeft,
                      xml_escape(fmt::format("Active memory: {} {} {}, {} attention, batch {}, ctx {}", c.model.name,
-                                            c.precision, mode_label(c), attention_name(c.attention), c.batch, c.ctx)));
+                                            c.precision, c.label(), attention_name(c.attention), c.batch, c.ctx)));
   // The device on the second line: with a long step label the title would run off the picture.
   svg += fmt::format(
       "<text x=\"{}\" y=\"40\" fill=\"#555\">{}: one step after {} warm-up, {} allocation events; stacked by "

@@ -14,7 +14,7 @@ std::vector<TensorDtypeRow> tensor_dtypes(const BenchSpec& cell, const std::vect
   for (const std::string& precision : precisions) {
     MemorySpec spec{cell, true, 0};
     spec.cell.precision = precision;
-    spec.cell.mode = BenchMode::train;
+    spec.cell.mode = StepMode::train;
     spec.cell.warmup = 1;  // the step as it repeats: what AdamW leaves for the next one included
     const MemoryRecord record = record_memory(spec);
     if (!record.has_step())

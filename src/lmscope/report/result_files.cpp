@@ -1,8 +1,8 @@
 #include "lmscope/report/result_files.h"
 
-#include "lmscope/bench/bench_mode.h"
-#include "lmscope/bench/mode_words.h"
 #include "lmscope/core/error.h"
+#include "lmscope/run/mode_words.h"
+#include "lmscope/run/step_mode.h"
 
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
@@ -71,7 +71,7 @@ std::map<std::string, Timing> timings(const json& row) {
 std::string mode_of_row(const json& r) {
   const std::string mode = r.value("mode", "");
   // Micro-batches only split a backward (a mode this build does not know, from another's file: none).
-  const std::optional<BenchMode> known = bench_mode_named(mode);
+  const std::optional<StepMode> known = step_mode_named(mode);
   const bool backward = known && has_backward(*known);
   return lmscope::mode_words(
       ModeSettings{.mode = mode,

@@ -1,4 +1,4 @@
-#include "lmscope/bench/mode_words.h"
+#include "lmscope/run/mode_words.h"
 
 #include <fmt/format.h>
 

@@ -1,0 +1,132 @@
+// The run layer: a RunSpec written and read back, the rules validate_run holds, and the order in
+// which the step driver tells its observers of a step.
+#include "../common/one_step.h"
+
+#include "lmscope/core/error.h"
+#include "lmscope/run/run_spec.h"
+#include "lmscope/run/session.h"
+#include "lmscope/run/step_driver.h"
+
+#include <gtest/gtest.h>
+
+#include <string>
+#include <vector>
+
+namespace lmscope {
+namespace {
+
+RunSpec tiny_run() {
+  RunSpec s;
+  s.model = test::tiny_model();
+  s.batch = 2;
+  s.ctx = 8;
+  return s;
+}
+
+TEST(RunSpec, ReadsBackWhatItWrites) {
+  RunSpec s = tiny_run();
+  s.mode = StepMode::forward_backward;
+  s.grad_accum = 3;
+  s.device = "cuda";
+  s.precision = "bf16";
+  s.attention = AttentionKind::naive;
+  s.recompute = Recompute::selective;
+  s.weight_copies = WeightCopies::transient;
+  s.grad_dtype = DType::bf16;
+  s.graphs = false;
+  s.fusion = false;
+  s.seed = 17;
+  s.optimizer.lr = 3e-4;
+  s.optimizer.clip = 0;
+  s.schedule = {.cosine = true, .lr_max = 3e-4, .lr_min = 1e-5, .warmup_iters = 10, .cosine_iters = 100};
+  s.parallel = dist::DataParallelSpec{};
+  s.parallel->mode = dist::DdpMode::overlap;
+  s.parallel->bucket_mb = 5;
+  s.parallel->comm_sms = 4;
+  s.world.size = 2;
+  const nlohmann::ordered_json j = s.to_json();
+  const RunSpec back = RunSpec::from_json(nlohmann::json::parse(j.dump()));
+  EXPECT_EQ(back.to_json(), j);
+  EXPECT_EQ(back.label(), s.label());
+  EXPECT_EQ(back.model.d_ff, s.model.d_ff);
+  EXPECT_EQ(back.schedule.at(50), s.schedule.at(50));
+  ASSERT_TRUE(back.parallel.has_value());
+  EXPECT_EQ(back.parallel->comm_sms, 4);
+  EXPECT_EQ(back.label(),
+            "forward-backward, selective recompute, 3 micro-batches, transient copies, bf16 gradients, graphs off, "
+            "fusion off, DDP overlap, exchange on 4 SMs, 2 ranks");
+}
+
+TEST(RunSpec, RefusesADescriptionItCannotRead) {
+  nlohmann::json j = tiny_run().to_json();
+  j.erase("precision");
+  EXPECT_THROW(RunSpec::from_json(j), UserError);
+  j = tiny_run().to_json();
+  j["grad_dtype"] = "fp8";
+  EXPECT_THROW(RunSpec::from_json(j), UserError);
+}
+
+TEST(ValidateRun, HoldsTheRulesThatTieSettingsTogether) {
+  RunSpec s = tiny_run();
+  s.mode = StepMode::inference;
+  s.grad_accum = 4;
+  validate_run(s);
+  EXPECT_EQ(s.grad_accum, 1);  // only a backward accumulates
+  s = tiny_run();
+  s.parallel = dist::DataParallelSpec{};
+  s.world.size = 2;
+  validate_run(s);
+  EXPECT_FALSE(s.graphs);  // the collectives are not recorded
+  s.batch = 3;
+  EXPECT_THROW(validate_run(s), UserError);  // the global batch splits across the ranks
+  s = tiny_run();
+  s.weight_copies = WeightCopies::transient;
+  EXPECT_THROW(validate_run(s), UserError);  // fp32 weights have no copies
+  s = tiny_run();
+  s.mode = StepMode::forward;
+  s.parallel = dist::DataParallelSpec{};
+  s.world.size = 2;
+  EXPECT_THROW(validate_run(s), UserError);  // nothing to exchange without a backward
+}
+
+// Every phase of every step in order, micro-batches' forward and backward K times.
+TEST(StepDriver, TellsObserversEveryPhaseInOrder) {
+  RunSpec s = tiny_run();
+  s.grad_accum = 2;
+  Session session(s);
+  FixedBatch batch(s.model.vocab, s.batch, s.ctx, 0, "test.tokens");
+  StepDriver driver(session, batch, true);
+  struct Heard : StepObserver {
+    std::vector<std::string> said;
+    void step_begin(std::int64_t i) override { said.push_back("begin " + std::to_string(i)); }
+    void phase_begin(StepPhase p, int k) override {
+      said.push_back(std::string(step_phase_name(p)) + std::to_string(k));
+    }
+    void phase_end(StepPhase, int) override { said.push_back("."); }
+    void step_end(const StepResult& r) override { said.push_back(r.applied ? "end" : "skipped"); }
+  } heard;
+  driver.add_observer(heard);
+  const StepResult r = driver.step(0, 0);
+  EXPECT_TRUE(std::isfinite(r.loss));
+  EXPECT_EQ(r.lr, s.schedule.at(0));
+  const std::vector<std::string> expected{"begin 0",  "forward0",   ".",         "backward0", ".",
+                                          "forward1", ".",          "backward1", ".",         "gradient exchange0",
+                                          ".",        "optimizer0", ".",         "end"};
+  EXPECT_EQ(heard.said, expected);
+  EXPECT_EQ(session.optimizer()->steps_taken(), 1);
+}
+
+// A mode without an optimizer makes none; its loss is left on the device unless asked for.
+TEST(StepDriver, ForwardOnlyRunsMakeNoOptimizer) {
+  RunSpec s = tiny_run();
+  s.mode = StepMode::forward;
+  Session session(s);
+  EXPECT_EQ(session.optimizer(), nullptr);
+  FixedBatch batch(s.model.vocab, s.batch, s.ctx, 0, "test.tokens");
+  StepDriver driver(session, batch, false);
+  EXPECT_TRUE(std::isnan(driver.step(0, 0).loss));
+  EXPECT_TRUE(std::isfinite(session.model().read_loss()));
+}
+
+}  // namespace
+}  // namespace lmscope

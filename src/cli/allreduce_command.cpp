@@ -7,7 +7,7 @@
 
 #include "lmscope/backend/backend.h"
 #include "lmscope/backend/devices.h"
-#include "lmscope/dist/allreduce_bench.h"
+#include "lmscope/bench/allreduce_bench.h"
 #include "lmscope/dist/store.h"
 
 namespace lmscope::cli {
@@ -38,7 +38,7 @@ class AllreduceCommand : public Command {
 
   int run() override {
     std::vector<std::int64_t> sizes;
-    for (const auto& s : split_list(sizes_)) sizes.push_back(dist::parse_byte_size("--sizes", s));
+    for (const auto& s : split_list(sizes_)) sizes.push_back(parse_byte_size("--sizes", s));
     if (sizes.empty()) user_error("--sizes needs at least one size, like 1MB");
     if (warmup_ < 0) user_error("--warmup must be non-negative, got {}", warmup_);
     if (iters_ <= 0) user_error("--iters must be positive, got {}", iters_);
@@ -62,21 +62,20 @@ class AllreduceCommand : public Command {
 
     std::optional<SweepProgress> shown;
     if (main_rank) shown.emplace();
-    std::vector<dist::AllreduceBenchRow> rows;
+    std::vector<AllreduceBenchRow> rows;
     for (std::size_t i = 0; i < sizes.size(); ++i) {
-      const dist::AllreduceBenchSpec spec{.bytes = sizes[i], .warmup = warmup_, .iters = iters_, .seed = seed_};
+      const AllreduceBenchSpec spec{.bytes = sizes[i], .warmup = warmup_, .iters = iters_, .seed = seed_};
       if (shown)
         shown->start(fmt::format("[{}/{}] all-reduce of {} over {} rank{} ({})", i + 1, sizes.size(),
-                                 dist::decimal_bytes(spec.bytes), world.size, world.size == 1 ? "" : "s",
-                                 comm->name()));
-      rows.push_back(dist::run_allreduce_size(*backend, *comm, spec, [&](int done, int total) {
+                                 decimal_bytes(spec.bytes), world.size, world.size == 1 ? "" : "s", comm->name()));
+      rows.push_back(run_allreduce_size(*backend, *comm, spec, [&](int done, int total) {
         if (shown) shown->step(done, total, " all-reduces");
       }));
       if (!shown) continue;
       shown->finish(rows.back().status);
-      if (!out_.empty()) write_file(out_, dist::format_allreduce_bench(rows, format));
+      if (!out_.empty()) write_file(out_, format_allreduce_bench(rows, format));
     }
-    if (main_rank) fmt::print("{}", dist::format_allreduce_bench(rows, out_.empty() ? format : ReportFormat::markdown));
+    if (main_rank) fmt::print("{}", format_allreduce_bench(rows, out_.empty() ? format : ReportFormat::markdown));
     return 0;
   }
 

@@ -12,10 +12,8 @@
 #include <vector>
 
 namespace lmscope {
-class Backend;
-}
 
-namespace lmscope::dist {
+class Backend;
 
 // "1MB" -> 1000000: a number (decimals allowed) and a unit, B, KB, MB, GB (powers of 1000, as the
 // assignment's sizes are) or KiB, MiB, GiB (powers of 1024), case-insensitive. UserError, naming
@@ -53,9 +51,9 @@ struct AllreduceBenchRow {
 // all-reduces, each after a barrier, on the host clock from the call to the backend's synchronize
 // (as the assignment's script does). A rank that cannot allocate the tensor makes every rank's row an
 // OOM row (the ranks agree by a small all-gather first). progress(done, total) after each iteration.
-AllreduceBenchRow run_allreduce_size(Backend& backend, Communicator& comm, const AllreduceBenchSpec& spec,
+AllreduceBenchRow run_allreduce_size(Backend& backend, dist::Communicator& comm, const AllreduceBenchSpec& spec,
                                      const BenchProgress& progress = {});
 
 std::string format_allreduce_bench(const std::vector<AllreduceBenchRow>& rows, ReportFormat f);
 
-}  // namespace lmscope::dist
+}  // namespace lmscope

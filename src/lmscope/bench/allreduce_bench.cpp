@@ -1,4 +1,4 @@
-#include "lmscope/dist/allreduce_bench.h"
+#include "lmscope/bench/allreduce_bench.h"
 
 #include "lmscope/backend/backend.h"
 #include "lmscope/core/rng.h"
@@ -10,7 +10,7 @@
 #include <new>
 #include <numeric>
 
-namespace lmscope::dist {
+namespace lmscope {
 
 std::int64_t parse_byte_size(const std::string& flag, const std::string& text) {
   std::size_t split = 0;
@@ -71,7 +71,7 @@ float element(Backend& be, const Tensor& t, std::int64_t i) {
 // Rank r holds (r+1)·(1 + (i mod 8)/8) at i, so the sum is n(n+1)/2 · (1 + (i mod 8)/8): exact in
 // float32, different on every rank and along the tensor, so a sum that dropped a rank, added one
 // twice or shifted the data would show.
-void check_sum(Backend& be, Communicator& comm, const Tensor& t, std::vector<float>& block) {
+void check_sum(Backend& be, dist::Communicator& comm, const Tensor& t, std::vector<float>& block) {
   for (std::size_t i = 0; i < block.size(); ++i)
     block[i] = static_cast<float>((comm.rank() + 1) * (1 + static_cast<double>(i % 8) / 8));
   tile(be, t, block);
@@ -93,7 +93,7 @@ void check_sum(Backend& be, Communicator& comm, const Tensor& t, std::vector<flo
 }
 
 // Every rank's `mine` (the same length on each), in rank order, on every rank.
-std::vector<double> gather(Backend& be, Communicator& comm, const std::vector<double>& mine) {
+std::vector<double> gather(Backend& be, dist::Communicator& comm, const std::vector<double>& mine) {
   Allocator& mem = be.allocator();
   const auto n = static_cast<std::int64_t>(mine.size());
   Allocation in = mem.allocate({n}, DType::f32, {MemKind::workspace, "allreduce.gather_in", -1});
@@ -106,7 +106,7 @@ std::vector<double> gather(Backend& be, Communicator& comm, const std::vector<do
 
 }  // namespace
 
-AllreduceBenchRow run_allreduce_size(Backend& backend, Communicator& comm, const AllreduceBenchSpec& spec,
+AllreduceBenchRow run_allreduce_size(Backend& backend, dist::Communicator& comm, const AllreduceBenchSpec& spec,
                                      const BenchProgress& progress) {
   AllreduceBenchRow r{.spec = spec,
                       .world = comm.size(),
@@ -240,4 +240,4 @@ std::string format_allreduce_bench(const std::vector<AllreduceBenchRow>& rows, R
   return format_rows(rows, f, allreduce_markdown, allreduce_csv, allreduce_json);
 }
 
-}  // namespace lmscope::dist
+}  // namespace lmscope

@@ -97,8 +97,11 @@ std::size_t bucket_bytes_for(const DataParallelSpec& spec) {
 }
 }  // namespace
 
-GradientSync::GradientSync(Transformer& model, Communicator& comm, const DataParallelSpec& spec, int held_sms)
+GradientSync::GradientSync(Transformer& model, Communicator& comm, const DataParallelSpec& spec, int held_sms,
+                           GradientParts parts)
     : model_(model), comm_(comm), spec_(spec), held_sms_(held_sms) {
+  LMSCOPE_CHECK((parts.parts > 1) == (spec.exchange == GradExchange::all_gather), "gradients in {} parts for {}",
+                parts.parts, grad_exchange_name(spec.exchange));
   buckets_ = make_buckets(model.parameters(), bucket_bytes_for(spec));
   bucket_of_.resize(model.parameters().size());
   for (std::size_t b = 0; b < buckets_.size(); ++b)
@@ -106,7 +109,6 @@ GradientSync::GradientSync(Transformer& model, Communicator& comm, const DataPar
   pending_.resize(buckets_.size());
   in_flight_.resize(buckets_.size());
   for (std::size_t b = 0; b < buckets_.size(); ++b) pending_[b] = buckets_[b].params.size();
-  if (spec.exchange == GradExchange::all_gather) model.set_gradient_parts(comm.size(), comm.rank());
   if (spec.symmetric_memory) {
     // Room for every gradient at once (they all live from the backward to the optimizer), and for
     // flat's buffer of them all beside.
@@ -119,14 +121,9 @@ GradientSync::GradientSync(Transformer& model, Communicator& comm, const DataPar
     model.backend().allocator().open_region(MemKind::gradient, bytes, {MemKind::gradient, "ddp.symmetric_memory", -1},
                                             comm.symmetric_memory());
   }
-  // Overlapping modes start a bucket's collective from the backward itself (hooked last: nothing
-  // after it can throw and leave the model calling a GradientSync that was never made).
-  if (spec.mode == DdpMode::overlap || spec.mode == DdpMode::bucketed)
-    model_.set_gradient_ready([this](std::size_t p) { gradient_ready(p); });
 }
 
 GradientSync::~GradientSync() {
-  model_.set_gradient_ready({});
   if (spec_.exchange == GradExchange::all_gather) {
     // The next gradients are blocks of one again; ones still held (a step that threw) go first, after
     // the collectives that may still write into them (the backend's stream waits for them).
@@ -138,7 +135,6 @@ GradientSync::~GradientSync() {
       }
     }
     for (Parameter& p : model_.parameters()) p.grad.reset();
-    model_.set_gradient_parts(1, 0);
   }
   if (spec_.symmetric_memory) model_.backend().allocator().close_region();
   try {
@@ -149,6 +145,8 @@ GradientSync::~GradientSync() {
 }
 
 void GradientSync::gradient_ready(std::size_t param) {
+  // Naive and flat exchange after the backward (after_backward launches every bucket).
+  if (spec_.mode != DdpMode::overlap && spec_.mode != DdpMode::bucketed) return;
   const std::size_t b = bucket_of_.at(param);
   LMSCOPE_CHECK(pending_[b] > 0, "gradient {} reported final twice in one step", param);
   if (--pending_[b] != 0) return;

@@ -25,7 +25,7 @@ DdpMode parse_ddp_mode(const std::string& s);  // throws UserError naming the ch
 
 // How a bucket's gradients are summed across the ranks. all_reduce: NCCL's (or Gloo's) all-reduce,
 // in place. all_gather: every rank gathers every rank's gradients (each gradient a block of the
-// world's size: Transformer::set_gradient_parts), then, after the backward, sums the parts itself in
+// world's size: the hooks' GradientParts), then, after the backward, sums the parts itself in
 // rank order, the same additions on every rank. It holds the world's size times the gradients, but
 // on GPUs NCCL moves the parts by the copy engines from symmetric memory, holding no SMs, so the
 // backward beside it keeps its speed (docs/distributed.md).
@@ -68,23 +68,27 @@ std::vector<Bucket> make_buckets(const std::vector<Parameter>& params, std::size
 
 class GradientSync {
  public:
-  // Hooks itself into the model's backward (Transformer::set_gradient_ready) until destroyed. With
+  // Hears each gradient become final from the model's hooks (DataParallelRun, gradient_ready). With
   // spec.symmetric_memory, every gradient (and flat's buffer) is made in a region of the
   // communicator's symmetric memory (the backend's own memory where it has none, so the dry run's
   // allocator record is the run's; NCCL's own buffers are outside it, as ever), at the same offset on
   // every rank, as NCCL's symmetric kernels require.
   // held_sms: what the backend is told collectives hold while they may run beside the backward
-  // (Backend::set_collective_sms; 0: nothing said).
-  GradientSync(Transformer& model, Communicator& comm, const DataParallelSpec& spec, int held_sms = 0);
+  // (Backend::set_collective_sms; 0: nothing said). parts: how the model lays the gradients out
+  // (the all-gather's blocks of the world's size).
+  GradientSync(Transformer& model, Communicator& comm, const DataParallelSpec& spec, int held_sms = 0,
+               GradientParts parts = {});
   ~GradientSync();
   GradientSync(const GradientSync&) = delete;
   GradientSync& operator=(const GradientSync&) = delete;
   // After each micro-batch's backward; after the step's last, every gradient holds the sum over the
   // ranks (the collectives launched during the backward are waited for).
   void after_backward(MicroBatch micro);
+  // In the step's last micro-batch, as the backward finishes parameter `param`'s gradient: a bucket
+  // whose gradients are all final starts its collective (overlap and bucketed).
+  void gradient_ready(std::size_t param);
 
  private:
-  void gradient_ready(std::size_t param);
   void launch(std::size_t bucket);
   void finish(std::size_t bucket);
   void sum_gathered();  // the all-gather's: each gradient in unsummed_ = its parts' sum

@@ -19,7 +19,12 @@ DataParallelRun::DataParallelRun(const World& world, Backend& backend, const Dat
   }
 }
 
-DataParallelRun::~DataParallelRun() = default;
+DataParallelRun::~DataParallelRun() {
+  // The exchange first (it lets go of the gradients it laid out), then the model's hooks.
+  sync_.reset();
+  zero_.reset();
+  if (model_) model_->set_hooks(nullptr);
+}
 
 std::int64_t DataParallelRun::local_batch(std::int64_t batch) const {
   if (batch % world_.size != 0)
@@ -32,7 +37,6 @@ void use_rank_gpu(const World& world, const std::string& device) {
 }
 
 void DataParallelRun::attach(Transformer& model, bool take_rank0_parameters) {
-  model.set_graphs(false);
   if (take_rank0_parameters) {
     for (Parameter& p : model.parameters()) comm_->broadcast(p.value, 0);
     model.refresh_lowp_copies();  // the copies of what rank 0 sent
@@ -40,7 +44,18 @@ void DataParallelRun::attach(Transformer& model, bool take_rank0_parameters) {
   if (spec_.zero == 1)
     zero_ = std::make_unique<ZeroSharding>(model, *comm_, static_cast<std::size_t>(spec_.bucket_mb * 1024 * 1024));
   else
-    sync_ = std::make_unique<GradientSync>(model, *comm_, spec_, held_sms());
+    sync_ = std::make_unique<GradientSync>(model, *comm_, spec_, held_sms(), gradient_parts());
+  model.set_hooks(this);  // last: nothing after it can throw and leave the model hooked to a half-made run
+  model_ = &model;
+}
+
+void DataParallelRun::gradient_ready(std::size_t param) {
+  if (sync_) sync_->gradient_ready(param);
+}
+
+GradientParts DataParallelRun::gradient_parts() const {
+  if (spec_.zero == 0 && spec_.exchange == GradExchange::all_gather) return {world_.size, world_.rank};
+  return {};
 }
 
 int DataParallelRun::held_sms() const { return world_.size > 1 ? spec_.exchange_sms() : 0; }

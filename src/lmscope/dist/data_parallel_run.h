@@ -13,12 +13,14 @@ namespace lmscope::dist {
 // Before a rank's backend is made: on CUDA in a world of several, the GPU of its local rank.
 void use_rank_gpu(const World& world, const std::string& device);
 
-class DataParallelRun {
+// A rank's hooks into its model (model/step_hooks.h): the backward's final gradients to the exchange,
+// the gradients laid out for the all-gather, and no device graphs (the collectives are not recorded).
+class DataParallelRun : public StepHooks {
  public:
   // A rank of `world` on `backend` (the dry run's shape-only exchange when the backend is a dry
   // run: nothing is opened). Throws UserError when the spec does not suit the world.
   DataParallelRun(const World& world, Backend& backend, const DataParallelSpec& spec);
-  ~DataParallelRun();
+  ~DataParallelRun() override;
   const World& world() const { return world_; }
   Communicator& communicator() { return *comm_; }
   const DataParallelSpec& spec() const { return spec_; }
@@ -29,11 +31,15 @@ class DataParallelRun {
   std::int64_t local_batch(std::int64_t batch) const;
   std::int64_t first_row(std::int64_t batch) const { return local_batch(batch) * world_.rank; }
 
-  // Before AdamW is made: the exchange hooks into the model, and, with take_rank0_parameters (the
-  // parameters set, initialised or loaded), every rank takes rank 0's, as DDP's constructor does. A
-  // resumed run's ranks load the same checkpoint after AdamW is made instead. The model then runs
-  // without device graphs: the collectives are not recorded.
+  // Before AdamW is made: the exchange hooks into the model (Transformer::set_hooks, until this is
+  // destroyed), and, with take_rank0_parameters (the parameters set, initialised or loaded), every
+  // rank takes rank 0's, as DDP's constructor does. A resumed run's ranks load the same checkpoint after
+  // AdamW is made instead.
   void attach(Transformer& model, bool take_rank0_parameters = true);
+
+  void gradient_ready(std::size_t param) override;
+  GradientParts gradient_parts() const override;
+  bool allows_graphs() const override { return false; }
   // The sharding AdamW takes (ZeRO-1), nullptr otherwise; valid after attach.
   OptimizerSharding* sharding() { return zero_.get(); }
   // Tells AdamW its gradients are the sum of the world's (it divides by the world's size).
@@ -49,6 +55,7 @@ class DataParallelRun {
   int held_sms() const;
   World world_;
   Backend& backend_;
+  Transformer* model_ = nullptr;  // the model hooked into
   DataParallelSpec spec_;
   std::unique_ptr<Store> store_;
   std::unique_ptr<Communicator> comm_;  // declared before what uses it: destroyed after them

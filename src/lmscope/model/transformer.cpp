@@ -46,17 +46,31 @@ WeightCopies parse_weight_copies(const std::string& s) {
   user_error("unknown --weight-copies '{}' (use kept, resident or transient)", s);
 }
 
+namespace {
+
+// The hooks of a model no parallelism has hooked into: every call does nothing (no state).
+StepHooks& no_hooks() {
+  static StepHooks none;
+  return none;
+}
+
+}  // namespace
+
 Transformer::Transformer(const ModelConfig& config, Backend& backend, DType dtype, std::optional<DType> compute,
-                         AttentionKind attention)
+                         AttentionKind attention, StepHooks* hooks)
     : config_(config),
       backend_(backend),
       dtype_(dtype),
       compute_(compute.value_or(dtype)),
       grad_dtype_(dtype),
-      attention_(attention) {
+      attention_(attention),
+      hooks_(hooks ? hooks : &no_hooks()) {
   config_.validate();
   std::unordered_map<std::string, Parameter*> by_name;
-  for (ParameterSpec& s : parameter_specs(config_)) params_.push_back(Parameter{std::move(s), {}, {}, {}});
+  for (ParameterSpec& s : parameter_specs(config_)) {
+    s.shape = hooks_->local_shape(s);
+    params_.push_back(Parameter{std::move(s), {}, {}, {}});
+  }
   for (Parameter& p : params_) {
     p.value = backend_.allocator().allocate(p.spec.shape, dtype_, {MemKind::parameter, p.spec.name, p.spec.layer});
     by_name[p.spec.name] = &p;
@@ -107,7 +121,7 @@ void Transformer::refresh_lowp_copies() {
 
 Allocation& Transformer::lowp_copy(Parameter& p) {
   const bool adamw_writes =
-      weight_copies_ == WeightCopies::resident || (weight_copies_ == WeightCopies::kept && !graphs_);
+      weight_copies_ == WeightCopies::resident || (weight_copies_ == WeightCopies::kept && !graphs());
   return adamw_writes ? make_lowp_copy(p) : p.value_lowp;
 }
 
@@ -140,29 +154,41 @@ void Transformer::set_grad_dtype(DType t) {
         dtype_name(t), dtype_name(compute_));
   for (const Parameter& p : params_)
     LMSCOPE_CHECK(p.grad.empty(), "the gradients' dtype set while {} has a gradient", p.spec.name);
-  LMSCOPE_CHECK(!gradient_ready_, "the gradients' dtype set after data parallelism sized its buffers");
+  LMSCOPE_CHECK(hooks_ == &no_hooks(), "the gradients' dtype set after a parallelism sized its buffers");
   grad_dtype_ = t;
 }
 
 const Tensor& Transformer::gradient(Parameter& p) {
   if (!p.grad.empty()) return p.grad;
-  if (gradient_parts_ == 1) {
+  const GradientParts g = hooks_->gradient_parts();
+  if (g.parts == 1) {
     p.grad = backend_.allocator().allocate(p.spec.shape, grad_dtype_, {MemKind::gradient, p.spec.name, p.spec.layer});
   } else {
     const std::int64_t n = shape_numel(p.spec.shape);
-    p.grad = backend_.allocator().allocate({gradient_parts_, n}, grad_dtype_,
-                                           {MemKind::gradient, p.spec.name, p.spec.layer});
-    p.grad.narrow(p.grad.block().rows(gradient_part_, 1).view(p.spec.shape));
+    p.grad = backend_.allocator().allocate({g.parts, n}, grad_dtype_, {MemKind::gradient, p.spec.name, p.spec.layer});
+    p.grad.narrow(p.grad.block().rows(g.part, 1).view(p.spec.shape));
   }
   return p.grad;
 }
 
-void Transformer::set_gradient_parts(int parts, int part) {
-  LMSCOPE_CHECK(parts >= 1 && part >= 0 && part < parts, "gradient part {} of {}", part, parts);
-  for (const Parameter& p : params_)
-    LMSCOPE_CHECK(p.grad.empty(), "the gradients' parts set while {} has a gradient", p.spec.name);
-  gradient_parts_ = parts;
-  gradient_part_ = part;
+void Transformer::set_hooks(StepHooks* hooks) {
+  StepHooks* next = hooks ? hooks : &no_hooks();
+  const GradientParts g = next->gradient_parts(), now = hooks_->gradient_parts();
+  LMSCOPE_CHECK(g.parts >= 1 && g.part >= 0 && g.part < g.parts, "gradient part {} of {}", g.part, g.parts);
+  const bool relaid = g.parts != now.parts || g.part != now.part;
+  for (const Parameter& p : params_) {
+    LMSCOPE_CHECK(!relaid || p.grad.empty(), "the gradients laid out anew while {} has one", p.spec.name);
+    LMSCOPE_CHECK(next->local_shape(p.spec) == p.spec.shape,
+                  "hooks that change {}'s shape must be given when the model is made", p.spec.name);
+  }
+  hooks_ = next;
+}
+
+std::vector<Parameter*> Transformer::layer_parameters(int l, bool next_norm) const {
+  const LayerParams& P = layer_params_[l];
+  std::vector<Parameter*> ps{P.ln1, P.wq, P.wk, P.wv, P.wo, P.ln2, P.w1, P.w3, P.w2};
+  if (next_norm) ps.push_back(l + 1 == config_.layers ? ln_final_ : layer_params_[l + 1].ln1);
+  return ps;
 }
 
 const Tensor& Transformer::weight(Parameter* p) {
@@ -173,8 +199,8 @@ const Tensor& Transformer::weight(Parameter* p) {
 }
 
 void Transformer::gradients_done(std::initializer_list<Parameter*> done) {
-  if (!last_micro_batch_ || !gradient_ready_) return;
-  for (Parameter* p : done) gradient_ready_(static_cast<std::size_t>(p - params_.data()));
+  if (!last_micro_batch_) return;
+  for (Parameter* p : done) hooks_->gradient_ready(static_cast<std::size_t>(p - params_.data()));
 }
 
 void Transformer::drop_lowp_copies(std::initializer_list<Parameter*> done) {
@@ -280,10 +306,12 @@ Allocation Transformer::layer_forward(int l, Allocation x, Layer& L, const Keep&
   auto drop_unless = [](bool kept, Allocation& a) {
     if (!kept) a.reset();
   };
-  const std::int64_t B = batch_, T = ctx_, N = B * T, d = config_.d_model, f = config_.d_ff, H = config_.heads,
-                     dk = config_.d_head();
-  const double theta = config_.rope_theta, eps = 1e-5;
   const LayerParams& P = layer_params_[l];
+  // The layer's local shapes come from its weights (StepHooks::local_shape): this rank's heads and
+  // feed-forward width, the whole of them without tensor parallelism.
+  const std::int64_t B = batch_, T = ctx_, N = B * T, d = config_.d_model, dk = config_.d_head(),
+                     H = P.wq->value.tensor().dim(0) / dk, f = P.w1->value.tensor().dim(0);
+  const double theta = config_.rope_theta, eps = 1e-5;
   OpRanges op(backend_.range_listener());
   L.x = std::move(x);
   if (ln1) {
@@ -306,7 +334,7 @@ Allocation Transformer::layer_forward(int l, Allocation x, Layer& L, const Keep&
   // Each head split right after its product, most likely still in L2: the three products first and
   // one launch for the three splits took the forward's head moves 13% longer at large ctx 1024 on an
   // H100 (0.92 → 1.04 ms a step), where the backward's merges gained from one launch.
-  Allocation proj = act("attn.proj", l, {N, d});
+  Allocation proj = act("attn.proj", l, {N, H * dk});
   Allocation* heads[3] = {&L.q, &L.k, &L.v};
   const char* names[3] = {"attn.q", "attn.k", "attn.v"};
   Parameter* weights[3] = {P.wq, P.wk, P.wv};
@@ -326,12 +354,13 @@ Allocation Transformer::layer_forward(int l, Allocation x, Layer& L, const Keep&
     attention_forward(backend_, attention_call(l), L.q.tensor().view(flat), L.k.tensor().view(flat),
                       L.v.tensor().view(flat), o_heads.tensor().view(flat), L.attn);
     for (Allocation* a : {&L.q, &L.k, &L.v, &L.attn.probs, &L.attn.lse}) drop_unless(keep.attention, *a);
-    L.o = act("attn.o", l, {N, d});
+    L.o = act("attn.o", l, {N, H * dk});
     backend_.merge_heads(o_heads, L.o.tensor().view({B, T, H, dk}), 0.0);
   }
   op.next("output projection and residual");
   Allocation attn_out = act("attn.out", l, {N, d});
   linear(L.o, weight(P.wo), attn_out);
+  hooks_->partial_sum(attn_out, PartialSum::attention_output, l);
   drop_lowp_copies_after_forward(keep.weight_copies, {P.wo});
   drop_unless(keep.attention, L.o);
   L.h = wide("attn.residual", l, {N, d});
@@ -367,6 +396,7 @@ Allocation Transformer::layer_forward(int l, Allocation x, Layer& L, const Keep&
   op.next("w2 and residual");
   Allocation ffn_out = act("ffn.out", l, {N, d});
   linear(L.gate, weight(P.w2), ffn_out);
+  hooks_->partial_sum(ffn_out, PartialSum::ffn_output, l);
   drop_lowp_copies_after_forward(keep.weight_copies, {P.w2});
   drop_unless(keep.gate, L.gate);
   Allocation out = wide("ffn.residual", l, {N, d});
@@ -402,7 +432,7 @@ std::uint64_t Transformer::graph_key(const char* phase) const {
 void Transformer::forward(bool for_backward) {
   LMSCOPE_CHECK(!ids_.empty(), "forward before set_batch");
   discard_activations();
-  GraphScope graph(backend_, graphs_, hash_mix(graph_key("forward"), std::uint64_t{for_backward}));
+  GraphScope graph(backend_, graphs(), hash_mix(graph_key("forward"), std::uint64_t{for_backward}));
   // Without a backward to come, each buffer goes as soon as it has been read, as under PyTorch's
   // no_grad; the layer's record then holds nothing once its output is made.
   const Keep keep = Keep::for_forward(for_backward, recompute_, weight_copies_);
@@ -416,6 +446,7 @@ void Transformer::forward(bool for_backward) {
   Saved s;
   Allocation x = wide("embedding", -1, {N, d});
   {
+    HookedStretch hooked(*hooks_, {embedding_}, Pass::forward);
     ScopedRange r(ranges, RangeLevel::op, "embedding");
     backend_.embedding_forward(ids_, embedding_->value, x);
   }
@@ -424,11 +455,14 @@ void Transformer::forward(bool for_backward) {
   Normed normed;
   for (int l = 0; l < config_.layers; ++l) {
     ScopedRange r(ranges, RangeLevel::layer, "layer", l);
+    HookedStretch hooked(*hooks_, layer_parameters(l, fusion_), Pass::forward);
     Layer L;
     x = layer_forward(l, std::move(x), L, keep, l > 0 && fusion_ ? &normed : nullptr, fusion_ ? &normed : nullptr);
     if (for_backward) s.layers.push_back(std::move(L));
   }
 
+  std::optional<HookedStretch> head(std::in_place, *hooks_, std::vector<Parameter*>{ln_final_, lm_head_},
+                                    Pass::forward);
   OpRanges op(ranges);
   s.x_final = std::move(x);
   if (fusion_) {
@@ -460,6 +494,7 @@ void Transformer::forward(bool for_backward) {
     }
   }
   drop_lowp_copies_after_forward(keep.weight_copies, {lm_head_});
+  head.reset();
   done(s.n_final);
   done(s.lse);
   s.for_backward = for_backward;

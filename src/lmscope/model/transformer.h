@@ -6,6 +6,7 @@
 #include "lmscope/backend/backend.h"
 #include "lmscope/model/attention.h"
 #include "lmscope/model/config.h"
+#include "lmscope/model/step_hooks.h"
 
 #include <cstdint>
 #include <functional>
@@ -75,8 +76,11 @@ class Transformer {
   // residual stream (f32; f64 on the CPU for gradient checks). compute: GEMM operands and the activations between
   // GEMMs: the same as dtype, or bf16 or f16 for mixed precision (docs/precision.md); none means the same as dtype.
   // attention: flash (FlashAttention-2, the default) or naive (scores and probabilities in memory).
+  // hooks: a parallelism that gives the parameters their local shapes (StepHooks::local_shape); one that
+  // keeps the shapes may come later (set_hooks).
   Transformer(const ModelConfig& config, Backend& backend, DType dtype = DType::f32,
-              std::optional<DType> compute = std::nullopt, AttentionKind attention = AttentionKind::flash);
+              std::optional<DType> compute = std::nullopt, AttentionKind attention = AttentionKind::flash,
+              StepHooks* hooks = nullptr);
   ~Transformer();
   Transformer(const Transformer&) = delete;
   Transformer& operator=(const Transformer&) = delete;
@@ -90,8 +94,9 @@ class Transformer {
   WeightCopies weight_copies() const { return weight_copies_; }
   // Device graphs (--graphs): forward, backward and AdamW's step each run as one recorded graph where
   // the backend records them (CUDA), replayed while the allocator is in the state it was recorded in
-  // (Backend::begin_graph). Off by default; the results are the same bits either way.
-  bool graphs() const { return graphs_; }
+  // (Backend::begin_graph). Off by default, and whenever the hooks do not allow them; the results are
+  // the same bits either way.
+  bool graphs() const { return graphs_ && hooks_->allows_graphs(); }
   void set_graphs(bool on) { graphs_ = on; }
   // Fused kernels (--fusion): each residual add and the RMSNorm after it (ln2, the next layer's ln1,
   // ln_final) run as one op, forward and backward (Backend::add_rmsnorm_forward,
@@ -138,11 +143,11 @@ class Transformer {
   Allocation& lowp_copy(Parameter& p);
   // p's gradient, allocated (not filled) if the backward has not made it yet.
   const Tensor& gradient(Parameter& p);
-  // Data parallelism by all-gather: each gradient is allocated as a block of `parts` (the world's
-  // ranks), one after another, and p.grad is part `part` of it (Allocation::block() is the whole), so
-  // the ranks' gradients can be gathered into one another's blocks in place. Before the first
-  // backward; 1, 0: a gradient is its own block (the default).
-  void set_gradient_parts(int parts, int part);
+  // Where a parallelism meets the step (model/step_hooks.h); none: the default, which does nothing.
+  // With the shapes the parameters have, and no gradient held where the hooks lay the gradients out
+  // otherwise; the caller keeps the hooks alive until it sets others (or none).
+  void set_hooks(StepHooks* hooks);
+  StepHooks& hooks() { return *hooks_; }
   Backend& backend() { return backend_; }
   std::vector<Parameter>& parameters() { return params_; }
   Parameter& parameter(const std::string& name);  // throws UserError if unknown
@@ -170,11 +175,6 @@ class Transformer {
   // gradient, so small gradients stay above fp16's smallest numbers; the optimizer divides by S.
   void set_loss_scale(double scale) { loss_scale_ = scale; }
   double loss_scale() const { return loss_scale_; }
-  // Called in the step's last micro-batch as each parameter's gradient becomes final (with the index
-  // of the parameter in parameters()), in the order the backward finishes them: data parallelism
-  // starts its collectives from here while the backward goes on. Empty: none.
-  using GradientReady = std::function<void(std::size_t)>;
-  void set_gradient_ready(GradientReady f) { gradient_ready_ = std::move(f); }
   // Drops what forward saved, for forward-only runs.
   void discard_activations();
   // Logits of the last forward [batch·ctx, vocab]; valid until backward or discard. A forward for a
@@ -220,7 +220,7 @@ class Transformer {
   // after its input-gradient GEMM): in the step's last micro-batch, or in every one when transient;
   // never when resident.
   void drop_lowp_copies(std::initializer_list<Parameter*> done);
-  // Tells gradient_ready_ (in the last micro-batch) that these parameters' gradients are final.
+  // Tells the hooks (in the last micro-batch) that these parameters' gradients are final.
   void gradients_done(std::initializer_list<Parameter*> done);
   // The same in a forward whose copies are transient (keep_copies false).
   void drop_lowp_copies_after_forward(bool keep_copies, std::initializer_list<Parameter*> done);
@@ -262,6 +262,25 @@ class Transformer {
   struct LayerParams {
     Parameter *wq, *wk, *wv, *wo, *ln1, *w1, *w2, *w3, *ln2;
   };
+  // A stretch of a pass that reads these parameters: the hooks acquire them when it begins and release
+  // them when it ends (on failure too).
+  class HookedStretch {
+   public:
+    HookedStretch(StepHooks& hooks, std::vector<Parameter*> params, Pass pass)
+        : hooks_(hooks), params_(std::move(params)), pass_(pass) {
+      hooks_.acquire(params_, pass_);
+    }
+    ~HookedStretch() { hooks_.release(params_, pass_); }
+    HookedStretch(const HookedStretch&) = delete;
+    HookedStretch& operator=(const HookedStretch&) = delete;
+
+   private:
+    StepHooks& hooks_;
+    std::vector<Parameter*> params_;
+    Pass pass_;
+  };
+  // Layer l's parameters, and with `next_norm` the norm after it (the fused residual add's).
+  std::vector<Parameter*> layer_parameters(int l, bool next_norm) const;
   std::vector<LayerParams> layer_params_;
   Parameter *embedding_, *ln_final_, *lm_head_;
   std::int64_t batch_ = 0, ctx_ = 0;
@@ -269,8 +288,7 @@ class Transformer {
   std::vector<Saved> saved_;   // empty or one element: the last forward's activations
   bool accumulating_ = false;  // the backward under way adds into the gradients
   bool last_micro_batch_ = true;
-  GradientReady gradient_ready_;
-  int gradient_parts_ = 1, gradient_part_ = 0;
+  StepHooks* hooks_;  // never null: the default hooks when none are set
 };
 
 }  // namespace lmscope

@@ -58,14 +58,13 @@ void Transformer::backward(MicroBatch micro) {
   accumulating_ = accumulate;
   last_micro_batch_ = micro.index == micro.count - 1;
   const int micro_batches = micro.count;
-  const std::int64_t B = batch_, T = ctx_, N = B * T, d = config_.d_model, f = config_.d_ff, H = config_.heads,
-                     dk = config_.d_head();
+  const std::int64_t B = batch_, T = ctx_, N = B * T, d = config_.d_model, dk = config_.d_head();
   const double theta = config_.rope_theta;
   Allocator& mem = backend_.allocator();
   mem.set_phase(Phase::backward);
   Saved s = std::move(saved_.back());
   saved_.clear();
-  GraphScope graph(backend_, graphs_,
+  GraphScope graph(backend_, graphs(),
                    hash_mix(hash_mix(hash_mix(hash_mix(graph_key("backward"), s.graph_key), loss_scale_),
                                      std::uint64_t(micro.index > 0)),
                             std::uint64_t(micro.count) << 1 | std::uint64_t(last_micro_batch_)));
@@ -73,6 +72,8 @@ void Transformer::backward(MicroBatch micro) {
   // Loss and head: each logits buffer turns into dlogits in place, a chunk at a time when the forward
   // made them in chunks (then made again here from ln_final's output).
   RangeListener* ranges = backend_.range_listener();
+  std::optional<HookedStretch> hooked_head(std::in_place, *hooks_, std::vector<Parameter*>{lm_head_, ln_final_},
+                                           Pass::backward);
   OpRanges head(ranges);
   head.next("lm_head and loss");
   const double dlogits_scale = loss_scale_ / static_cast<double>(N * micro_batches);
@@ -103,6 +104,7 @@ void Transformer::backward(MicroBatch micro) {
     backend_.rmsnorm_backward(dn, s.x_final, ln_final_->value, s.rstd_final, dx, dw);
   });
   gradients_done({ln_final_});
+  hooked_head.reset();
   s.x_final.reset();
   s.rstd_final.reset();
 
@@ -111,7 +113,10 @@ void Transformer::backward(MicroBatch micro) {
   Allocation dx_lowp;  // dx in the compute dtype where the layer after made it (norm_backward_add)
   for (int l = config_.layers - 1; l >= 0; --l) {
     ScopedRange r(ranges, RangeLevel::layer, "layer", l);
+    HookedStretch hooked(*hooks_, layer_parameters(l, false), Pass::backward);
     const LayerParams& P = layer_params_[l];
+    // This rank's heads and feed-forward width (layer_forward says why from the weights).
+    const std::int64_t H = P.wq->value.tensor().dim(0) / dk, f = P.w1->value.tensor().dim(0);
     Layer& L = s.layers[l];
     // Full recompute: the layer's forward again from its input, keeping everything this time; its
     // output is the next layer's input, which the backward no longer needs.
@@ -142,6 +147,7 @@ void Transformer::backward(MicroBatch micro) {
     dn = act("grad.ln2.out", l, {N, d});
     linear_backward_input(da, weight(P.w1), dn, 0.0f);
     linear_backward_input(db, weight(P.w3), dn, 1.0f);
+    hooks_->partial_sum(dn, PartialSum::ffn_input_grad, l);
     drop_lowp_copies({P.w1, P.w3});
     if (L.n2.empty()) {  // selective: ln2's output again (its statistics are rewritten unchanged)
       L.n2 = act("ln2.out", l, {N, d});
@@ -165,7 +171,7 @@ void Transformer::backward(MicroBatch micro) {
     op.next("output projection");
     // h = x + wo·merge(attention(q, k, v)); dh holds d h.
     const Tensor& dh_c = dh_scratch.empty() ? as_compute(dh, dh_scratch, "grad.attn.residual.lowp", l) : dh_scratch;
-    Allocation d_o = act("grad.attn.o", l, {N, d});
+    Allocation d_o = act("grad.attn.o", l, {N, H * dk});
     linear_backward_input(dh_c, weight(P.wo), d_o, 0.0f);
     drop_lowp_copies({P.wo});
     linear_backward_weight(dh_c, L.o, gradient(*P.wo));
@@ -210,7 +216,7 @@ void Transformer::backward(MicroBatch micro) {
       const Tensor dheads[3] = {dq_heads, dk_heads, dv_heads};
       Tensor tokens[3];
       for (int i = 0; i < 3; ++i) {
-        dproj[i] = act("grad.attn.proj", l, {N, d});
+        dproj[i] = act("grad.attn.proj", l, {N, H * dk});
         tokens[i] = dproj[i].tensor().view({B, T, H, dk});
       }
       const double thetas[3] = {theta, theta, 0.0};
@@ -227,6 +233,7 @@ void Transformer::backward(MicroBatch micro) {
       gradients_done({weights[i]});
       dproj[i].reset();
     }
+    hooks_->partial_sum(dn, PartialSum::attention_input_grad, l);
     L.n1.reset();
     op.next("ln1 and residual");
     dx = wide("grad.residual", l, {N, d});
@@ -239,6 +246,7 @@ void Transformer::backward(MicroBatch micro) {
     L.rstd1.reset();
   }
   {
+    HookedStretch hooked(*hooks_, {embedding_}, Pass::backward);
     ScopedRange r(ranges, RangeLevel::op, "embedding");
     if (grad_dtype_ == dtype_)
       backend_.embedding_backward(ids_, dx, gradient(*embedding_), accumulating_);  // adds in place: no scratch

@@ -8,7 +8,7 @@
 #include "lmscope/backend/backend.h"
 #include "lmscope/backend/devices.h"
 #include "lmscope/bench/allreduce_bench.h"
-#include "lmscope/dist/store.h"
+#include "lmscope/parallel/store.h"
 
 namespace lmscope::cli {
 namespace {
@@ -52,13 +52,13 @@ class AllreduceCommand : public Command {
     const std::string device = !device_.empty() ? device_ : !implied.empty() ? implied : default_device();
     const ReportFormat format = parse_report_format(format_);
 
-    const dist::World world = dist::world_from_environment(rendezvous_);
+    const parallel::World world = parallel::world_from_environment(rendezvous_);
     const bool main_rank = world.rank == 0;
     if (main_rank && !out_.empty()) write_file(out_, "");  // fails now, not after the sweep
     if (device == "cuda" && world.size > 1) use_gpu(world.local_rank);
     std::unique_ptr<Backend> backend = make_backend(device, "fp32");
-    std::unique_ptr<dist::Store> store = dist::open_store(world);
-    std::unique_ptr<dist::Communicator> comm = dist::make_communicator(*backend, world, *store);
+    std::unique_ptr<parallel::Store> store = parallel::open_store(world);
+    std::unique_ptr<parallel::Communicator> comm = parallel::make_communicator(*backend, world, *store);
 
     std::optional<SweepProgress> shown;
     if (main_rank) shown.emplace();

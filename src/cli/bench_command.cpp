@@ -51,10 +51,10 @@ class BenchCommand : public Command {
       for (bool fusion : on_off_list("--fusion", fusion_))
         for (bool graphs : graph_modes) {
           // Data parallelism runs op by op (its collectives are not recorded): its cells say so, once.
-          if (cell.cell.parallel && graphs && graph_modes.size() > 1) continue;
+          if (cell.cell.parallel.data && graphs && graph_modes.size() > 1) continue;
           planned.push_back(cell);
           planned.back().cell.fusion = fusion;
-          planned.back().cell.graphs = graphs && !cell.cell.parallel;
+          planned.back().cell.graphs = graphs && !cell.cell.parallel.data;
         }
     if (steps_ <= 0) user_error("--steps must be positive, got {}", steps_);
     if (profile_ && cells_.dry_run()) user_error("--profile traces kernels, and a dry run runs none");
@@ -69,7 +69,7 @@ class BenchCommand : public Command {
     }
     const ReportFormat format = parse_report_format(format_);
     // With data parallelism every rank runs every cell (the collectives need them all); rank 0 reports.
-    const bool reports = planned.empty() || planned.front().cell.world.rank == 0;
+    const bool reports = planned.empty() || planned.front().cell.parallel.world.rank == 0;
     if (reports) {
       for (const std::string* path : {&out_, &trace_})
         if (!path->empty()) write_file(*path, "");  // fail now, not after the sweep

@@ -40,7 +40,7 @@ class MemoryCommand : public Command {
     if ((!snapshot_.empty() || !svg_.empty()) && cells.size() != 1)
       user_error("--snapshot and --svg draw one cell, and the flags make {}", cells.size());
     // With data parallelism every rank runs every cell (the collectives need them all); rank 0 reports.
-    const bool reports = cells.empty() || cells.front().cell.world.rank == 0;
+    const bool reports = cells.empty() || cells.front().cell.parallel.world.rank == 0;
     if (reports) {
       for (const std::string* path : {&out_, &snapshot_, &svg_})
         if (!path->empty()) write_file(*path, "");  // fail now, not after the sweep

@@ -101,9 +101,7 @@ std::vector<MemorySpec> MemoryCellFlags::resolve() const {
                         s.cell.grad_accum = has_backward(md) ? static_cast<int>(k) : 1;
                         s.cell.weight_copies = wc;
                         s.cell.grad_dtype = cell_grad_dtype(md, parse_grad_dtype(gd));
-                        const ParallelFlags::Resolved parallel = parallel_.resolve(b, d, dry_run_);
-                        s.cell.parallel = parallel.spec;
-                        s.cell.world = parallel.world;
+                        s.cell.parallel = parallel_.resolve(b, d, dry_run_);
                         RunSpec checked = s.cell;  // before any cell runs
                         validate_run(checked);
                         s.dry_run = dry_run_;

@@ -1,8 +1,8 @@
 #include "parallel_flags.h"
 
 #include "lmscope/core/error.h"
-#include "lmscope/dist/communicator.h"
-#include "lmscope/dist/nccl_version.h"
+#include "lmscope/parallel/communicator.h"
+#include "lmscope/parallel/nccl_version.h"
 
 #include <fmt/format.h>
 
@@ -50,8 +50,8 @@ void ParallelFlags::add_to(CLI::App& app, bool with_world_size) {
                  "MASTER_ADDR and MASTER_PORT)");
 }
 
-ParallelFlags::Resolved ParallelFlags::resolve(std::int64_t global_batch, const std::string& device,
-                                               bool dry_run) const {
+parallel::ParallelPlan ParallelFlags::resolve(std::int64_t global_batch, const std::string& device,
+                                              bool dry_run) const {
   const CLI::App& app = *app_;
   const bool sized = app.get_option_no_throw("--world-size") && app.count("--world-size") > 0;
   if (sized && !dry_run)
@@ -59,20 +59,20 @@ ParallelFlags::Resolved ParallelFlags::resolve(std::int64_t global_batch, const 
         "--world-size sets the world of a dry run (--dry-run); a real run's ranks come from lmscope launch, "
         "torchrun or Slurm");
   if (sized && world_size < 1) user_error("--world-size must be positive, got {}", world_size);
-  Resolved r;
+  parallel::ParallelPlan r;
   if (sized)
     r.world.size = world_size;  // rank 0 of it: every rank's share is the same size
   else
-    r.world = dist::world_from_environment(rendezvous);
+    r.world = parallel::world_from_environment(rendezvous);
   if (symmetric_memory != "on" && symmetric_memory != "off")
     user_error("unknown --symmetric-memory '{}' (use on or off)", symmetric_memory);
   const bool asked = app.count("--ddp") + app.count("--zero") + app.count("--bucket-mb") +
                          app.count("--symmetric-memory") + app.count("--comm-sms") + app.count("--grad-exchange") >
                      0;
   if (r.world.size == 1 && !asked) return r;
-  dist::DataParallelSpec spec;
-  if (!ddp.empty()) spec.mode = dist::parse_ddp_mode(ddp);
-  spec.exchange = dist::parse_grad_exchange(grad_exchange);
+  parallel::DataParallelSpec spec;
+  if (!ddp.empty()) spec.mode = parallel::parse_ddp_mode(ddp);
+  spec.exchange = parallel::parse_grad_exchange(grad_exchange);
   spec.bucket_mb = bucket_mb;
   spec.zero = zero;
   spec.symmetric_memory = symmetric_memory == "on";
@@ -85,7 +85,6 @@ ParallelFlags::Resolved ParallelFlags::resolve(std::int64_t global_batch, const 
       user_error("--comm-sms takes auto, or 0 (NCCL's choice) to 64, got '{}'", comm_sms);
     }
   }
-  spec.validate(r.world.size);
   if (zero == 1 && !ddp.empty())
     user_error(
         "--zero 1 exchanges the gradients its own way (reduce-scattered in --bucket-mb buckets); leave --ddp "
@@ -94,20 +93,18 @@ ParallelFlags::Resolved ParallelFlags::resolve(std::int64_t global_batch, const 
     user_error(
         "--symmetric-memory, --comm-sms and --grad-exchange shape --ddp's exchange; --zero 1 exchanges its own "
         "way: leave them out");
-  if (spec.exchange == dist::GradExchange::all_gather && app.count("--comm-sms") > 0)
+  if (spec.exchange == parallel::GradExchange::all_gather && app.count("--comm-sms") > 0)
     user_error(
         "--comm-sms plans the backward beside the all-reduce's blocks, and --grad-exchange all-gather is not "
         "planned around (on the copy engines it holds no SMs): leave it out");
-  if (app.count("--comm-sms") > 0 && (spec.mode == dist::DdpMode::naive || spec.mode == dist::DdpMode::flat))
+  if (app.count("--comm-sms") > 0 && (spec.mode == parallel::DdpMode::naive || spec.mode == parallel::DdpMode::flat))
     user_error(
         "--comm-sms plans the backward for an exchange beside it, and --ddp {} exchanges after it: use it "
         "with --ddp overlap or bucketed",
-        dist::ddp_mode_name(spec.mode));
-  if (global_batch % r.world.size != 0)
-    user_error("--batch {} is the global batch and must split evenly across the {} ranks", global_batch, r.world.size);
+        parallel::ddp_mode_name(spec.mode));
   if (spec.symmetric_memory && spec.zero == 0 && device == "cuda" && !dry_run && r.world.size > 1) {
-    const int nccl = dist::loaded_nccl_version();
-    if (!dist::symmetric_windows_trusted(nccl)) {
+    const int nccl = parallel::loaded_nccl_version();
+    if (!parallel::symmetric_windows_trusted(nccl)) {
       spec.symmetric_memory = false;
       static bool said = false;
       if (r.world.rank == 0 && !std::exchange(said, true))
@@ -115,10 +112,11 @@ ParallelFlags::Resolved ParallelFlags::resolve(std::int64_t global_batch, const 
                    "note: NCCL {} is loaded, and lmscope uses its symmetric memory from {} on (2.28.3 summed a "
                    "bucket's all-reduces there wrongly): the gradients stay in ordinary memory, as with "
                    "--symmetric-memory off\n",
-                   dist::nccl_version_text(nccl), dist::nccl_version_text(dist::kSymmetricWindowsFrom));
+                   parallel::nccl_version_text(nccl), parallel::nccl_version_text(parallel::kSymmetricWindowsFrom));
     }
   }
-  r.spec = spec;
+  r.data = spec;
+  r.validate(global_batch, true, true);
   return r;
 }
 

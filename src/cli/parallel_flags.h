@@ -1,10 +1,9 @@
 // The data-parallel flags train and bench share (--ddp, --grad-exchange, --bucket-mb, --zero,
 // --symmetric-memory, --comm-sms, --rendezvous), and the
-// run they ask for in the world this process finds itself in (dist/world.h).
+// run they ask for in the world this process finds itself in (parallel/world.h).
 #pragma once
 
-#include "lmscope/dist/data_parallel.h"
-#include "lmscope/dist/world.h"
+#include "lmscope/parallel/parallel_plan.h"
 
 #include <CLI/CLI.hpp>
 
@@ -24,15 +23,12 @@ struct ParallelFlags {
   void add_to(CLI::App& app, bool with_world_size = false);
   // The world from the environment and --rendezvous, and the data-parallel spec: none for a world
   // of one that asked for nothing (the plain path), else the flags' (bucketed by default). UserError,
-  // one sentence, for a bad value, --zero 1 in a world of one, --ddp beside --zero 1, or a global
-  // batch the world's size does not divide. dry_run: --world-size may set the world (rank 0 of it).
+  // one sentence, for a bad value, flags that do not go together (--ddp beside --zero 1), or a layout
+  // ParallelPlan::validate refuses for a step with a backward and an optimizer (the run's own step is
+  // checked again by validate_run). dry_run: --world-size may set the world (rank 0 of it).
   // A real run on GPUs keeps its gradients out of NCCL's symmetric memory (said once, by rank 0) where
-  // the NCCL it loaded is older than the first seen to sum right there (dist/nccl_version.h).
-  struct Resolved {
-    dist::World world;
-    std::optional<dist::DataParallelSpec> spec;
-  };
-  Resolved resolve(std::int64_t global_batch, const std::string& device, bool dry_run = false) const;
+  // the NCCL it loaded is older than the first seen to sum right there (parallel/nccl_version.h).
+  parallel::ParallelPlan resolve(std::int64_t global_batch, const std::string& device, bool dry_run = false) const;
 
  private:
   const CLI::App* app_ = nullptr;

@@ -197,9 +197,9 @@ class TrainCommand : public Command {
     s_.validate(*app);
     // Data parallelism: this process is one rank of the world the environment names; --batch is the
     // global batch, each rank running its share of the rows one process would.
-    const ParallelFlags::Resolved parallel = parallel_.resolve(s_.batch, s_.device);
+    const parallel::ParallelPlan parallel = parallel_.resolve(s_.batch, s_.device);
     const bool main_rank = parallel.world.rank == 0;
-    if (parallel.spec && s_.graphs == "on" && s_.device == "cuda") {
+    if (parallel.data && s_.graphs == "on" && s_.device == "cuda") {
       if (app->count("--graphs") > 0 && main_rank)
         fmt::print("note: data parallelism runs without device graphs (its collectives are not recorded)\n");
       s_.graphs = "off";
@@ -226,11 +226,11 @@ class TrainCommand : public Command {
     SessionOptions options;
     options.weights = resumed ? InitialWeights::none : s_.init.empty() ? InitialWeights::seeded : InitialWeights::file;
     options.weights_file = s_.init;
-    Session session(s_.run_spec(parallel.world, parallel.spec), std::move(options));
+    Session session(s_.run_spec(parallel), std::move(options));
     Backend& backend = session.backend();
     Transformer& model = session.model();
     AdamW& opt = *session.optimizer();
-    dist::DataParallelRun* dp = session.data_parallel();
+    parallel::DataParallelRun* dp = session.data_parallel();
     std::int64_t start = 0;
     if (app->count("--loss-scale") + app->count("--loss-scale-interval") > 0 && !opt.loss_scaler().on())
       fmt::print("note: --loss-scale and --loss-scale-interval apply to fp16, and this run is {}\n", s_.precision);
@@ -253,11 +253,12 @@ class TrainCommand : public Command {
           c.parameter_count(), backend.name(), data.size(), s_.data, s_.steps,
           s_.grad_accum > 1 ? fmt::format("{} micro-batches of ", s_.grad_accum) : "", s_.batch, s_.ctx,
           dp ? fmt::format(" over {} ranks ({} rows each, {} over {}{}{})", parallel.world.size, session.local_batch(),
-                           dp->spec().zero ? "ZeRO-1" : dist::ddp_mode_name(dp->spec().mode), dp->communicator().name(),
-                           dp->spec().zero || dp->spec().mode == dist::DdpMode::bucketed
+                           dp->spec().zero ? "ZeRO-1" : parallel::ddp_mode_name(dp->spec().mode),
+                           dp->communicator().name(),
+                           dp->spec().zero || dp->spec().mode == parallel::DdpMode::bucketed
                                ? fmt::format(", {:g} MiB buckets", dp->spec().bucket_mb)
                                : "",
-                           !dp->spec().zero && dp->spec().exchange == dist::GradExchange::all_gather
+                           !dp->spec().zero && dp->spec().exchange == parallel::GradExchange::all_gather
                                ? ", gradients all-gathered"
                                : "")
              : "",

@@ -187,7 +187,7 @@ nlohmann::ordered_json TrainSettings::to_json() const {
           {"print_every", print_every}};
 }
 
-RunSpec TrainSettings::run_spec(const dist::World& world, const std::optional<dist::DataParallelSpec>& parallel) const {
+RunSpec TrainSettings::run_spec(const parallel::ParallelPlan& parallel) const {
   RunSpec r;
   r.model = model;
   r.mode = StepMode::train;
@@ -206,7 +206,6 @@ RunSpec TrainSettings::run_spec(const dist::World& world, const std::optional<di
   r.optimizer = optimizer;
   r.schedule = schedule;
   r.parallel = parallel;
-  r.world = world;
   return r;
 }
 

@@ -40,8 +40,8 @@ struct TrainSettings {
   // others: the device when none was named, the schedule from --lr-schedule and --steps.
   void validate(const CLI::App& app);
   nlohmann::ordered_json to_json() const;
-  // The run these settings describe, in `world` with data parallelism `parallel` (after validate).
-  RunSpec run_spec(const dist::World& world, const std::optional<dist::DataParallelSpec>& parallel) const;
+  // The run these settings describe, laid out over the ranks as `parallel` says (after validate).
+  RunSpec run_spec(const parallel::ParallelPlan& parallel) const;
   // Takes a checkpoint's configuration: values of flags not given on `app`. Returns what differs,
   // in sentences. model_given: whether any model flag was given (then `model` must match).
   std::vector<std::string> take_from_checkpoint(const CLI::App& app, const nlohmann::json& saved, bool model_given);

@@ -2,9 +2,9 @@
 // meeting in a file store): every collective's values, f32 and f64, sizes that do not divide evenly
 // anywhere, collectives started before earlier ones are waited for, and the data-parallel buckets.
 #include "lmscope/backend/backend.h"
-#include "lmscope/dist/communicator.h"
-#include "lmscope/dist/data_parallel.h"
-#include "lmscope/dist/nccl_version.h"
+#include "lmscope/parallel/communicator.h"
+#include "lmscope/parallel/data_parallel.h"
+#include "lmscope/parallel/nccl_version.h"
 
 #include <gtest/gtest.h>
 #include <unistd.h>
@@ -13,7 +13,7 @@
 #include <functional>
 #include <thread>
 
-namespace lmscope::dist {
+namespace lmscope::parallel {
 namespace {
 
 #if LMSCOPE_HAVE_GLOO  // (a build without Gloo, the GPU machine's, has no CPU ranks)
@@ -159,4 +159,4 @@ TEST(NcclVersion, SymmetricWindowsFromTheVersionThatSummedRight) {
 }
 
 }  // namespace
-}  // namespace lmscope::dist
+}  // namespace lmscope::parallel

@@ -2,9 +2,9 @@
 // variables, each mistake a UserError naming its variable; the TCP store between a server and
 // client threads, its timeout and a taken port; the file store keeping two runs' keys apart.
 #include "lmscope/core/error.h"
-#include "lmscope/dist/store.h"
-#include "lmscope/dist/tcp_store.h"
-#include "lmscope/dist/world.h"
+#include "lmscope/parallel/store.h"
+#include "lmscope/parallel/tcp_store.h"
+#include "lmscope/parallel/world.h"
 
 #include <gtest/gtest.h>
 #include <netinet/in.h>
@@ -15,7 +15,7 @@
 #include <map>
 #include <thread>
 
-namespace lmscope::dist {
+namespace lmscope::parallel {
 namespace {
 
 using namespace std::chrono_literals;
@@ -309,4 +309,4 @@ TEST(Rendezvous, AWorldOfOneNeedsNone) {
 }
 
 }  // namespace
-}  // namespace lmscope::dist
+}  // namespace lmscope::parallel

@@ -39,19 +39,19 @@ TEST(RunSpec, ReadsBackWhatItWrites) {
   s.optimizer.lr = 3e-4;
   s.optimizer.clip = 0;
   s.schedule = {.cosine = true, .lr_max = 3e-4, .lr_min = 1e-5, .warmup_iters = 10, .cosine_iters = 100};
-  s.parallel = dist::DataParallelSpec{};
-  s.parallel->mode = dist::DdpMode::overlap;
-  s.parallel->bucket_mb = 5;
-  s.parallel->comm_sms = 4;
-  s.world.size = 2;
+  s.parallel.data = parallel::DataParallelSpec{};
+  s.parallel.data->mode = parallel::DdpMode::overlap;
+  s.parallel.data->bucket_mb = 5;
+  s.parallel.data->comm_sms = 4;
+  s.parallel.world.size = 2;
   const nlohmann::ordered_json j = s.to_json();
   const RunSpec back = RunSpec::from_json(nlohmann::json::parse(j.dump()));
   EXPECT_EQ(back.to_json(), j);
   EXPECT_EQ(back.label(), s.label());
   EXPECT_EQ(back.model.d_ff, s.model.d_ff);
   EXPECT_EQ(back.schedule.at(50), s.schedule.at(50));
-  ASSERT_TRUE(back.parallel.has_value());
-  EXPECT_EQ(back.parallel->comm_sms, 4);
+  ASSERT_TRUE(back.parallel.data.has_value());
+  EXPECT_EQ(back.parallel.data->comm_sms, 4);
   EXPECT_EQ(back.label(),
             "forward-backward, selective recompute, 3 micro-batches, transient copies, bf16 gradients, graphs off, "
             "fusion off, DDP overlap, exchange on 4 SMs, 2 ranks");
@@ -73,8 +73,8 @@ TEST(ValidateRun, HoldsTheRulesThatTieSettingsTogether) {
   validate_run(s);
   EXPECT_EQ(s.grad_accum, 1);  // only a backward accumulates
   s = tiny_run();
-  s.parallel = dist::DataParallelSpec{};
-  s.world.size = 2;
+  s.parallel.data = parallel::DataParallelSpec{};
+  s.parallel.world.size = 2;
   validate_run(s);
   EXPECT_FALSE(s.graphs);  // the collectives are not recorded
   s.batch = 3;
@@ -84,8 +84,8 @@ TEST(ValidateRun, HoldsTheRulesThatTieSettingsTogether) {
   EXPECT_THROW(validate_run(s), UserError);  // fp32 weights have no copies
   s = tiny_run();
   s.mode = StepMode::forward;
-  s.parallel = dist::DataParallelSpec{};
-  s.world.size = 2;
+  s.parallel.data = parallel::DataParallelSpec{};
+  s.parallel.world.size = 2;
   EXPECT_THROW(validate_run(s), UserError);  // nothing to exchange without a backward
 }
 

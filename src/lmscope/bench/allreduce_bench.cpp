@@ -71,7 +71,7 @@ float element(Backend& be, const Tensor& t, std::int64_t i) {
 // Rank r holds (r+1)·(1 + (i mod 8)/8) at i, so the sum is n(n+1)/2 · (1 + (i mod 8)/8): exact in
 // float32, different on every rank and along the tensor, so a sum that dropped a rank, added one
 // twice or shifted the data would show.
-void check_sum(Backend& be, dist::Communicator& comm, const Tensor& t, std::vector<float>& block) {
+void check_sum(Backend& be, parallel::Communicator& comm, const Tensor& t, std::vector<float>& block) {
   for (std::size_t i = 0; i < block.size(); ++i)
     block[i] = static_cast<float>((comm.rank() + 1) * (1 + static_cast<double>(i % 8) / 8));
   tile(be, t, block);
@@ -93,7 +93,7 @@ void check_sum(Backend& be, dist::Communicator& comm, const Tensor& t, std::vect
 }
 
 // Every rank's `mine` (the same length on each), in rank order, on every rank.
-std::vector<double> gather(Backend& be, dist::Communicator& comm, const std::vector<double>& mine) {
+std::vector<double> gather(Backend& be, parallel::Communicator& comm, const std::vector<double>& mine) {
   Allocator& mem = be.allocator();
   const auto n = static_cast<std::int64_t>(mine.size());
   Allocation in = mem.allocate({n}, DType::f32, {MemKind::workspace, "allreduce.gather_in", -1});
@@ -106,7 +106,7 @@ std::vector<double> gather(Backend& be, dist::Communicator& comm, const std::vec
 
 }  // namespace
 
-AllreduceBenchRow run_allreduce_size(Backend& backend, dist::Communicator& comm, const AllreduceBenchSpec& spec,
+AllreduceBenchRow run_allreduce_size(Backend& backend, parallel::Communicator& comm, const AllreduceBenchSpec& spec,
                                      const BenchProgress& progress) {
   AllreduceBenchRow r{.spec = spec,
                       .world = comm.size(),

@@ -5,7 +5,7 @@
 
 #include "lmscope/bench/report.h"
 #include "lmscope/bench/runner.h"
-#include "lmscope/dist/communicator.h"
+#include "lmscope/parallel/communicator.h"
 
 #include <cstdint>
 #include <string>
@@ -51,7 +51,7 @@ struct AllreduceBenchRow {
 // all-reduces, each after a barrier, on the host clock from the call to the backend's synchronize
 // (as the assignment's script does). A rank that cannot allocate the tensor makes every rank's row an
 // OOM row (the ranks agree by a small all-gather first). progress(done, total) after each iteration.
-AllreduceBenchRow run_allreduce_size(Backend& backend, dist::Communicator& comm, const AllreduceBenchSpec& spec,
+AllreduceBenchRow run_allreduce_size(Backend& backend, parallel::Communicator& comm, const AllreduceBenchSpec& spec,
                                      const BenchProgress& progress = {});
 
 std::string format_allreduce_bench(const std::vector<AllreduceBenchRow>& rows, ReportFormat f);

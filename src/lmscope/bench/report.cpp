@@ -25,12 +25,12 @@ std::string csv_field(const std::string& s) {
 }
 
 nlohmann::ordered_json data_parallel_json(const RunSpec& s) {
-  if (!s.parallel) return nullptr;
-  const dist::DataParallelSpec& p = *s.parallel;
-  return {{"world_size", s.world.size},
-          {"ddp", p.zero ? nlohmann::ordered_json(nullptr) : nlohmann::ordered_json(dist::ddp_mode_name(p.mode))},
+  if (!s.parallel.data) return nullptr;
+  const parallel::DataParallelSpec& p = *s.parallel.data;
+  return {{"world_size", s.parallel.world.size},
+          {"ddp", p.zero ? nlohmann::ordered_json(nullptr) : nlohmann::ordered_json(parallel::ddp_mode_name(p.mode))},
           {"grad_exchange",
-           p.zero ? nlohmann::ordered_json(nullptr) : nlohmann::ordered_json(dist::grad_exchange_name(p.exchange))},
+           p.zero ? nlohmann::ordered_json(nullptr) : nlohmann::ordered_json(parallel::grad_exchange_name(p.exchange))},
           {"zero", p.zero},
           {"bucket_mb", p.bucket_mb},
           {"symmetric_memory", p.zero == 0 && p.symmetric_memory},
@@ -124,7 +124,7 @@ nlohmann::ordered_json json_profile(const BenchResult& r) {
   return j;
 }
 
-bool measured_exchange(const BenchResult& r) { return r.ok() && !r.dry_run && r.spec.parallel; }
+bool measured_exchange(const BenchResult& r) { return r.ok() && !r.dry_run && r.spec.parallel.data; }
 
 // Data-parallel rows: the collectives' time, what of it the step waited for after the backward, and
 // the share that ran beside the forward and backward.
@@ -206,11 +206,12 @@ std::string csv(const std::vector<BenchResult>& rows) {
     else
       out += ",,,,,";
     out += fmt::format(",{},{}", r.dry_run ? 1 : 0, csv_field(r.status));
-    if (s.parallel)
-      out += fmt::format(",{},{},{},{:g},{},{}", s.world.size,
-                         s.parallel->zero ? "" : dist::ddp_mode_name(s.parallel->mode), s.parallel->zero,
-                         s.parallel->bucket_mb, s.parallel->zero == 0 && s.parallel->symmetric_memory ? "on" : "off",
-                         s.exchange_sms());
+    if (s.parallel.data)
+      out +=
+          fmt::format(",{},{},{},{:g},{},{}", s.parallel.world.size,
+                      s.parallel.data->zero ? "" : parallel::ddp_mode_name(s.parallel.data->mode),
+                      s.parallel.data->zero, s.parallel.data->bucket_mb,
+                      s.parallel.data->zero == 0 && s.parallel.data->symmetric_memory ? "on" : "off", s.exchange_sms());
     else
       out += ",1,,0,,,";
     if (measured_exchange(r))
@@ -218,7 +219,9 @@ std::string csv(const std::vector<BenchResult>& rows) {
     else
       out += ",,,";
     out += "," + csv_field(r.collectives_library);
-    out += fmt::format(",{}\n", s.parallel && !s.parallel->zero ? dist::grad_exchange_name(s.parallel->exchange) : "");
+    out += fmt::format(",{}\n", s.parallel.data && !s.parallel.data->zero
+                                    ? parallel::grad_exchange_name(s.parallel.data->exchange)
+                                    : "");
   }
   return out;
 }
@@ -245,7 +248,7 @@ std::string json(const std::vector<BenchResult>& rows) {
     j["steps"] = s.steps;
     j["status"] = r.status;
     j["dry_run"] = r.dry_run;
-    if (s.parallel) {
+    if (s.parallel.data) {
       j["data_parallel"] = data_parallel_json(s);
       if (!r.collectives_library.empty()) j["data_parallel"]["collectives_library"] = r.collectives_library;
     }

@@ -48,7 +48,7 @@ PhaseStats summarize(std::vector<double> ms) {
 namespace {
 
 // The time the collectives' spans overlap [0, until) (ms from the step's start).
-double overlap_ms(const std::vector<dist::Communicator::Span>& spans, double until) {
+double overlap_ms(const std::vector<parallel::Communicator::Span>& spans, double until) {
   double ms = 0;
   for (const auto& s : spans) ms += std::max(0.0, std::min(s.end_ms, until) - s.start_ms);
   return ms;
@@ -146,8 +146,8 @@ class PhaseTimer : public StepObserver {
     exchange_.push_back(backend_.elapsed_ms(marks_[backward_end], marks_[backward_end + 1]));
     optim_.push_back(backend_.elapsed_ms(marks_[backward_end + 1], marks_[backward_end + 2]));
     step_.push_back(host_ms);
-    if (dist::DataParallelRun* dp = session_.data_parallel()) {
-      const std::vector<dist::Communicator::Span> spans = dp->communicator().finish_timing();
+    if (parallel::DataParallelRun* dp = session_.data_parallel()) {
+      const std::vector<parallel::Communicator::Span> spans = dp->communicator().finish_timing();
       double total = 0;
       for (const auto& s : spans) total += s.end_ms - s.start_ms;
       comm_.push_back(total);
@@ -178,8 +178,8 @@ void run_cell(const BenchSpec& spec, BenchResult& r, const BenchProgress& progre
   options.kept = kept;
   options.first_batch = &batch;
   Session session(spec, std::move(options));
-  if (dist::DataParallelRun* dp = session.data_parallel())
-    r.collectives_library = dist::name_and_version(dp->communicator());  // a cell that fails later too
+  if (parallel::DataParallelRun* dp = session.data_parallel())
+    r.collectives_library = parallel::name_and_version(dp->communicator());  // a cell that fails later too
   StepDriver driver(session, batch, false);
   PhaseTimer timer(spec, session, progress);
   driver.add_observer(timer);

@@ -71,7 +71,7 @@ struct MemEvent {
 class Allocator;
 
 // Memory for a region (Allocator::open_region) from somewhere other than the allocator's own
-// segments: NCCL's symmetric window (dist/communicator.h).
+// segments: NCCL's symmetric window (parallel/communicator.h).
 struct RegionMemory {
   std::function<void*(std::size_t)> allocate;  // nullptr when there is none to be had
   std::function<void(void*, std::size_t)> free;
@@ -95,7 +95,7 @@ class Allocation {
   bool empty() const { return owner_ == nullptr; }
   // From here on tensor() is `part` of the memory (which must lie within it), as is block() the whole
   // as allocated; the whole is still what is held and given back. Data parallelism's all-gather keeps
-  // a gradient as one rank's part of a block with every rank's (dist/data_parallel.h).
+  // a gradient as one rank's part of a block with every rank's (parallel/data_parallel.h).
   void narrow(const Tensor& part);
   const Tensor& block() const { return block_; }
 
@@ -154,7 +154,7 @@ class Allocator {
   // A region of `bytes` that serves every request of `kind` it can hold, ahead of the pools, by a
   // segment's rules (smallest block that holds it, lowest offset), so ranks that make the same requests
   // get the same offsets in it: data parallelism's gradients in NCCL's symmetric window
-  // (dist/data_parallel.h). Its memory comes from `memory` when given, else from segment_allocate. A
+  // (parallel/data_parallel.h). Its memory comes from `memory` when given, else from segment_allocate. A
   // request it cannot hold goes to the pools. close_region ends the serving: the region then serves
   // nothing more and goes back (through `memory`'s free) at once if empty, else with the next
   // release_cache after its last block is freed. One region is open at a time.

@@ -164,7 +164,7 @@ std::string json(const std::vector<MemoryRow>& rows) {
     const BenchSpec& c = r.spec.cell;
     nlohmann::ordered_json j;
     j["model"] = model_json(c.model);
-    if (c.parallel) j["data_parallel"] = data_parallel_json(c);
+    if (c.parallel.data) j["data_parallel"] = data_parallel_json(c);
     j["device"] = c.device;
     j["dry_run"] = r.spec.dry_run;
     j["device_name"] = r.device_name;

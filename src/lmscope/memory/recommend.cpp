@@ -21,7 +21,7 @@ Recommendation recommend(const RecommendSpec& spec) {
   // ones, so resident would only add memory.
   std::vector<WeightCopies> copies{WeightCopies::kept};
   if (compute_dtype(c.precision) != DType::f32) {
-    if (c.graphs && c.device == "cuda" && !c.parallel) copies.insert(copies.begin(), WeightCopies::resident);
+    if (c.graphs && c.device == "cuda" && !c.parallel.data) copies.insert(copies.begin(), WeightCopies::resident);
     copies.push_back(WeightCopies::transient);
   }
   // A way no cheaper on either count than one already found (by a coarser split, or by this one with

@@ -27,7 +27,7 @@ struct LrSchedule {
 
 // Optimizer-state sharding (ZeRO-1): this rank updates only its part of the parameters, and keeps
 // AdamW's moments for that part alone. The part is pieces of parameters laid side by side in a shard
-// of shard_elements(); the implementation (dist/zero_sharding.h) moves gradients and parameters
+// of shard_elements(); the implementation (parallel/zero_sharding.h) moves gradients and parameters
 // between the ranks.
 struct ShardPiece {
   std::size_t param = 0;                // index in the model's parameters()

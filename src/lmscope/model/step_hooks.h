@@ -1,6 +1,6 @@
 // Where a parallelism meets the model's step. The model calls these at fixed points of its forward and
 // backward, whatever runs; the default does nothing, so a run of one process is the model alone. Data
-// parallelism (dist/data_parallel_run.h) hears each gradient become final and lays the gradients out
+// parallelism (parallel/data_parallel_run.h) hears each gradient become final and lays the gradients out
 // for its exchange; what shards the weights (ZeRO-3) gathers a stretch's parameters at acquire and frees
 // them at release; what splits the projections (tensor parallelism) gives each parameter its local
 // shape and sums the partial products (docs/design.md, "Parallelisms through StepHooks").

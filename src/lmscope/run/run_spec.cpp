@@ -16,7 +16,7 @@ DType parse_grad_dtype(const std::string& name) {
 }
 
 int RunSpec::exchange_sms() const {
-  return parallel && device == "cuda" && world.size > 1 ? parallel->exchange_sms() : 0;
+  return parallel.data && device == "cuda" && parallel.world.size > 1 ? parallel.data->exchange_sms() : 0;
 }
 
 std::string RunSpec::label() const {
@@ -27,18 +27,18 @@ std::string RunSpec::label() const {
                                   .grad_dtype = grad_dtype_name(grad_dtype),
                                   .graphs_off_on_cuda = !graphs && device == "cuda",
                                   .fusion = fusion});
-  if (parallel) {
-    const dist::DataParallelSpec& p = *parallel;
+  if (parallel.data) {
+    const parallel::DataParallelSpec& p = *parallel.data;
     if (p.zero == 1)
       label += fmt::format(", ZeRO-1 ({:g} MiB buckets)", p.bucket_mb);
-    else if (p.mode == dist::DdpMode::bucketed)
+    else if (p.mode == parallel::DdpMode::bucketed)
       label += fmt::format(", DDP bucketed {:g} MiB", p.bucket_mb);
     else
-      label += fmt::format(", DDP {}", dist::ddp_mode_name(p.mode));
-    if (p.zero == 0 && p.exchange == dist::GradExchange::all_gather) label += ", gradients all-gathered";
+      label += fmt::format(", DDP {}", parallel::ddp_mode_name(p.mode));
+    if (p.zero == 0 && p.exchange == parallel::GradExchange::all_gather) label += ", gradients all-gathered";
     if (p.zero == 0 && !p.symmetric_memory) label += ", symmetric memory off";
     if (exchange_sms() > 0) label += fmt::format(", exchange on {} SMs", exchange_sms());
-    label += fmt::format(", {} rank{}", world.size, world.size == 1 ? "" : "s");
+    label += fmt::format(", {} rank{}", parallel.world.size, parallel.world.size == 1 ? "" : "s");
   }
   return label;
 }
@@ -96,18 +96,18 @@ nlohmann::ordered_json RunSpec::to_json() const {
                              {"lr_min", schedule.lr_min},
                              {"warmup_iters", schedule.warmup_iters},
                              {"cosine_iters", schedule.cosine_iters}}},
-                           {"world_size", world.size},
+                           {"world_size", parallel.world.size},
                            {"data_parallel", nullptr}};
-  if (parallel) {
-    const dist::DataParallelSpec& p = *parallel;
+  if (parallel.data) {
+    const parallel::DataParallelSpec& p = *parallel.data;
     j["data_parallel"] = {
-        {"ddp", dist::ddp_mode_name(p.mode)},
-        {"grad_exchange", dist::grad_exchange_name(p.exchange)},
+        {"ddp", parallel::ddp_mode_name(p.mode)},
+        {"grad_exchange", parallel::grad_exchange_name(p.exchange)},
         {"bucket_mb", p.bucket_mb},
         {"zero", p.zero},
         {"symmetric_memory", p.symmetric_memory},
-        {"comm_sms", p.comm_sms == dist::DataParallelSpec::kAutoCommSms ? nlohmann::ordered_json("auto")
-                                                                        : nlohmann::ordered_json(p.comm_sms)}};
+        {"comm_sms", p.comm_sms == parallel::DataParallelSpec::kAutoCommSms ? nlohmann::ordered_json("auto")
+                                                                            : nlohmann::ordered_json(p.comm_sms)}};
   }
   return j;
 }
@@ -147,18 +147,18 @@ RunSpec RunSpec::from_json(const nlohmann::json& j) {
     s.schedule.lr_min = l.at("lr_min").get<double>();
     s.schedule.warmup_iters = l.at("warmup_iters").get<std::int64_t>();
     s.schedule.cosine_iters = l.at("cosine_iters").get<std::int64_t>();
-    s.world.size = j.at("world_size").get<int>();
+    s.parallel.world.size = j.at("world_size").get<int>();
     if (const nlohmann::json& p = j.at("data_parallel"); !p.is_null()) {
-      dist::DataParallelSpec d;
-      d.mode = dist::parse_ddp_mode(p.at("ddp").get<std::string>());
-      d.exchange = dist::parse_grad_exchange(p.at("grad_exchange").get<std::string>());
+      parallel::DataParallelSpec d;
+      d.mode = parallel::parse_ddp_mode(p.at("ddp").get<std::string>());
+      d.exchange = parallel::parse_grad_exchange(p.at("grad_exchange").get<std::string>());
       d.bucket_mb = p.at("bucket_mb").get<double>();
       d.zero = p.at("zero").get<int>();
       d.symmetric_memory = p.at("symmetric_memory").get<bool>();
       const nlohmann::json& sms = p.at("comm_sms");
-      d.comm_sms =
-          sms.is_string() && sms.get<std::string>() == "auto" ? dist::DataParallelSpec::kAutoCommSms : sms.get<int>();
-      s.parallel = d;
+      d.comm_sms = sms.is_string() && sms.get<std::string>() == "auto" ? parallel::DataParallelSpec::kAutoCommSms
+                                                                       : sms.get<int>();
+      s.parallel.data = d;
     }
     return s;
   } catch (const nlohmann::json::exception&) {
@@ -187,12 +187,8 @@ void validate_run(RunSpec& s) {
   check_grad_dtype(grad_dtype_name(s.grad_dtype), s.precision);
   s.optimizer.validate();
   s.schedule.validate();
-  if (!s.parallel) return;
-  s.parallel->validate(s.world.size);
-  s.parallel->check_step(has_backward(s.mode), s.mode == StepMode::train);
-  if (s.batch % s.world.size != 0)
-    user_error("--batch {} is the global batch and must split evenly across the {} ranks", s.batch, s.world.size);
-  s.graphs = false;  // the collectives are not recorded
+  s.parallel.validate(s.batch, has_backward(s.mode), s.mode == StepMode::train);
+  if (s.parallel.data) s.graphs = false;  // the collectives are not recorded
 }
 
 }  // namespace lmscope

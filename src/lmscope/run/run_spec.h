@@ -5,12 +5,11 @@
 // runs with it, a Session builds one (run/session.h), and to_json/from_json write it and read it back.
 #pragma once
 
-#include "lmscope/dist/data_parallel.h"
-#include "lmscope/dist/world.h"
 #include "lmscope/model/attention.h"
 #include "lmscope/model/config.h"
 #include "lmscope/model/optimizer.h"
 #include "lmscope/model/transformer.h"
+#include "lmscope/parallel/parallel_plan.h"
 #include "lmscope/run/step_mode.h"
 
 #include <nlohmann/json.hpp>
@@ -52,11 +51,10 @@ struct RunSpec {
   std::uint64_t seed = 0;  // the weights' (and a fixed batch's tokens')
   OptimizerConfig optimizer;
   LrSchedule schedule;  // the learning rate of step i is schedule.at(i)
-  // Data parallelism (train and forward-backward): this process is rank world.rank of world.size,
-  // running batch / world.size of the batch's rows; on the dry run, a rank of a world of that size
-  // (nothing is exchanged, every buffer of the exchange is made).
-  std::optional<dist::DataParallelSpec> parallel;
-  dist::World world;
+  // The layout over the ranks. With data parallelism (train and forward-backward) this process is
+  // rank world.rank of world.size, running batch / world.size of the batch's rows; on the dry run, a
+  // rank of a world of that size (nothing is exchanged, every buffer of the exchange is made).
+  parallel::ParallelPlan parallel;
 
   int micro_batches() const { return has_backward(mode) ? grad_accum : 1; }
   // The SMs a data-parallel run's exchange holds beside its backward (--comm-sms as it comes to): 0

@@ -24,7 +24,7 @@ void Session::build(SessionOptions& options) {
     if (options.backend) {
       own_backend_ = std::move(options.backend);
     } else {
-      if (s.parallel) dist::use_rank_gpu(s.world, s.device);
+      if (s.parallel.data) parallel::use_rank_gpu(s.parallel.world, s.device);
       own_backend_ = make_backend(s.device, s.precision);
     }
     backend_ = own_backend_.get();
@@ -50,11 +50,11 @@ void Session::build(SessionOptions& options) {
     case InitialWeights::none:
       break;
   }
-  if (s.parallel) {
+  if (s.parallel.data) {
     // A rank: its share of the batch, and the exchange's buffers (ZeRO-1: its shard). Every rank
     // takes rank 0's starting weights, as DDP's constructor does, unless the caller sets them later
     // (a resumed run's ranks each load the same checkpoint).
-    data_parallel_ = std::make_unique<dist::DataParallelRun>(s.world, *backend_, *s.parallel);
+    data_parallel_ = std::make_unique<parallel::DataParallelRun>(s.parallel.world, *backend_, *s.parallel.data);
     data_parallel_->attach(model, options.weights != InitialWeights::none);
   }
   if (options.first_batch) {

@@ -5,9 +5,9 @@
 #pragma once
 
 #include "lmscope/backend/backend.h"
-#include "lmscope/dist/data_parallel_run.h"
 #include "lmscope/model/optimizer.h"
 #include "lmscope/model/transformer.h"
+#include "lmscope/parallel/data_parallel_run.h"
 #include "lmscope/run/batch_source.h"
 #include "lmscope/run/run_spec.h"
 
@@ -59,11 +59,13 @@ class Session {
   // The optimizer of a train-mode run; null otherwise.
   AdamW* optimizer() { return optimizer_.get(); }
   // This rank's data parallelism; null without it.
-  dist::DataParallelRun* data_parallel() { return data_parallel_.get(); }
-  bool main_rank() const { return spec_.world.rank == 0; }
+  parallel::DataParallelRun* data_parallel() { return data_parallel_.get(); }
+  bool main_rank() const { return spec_.parallel.world.rank == 0; }
   // The rows of the global batch this rank runs, and the first of them.
-  std::int64_t local_batch() const { return spec_.parallel ? spec_.batch / spec_.world.size : spec_.batch; }
-  std::int64_t first_row() const { return spec_.parallel ? local_batch() * spec_.world.rank : 0; }
+  std::int64_t local_batch() const {
+    return spec_.parallel.data ? spec_.batch / spec_.parallel.world.size : spec_.batch;
+  }
+  std::int64_t first_row() const { return spec_.parallel.data ? local_batch() * spec_.parallel.world.rank : 0; }
   // The rank's rows of a global batch's tokens, uploaded to the model.
   void set_batch(const std::int32_t* ids, const std::int32_t* targets);
   // The mean of every rank's x (one small all-reduce); x itself without data parallelism.
@@ -76,8 +78,8 @@ class Session {
   std::unique_ptr<Backend> own_backend_;
   Backend* backend_ = nullptr;
   std::optional<Transformer> model_;
-  std::unique_ptr<dist::DataParallelRun> data_parallel_;  // after the model it hooks into
-  std::unique_ptr<AdamW> optimizer_;                      // after the sharding it asks
+  std::unique_ptr<parallel::DataParallelRun> data_parallel_;  // after the model it hooks into
+  std::unique_ptr<AdamW> optimizer_;                          // after the sharding it asks
 };
 
 }  // namespace lmscope

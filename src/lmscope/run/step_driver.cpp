@@ -31,7 +31,7 @@ StepResult StepDriver::step(std::int64_t iteration, std::int64_t range_index) {
   const RunSpec& spec = session_.spec();
   Transformer& model = session_.model();
   AdamW* opt = session_.optimizer();
-  dist::DataParallelRun* dp = session_.data_parallel();
+  parallel::DataParallelRun* dp = session_.data_parallel();
   const bool backward = has_backward(spec.mode);
   const int micro_batches = spec.micro_batches();
   StepResult result;

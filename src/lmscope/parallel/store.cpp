@@ -1,9 +1,9 @@
 // open_store: the store of a world's rendezvous, its keys under the run's id, its waits bounded by the
 // world's timeout with one sentence naming what was missing.
-#include "lmscope/dist/store.h"
+#include "lmscope/parallel/store.h"
 
 #include "lmscope/core/error.h"
-#include "lmscope/dist/tcp_store.h"
+#include "lmscope/parallel/tcp_store.h"
 
 #include <fmt/format.h>
 
@@ -17,7 +17,7 @@
 #include <gloo/rendezvous/file_store.h>
 #endif
 
-namespace lmscope::dist {
+namespace lmscope::parallel {
 namespace {
 
 // A world of one's store: a map in this process.
@@ -160,4 +160,4 @@ std::unique_ptr<Store> open_store(const World& world) {
              world.size);
 }
 
-}  // namespace lmscope::dist
+}  // namespace lmscope::parallel

@@ -5,11 +5,11 @@
 // --grad-dtype bf16), parameters in the master's.
 #pragma once
 
-#include "lmscope/dist/communicator.h"
-#include "lmscope/dist/data_parallel.h"
 #include "lmscope/model/optimizer.h"
+#include "lmscope/parallel/communicator.h"
+#include "lmscope/parallel/data_parallel.h"
 
-namespace lmscope::dist {
+namespace lmscope::parallel {
 
 class ZeroSharding final : public OptimizerSharding {
  public:
@@ -38,4 +38,4 @@ class ZeroSharding final : public OptimizerSharding {
   std::int64_t shard_elements_ = 0;
 };
 
-}  // namespace lmscope::dist
+}  // namespace lmscope::parallel

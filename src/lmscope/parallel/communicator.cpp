@@ -1,9 +1,9 @@
-#include "lmscope/dist/communicator.h"
+#include "lmscope/parallel/communicator.h"
 
 #include "lmscope/backend/backend.h"
 #include "lmscope/backend/meta/meta_backend.h"
 
-namespace lmscope::dist {
+namespace lmscope::parallel {
 
 // Defined where the library is there (gloo_communicator.cpp, nccl_communicator.cpp).
 std::unique_ptr<Communicator> make_gloo_communicator(const World& world, Store& store);
@@ -95,4 +95,4 @@ std::unique_ptr<Communicator> make_communicator(Backend& backend, const World& w
 #endif
 }
 
-}  // namespace lmscope::dist
+}  // namespace lmscope::parallel

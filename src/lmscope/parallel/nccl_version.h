@@ -6,7 +6,7 @@
 
 #include <string>
 
-namespace lmscope::dist {
+namespace lmscope::parallel {
 
 // ncclGetVersion's code (major·10000 + minor·100 + patch since NCCL 2.9) as "2.28.9".
 inline std::string nccl_version_text(int code) {
@@ -19,4 +19,4 @@ inline std::string nccl_version_text(int code) {
 constexpr int kSymmetricWindowsFrom = 22809;
 constexpr bool symmetric_windows_trusted(int code) { return code >= kSymmetricWindowsFrom; }
 
-}  // namespace lmscope::dist
+}  // namespace lmscope::parallel

@@ -3,7 +3,7 @@
 // carries a few small keys (addresses, NCCL's unique id), never tensors.
 #pragma once
 
-#include "lmscope/dist/store.h"
+#include "lmscope/parallel/store.h"
 
 #include <chrono>
 #include <memory>
@@ -11,7 +11,7 @@
 #include <string>
 #include <vector>
 
-namespace lmscope::dist {
+namespace lmscope::parallel {
 
 class TcpStore : public Store {
  public:
@@ -44,4 +44,4 @@ class TcpStore : public Store {
   std::mutex mutex_;  // one request at a time on the connection
 };
 
-}  // namespace lmscope::dist
+}  // namespace lmscope::parallel

@@ -1,7 +1,7 @@
 // Collectives between CPU processes on Gloo over TCP. Gloo's calls block, so each rank runs them in
 // order on one worker thread (as PyTorch's Gloo process group does): an async op queues its call and
 // returns, and the compute goes on beside it, which is what overlapping a backward needs.
-#include "lmscope/dist/communicator.h"
+#include "lmscope/parallel/communicator.h"
 
 #include <gloo/allgather.h>
 #include <gloo/allreduce.h>
@@ -23,7 +23,7 @@
 #include <mutex>
 #include <thread>
 
-namespace lmscope::dist {
+namespace lmscope::parallel {
 namespace {
 
 class GlooWork final : public CollectiveWork {
@@ -240,4 +240,4 @@ std::unique_ptr<Communicator> make_gloo_communicator(const World& world, Store& 
   return std::make_unique<GlooCommunicator>(world, store);
 }
 
-}  // namespace lmscope::dist
+}  // namespace lmscope::parallel

@@ -5,8 +5,8 @@
 #include "lmscope/backend/backend.h"
 #include "lmscope/cuda/cuda_check.h"
 #include "lmscope/cuda/stream_pool.h"
-#include "lmscope/dist/communicator.h"
-#include "lmscope/dist/nccl_version.h"
+#include "lmscope/parallel/communicator.h"
+#include "lmscope/parallel/nccl_version.h"
 
 #include <nccl.h>
 
@@ -17,7 +17,7 @@
 #include <memory>
 #include <vector>
 
-namespace lmscope::dist {
+namespace lmscope::parallel {
 
 int nccl_library_version();  // below; communicator.cpp's loaded_nccl_version
 
@@ -205,7 +205,7 @@ class NcclCommunicator final : public Communicator {
 
 #if LMSCOPE_NCCL_WINDOWS
   RegionMemory symmetric_memory() override {
-    // No windows from an NCCL older than the first seen to sum right in them (dist/nccl_version.h):
+    // No windows from an NCCL older than the first seen to sum right in them (parallel/nccl_version.h):
     // the flags turn symmetric memory off for it already (cli/parallel_flags.cpp); this keeps any
     // other caller out too.
     if (!symmetric_windows_trusted(nccl_library_version())) return {};
@@ -316,4 +316,4 @@ std::unique_ptr<Communicator> make_nccl_communicator(Backend& backend, const Wor
   return std::make_unique<NcclCommunicator>(backend, world, store, options);
 }
 
-}  // namespace lmscope::dist
+}  // namespace lmscope::parallel

@@ -3,12 +3,12 @@
 // (GradientSync, or ZeRO-1's sharding for the optimizer), wired into the model and AdamW.
 #pragma once
 
-#include "lmscope/dist/data_parallel.h"
-#include "lmscope/dist/zero_sharding.h"
+#include "lmscope/parallel/data_parallel.h"
+#include "lmscope/parallel/zero_sharding.h"
 
 #include <memory>
 
-namespace lmscope::dist {
+namespace lmscope::parallel {
 
 // Before a rank's backend is made: on CUDA in a world of several, the GPU of its local rank.
 void use_rank_gpu(const World& world, const std::string& device);
@@ -25,11 +25,6 @@ class DataParallelRun : public StepHooks {
   Communicator& communicator() { return *comm_; }
   const DataParallelSpec& spec() const { return spec_; }
   bool main_rank() const { return world_.rank == 0; }
-
-  // A global batch of `batch` sequences split across the ranks: how many this rank runs, and the
-  // first of them (UserError when the world's size does not divide the batch).
-  std::int64_t local_batch(std::int64_t batch) const;
-  std::int64_t first_row(std::int64_t batch) const { return local_batch(batch) * world_.rank; }
 
   // Before AdamW is made: the exchange hooks into the model (Transformer::set_hooks, until this is
   // destroyed), and, with take_rank0_parameters (the parameters set, initialised or loaded), every
@@ -63,4 +58,4 @@ class DataParallelRun : public StepHooks {
   std::unique_ptr<ZeroSharding> zero_;
 };
 
-}  // namespace lmscope::dist
+}  // namespace lmscope::parallel

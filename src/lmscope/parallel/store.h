@@ -4,7 +4,7 @@
 // rendezvous build on both.
 #pragma once
 
-#include "lmscope/dist/world.h"
+#include "lmscope/parallel/world.h"
 
 #include <chrono>
 #include <memory>
@@ -13,11 +13,11 @@
 
 #if LMSCOPE_HAVE_GLOO
 #include <gloo/rendezvous/store.h>
-namespace lmscope::dist {
+namespace lmscope::parallel {
 using Store = gloo::rendezvous::Store;
 }
 #else
-namespace lmscope::dist {
+namespace lmscope::parallel {
 class Store {
  public:
   virtual ~Store() = default;
@@ -26,10 +26,10 @@ class Store {
   virtual void wait(const std::vector<std::string>& keys) = 0;
   virtual void wait(const std::vector<std::string>& keys, const std::chrono::milliseconds& timeout) = 0;
 };
-}  // namespace lmscope::dist
+}  // namespace lmscope::parallel
 #endif
 
-namespace lmscope::dist {
+namespace lmscope::parallel {
 
 // The store of world.rendezvous: Gloo's FileStore in DIR for file:DIR (Unsupported in a build
 // without Gloo), a TcpStore for tcp:HOST:PORT (rank 0 serves it, every rank connects). Keys go under
@@ -45,4 +45,4 @@ std::unique_ptr<Store> open_store(const World& world);
 // and the keys of one never answer another's.
 std::unique_ptr<Store> next_group_store(const World& world);
 
-}  // namespace lmscope::dist
+}  // namespace lmscope::parallel

@@ -1,9 +1,9 @@
-#include "lmscope/dist/data_parallel_run.h"
+#include "lmscope/parallel/data_parallel_run.h"
 
 #include "lmscope/backend/devices.h"
 #include "lmscope/backend/meta/meta_backend.h"
 
-namespace lmscope::dist {
+namespace lmscope::parallel {
 
 DataParallelRun::DataParallelRun(const World& world, Backend& backend, const DataParallelSpec& spec)
     : world_(world), backend_(backend), spec_(spec) {
@@ -24,12 +24,6 @@ DataParallelRun::~DataParallelRun() {
   sync_.reset();
   zero_.reset();
   if (model_) model_->set_hooks(nullptr);
-}
-
-std::int64_t DataParallelRun::local_batch(std::int64_t batch) const {
-  if (batch % world_.size != 0)
-    user_error("--batch {} is the global batch and must split evenly across the {} ranks", batch, world_.size);
-  return batch / world_.size;
 }
 
 void use_rank_gpu(const World& world, const std::string& device) {
@@ -71,4 +65,4 @@ double DataParallelRun::mean_over_ranks(double x) {
   return read_scalar(backend_, t) / static_cast<double>(world_.size);
 }
 
-}  // namespace lmscope::dist
+}  // namespace lmscope::parallel

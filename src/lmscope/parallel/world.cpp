@@ -1,7 +1,7 @@
 // The rank environment: torchrun's variables, else Slurm's, else a world of one. Every mistake is one
 // sentence naming the variable and its value, since a rank that starts wrong otherwise waits out the
 // rendezvous timeout before anyone sees why.
-#include "lmscope/dist/world.h"
+#include "lmscope/parallel/world.h"
 
 #include "lmscope/core/error.h"
 
@@ -9,7 +9,7 @@
 #include <cstdlib>
 #include <optional>
 
-namespace lmscope::dist {
+namespace lmscope::parallel {
 namespace {
 
 using Getenv = std::function<const char*(const char*)>;
@@ -122,4 +122,4 @@ World world_from_environment(const std::string& rendezvous_flag) {
   return world_from([](const char* name) { return static_cast<const char*>(std::getenv(name)); }, rendezvous_flag);
 }
 
-}  // namespace lmscope::dist
+}  // namespace lmscope::parallel

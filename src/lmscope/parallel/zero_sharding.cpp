@@ -1,8 +1,8 @@
-#include "lmscope/dist/zero_sharding.h"
+#include "lmscope/parallel/zero_sharding.h"
 
 #include <algorithm>
 
-namespace lmscope::dist {
+namespace lmscope::parallel {
 
 ZeroSharding::ZeroSharding(Transformer& model, Communicator& comm, std::size_t bucket_bytes)
     : model_(model), comm_(comm) {
@@ -100,4 +100,4 @@ Allocation ZeroSharding::whole(std::size_t param, const Tensor& shard) {
   return out;
 }
 
-}  // namespace lmscope::dist
+}  // namespace lmscope::parallel

@@ -1,11 +1,11 @@
-#include "lmscope/dist/data_parallel.h"
+#include "lmscope/parallel/data_parallel.h"
 
 #include "lmscope/core/error.h"
 
 #include <cmath>
 #include <limits>
 
-namespace lmscope::dist {
+namespace lmscope::parallel {
 
 const char* ddp_mode_name(DdpMode m) {
   switch (m) {
@@ -100,8 +100,9 @@ std::size_t bucket_bytes_for(const DataParallelSpec& spec) {
 GradientSync::GradientSync(Transformer& model, Communicator& comm, const DataParallelSpec& spec, int held_sms,
                            GradientParts parts)
     : model_(model), comm_(comm), spec_(spec), held_sms_(held_sms) {
-  LMSCOPE_CHECK((parts.parts > 1) == (spec.exchange == GradExchange::all_gather), "gradients in {} parts for {}",
-                parts.parts, grad_exchange_name(spec.exchange));
+  LMSCOPE_CHECK(parts.parts == (spec.exchange == GradExchange::all_gather ? comm.size() : 1),
+                "gradients in {} parts for {} over {} ranks", parts.parts, grad_exchange_name(spec.exchange),
+                comm.size());
   buckets_ = make_buckets(model.parameters(), bucket_bytes_for(spec));
   bucket_of_.resize(model.parameters().size());
   for (std::size_t b = 0; b < buckets_.size(); ++b)
@@ -239,4 +240,4 @@ void GradientSync::after_backward(MicroBatch micro) {
   beside_backward_ = false;
 }
 
-}  // namespace lmscope::dist
+}  // namespace lmscope::parallel

@@ -7,7 +7,7 @@
 #include <functional>
 #include <string>
 
-namespace lmscope::dist {
+namespace lmscope::parallel {
 
 struct World {
   int rank = 0, size = 1, local_rank = 0;
@@ -38,4 +38,4 @@ World world_from_environment(const std::string& rendezvous_flag = "");
 // The same from any lookup of variables (nullptr: unset), for tests.
 World world_from(const std::function<const char*(const char*)>& getenv, const std::string& rendezvous_flag);
 
-}  // namespace lmscope::dist
+}  // namespace lmscope::parallel

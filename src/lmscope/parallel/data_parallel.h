@@ -4,15 +4,15 @@
 // AdamW::set_gradient_sum_of), so N ranks step as one process with the whole batch would.
 #pragma once
 
-#include "lmscope/dist/communicator.h"
 #include "lmscope/model/transformer.h"
+#include "lmscope/parallel/communicator.h"
 
 #include <cstdint>
 #include <memory>
 #include <string>
 #include <vector>
 
-namespace lmscope::dist {
+namespace lmscope::parallel {
 
 // naive: each gradient all-reduced by itself after the backward; flat: all of them copied into one
 // buffer, one all-reduce, copied back; overlap: each gradient's all-reduce launched (asynchronously)
@@ -110,4 +110,4 @@ class GradientSync {
   static constexpr std::size_t kSumBatch = 48;
 };
 
-}  // namespace lmscope::dist
+}  // namespace lmscope::parallel

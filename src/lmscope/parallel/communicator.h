@@ -5,8 +5,8 @@
 
 #include "lmscope/core/allocator.h"
 #include "lmscope/core/tensor.h"
-#include "lmscope/dist/store.h"
-#include "lmscope/dist/world.h"
+#include "lmscope/parallel/store.h"
+#include "lmscope/parallel/world.h"
 
 #include <memory>
 #include <span>
@@ -17,7 +17,7 @@ namespace lmscope {
 class Backend;
 }
 
-namespace lmscope::dist {
+namespace lmscope::parallel {
 
 // A collective under way. wait() orders what the backend does next after it: on the CPU it blocks
 // until the collective is done; on CUDA the backend's stream waits for it (the host goes on), as
@@ -107,4 +107,4 @@ std::unique_ptr<Communicator> make_shape_only_communicator(int rank, int size);
 // NCCL.
 int loaded_nccl_version();
 
-}  // namespace lmscope::dist
+}  // namespace lmscope::parallel

@@ -3,7 +3,7 @@
 // little-endian; the answer is a status byte (0 done, 1 timed out or missing) and blobs: the value
 // for G, the keys still missing when a G, W or C fails. The server waits for keys itself (one thread
 // per client, a condition variable), so a waiting rank sends nothing until it is answered.
-#include "lmscope/dist/tcp_store.h"
+#include "lmscope/parallel/tcp_store.h"
 
 #include "lmscope/core/error.h"
 
@@ -23,7 +23,7 @@
 #include <stdexcept>
 #include <thread>
 
-namespace lmscope::dist {
+namespace lmscope::parallel {
 namespace {
 
 using Clock = std::chrono::steady_clock;
@@ -260,4 +260,4 @@ void TcpStore::wait(const std::vector<std::string>& keys, const std::chrono::mil
 }
 bool TcpStore::check(const std::vector<std::string>& keys) { return !request('C', keys, timeout_).empty(); }
 
-}  // namespace lmscope::dist
+}  // namespace lmscope::parallel

@@ -1,0 +1,27 @@
+// How a run is laid out over its ranks: the world it is one rank of, and data parallelism's layout
+// (DDP's mode and exchange, the buckets, ZeRO's stage), none for a run of one process that asked for
+// nothing. validate() holds the rules of the layout, once: the flag readers, validate_run and the
+// data-parallel rank all ask it.
+#pragma once
+
+#include "lmscope/parallel/data_parallel.h"
+#include "lmscope/parallel/world.h"
+
+#include <cstdint>
+#include <optional>
+
+namespace lmscope::parallel {
+
+struct ParallelPlan {
+  World world;
+  std::optional<DataParallelSpec> data;
+
+  bool data_parallel() const { return data.has_value(); }
+  // UserError, one sentence, for a layout that cannot run: a bad bucket size or --comm-sms, a ZeRO
+  // stage other than 0 or 1, ZeRO in a world of one, the all-gather exchange with flat or ZeRO, a step
+  // without a backward (nothing to exchange) or, for ZeRO, without an optimizer, or a global batch the
+  // world's size does not split evenly.
+  void validate(std::int64_t global_batch, bool backward, bool optimizer) const;
+};
+
+}  // namespace lmscope::parallel

@@ -63,10 +63,10 @@ class Plan(unittest.TestCase):
         self.assertEqual(r.returncode, 0, r.stderr)
         rows = {x["model"]["name"]: x for x in json.loads(r.stdout)}
         self.assertEqual(list(rows), ["small", "medium", "large", "xl", "2.7B"])
-        # Run for real on the H100 (docs/measurements/2026-11-24-h100-edge-plan-check.md and
-        # 2026-11-26-h100-1e168e3-plan-edge-2.7B.md): ctx 2304 ran and 2432 ran out of memory; batch 36
-        # is the plan's answer at ctx 256 (37 at 1e168e3, whose fused step made 24 copies at once, and
-        # 37 ran there).
+        # Run for real on the H100 (docs/measurements/2026-11-24-h100-eb849f6/edge-plan-check.md
+        # and docs/measurements/2026-11-26-h100-1e168e3/plan-edge-2.7B.md): ctx 2304 ran and 2432 ran
+        # out of memory; batch 36 is the plan's answer at ctx 256 (37 at 1e168e3, whose fused step made
+        # 24 copies at once, and 37 ran there).
         self.assertEqual(rows["2.7B"]["largest_ctx"], 2304)
         self.assertEqual(rows["2.7B"]["largest_batch"], 36)
         self.assertIn("H100", rows["2.7B"]["device_name"])

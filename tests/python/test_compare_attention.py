@@ -6,7 +6,7 @@ from tool_checks import check, check_refusals, run
 
 ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..")
 TOOL = os.path.join(ROOT, "tools", "compare_attention.py")
-MEASURED = os.path.join(ROOT, "docs", "measurements", "2026-11-23-h100-d73727d-call7-attn-seeds-d128")
+MEASURED = os.path.join(ROOT, "docs", "measurements", "2026-11-23-h100-d73727d", "call7-attn-seeds-d128")
 OURS, THEIRS = MEASURED + "-lmscope.csv", MEASURED + "-pytorch.md"
 
 

@@ -8,7 +8,7 @@ from tool_checks import check, check_refusals, run
 
 ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..")
 TOOL = os.path.join(ROOT, "tools", "compare_grid.py")
-MEASURED = os.path.join(ROOT, "docs", "measurements", "2026-11-22-h100-5c4becf-bf16-grid-")
+MEASURED = os.path.join(ROOT, "docs", "measurements", "2026-11-22-h100-5c4becf", "bf16-grid-")
 HEADER = "model,precision,mode,attention,ctx,step_mean_ms,peak_bytes,mfu,status,weight_copies,grad_dtype\n"
 PYTORCH = """| framework | model | device | precision | mode | attention | optimizer | batch | ctx | step ms | peak GiB | status |
 |---|---|---|---|---|---|---|---:|---:|---:|---:|---|

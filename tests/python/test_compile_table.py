@@ -7,7 +7,7 @@ from tool_checks import check, check_refusals, run
 
 ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..")
 TOOL = os.path.join(ROOT, "tools", "compile_table.py")
-MEASURED = os.path.join(ROOT, "docs", "measurements", "2026-11-26-h200-bb92617-compile-train-")
+MEASURED = os.path.join(ROOT, "docs", "measurements", "2026-11-26-h200-bb92617", "compile-train-")
 
 
 def files(call, compiles):

@@ -9,8 +9,8 @@
 #include "lmscope/backend/backend.h"
 #include "lmscope/backend/devices.h"
 #include "lmscope/core/rng.h"
-#include "lmscope/model/optimizer.h"
-#include "lmscope/model/transformer.h"
+#include "lmscope/run/session.h"
+#include "lmscope/run/step_driver.h"
 
 #include <gtest/gtest.h>
 
@@ -39,63 +39,77 @@ struct TrainedRun {
   Backend::GraphCounts graphs;
 };
 
-TrainedRun train(const Case& c, bool graphs) {
-  ModelConfig cfg;
-  cfg.name = "graphs";
-  cfg.vocab = 503;
-  cfg.d_model = 128;
-  cfg.d_ff = 344;
-  cfg.layers = 2;
-  cfg.heads = 4;
-  auto be = make_backend("cuda", c.precision);
-  Transformer model(cfg, *be, DType::f32, compute_dtype(c.precision));
-  model.set_recompute(c.recompute);
-  model.set_weight_copies(c.copies);
-  model.set_grad_dtype(c.grad_dtype);
-  model.set_graphs(graphs);
-  model.set_fusion(c.fusion);
-  model.init_parameters(7);
-  OptimizerConfig oc;
-  oc.loss_scaling.initial = c.loss_scale;
-  AdamW opt(model, oc);
-  LrSchedule schedule{.cosine = true, .lr_max = 3e-3, .lr_min = 3e-4, .warmup_iters = 5, .cosine_iters = 20};
-  const std::int64_t batch = 4, ctx = 64;
-  std::vector<std::int32_t> ids(batch * ctx), targets(batch * ctx);
-  Rng rng = Rng::stream(11, "graphs.tokens");
-  auto draw = [&](std::size_t n) {
-    ids.resize(n);
-    targets.resize(n);
+// New tokens for every micro-batch and every held-out forward, from one seeded stream.
+class DrawnTokens : public BatchSource {
+ public:
+  explicit DrawnTokens(std::int64_t tokens) : tokens_(static_cast<std::size_t>(tokens)) {}
+  bool next(std::int32_t* ids, std::int32_t* targets) override {
+    draw(tokens_, ids, targets);
+    return true;
+  }
+  void draw(std::size_t n, std::int32_t* ids, std::int32_t* targets) {
     for (std::size_t i = 0; i < n; ++i) {
-      ids[i] = static_cast<std::int32_t>(rng.below(503));
-      targets[i] = static_cast<std::int32_t>(rng.below(503));
-    }
-  };
-  TrainedRun r;
-  for (int step = 0; step < 20; ++step) {
-    double loss = 0;
-    for (int k = 0; k < c.micro_batches; ++k) {
-      draw(batch * ctx);
-      model.set_batch(batch, ctx, ids.data(), targets.data());
-      model.forward();
-      model.backward({k, c.micro_batches});
-      loss += model.read_loss();
-    }
-    opt.step(schedule.at(step));
-    r.losses.push_back(loss);
-    r.norms.push_back(opt.last_grad_norm());
-    if (step % 7 == 6) {  // a held-out forward at another shape, then training goes on
-      draw(2 * ctx);
-      model.set_batch(2, ctx, ids.data(), targets.data());
-      model.forward(false);
-      r.losses.push_back(model.read_loss());
+      ids[i] = static_cast<std::int32_t>(rng_.below(503));
+      targets[i] = static_cast<std::int32_t>(rng_.below(503));
     }
   }
-  for (Parameter& p : model.parameters()) {
+
+ private:
+  std::size_t tokens_;
+  Rng rng_ = Rng::stream(11, "graphs.tokens");
+};
+
+TrainedRun train(const Case& c, bool graphs) {
+  RunSpec spec;
+  spec.model.name = "graphs";
+  spec.model.vocab = 503;
+  spec.model.d_model = 128;
+  spec.model.d_ff = 344;
+  spec.model.layers = 2;
+  spec.model.heads = 4;
+  spec.batch = 4;
+  spec.ctx = 64;
+  spec.grad_accum = c.micro_batches;
+  spec.device = "cuda";
+  spec.precision = c.precision;
+  spec.recompute = c.recompute;
+  spec.weight_copies = c.copies;
+  spec.grad_dtype = c.grad_dtype;
+  spec.graphs = graphs;
+  spec.fusion = c.fusion;
+  spec.seed = 7;
+  spec.optimizer.loss_scaling.initial = c.loss_scale;
+  spec.schedule = {.cosine = true, .lr_max = 3e-3, .lr_min = 3e-4, .warmup_iters = 5, .cosine_iters = 20};
+  Session session(spec);
+  DrawnTokens tokens(spec.batch * spec.ctx);
+  // Each step's loss and norm, and every seventh step a held-out forward at another shape.
+  struct Record : StepObserver {
+    Session& session;
+    DrawnTokens& tokens;
+    TrainedRun r;
+    Record(Session& s, DrawnTokens& t) : session(s), tokens(t) {}
+    void step_end(const StepResult& result) override {
+      r.losses.push_back(result.loss);
+      r.norms.push_back(session.optimizer()->last_grad_norm());
+      if (result.iteration % 7 != 6) return;
+      const std::int64_t ctx = session.spec().ctx;
+      std::vector<std::int32_t> ids(static_cast<std::size_t>(2 * ctx)), targets(ids.size());
+      tokens.draw(ids.size(), ids.data(), targets.data());
+      session.model().set_batch(2, ctx, ids.data(), targets.data());
+      session.model().forward(false);
+      r.losses.push_back(session.model().read_loss());
+    }
+  } record(session, tokens);
+  StepDriver driver(session, tokens, true);
+  driver.add_observer(record);
+  for (int step = 0; step < 20; ++step) driver.step(step, step);
+  TrainedRun& r = record.r;
+  for (Parameter& p : session.model().parameters()) {
     r.params.emplace_back(static_cast<std::size_t>(p.value.tensor().numel()));
-    be->copy_to_host(r.params.back().data(), p.value);
+    session.backend().copy_to_host(r.params.back().data(), p.value);
   }
-  r.skipped = opt.loss_scaler().skipped();
-  r.graphs = be->graph_counts();
+  r.skipped = session.optimizer()->loss_scaler().skipped();
+  r.graphs = session.backend().graph_counts();
   return r;
 }
 

@@ -130,34 +130,44 @@ struct GraphedSteps {
 };
 
 GraphedSteps graphed_steps(WeightCopies copies, int steps) {
-  auto be = make_meta_backend(dry_run_target("cuda"), "bf16");
-  Transformer model(tiny_model(), *be, DType::f32, DType::bf16, AttentionKind::flash);
-  model.set_weight_copies(copies);
-  model.set_graphs(true);
-  model.set_fusion(true);
-  for (Parameter& p : model.parameters()) be->fill(p.value, 0.02);
-  model.refresh_lowp_copies();
-  const std::int64_t batch = 4, ctx = 24;
-  std::vector<std::int32_t> ids(batch * ctx), targets(batch * ctx);
+  RunSpec spec;
+  spec.model = tiny_model();
+  spec.batch = 4;
+  spec.ctx = 24;
+  spec.device = "cuda";
+  spec.precision = "bf16";
+  spec.weight_copies = copies;
+  const std::int64_t n = spec.batch * spec.ctx;
+  std::vector<std::int32_t> ids(static_cast<std::size_t>(n)), targets(ids.size());
   for (std::size_t i = 0; i < ids.size(); ++i) {
     ids[i] = static_cast<std::int32_t>(i % 37);
     targets[i] = static_cast<std::int32_t>((i * 7) % 37);
   }
-  model.set_batch(batch, ctx, ids.data(), targets.data());
-  AdamW opt(model, OptimizerConfig{});
+  MicroBatchSlices batch(std::move(ids), std::move(targets), n);
+  SessionOptions options;
+  options.backend = make_meta_backend(dry_run_target("cuda"), "bf16");
+  options.weights = InitialWeights::constant;
+  options.first_batch = &batch;
+  Session session(spec, std::move(options));
+  Allocator& mem = session.backend().allocator();
   GraphedSteps r;
-  be->allocator().record_events(true);
-  const std::size_t setup_events = be->allocator().events().size();
-  for (const Parameter& p : model.parameters())
+  mem.record_events(true);
+  const std::size_t setup_events = mem.events().size();
+  for (const Parameter& p : session.model().parameters())
     if (p.spec.matmul) r.copy_bytes += (static_cast<std::size_t>(p.value.tensor().numel()) * 2 + 255) / 256 * 256;
-  for (int step = 0; step < steps; ++step) {
-    r.forward_keys.push_back(hash_mix(model.graph_key("forward"), be->allocator().state_hash()));
-    model.forward();
-    model.backward({0, 1});
-    opt.step(1e-3);
-  }
-  r.peak = be->allocator().peak_bytes();
-  const auto& events = be->allocator().events();
+  // Each step's forward key, as the step begins.
+  struct Keys : StepObserver {
+    Transformer& model;
+    Allocator& mem;
+    std::vector<std::uint64_t>& keys;
+    Keys(Transformer& m, Allocator& a, std::vector<std::uint64_t>& k) : model(m), mem(a), keys(k) {}
+    void step_begin(std::int64_t) override { keys.push_back(hash_mix(model.graph_key("forward"), mem.state_hash())); }
+  } keys(session.model(), mem, r.forward_keys);
+  StepDriver driver(session, batch, false);
+  driver.add_observer(keys);
+  for (int step = 0; step < steps; ++step) driver.step(step, step);
+  r.peak = mem.peak_bytes();
+  const auto& events = mem.events();
   bool in_run = false;
   for (std::size_t i = setup_events; i < events.size(); ++i) {
     const bool copy = events[i].action == MemAction::alloc && events[i].tag.what.ends_with("(bf16 copy)");

@@ -4,6 +4,8 @@
 // GPU.
 #pragma once
 
+#include "tiny_model.h"
+
 #include "lmscope/core/rng.h"
 #include "lmscope/run/session.h"
 #include "lmscope/run/step_driver.h"
@@ -34,18 +36,6 @@ struct OneStepSpec {
   bool fusion = false;            // Transformer::set_fusion
   DType grad_dtype = DType::f32;  // Transformer::set_grad_dtype
 };
-
-// Three layers of width 32 over a vocabulary of 37: a step of it takes the CPU milliseconds.
-inline ModelConfig tiny_model() {
-  ModelConfig c;
-  c.name = "tiny";
-  c.vocab = 37;
-  c.d_model = 32;
-  c.d_ff = 48;
-  c.layers = 3;
-  c.heads = 2;
-  return c;
-}
 
 // t's values as floats (a tensor of another dtype cast to f32 on the backend first).
 inline std::vector<float> host_floats(Backend& be, const Tensor& t) {

@@ -1,6 +1,6 @@
-// The CUDA backend against the CPU reference: every op forward and backward on random inputs of
-// odd sizes, the GEMM in every transposition, 20 training steps of a whole model; out of memory, and
-// the kernel tracer.
+// The CUDA backend beyond the op table's values against the CPU (tests/gpu/test_op_table_on_gpu.cpp):
+// each kernel variant's bits (packs, alignment, fused against unfused, launches of many), 20 training
+// steps of a whole model, out of memory, and the kernel tracer.
 // Every test skips (and ctest reports it skipped) where no GPU is visible. One file past 600 lines:
 // the tests share one fixture (the twin CPU and CUDA backends and their helpers).
 #include "../common/training.h"
@@ -130,21 +130,6 @@ class CudaVsCpu : public ::testing::Test {
 };
 
 constexpr double kFp32 = 1e-5;
-
-TEST_F(CudaVsCpu, RmsNorm) {
-  // Fewer rows than the dw kernel's row groups; then rows for every block of a cluster; d 256: the dx
-  // kernel's four elements at a time.
-  for (auto [N, d] : {std::array<std::int64_t, 2>{37, 203}, {1000, 203}, {37, 256}}) {
-    SCOPED_TRACE(N);
-    auto x = random({N, d}), w = random({d}), dy = random({N, d});
-    auto y = output({N, d}), r = output({N}), dx = output({N, d}), dw = output({d});
-    rmsnorm_on_both(x, w, dy, y, r, dx, dw);
-    expect_close(y, kFp32, "rmsnorm out");
-    expect_close(r, kFp32, "rmsnorm rstd");
-    expect_close(dx, kFp32, "rmsnorm dx");
-    expect_close(dw, kFp32, "rmsnorm dw");
-  }
-}
 
 // The dw kernel takes two columns a thread where d is even and the rows aligned: the same bits as
 // one, forced by a gradient one element off alignment; and the CPU's values. N 1001: rows that do
@@ -296,23 +281,16 @@ TEST_F(CudaVsCpu, AddInPacksGivesTheElementByElementBits) {
   }
 }
 
-// The fused residual add + RMSNorm and RMSNorm backward + residual gradient: the CPU's values, and
-// on the GPU the very values of the two ops they replace.
-TEST_F(CudaVsCpu, FusedResidualAndRmsNorm) {
+// The fused residual add + RMSNorm and RMSNorm backward + residual gradient give on the GPU the very
+// values of the two ops they replace (their values against the CPU's: the op table's add_rmsnorm rows).
+TEST_F(CudaVsCpu, FusedResidualAndRmsNormGiveTheTwoOpsBits) {
   for (const std::int64_t d : {203, 256}) {  // 256: the dx kernel's four elements at a time
     SCOPED_TRACE(d);
     const std::int64_t N = 37;
     auto x = random({N, d}), y = random({N, d}), w = random({d}), dy = random({N, d}), dres = random({N, d});
     auto h = output({N, d}), out = output({N, d}), r = output({N}), dx = output({N, d}), dw = output({d});
-    for (Backend* b : {cpu.get(), gpu.get()}) {
-      const bool c = b == cpu.get();
-      b->add_rmsnorm_forward(c ? x.cpu : x.gpu, c ? y.cpu : y.gpu, c ? h.cpu : h.gpu, c ? w.cpu : w.gpu,
-                             c ? out.cpu : out.gpu, c ? r.cpu : r.gpu, 1e-5);
-      b->rmsnorm_backward_add(c ? dy.cpu : dy.gpu, c ? h.cpu : h.gpu, c ? w.cpu : w.gpu, c ? r.cpu : r.gpu,
-                              c ? dres.cpu : dres.gpu, c ? dx.cpu : dx.gpu, c ? dw.cpu : dw.gpu, Tensor{});
-    }
-    for (auto [t, what] : {std::pair{&h, "residual"}, {&out, "norm"}, {&r, "rstd"}, {&dx, "dx"}, {&dw, "dw"}})
-      expect_close(*t, kFp32, std::string("fused ") + what);
+    gpu->add_rmsnorm_forward(x.gpu, y.gpu, h.gpu, w.gpu, out.gpu, r.gpu, 1e-5);
+    gpu->rmsnorm_backward_add(dy.gpu, h.gpu, w.gpu, r.gpu, dres.gpu, dx.gpu, dw.gpu, Tensor{});
     auto h2 = output({N, d}), out2 = output({N, d}), r2 = output({N}), dx2 = output({N, d}), dw2 = output({d});
     gpu->add(x.gpu, y.gpu, h2.gpu);
     gpu->rmsnorm_forward(h2.gpu, w.gpu, out2.gpu, r2.gpu, 1e-5);
@@ -321,21 +299,6 @@ TEST_F(CudaVsCpu, FusedResidualAndRmsNorm) {
     for (auto [fused, plain] : {std::pair{&out, &out2}, {&r, &r2}, {&dx, &dx2}, {&dw, &dw2}})
       EXPECT_EQ(download(*gpu, fused->gpu), download(*gpu, plain->gpu));
   }
-}
-
-TEST_F(CudaVsCpu, HeadsWithRope) {
-  // dk 18: one pair a thread; dk 64: 16 bytes a thread.
-  for (auto [T, dk] : {std::pair<std::int64_t, std::int64_t>{1029, 18}, {77, 64}})
-    for (double theta : {0.0, 10000.0}) {
-      const std::int64_t B = 3, H = 5;
-      auto x = random({B, T, H, dk}), y = output({B, H, T, dk}), back = output({B, T, H, dk});
-      cpu->split_heads(x.cpu, y.cpu, theta);
-      gpu->split_heads(x.gpu, y.gpu, theta);
-      cpu->merge_heads(y.cpu, back.cpu, theta);
-      gpu->merge_heads(y.gpu, back.gpu, theta);
-      expect_close(y, kFp32, "split_heads");
-      expect_close(back, kFp32, "merge_heads");
-    }
 }
 
 // Moves of several tensors in one launch (up to three, each with its own angle; a fourth takes a
@@ -398,51 +361,19 @@ TEST_F(CudaVsCpu, HeadsSixteenBytesAThreadGiveTheOnePairKernelsBits) {
   }
 }
 
-TEST_F(CudaVsCpu, Softmax) {
-  // T 64 takes the packed path (rows of whole 16-byte packs), T 37 the element-wise one.
-  for (auto [causal, T] : {std::pair{true, 37}, std::pair{false, 37}, std::pair{true, 64}, std::pair{false, 64}}) {
-    const std::int64_t rows = 6;
-    auto s = random({rows, T, T}, 3.0), dp = random({rows, T, T});
-    auto p = output({rows, T, T}), ds = output({rows, T, T});
-    cpu->softmax_forward(s.cpu, p.cpu, 0.125, causal);
-    gpu->softmax_forward(s.gpu, p.gpu, 0.125, causal);
-    cpu->softmax_backward(p.cpu, dp.cpu, ds.cpu, 0.125);
-    gpu->softmax_backward(p.gpu, dp.gpu, ds.gpu, 0.125);
-    expect_close(p, kFp32, causal ? "causal softmax" : "softmax");
-    expect_close(ds, kFp32, causal ? "causal softmax backward" : "softmax backward");
-  }
-}
-
-TEST_F(CudaVsCpu, Swiglu) {
-  const std::int64_t n = 1001;
-  auto a = random({n}, 2.0), b = random({n}), g = random({n});
-  auto y = output({n}), da = output({n}), db = output({n});
-  cpu->swiglu_forward(a.cpu, b.cpu, y.cpu);
-  gpu->swiglu_forward(a.gpu, b.gpu, y.gpu);
-  cpu->swiglu_backward(a.cpu, b.cpu, g.cpu, da.cpu, db.cpu);
-  gpu->swiglu_backward(a.gpu, b.gpu, g.gpu, da.gpu, db.gpu);
-  expect_close(y, kFp32, "swiglu");
-  expect_close(da, kFp32, "swiglu da");
-  expect_close(db, kFp32, "swiglu db");
-}
-
 // V 1237: one element a load; 1240: four (16 bytes of fp32), and the backward's values the same bits
-// as one at a time, which logits one element off alignment force.
-TEST_F(CudaVsCpu, CrossEntropy) {
+// as one at a time, which logits one element off alignment force (the values against the CPU's: the
+// op table's cross_entropy rows).
+TEST_F(CudaVsCpu, CrossEntropySameBitsWhateverAlignment) {
   for (const std::int64_t V : {1237, 1240}) {
     SCOPED_TRACE(V);
     const std::int64_t N = 33;
     auto x = random({N, V}, 2.0), lse = output({N}), loss = output({1}), dx = output({N, V});
     auto t = ids(N, V);
-    cpu->cross_entropy_forward(x.cpu, t.cpu, lse.cpu, loss.cpu);
     const auto rows =
         launched("cross_entropy_rows_kernel", [&] { gpu->cross_entropy_forward(x.gpu, t.gpu, lse.gpu, loss.gpu); });
     EXPECT_TRUE(!rows || rows->ends_with(V % 4 == 0 ? ", 4>" : ", 1>")) << *rows;
-    cpu->cross_entropy_backward(x.cpu, t.cpu, lse.cpu, dx.cpu, 1.0 / N);
     gpu->cross_entropy_backward(x.gpu, t.gpu, lse.gpu, dx.gpu, 1.0 / N);
-    expect_close(lse, kFp32, "lse");
-    expect_close(loss, kFp32, "loss");
-    expect_close(dx, kFp32, "dlogits");
     const auto [kept, unaligned] = shifted_copy(x.gpu);
     auto dx1 = output({N, V});
     const auto ones = launched("cross_entropy_backward_kernel",
@@ -450,84 +381,6 @@ TEST_F(CudaVsCpu, CrossEntropy) {
     EXPECT_TRUE(!ones || ones->ends_with(", 1>")) << *ones;
     EXPECT_EQ(download_raw(dx.gpu), download_raw(dx1.gpu));
   }
-}
-
-TEST_F(CudaVsCpu, Embedding) {
-  // Many repeated ids in few rows (a block per row); then more rows than blocks, several tiles of ids,
-  // the last block's rows past the table's end. The table holds NaN before the first backward, which
-  // zeroes each block's rows itself.
-  for (auto [V, d, N] : {std::array<std::int64_t, 3>{17, 45, 301}, {5003, 64, 2000}}) {
-    SCOPED_TRACE(V);
-    auto table = random({V, d}), dy = random({N, d}), y = output({N, d}), dt = output({V, d});
-    auto t = ids(N, V);
-    cpu->embedding_forward(t.cpu, table.cpu, y.cpu);
-    gpu->embedding_forward(t.gpu, table.gpu, y.gpu);
-    cpu->embedding_backward(t.cpu, dy.cpu, dt.cpu, false);
-    gpu->embedding_backward(t.gpu, dy.gpu, dt.gpu, false);
-    expect_close(y, kFp32, "embedding");
-    expect_close(dt, kFp32, "embedding backward");
-    cpu->embedding_backward(t.cpu, dy.cpu, dt.cpu, true);  // gradient accumulation adds a second time
-    gpu->embedding_backward(t.gpu, dy.gpu, dt.gpu, true);
-    expect_close(dt, kFp32, "embedding backward, accumulated");
-  }
-}
-
-// Also planned beside 8 held SMs (data parallelism's backward): the algorithm is chosen by timing
-// it on the call's operands into scratch, so C (here added to, beta 0.25) is written once.
-TEST_F(CudaVsCpu, GemmEveryTranspositionAndBatch) {
-  const std::int64_t M = 37, N = 45, K = 29, batch = 3;
-  for (GemmMath math : {GemmMath::fp32, GemmMath::tf32})
-    for (int held : {0, 8}) {
-      gpu = make_cuda_backend(math);
-      gpu->set_collective_sms(held);
-      for (bool ta : {false, true})
-        for (bool tb : {false, true}) {
-          auto a = random({batch, M * K}), b = random({batch, K * N}), c = random({batch, M * N});
-          auto args = [&](const Tensor& A, const Tensor& Bm, const Tensor& C) {
-            return GemmArgs{.trans_a = ta,
-                            .trans_b = tb,
-                            .m = M,
-                            .n = N,
-                            .k = K,
-                            .alpha = 0.5f,
-                            .beta = 0.25f,
-                            .a = A,
-                            .b = Bm,
-                            .c = C,
-                            .lda = ta ? M : K,
-                            .ldb = tb ? K : N,
-                            .ldc = N,
-                            .batch = batch,
-                            .stride_a = M * K,
-                            .stride_b = K * N,
-                            .stride_c = M * N};
-          };
-          cpu->gemm(args(a.cpu, b.cpu, c.cpu));
-          gpu->gemm(args(a.gpu, b.gpu, c.gpu));
-          expect_close(
-              c, math == GemmMath::fp32 ? kFp32 : 1e-3,
-              fmt::format("gemm {} ta={} tb={}, {} SMs held", math == GemmMath::fp32 ? "fp32" : "tf32", ta, tb, held));
-        }
-    }
-}
-
-TEST_F(CudaVsCpu, GlobalNormAndAdamW) {
-  auto p = random({1000}), g1 = random({1000}), g2 = random({77}), m = random({1000}, 0.1), v = random({1000}, 0.1);
-  auto norm = output({1});
-  // v must stay non-negative, as a second moment is
-  std::vector<double> vv = download(*cpu, v.cpu);
-  for (double& x : vv) x = std::fabs(x);
-  upload(*cpu, v.cpu, vv);
-  upload(*gpu, v.gpu, vv);
-  cpu->global_norm(std::vector<Tensor>{g1.cpu, g2.cpu}, norm.cpu);
-  gpu->global_norm(std::vector<Tensor>{g1.gpu, g2.gpu}, norm.gpu);
-  expect_close(norm, kFp32, "global norm");
-  AdamWArgs args{.lr = 1e-2, .step = 3, .max_norm = 1.0};
-  cpu->adamw(p.cpu, g1.cpu, m.cpu, v.cpu, args, norm.cpu, Tensor{});
-  gpu->adamw(p.gpu, g1.gpu, m.gpu, v.gpu, args, norm.gpu, Tensor{});
-  expect_close(p, kFp32, "adamw param");
-  expect_close(m, kFp32, "adamw m");
-  expect_close(v, kFp32, "adamw v");
 }
 
 // The fused step (the norm and AdamW over many tensors a launch) gives the per-tensor ops' bits: 30
@@ -621,12 +474,8 @@ TEST_F(CudaVsCpu, FusedAdamWGivesThePerTensorBits) {
 }
 
 TEST_F(CudaVsCpu, TwentyTrainingStepsMatchTheCpu) {
-  ModelConfig c;
-  c.vocab = 503;
-  c.d_model = 96;
-  c.d_ff = 200;
-  c.layers = 2;
-  c.heads = 3;
+  ModelConfig c = tiny_model();
+  c.vocab = 503;  // the LM head's GEMMs and the cross-entropy's rows on partial tiles
   const std::int64_t B = 3, T = 37;
   std::vector<std::int32_t> x(B * T), y(B * T);
   for (auto* v : {&x, &y})
@@ -661,25 +510,6 @@ class LowpVsCpu : public CudaVsCpu, public ::testing::WithParamInterface<DType> 
 };
 INSTANTIATE_TEST_SUITE_P(Storage, LowpVsCpu, ::testing::Values(DType::bf16, DType::f16),
                          [](const auto& info) { return std::string(dtype_name(info.param)); });
-
-TEST_P(LowpVsCpu, Gemm) {
-  const std::int64_t M = 67, N = 45, K = 129;
-  for (bool wide_out : {false, true})
-    for (int held : {0, 8}) {
-      gpu->set_collective_sms(held);  // planned beside held SMs too (GemmEveryTranspositionAndBatch)
-      auto a = random({M, K}), b = random({N, K}), c = output({M, N});
-      GemmArgs g{
-          .trans_b = true, .m = M, .n = N, .k = K, .a = a.cpu, .b = b.cpu, .c = c.cpu, .lda = K, .ldb = K, .ldc = N};
-      cpu->gemm(g);
-      Allocation ab = lowp(a), bb = lowp(b), cb = lowp_output({M, N});
-      g.a = ab, g.b = bb, g.c = wide_out ? c.gpu.tensor() : cb.tensor();
-      gpu->gemm(g);
-      if (wide_out)
-        expect_close(c, kLowp, "16-bit gemm into f32");
-      else
-        expect_close_lowp(cb, c, "16-bit gemm into 16-bit");
-    }
-}
 
 // The dw kernel's two columns a thread from a 16-bit gradient (4-byte loads of it): the CPU's values,
 // and the bits of one column a thread (RmsNormDwSameBitsWhateverColumnsAThread).
@@ -741,66 +571,22 @@ TEST_P(LowpVsCpu, RmsNormBackwardAddWritesDxInSixteenBits) {
   }
 }
 
-TEST_P(LowpVsCpu, RowOps) {
-  const std::int64_t N = 37, T = 40;  // T 40: softmax rows of whole 16-byte packs
-  // RMSNorm: f32 in, 16-bit out; backward from a 16-bit gradient into f32. d 256: four elements a thread.
-  for (const std::int64_t d : {203, 256}) {
+// The residual add + RMSNorm fused, a 16-bit branch into the f32 stream: the two ops' bits (their values
+// against the CPU's: the op table's add_rmsnorm rows in bf16 and f16).
+TEST_P(LowpVsCpu, FusedRmsNormForwardGivesTheTwoOpsBits) {
+  const std::int64_t N = 37;
+  for (const std::int64_t d : {203, 256}) {  // 256: four elements a thread
     SCOPED_TRACE(d);
-    auto x = random({N, d}), w = random({d}), y = output({N, d}), r = output({N}), dy = random({N, d});
-    auto dx = output({N, d}), dw = output({d});
-    cpu->rmsnorm_forward(x.cpu, w.cpu, y.cpu, r.cpu, 1e-5);
-    cpu->rmsnorm_backward(dy.cpu, x.cpu, w.cpu, r.cpu, dx.cpu, dw.cpu);
-    Allocation yb = lowp_output({N, d}), dyb = lowp(dy);
-    gpu->rmsnorm_forward(x.gpu, w.gpu, yb, r.gpu, 1e-5);
-    gpu->rmsnorm_backward(dyb, x.gpu, w.gpu, r.gpu, dx.gpu, dw.gpu);
-    expect_close_lowp(yb, y, "16-bit rmsnorm");
-    expect_close(dx, kLowp, "rmsnorm dx from a 16-bit gradient");
-    expect_close(dw, kLowp, "rmsnorm dw from a 16-bit gradient");
-    // Fused with the residual add before it (a 16-bit branch into the f32 stream): the two ops' bits.
-    auto part = random({N, d}), h = output({N, d}), h2 = output({N, d});
+    auto x = random({N, d}), w = random({d}), r = output({N}), part = random({N, d}), h = output({N, d}),
+         h2 = output({N, d}), wide = output({N, d}), wide2 = output({N, d});
     Allocation partb = lowp(part), fused = lowp_output({N, d}), plain = lowp_output({N, d});
     gpu->add_rmsnorm_forward(x.gpu, partb, h.gpu, w.gpu, fused, r.gpu, 1e-5);
     gpu->add(x.gpu, partb, h2.gpu);
     gpu->rmsnorm_forward(h2.gpu, w.gpu, plain, r.gpu, 1e-5);
     EXPECT_EQ(download(*gpu, h.gpu), download(*gpu, h2.gpu));
-    gpu->cast(fused, part.gpu);
-    gpu->cast(plain, dx.gpu);
-    EXPECT_EQ(download(*gpu, part.gpu), download(*gpu, dx.gpu)) << "16-bit fused rmsnorm";
-  }
-  {  // softmax
-    auto s = random({3, T, T}, 3.0), dp = random({3, T, T}), p = output({3, T, T}), ds = output({3, T, T});
-    cpu->softmax_forward(s.cpu, p.cpu, 0.125, true);
-    cpu->softmax_backward(p.cpu, dp.cpu, ds.cpu, 0.125);
-    Allocation sb = lowp(s), pb = lowp_output({3, T, T}), dpb = lowp(dp), dsb = lowp_output({3, T, T});
-    gpu->softmax_forward(sb, pb, 0.125, true);
-    gpu->softmax_backward(pb, dpb, dsb, 0.125);
-    expect_close_lowp(pb, p, "16-bit softmax");
-    expect_close_lowp(dsb, ds, "16-bit softmax backward");
-  }
-  for (const std::int64_t V : {1237, 1240}) {  // cross-entropy from 16-bit logits (1240: 16-byte loads)
-    SCOPED_TRACE(V);
-    auto x = random({N, V}, 2.0), lse = output({N}), loss = output({1}), dx = output({N, V});
-    auto t = ids(N, V);
-    cpu->cross_entropy_forward(x.cpu, t.cpu, lse.cpu, loss.cpu);
-    cpu->cross_entropy_backward(x.cpu, t.cpu, lse.cpu, dx.cpu, 1.0 / N);
-    Allocation xb = lowp(x);
-    gpu->cross_entropy_forward(xb, t.gpu, lse.gpu, loss.gpu);
-    gpu->cross_entropy_backward(xb, t.gpu, lse.gpu, xb, 1.0 / N);
-    expect_close(loss, kLowp, "loss from 16-bit logits");
-    expect_close_lowp(xb, dx, "16-bit dlogits");
-  }
-  {  // heads with RoPE, and SwiGLU
-    auto x = random({2, T, 3, 16}), y = output({2, 3, T, 16});
-    cpu->split_heads(x.cpu, y.cpu, 10000.0);
-    Allocation xb = lowp(x), yb = lowp_output({2, 3, T, 16});
-    gpu->split_heads(xb, yb, 10000.0);
-    expect_close_lowp(yb, y, "16-bit split_heads");
-    const std::int64_t d = 203;
-    auto a = random({N, d}, 2.0), b = random({N, d}), o = output({N, d});
-    cpu->swiglu_forward(a.cpu, b.cpu, o.cpu);
-    Allocation ab = lowp(a), bb = lowp(b), ob = lowp_output({N, d});
-    gpu->swiglu_forward(ab, bb, ob);
-    expect_close_lowp(ob, o, "16-bit swiglu");
+    gpu->cast(fused, wide.gpu);
+    gpu->cast(plain, wide2.gpu);
+    EXPECT_EQ(download(*gpu, wide.gpu), download(*gpu, wide2.gpu)) << "16-bit fused rmsnorm";
   }
 }
 

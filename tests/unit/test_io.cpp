@@ -1,4 +1,6 @@
 // safetensors and token files: round trips, and every malformed input a clear UserError.
+#include "../common/tiny_model.h"
+
 #include "lmscope/io/safetensors.h"
 #include "lmscope/io/token_data.h"
 #include "lmscope/model/transformer.h"
@@ -25,16 +27,6 @@ class TempDir : public ::testing::Test {
   }
 };
 
-ModelConfig tiny() {
-  ModelConfig c;
-  c.vocab = 13;
-  c.d_model = 8;
-  c.d_ff = 16;
-  c.layers = 1;
-  c.heads = 2;
-  return c;
-}
-
 std::string safetensors_bytes(const std::string& header, const std::string& data) {
   std::string out(8, '\0');
   for (int i = 0; i < 8; ++i) out[i] = static_cast<char>((header.size() >> (8 * i)) & 0xff);
@@ -54,7 +46,7 @@ void expect_user_error(F&& f, const std::string& needle) {
 
 TEST_F(TempDir, ParametersRoundTrip) {
   auto be = make_cpu_backend();
-  Transformer a(tiny(), *be), b(tiny(), *be);
+  Transformer a(tiny_model(), *be), b(tiny_model(), *be);
   a.init_parameters(1);
   b.init_parameters(2);
   save_parameters(a, path("w.safetensors"));
@@ -62,12 +54,12 @@ TEST_F(TempDir, ParametersRoundTrip) {
   for (std::size_t i = 0; i < a.parameters().size(); ++i)
     EXPECT_EQ(download(*be, a.parameters()[i].value), download(*be, b.parameters()[i].value));
   SafetensorsFile f(path("w.safetensors"));
-  EXPECT_EQ(f.metadata().at("d_model"), "8");
+  EXPECT_EQ(f.metadata().at("d_model"), "32");
 }
 
 TEST_F(TempDir, MissingExtraAndMisshapedTensorsAreRefused) {
   auto be = make_cpu_backend();
-  Transformer model(tiny(), *be);
+  Transformer model(tiny_model(), *be);
   std::vector<NamedTensorData> tensors;
   for (Parameter& p : model.parameters())
     tensors.push_back({p.spec.name, p.spec.shape, std::vector<float>(p.value.tensor().numel(), 0.5f)});
@@ -79,7 +71,7 @@ TEST_F(TempDir, MissingExtraAndMisshapedTensorsAreRefused) {
   };
   expect_user_error(with([](auto& t) { t.pop_back(); }), "lacks tensor 'lm_head.weight'");
   expect_user_error(with([](auto& t) { t.push_back({"extra.weight", {2}, {1, 2}}); }), "extra.weight");
-  expect_user_error(with([](auto& t) { t[0].shape = {8, 13}; }), "has shape [8, 13], but the model needs [13, 8]");
+  expect_user_error(with([](auto& t) { t[0].shape = {32, 37}; }), "has shape [32, 37], but the model needs [37, 32]");
   // torch.compile's prefix is accepted
   with([](auto& t) {
     for (auto& x : t) x.name = "_orig_mod." + x.name;
@@ -88,7 +80,7 @@ TEST_F(TempDir, MissingExtraAndMisshapedTensorsAreRefused) {
 
 TEST_F(TempDir, MalformedSafetensorsAreRefused) {
   auto be = make_cpu_backend();
-  Transformer model(tiny(), *be);
+  Transformer model(tiny_model(), *be);
   auto load = [&](const std::string& name) { return [&, name] { load_parameters(model, path(name)); }; };
   write("short", "abc");
   expect_user_error(load("short"), "shorter than the 8-byte header");

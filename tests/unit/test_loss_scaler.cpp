@@ -2,6 +2,8 @@
 // without it (powers of two scale and unscale exactly, the clipping included), and a step whose
 // gradients overflow skipped without touching the weights, the moments or AdamW's step count. On the
 // CPU in fp32 with scaling forced on; fp16 itself runs on CUDA (tests/gpu).
+#include "../common/tiny_model.h"
+
 #include "lmscope/core/rng.h"
 #include "lmscope/model/optimizer.h"
 #include "lmscope/model/transformer.h"
@@ -41,17 +43,6 @@ TEST(LossScaler, RefusesScalesThatAreNotPowersOfTwo) {
   EXPECT_NO_THROW(LossScaling{.initial = 0.25}.validate());
 }
 
-ModelConfig small_model() {
-  ModelConfig c;
-  c.name = "scaled";
-  c.vocab = 37;
-  c.d_model = 16;
-  c.d_ff = 24;
-  c.layers = 2;
-  c.heads = 2;
-  return c;
-}
-
 struct TrainedRun {
   std::vector<double> losses;
   std::vector<std::vector<double>> params;
@@ -61,12 +52,12 @@ struct TrainedRun {
 // `steps` steps of AdamW (clipping on, tight enough to bite) on one random batch.
 TrainedRun train(const LossScaling& scaling, int steps) {
   auto be = make_cpu_backend();
-  Transformer model(small_model(), *be);
+  Transformer model(test::tiny_model(), *be);
   model.init_parameters(3);
   Rng rng(5);
   std::vector<std::int32_t> ids(2 * 9), targets(2 * 9);
-  for (auto& t : ids) t = static_cast<std::int32_t>(rng.below(37));
-  for (auto& t : targets) t = static_cast<std::int32_t>(rng.below(37));
+  for (auto& t : ids) t = static_cast<std::int32_t>(rng.below(static_cast<std::uint64_t>(model.config().vocab)));
+  for (auto& t : targets) t = static_cast<std::int32_t>(rng.below(static_cast<std::uint64_t>(model.config().vocab)));
   model.set_batch(2, 9, ids.data(), targets.data());
   AdamW opt(model, {.lr = 1e-2, .clip = 0.5, .loss_scaling = scaling});
   TrainedRun r;

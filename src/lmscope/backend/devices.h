@@ -1,7 +1,7 @@
 // Which accelerators this build can see (empty without CUDA, a driver or a GPU).
 #pragma once
 
-#include "lmscope/cuda/flash_plan.h"
+#include "lmscope/device/flash_plan.h"
 
 #include <cstdint>
 #include <string>
@@ -24,6 +24,6 @@ std::vector<GpuInfo> list_gpus();
 void use_gpu(int index);
 // What the flash-attention plan reads of the visible GPU (device 0); the build must have CUDA and
 // list_gpus() must not be empty.
-cuda::FlashKernelFacts visible_gpu_flash_facts();
+FlashKernelFacts visible_gpu_flash_facts();
 
 }  // namespace lmscope

@@ -5,7 +5,7 @@
 #pragma once
 
 #include "lmscope/backend/backend.h"
-#include "lmscope/cuda/flash_plan.h"
+#include "lmscope/device/flash_plan.h"
 
 #include <utility>
 #include <vector>
@@ -21,10 +21,10 @@ void cuda_flash_limits(const AttentionShape& s);
 struct CudaFlashBackward {
   Allocation delta, row_stats, dq_accum, parts;
 };
-cuda::FlashAttentionPlan cuda_flash_backward_plan(const cuda::FlashKernelFacts& gpu, cuda::Elem e,
-                                                  const AttentionShape& s, bool causal, FlashDq dq_sum);
-Allocation cuda_flash_forward(Allocator& mem, const cuda::FlashAttentionPlan& plan);
-CudaFlashBackward cuda_flash_backward(Allocator& mem, const cuda::FlashAttentionPlan& plan, const AttentionShape& s);
+FlashAttentionPlan cuda_flash_backward_plan(const FlashKernelFacts& gpu, Elem e, const AttentionShape& s, bool causal,
+                                            FlashDq dq_sum);
+Allocation cuda_flash_forward(Allocator& mem, const FlashAttentionPlan& plan);
+CudaFlashBackward cuda_flash_backward(Allocator& mem, const FlashAttentionPlan& plan, const AttentionShape& s);
 Allocation cuda_cross_entropy(Allocator& mem, std::int64_t rows);  // per-row losses [rows] f32
 // RMSNorm's backward on `rows` rows of d: where each of kRmsNormDwBlocks blocks gets at least
 // kRmsNormDwMinRows rows and a row's sums fit the 48 KiB of shared memory a block has without asking

@@ -10,8 +10,8 @@
 #include "lmscope/cuda/kernel_tracer.h"
 #include "lmscope/cuda/kernels.h"
 #include "lmscope/cuda/nvtx_ranges.h"
-#include "lmscope/cuda/storage_elem.h"
 #include "lmscope/cuda/stream_pool.h"
+#include "lmscope/device/storage_elem.h"
 
 #include <algorithm>
 #include <cmath>
@@ -20,7 +20,7 @@
 namespace lmscope {
 namespace {
 
-cuda::Elem elem(const Tensor& t) { return cuda::storage_elem(t); }
+Elem elem(const Tensor& t) { return storage_elem(t); }
 float* f32(const Tensor& t) {
   LMSCOPE_CHECK(t.dtype == DType::f32, "this CUDA op takes f32 here, got {}", dtype_name(t.dtype));
   return t.as<float>();
@@ -286,7 +286,7 @@ class CudaBackend final : public Backend {
                                double scale, bool causal) override {
     const AttentionShape s = flash_shape(q, k, v, out, lse);
     const int d = static_cast<int>(s.d);
-    const cuda::FlashAttentionPlan plan = cuda::flash_attention_plan(elem(q), d, s.n, s.tq, s.tk, causal, true);
+    const FlashAttentionPlan plan = cuda::flash_attention_plan(elem(q), d, s.n, s.tq, s.tk, causal, true);
     Allocation parts = scratch::cuda_flash_forward(alloc_, plan);
     if (graphs_->skip("flash_attention_forward", q, k, v, out, lse, parts.tensor(), s.n, s.tq, s.tk, scale, causal))
       return;
@@ -304,7 +304,7 @@ class CudaBackend final : public Backend {
     same_shape(dk, k, "flash attention dk");
     same_shape(dv, v, "flash attention dv");
     const int d = static_cast<int>(s.d);
-    const cuda::FlashAttentionPlan plan =
+    const FlashAttentionPlan plan =
         scratch::cuda_flash_backward_plan(cuda::flash_kernel_facts(), elem(q), s, causal, dq_sum);
     const scratch::CudaFlashBackward w = scratch::cuda_flash_backward(alloc_, plan, s);
     const FlashDq summed = plan.atomic_dq() ? FlashDq::atomic : FlashDq::deterministic;  // fp32: never atomic
@@ -386,7 +386,7 @@ class CudaBackend final : public Backend {
                   a.skip_nonfinite);
     std::vector<const void*> xs;
     std::vector<std::int64_t> ns;
-    const cuda::Elem eg = grads.empty() ? cuda::Elem::f32 : elem(grads[0]);
+    const Elem eg = grads.empty() ? Elem::f32 : elem(grads[0]);
     for (std::size_t i = 0; i < params.size(); ++i) {
       for (const Tensor* t : {&grads[i], &m[i], &v[i]}) same_shape(params[i], *t, "adamw_all gradient or moment");
       same_dtype(grads[0], grads[i], "adamw_all gradients");
@@ -406,7 +406,7 @@ class CudaBackend final : public Backend {
         check_lowp_copy(c, params[i]);
         graphs_->note("adamw_all copy", c);
         ts.push_back({f32(params[i]), grad_data(grads[i]), f32(m[i]), f32(v[i]), params[i].numel(), c.data,
-                      c.empty() ? cuda::Elem::bf16 : elem(c), eg});
+                      c.empty() ? Elem::bf16 : elem(c), eg});
       }
       if (!graphs_->replaying())
         cuda::adamw_many(ts.data(), static_cast<std::int64_t>(ts.size()), consts,
@@ -429,7 +429,7 @@ class CudaBackend final : public Backend {
     same_shape(p, g, "adamw gradient");
     cuda::adamw(f32(p), grad_data(g), elem(g), f32(m), f32(v), p.numel(), consts,
                 a.step_scalars.empty() ? nullptr : f32(a.step_scalars), read_norm ? f32(grad_norm) : nullptr,
-                lowp_copy.data, lowp_copy.empty() ? cuda::Elem::bf16 : elem(lowp_copy), stream_);
+                lowp_copy.data, lowp_copy.empty() ? Elem::bf16 : elem(lowp_copy), stream_);
   }
 
  private:

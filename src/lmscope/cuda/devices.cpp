@@ -32,6 +32,6 @@ void use_gpu(int index) {
     user_error("cannot use GPU {}: {}", index, cudaGetErrorString(cudaGetLastError()));
 }
 
-cuda::FlashKernelFacts visible_gpu_flash_facts() { return cuda::flash_kernel_facts(); }
+FlashKernelFacts visible_gpu_flash_facts() { return cuda::flash_kernel_facts(); }
 
 }  // namespace lmscope

@@ -3,7 +3,7 @@
 // stream; shapes are the backend's to check. Arithmetic is fp32 whatever the storage.
 #pragma once
 
-#include "lmscope/cuda/flash_plan.h"
+#include "lmscope/device/flash_plan.h"
 
 #include <cuda_runtime.h>
 

@@ -1,6 +1,15 @@
-#include "lmscope/cuda/h100_facts.h"
+#include "lmscope/device/device_facts.h"
 
-namespace lmscope::cuda {
+#include <stdexcept>
+#include <string>
+
+namespace lmscope {
+
+const FlashResidency& FlashKernelFacts::at(int d) const {
+  for (const FlashResidency& r : residency)
+    if (r.d == d) return r;
+  throw std::logic_error("flash attention: no residency known for head dim " + std::to_string(d));
+}
 
 // Printed by the GPU test MemoryOnGpu.StoredH100FactsAreThisH100s on the H100 80GB HBM3 of
 // ../shared/GPU-MACHINE.md (2026-11-23; d 80's Hopper kernels 2026-11-27), which also checks them
@@ -31,4 +40,4 @@ const char* h100_device_overhead_source() {
          "cudaMemGetInfo when the backend was made";
 }
 
-}  // namespace lmscope::cuda
+}  // namespace lmscope

@@ -12,6 +12,15 @@ void use_gpu(int) {
 FlashKernelFacts visible_gpu_flash_facts() {
   throw Unsupported("this build of lmscope has no CUDA backend (configured with -DLMSCOPE_CUDA=OFF)");
 }
+int current_cuda_device() {
+  throw Unsupported("this build of lmscope has no CUDA backend (configured with -DLMSCOPE_CUDA=OFF)");
+}
+Device cuda_device(int) {
+  throw Unsupported("this build of lmscope has no CUDA backend (configured with -DLMSCOPE_CUDA=OFF)");
+}
+std::unique_ptr<Backend> make_cuda_backend(const Device&, GemmMath) {
+  throw Unsupported("this build of lmscope has no CUDA backend (configured with -DLMSCOPE_CUDA=OFF)");
+}
 std::unique_ptr<Backend> make_cuda_backend(GemmMath) {
   throw Unsupported("this build of lmscope has no CUDA backend (configured with -DLMSCOPE_CUDA=OFF)");
 }

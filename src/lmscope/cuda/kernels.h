@@ -126,16 +126,8 @@ void permute_heads(const HeadMove* moves, int count, Elem e, std::int64_t b, std
 bool flash_attention_supports(int d);
 // The facts the plan reads (device/flash_plan.h) of the current GPU, asked of the driver once per
 // device; the Hopper kernels count as absent with LMSCOPE_NO_WGMMA=1, which picks the mma.sync
-// kernels for comparison.
+// kernels for comparison. A backend plans with its Device's (cuda_device reads them here).
 FlashKernelFacts flash_kernel_facts();
-inline FlashAttentionPlan flash_attention_plan(Elem e, int d, std::int64_t n, std::int64_t tq, std::int64_t tk,
-                                               bool causal, bool deterministic) {
-  return flash_attention_plan(flash_kernel_facts(), e, d, n, tq, tk, causal, deterministic);
-}
-inline FlashAttentionPlan flash_attention_fastest_plan(Elem e, int d, std::int64_t n, std::int64_t tq, std::int64_t tk,
-                                                       bool causal) {
-  return flash_attention_fastest_plan(flash_kernel_facts(), e, d, n, tq, tk, causal);
-}
 // workspace: plan.forward_workspace floats (null where 0).
 void flash_attention_forward(const void* q, const void* k, const void* v, void* o, float* lse, Elem e, std::int64_t n,
                              std::int64_t tq, std::int64_t tk, int d, float scale, bool causal,

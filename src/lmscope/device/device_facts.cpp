@@ -27,6 +27,11 @@ const FlashKernelFacts& h100_flash_facts() {
   return facts;
 }
 
+const DeviceFacts& h100_facts() {
+  static const DeviceFacts facts{"NVIDIA H100 80GB HBM3", 9, 0, 132, h100_memory_bytes(), h100_flash_facts()};
+  return facts;
+}
+
 std::size_t h100_device_overhead_bytes() { return 590151680; }
 std::size_t h100_memory_bytes() { return 85017493504; }
 

@@ -6,6 +6,7 @@
 #pragma once
 
 #include <cstddef>
+#include <string>
 #include <vector>
 
 namespace lmscope {
@@ -27,6 +28,18 @@ struct FlashKernelFacts {
   const FlashResidency& at(int d) const;
 };
 
+// What a backend's device is (device/device.h): what the dry run and the plans read of it.
+struct DeviceFacts {
+  std::string name;  // as the driver names it ("NVIDIA H100 80GB HBM3"); "cpu" for the host
+  int compute_major = 0, compute_minor = 0;
+  int sms = 0;
+  std::size_t memory_bytes = 0;  // the GPU's (totalGlobalMem); the host's available memory for cpu
+  FlashKernelFacts flash;        // cuda: what the flash-attention plan reads (its hopper: the wgmma kernels run)
+  bool hopper() const { return compute_major == 9; }
+};
+
+// The stored H100's, as a DeviceFacts (the pieces below).
+const DeviceFacts& h100_facts();
 // The CUDA backend's flash facts as read on the H100 with this build's sm_90a kernels.
 const FlashKernelFacts& h100_flash_facts();
 // Device memory in use beyond lmscope's allocator once the CUDA backend is made (the CUDA context,

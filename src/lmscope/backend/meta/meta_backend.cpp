@@ -135,16 +135,12 @@ DryRunTarget dry_run_target(const std::string& device, std::size_t memory_limit)
     return t;
   }
   if (device != "cuda") user_error("unknown device '{}' (use cpu or cuda)", device);
-  const std::vector<GpuInfo> gpus = list_gpus();
-  if (!gpus.empty()) {
-    t.device_name = "cuda:0 (" + gpus[0].name + ")";
-    t.memory = memory_limit ? memory_limit : gpus[0].memory_bytes;
-    t.flash = visible_gpu_flash_facts();
-  } else {
-    t.device_name = "cuda:0 (NVIDIA H100 80GB HBM3)";
-    t.memory = memory_limit ? memory_limit : h100_memory_bytes();
-    t.flash = h100_flash_facts();
-  }
+  // The current GPU where there is one, else the stored H100 standing as GPU 0.
+  const Device gpu =
+      list_gpus().empty() ? Device(DeviceKind::cuda, 0, h100_facts()) : cuda_device(current_cuda_device());
+  t.device_name = gpu.name();
+  t.memory = memory_limit ? memory_limit : gpu.facts().memory_bytes;
+  t.flash = gpu.facts().flash;
   if (t.device_name.find("H100 80GB HBM3") != std::string::npos) {
     t.overhead = h100_device_overhead_bytes();
     t.overhead_source = h100_device_overhead_source();

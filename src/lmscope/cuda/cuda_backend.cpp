@@ -95,16 +95,13 @@ class CudaBackend final : public Backend {
   bool has_graphs() const override { return true; }
   void begin_graph(std::uint64_t key) override {
     const auto on = here();
-    const auto on = here();
     graphs_->begin(key);
   }
   void end_graph() override {
     const auto on = here();
-    const auto on = here();
     graphs_->end();
   }
   void abort_graph() override {
-    const auto on = here();
     const auto on = here();
     graphs_->abort();
   }

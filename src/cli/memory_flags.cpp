@@ -1,7 +1,7 @@
 #include "memory_flags.h"
 
 #include "lmscope/backend/backend.h"
-#include "lmscope/cuda/h100_facts.h"
+#include "lmscope/device/device_facts.h"
 
 #include <fmt/core.h>
 
@@ -37,7 +37,7 @@ std::string memory_limit_help() {
   return fmt::format(
       "The memory a dry run is held to, e.g. 40GiB (default: the device's; for cuda without a GPU an H100 80GB HBM3's "
       "{})",
-      human_bytes(static_cast<double>(cuda::h100_memory_bytes())));
+      human_bytes(static_cast<double>(h100_memory_bytes())));
 }
 
 std::size_t MemoryCellFlags::memory_limit() const {

@@ -112,7 +112,8 @@ TEST_F(FlashOnGpu, HopperKernelsMatchTheDefinition) {
   std::uint64_t seed = 300;
   for (const Case& c : cases) {
     const int d = static_cast<int>(c.d);
-    const cuda::FlashAttentionPlan plan = cuda::flash_attention_plan(cuda::Elem::bf16, d, c.n, c.tq, c.tk, true, true);
+    const FlashAttentionPlan plan =
+        flash_attention_plan(cuda::flash_kernel_facts(), Elem::bf16, d, c.n, c.tq, c.tk, true, true);
     const bool forward = plan.forward_wgmma, backward = plan.dkdv_wgmma;
     if (gpus[0].compute_major == 9) {
       EXPECT_TRUE(forward && backward) << "a Hopper GPU takes the wgmma kernels for n " << c.n << " tq " << c.tq
@@ -132,7 +133,7 @@ TEST_F(FlashOnGpu, HopperKernelsMatchTheDefinition) {
     const AttentionProblem p(c.n, c.tq, c.tk, c.d, true, seed++, true);
     const Result fastest = run(p, DType::bf16, FlashDq::fastest);
     expect_matches(fastest, p, 1e-2, fmt::format("bf16 n {} tq {} tk {} d {} dq fastest", c.n, c.tq, c.tk, c.d));
-    EXPECT_EQ(fastest.dq_sum, backward && cuda::hopper_atomic_head_dim(d) ? FlashDq::atomic : FlashDq::deterministic)
+    EXPECT_EQ(fastest.dq_sum, backward && hopper_atomic_head_dim(d) ? FlashDq::atomic : FlashDq::deterministic)
         << "d " << d;
   }
 }
@@ -157,8 +158,8 @@ TEST_F(FlashOnGpu, TilesCutIntoPartsMatchTheDefinition) {
       const AttentionProblem p(c.n, c.tq, c.tk, c.d, causal, seed++, true);
       for (FlashDq dq : kBothDqSums) {
         const bool deterministic = dq == FlashDq::deterministic;
-        const cuda::FlashAttentionPlan plan =
-            cuda::flash_attention_plan(cuda::Elem::bf16, static_cast<int>(c.d), c.n, c.tq, c.tk, causal, deterministic);
+        const FlashAttentionPlan plan = flash_attention_plan(
+            cuda::flash_kernel_facts(), Elem::bf16, static_cast<int>(c.d), c.n, c.tq, c.tk, causal, deterministic);
         const std::string what =
             fmt::format("n {} tq {} tk {} d {} causal {} dq {} (wgmma {} {} {}, parts {} {} {})", c.n, c.tq, c.tk, c.d,
                         causal, name(dq), plan.forward_wgmma, plan.dkdv_wgmma, plan.dq_wgmma, plan.forward_parts,

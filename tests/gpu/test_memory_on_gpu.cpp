@@ -3,7 +3,7 @@
 // that fit; the allocator plus the device's own overhead is what the driver reports; and the
 // stored H100 facts the dry run uses without a GPU are this H100's. Skipped without a GPU.
 #include "lmscope/backend/devices.h"
-#include "lmscope/cuda/h100_facts.h"
+#include "lmscope/device/device_facts.h"
 #include "lmscope/memory/memory_analysis.h"
 #include "lmscope/model/config.h"
 
@@ -15,9 +15,9 @@
 namespace lmscope::test {
 namespace {
 
-void print_facts(const cuda::FlashKernelFacts& f) {
+void print_facts(const FlashKernelFacts& f) {
   std::printf("live facts: {%d, %s, {\n", f.sms, f.hopper ? "true" : "false");
-  for (const cuda::FlashResidency& r : f.residency)
+  for (const FlashResidency& r : f.residency)
     std::printf("    {%d, %d, %d, %d, %d, %d, %d, %d, %d},\n", r.d, r.forward_tc, r.dkdv_tc, r.dkdv_tc_atomic, r.dq_tc,
                 r.forward_wgmma, r.backward_wgmma, r.backward_wgmma_atomic, r.dq_wgmma);
   std::printf("}}\n");
@@ -39,7 +39,7 @@ BenchSpec train_cell(const ModelConfig& model, const std::string& precision, Att
   return s;
 }
 
-bool same(const cuda::FlashResidency& a, const cuda::FlashResidency& b) {
+bool same(const FlashResidency& a, const FlashResidency& b) {
   return a.d == b.d && a.forward_tc == b.forward_tc && a.dkdv_tc == b.dkdv_tc && a.dkdv_tc_atomic == b.dkdv_tc_atomic &&
          a.dq_tc == b.dq_tc && a.forward_wgmma == b.forward_wgmma && a.backward_wgmma == b.backward_wgmma &&
          a.backward_wgmma_atomic == b.backward_wgmma_atomic && a.dq_wgmma == b.dq_wgmma;
@@ -49,10 +49,10 @@ TEST(MemoryOnGpu, StoredH100FactsAreThisH100s) {
   const auto gpus = list_gpus();
   if (gpus.empty()) GTEST_SKIP() << "no CUDA GPU visible";
   if (gpus[0].name.find("H100 80GB HBM3") == std::string::npos) GTEST_SKIP() << "not an H100 80GB HBM3";
-  const cuda::FlashKernelFacts live = visible_gpu_flash_facts(), stored = cuda::h100_flash_facts();
+  const FlashKernelFacts live = visible_gpu_flash_facts(), stored = h100_flash_facts();
   print_facts(live);
   std::printf("live memory: %zu bytes\n", gpus[0].memory_bytes);
-  EXPECT_EQ(gpus[0].memory_bytes, cuda::h100_memory_bytes());
+  EXPECT_EQ(gpus[0].memory_bytes, h100_memory_bytes());
   EXPECT_EQ(live.sms, stored.sms);
   EXPECT_EQ(live.hopper, stored.hopper);
   ASSERT_EQ(live.residency.size(), stored.residency.size());

@@ -86,6 +86,12 @@ std::unique_ptr<Backend> make_backend(const std::string& device, const std::stri
   user_error("unknown device '{}' (use cpu or cuda)", device);
 }
 
+std::unique_ptr<Backend> make_backend(const Device& device, const std::string& precision) {
+  check_precision(precision);
+  if (device.kind() == DeviceKind::cpu) return make_backend("cpu", precision);
+  return make_cuda_backend(device, precision == "tf32" ? GemmMath::tf32 : GemmMath::fp32);
+}
+
 DType compute_dtype(const std::string& precision) {
   return precision == "bf16" ? DType::bf16 : precision == "fp16" ? DType::f16 : DType::f32;
 }

@@ -16,6 +16,7 @@
 #include "lmscope/core/allocator.h"
 #include "lmscope/core/error.h"
 #include "lmscope/core/ranges.h"
+#include "lmscope/device/device.h"
 #include "lmscope/profile/kernel_profile.h"
 
 #include <array>
@@ -91,10 +92,9 @@ std::array<double, 3> adamw_step_scalars(const AdamWArgs& a);
 // Device memory as its driver reports it (cudaMemGetInfo), beside what the allocator holds.
 struct DeviceMemory {
   std::size_t total = 0, used = 0;  // now
-  // In use when the backend was made, before its allocator held anything: the CUDA context,
-  // cuBLASLt's handle and workspace (and anything else on the device then).
+  // In use when the backend was made, before its allocator held anything: the CUDA context and
+  // cuBLASLt's handle (and anything else on the device then). cuBLASLt's workspace is the allocator's.
   std::size_t used_at_start = 0;
-  std::size_t library_workspace = 0;  // of that, cuBLASLt's workspace
 };
 
 class Backend {
@@ -367,12 +367,18 @@ double read_scalar(Backend& backend, const Tensor& t);
 std::unique_ptr<Backend> make_cpu_backend(std::size_t memory_capacity = 0);
 // GEMM arithmetic of a CUDA backend: IEEE fp32 (tensor cores off) or tf32 tensor cores.
 enum class GemmMath { fp32, tf32 };
-std::unique_ptr<Backend> make_cuda_backend(GemmMath math);  // throws Unsupported without CUDA or a GPU
+// A CUDA backend on `device` (cuda_device(index)); throws Unsupported without CUDA.
+std::unique_ptr<Backend> make_cuda_backend(const Device& device, GemmMath math);
+// On the current CUDA device (a rank's once use_gpu made it so); throws Unsupported without CUDA or a GPU.
+std::unique_ptr<Backend> make_cuda_backend(GemmMath math);
 // Throws UserError naming the choices unless precision is "fp32", "tf32", "bf16" or "fp16".
 void check_precision(const std::string& precision);
 // device "cpu" or "cuda", precision as check_precision takes it; throws UserError for an unknown
 // name, Unsupported for a combination this build cannot run.
+// "cuda" is the current CUDA device (a rank's once use_gpu made it so).
 std::unique_ptr<Backend> make_backend(const std::string& device, const std::string& precision = "fp32");
+// A backend made for `device` (cpu_device(), cuda_device(index)), precision as above.
+std::unique_ptr<Backend> make_backend(const Device& device, const std::string& precision = "fp32");
 // The model's compute dtype for a precision name: bf16 for "bf16", f16 for "fp16", else f32.
 DType compute_dtype(const std::string& precision);
 // --grad-dtype: "fp32" (the master dtype) or "bf16", which takes precision "bf16".

@@ -1,7 +1,7 @@
 // Which accelerators this build can see (empty without CUDA, a driver or a GPU).
 #pragma once
 
-#include "lmscope/cuda/flash_plan.h"
+#include "lmscope/device/flash_plan.h"
 
 #include <cstdint>
 #include <string>
@@ -22,8 +22,8 @@ std::vector<GpuInfo> list_gpus();
 // Makes GPU `index` the one this process's CUDA work goes to (a rank's LOCAL_RANK), before its
 // backend is made; UserError when there is no such GPU.
 void use_gpu(int index);
-// What the flash-attention plan reads of the visible GPU (device 0); the build must have CUDA and
-// list_gpus() must not be empty.
-cuda::FlashKernelFacts visible_gpu_flash_facts();
+// What the flash-attention plan reads of the current GPU (cuda_device(current_cuda_device()), device
+// 0 unless use_gpu chose another); the build must have CUDA and list_gpus() must not be empty.
+FlashKernelFacts visible_gpu_flash_facts();
 
 }  // namespace lmscope

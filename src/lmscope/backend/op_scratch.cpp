@@ -27,19 +27,19 @@ void cuda_flash_limits(const AttentionShape& s) {
                                   s.n, std::max(s.tq, s.tk)));
 }
 
-cuda::FlashAttentionPlan cuda_flash_backward_plan(const cuda::FlashKernelFacts& gpu, cuda::Elem e,
-                                                  const AttentionShape& s, bool causal, FlashDq dq_sum) {
+FlashAttentionPlan cuda_flash_backward_plan(const FlashKernelFacts& gpu, Elem e, const AttentionShape& s, bool causal,
+                                            FlashDq dq_sum) {
   const int d = static_cast<int>(s.d);
   return dq_sum == FlashDq::fastest
-             ? cuda::flash_attention_fastest_plan(gpu, e, d, s.n, s.tq, s.tk, causal)
-             : cuda::flash_attention_plan(gpu, e, d, s.n, s.tq, s.tk, causal, dq_sum == FlashDq::deterministic);
+             ? flash_attention_fastest_plan(gpu, e, d, s.n, s.tq, s.tk, causal)
+             : flash_attention_plan(gpu, e, d, s.n, s.tq, s.tk, causal, dq_sum == FlashDq::deterministic);
 }
 
-Allocation cuda_flash_forward(Allocator& mem, const cuda::FlashAttentionPlan& plan) {
+Allocation cuda_flash_forward(Allocator& mem, const FlashAttentionPlan& plan) {
   return floats(mem, plan.forward_workspace, "flash.parts");
 }
 
-CudaFlashBackward cuda_flash_backward(Allocator& mem, const cuda::FlashAttentionPlan& plan, const AttentionShape& s) {
+CudaFlashBackward cuda_flash_backward(Allocator& mem, const FlashAttentionPlan& plan, const AttentionShape& s) {
   CudaFlashBackward w;
   w.delta = mem.allocate({s.n, s.tq}, DType::f32, {MemKind::workspace, "flash.delta", -1});
   w.row_stats = floats(mem, 2 * s.n * plan.row_stats_rows, "flash.row_stats");
@@ -60,6 +60,10 @@ Allocation cuda_rmsnorm_backward(Allocator& mem, std::int64_t rows, std::int64_t
 Allocation cuda_global_norm(Allocator& mem, std::size_t tensors) {
   return mem.allocate({static_cast<std::int64_t>(tensors) * kGlobalNormBlocks}, DType::f64,
                       {MemKind::workspace, "global_norm.partials", -1});
+}
+
+Allocation cuda_gemm_workspace(Allocator& mem) {
+  return floats(mem, static_cast<std::int64_t>(kCublasLtWorkspaceBytes / sizeof(float)), "cublaslt.workspace");
 }
 
 std::pair<const Tensor*, bool> RopeTables::get(Allocator& mem, std::int64_t t, std::int64_t dk, double theta) {

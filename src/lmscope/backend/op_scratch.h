@@ -5,7 +5,7 @@
 #pragma once
 
 #include "lmscope/backend/backend.h"
-#include "lmscope/cuda/flash_plan.h"
+#include "lmscope/device/flash_plan.h"
 
 #include <utility>
 #include <vector>
@@ -21,10 +21,10 @@ void cuda_flash_limits(const AttentionShape& s);
 struct CudaFlashBackward {
   Allocation delta, row_stats, dq_accum, parts;
 };
-cuda::FlashAttentionPlan cuda_flash_backward_plan(const cuda::FlashKernelFacts& gpu, cuda::Elem e,
-                                                  const AttentionShape& s, bool causal, FlashDq dq_sum);
-Allocation cuda_flash_forward(Allocator& mem, const cuda::FlashAttentionPlan& plan);
-CudaFlashBackward cuda_flash_backward(Allocator& mem, const cuda::FlashAttentionPlan& plan, const AttentionShape& s);
+FlashAttentionPlan cuda_flash_backward_plan(const FlashKernelFacts& gpu, Elem e, const AttentionShape& s, bool causal,
+                                            FlashDq dq_sum);
+Allocation cuda_flash_forward(Allocator& mem, const FlashAttentionPlan& plan);
+CudaFlashBackward cuda_flash_backward(Allocator& mem, const FlashAttentionPlan& plan, const AttentionShape& s);
 Allocation cuda_cross_entropy(Allocator& mem, std::int64_t rows);  // per-row losses [rows] f32
 // RMSNorm's backward on `rows` rows of d: where each of kRmsNormDwBlocks blocks gets at least
 // kRmsNormDwMinRows rows and a row's sums fit the 48 KiB of shared memory a block has without asking
@@ -41,6 +41,10 @@ inline constexpr std::int64_t kGlobalNormBlocks = 256;
 // a group at a time (Backend::adamw_all).
 inline constexpr std::size_t kCudaAdamWGroup = 24;
 Allocation cuda_global_norm(Allocator& mem, std::size_t tensors);
+// cuBLASLt's workspace, made at a backend's first GEMM and held for its life (cuda/gemm.h): counted
+// as workspace in the allocator's record, on the GPU and in its dry run alike.
+inline constexpr std::size_t kCublasLtWorkspaceBytes = std::size_t(32) << 20;
+Allocation cuda_gemm_workspace(Allocator& mem);
 
 // RoPE's (cos, sin) table [t, dk/2, 2] f32 per (t, dk, theta), made on a shape's first use and kept.
 class RopeTables {

@@ -1,9 +1,10 @@
 #include "lmscope/cuda/cuda_allocator.h"
 #include "lmscope/cuda/cuda_check.h"
+#include "lmscope/cuda/device_guard.h"
 
 namespace lmscope {
 
-CudaAllocator::CudaAllocator(int device) {
+CudaAllocator::CudaAllocator(int device) : device_(device) {
   cudaDeviceProp p{};
   LMSCOPE_CUDA_CHECK(cudaGetDeviceProperties(&p, device));
   name_ = fmt::format("cuda:{} ({})", device, p.name);
@@ -11,6 +12,7 @@ CudaAllocator::CudaAllocator(int device) {
 }
 
 void* CudaAllocator::segment_allocate(std::size_t bytes) {
+  const cuda::DeviceGuard on(device_);
   void* p = nullptr;
   if (cudaMalloc(&p, bytes) == cudaSuccess) return p;
   cudaGetLastError();  // clear the error: the caller gives its cache back and tries once more
@@ -18,6 +20,7 @@ void* CudaAllocator::segment_allocate(std::size_t bytes) {
 }
 
 void CudaAllocator::segment_free(void* p, std::size_t) {
+  const cuda::DeviceGuard on(device_);
   if (before_segment_free_) before_segment_free_();
   cudaFree(p);
 }

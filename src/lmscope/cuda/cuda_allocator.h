@@ -1,5 +1,6 @@
 // Device memory for the caching allocator (core/allocator.h): a segment is one cudaMalloc, which
-// synchronises the device, so the cache keeps it out of the steady state.
+// synchronises the device, so the cache keeps it out of the steady state. Its segments are GPU
+// `device`'s whichever device is current when a buffer is asked for.
 #pragma once
 
 #include "lmscope/core/allocator.h"
@@ -11,6 +12,7 @@ namespace lmscope {
 class CudaAllocator : public Allocator {
  public:
   explicit CudaAllocator(int device);
+  int device() const { return device_; }
   ~CudaAllocator() override { release_all(); }
   std::string device_name() const override { return name_; }
   std::size_t capacity() const override { return capacity_; }
@@ -22,6 +24,7 @@ class CudaAllocator : public Allocator {
   void segment_free(void* p, std::size_t bytes) override;
 
  private:
+  int device_;
   std::string name_;
   std::size_t capacity_ = 0;
   std::function<void()> before_segment_free_;

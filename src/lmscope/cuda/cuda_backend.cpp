@@ -1,17 +1,19 @@
-// The CUDA backend: the op set on one GPU, one stream. GEMMs go to cuBLASLt, everything else to
-// lmscope's own kernels (kernels.h). fp32 tensors for now; the GEMM math is IEEE fp32 or tf32.
+// The CUDA backend: the op set on one GPU (the Device it is made for), one stream. Every call makes
+// that GPU current for its scope (cuda::DeviceGuard), so backends on two GPUs work side by side. GEMMs go to cuBLASLt,
+// everything else to lmscope's own kernels (kernels.h). fp32 tensors for now; the GEMM math is IEEE fp32 or tf32.
 #include "lmscope/backend/backend.h"
 #include "lmscope/backend/devices.h"
 #include "lmscope/backend/op_scratch.h"
 #include "lmscope/cuda/cuda_allocator.h"
 #include "lmscope/cuda/cuda_check.h"
+#include "lmscope/cuda/device_guard.h"
 #include "lmscope/cuda/gemm.h"
 #include "lmscope/cuda/graph_cache.h"
 #include "lmscope/cuda/kernel_tracer.h"
 #include "lmscope/cuda/kernels.h"
 #include "lmscope/cuda/nvtx_ranges.h"
-#include "lmscope/cuda/storage_elem.h"
 #include "lmscope/cuda/stream_pool.h"
+#include "lmscope/device/storage_elem.h"
 
 #include <algorithm>
 #include <cmath>
@@ -20,7 +22,7 @@
 namespace lmscope {
 namespace {
 
-cuda::Elem elem(const Tensor& t) { return cuda::storage_elem(t); }
+Elem elem(const Tensor& t) { return storage_elem(t); }
 float* f32(const Tensor& t) {
   LMSCOPE_CHECK(t.dtype == DType::f32, "this CUDA op takes f32 here, got {}", dtype_name(t.dtype));
   return t.as<float>();
@@ -56,18 +58,21 @@ AttentionShape flash_shape(const Tensor& q, const Tensor& k, const Tensor& v, co
 
 class CudaBackend final : public Backend {
  public:
-  explicit CudaBackend(GemmMath math) : alloc_(0) {
+  CudaBackend(const Device& device, GemmMath math) : device_(device), alloc_(device.index()) {
+    const auto on = here();
     stream_ = cuda::take_stream();
-    gemm_ = std::make_unique<cuda::Gemm>(math, stream_);
+    gemm_ = std::make_unique<cuda::Gemm>(math, stream_, alloc_);
     graphs_ = std::make_unique<cuda::GraphCache>(stream_, alloc_);
     alloc_.on_segment_free([this] { graphs_->drop_all(); });
-    // Nothing comes from the allocator here: a record begun now holds everything.
+    // Nothing comes from the allocator here (cuBLASLt's workspace comes at the first GEMM): a record
+    // begun now holds everything.
     std::size_t free = 0, total = 0;
     LMSCOPE_CUDA_CHECK(cudaMemGetInfo(&free, &total));
     used_at_start_ = total - free;
     if (cuda::nvtx_tool_attached()) set_device_ranges(cuda::make_nvtx_ranges());
   }
   ~CudaBackend() override {
+    const auto on = here();
     graphs_->abort();  // a capture left open by an exception ends first: the wait below then waits
     cudaStreamSynchronize(stream_);
     alloc_.on_segment_free(nullptr);  // the allocator outlives the graphs and the stream
@@ -83,15 +88,26 @@ class CudaBackend final : public Backend {
   Allocator& allocator() override { return alloc_; }
   void* cuda_stream() const override { return stream_; }
   void synchronize() override {
+    const auto on = here();
     LMSCOPE_CHECK(!graphs_->active(), "a wait for the device inside a device graph");
     LMSCOPE_CUDA_CHECK(cudaStreamSynchronize(stream_));
   }
   bool has_graphs() const override { return true; }
-  void begin_graph(std::uint64_t key) override { graphs_->begin(key); }
-  void end_graph() override { graphs_->end(); }
-  void abort_graph() override { graphs_->abort(); }
+  void begin_graph(std::uint64_t key) override {
+    const auto on = here();
+    graphs_->begin(key);
+  }
+  void end_graph() override {
+    const auto on = here();
+    graphs_->end();
+  }
+  void abort_graph() override {
+    const auto on = here();
+    graphs_->abort();
+  }
   GraphCounts graph_counts() const override { return graphs_->counts(); }
   int mark() override {
+    const auto on = here();
     LMSCOPE_CHECK(!graphs_->active(), "a timing mark inside a device graph");
     if (used_events_ == events_.size()) {
       cudaEvent_t e;
@@ -103,12 +119,14 @@ class CudaBackend final : public Backend {
   }
   std::unique_ptr<KernelTracer> kernel_tracer() override { return cuda::make_kernel_tracer(); }
   std::optional<DeviceMemory> device_memory() override {
+    const auto on = here();
     synchronize();
     std::size_t free = 0, total = 0;
     LMSCOPE_CUDA_CHECK(cudaMemGetInfo(&free, &total));
-    return DeviceMemory{total, total - free, used_at_start_, gemm_->workspace_bytes()};
+    return DeviceMemory{total, total - free, used_at_start_};
   }
   double elapsed_ms(int from, int to) override {
+    const auto on = here();
     float ms = 0;
     LMSCOPE_CUDA_CHECK(cudaEventElapsedTime(&ms, events_.at(from), events_.at(to)));
     return ms;
@@ -116,16 +134,19 @@ class CudaBackend final : public Backend {
   void clear_marks() override { used_events_ = 0; }  // events are reused
 
   void copy_from_host(const Tensor& dst, const void* src) override {
+    const auto on = here();
     LMSCOPE_CHECK(!graphs_->active(), "a copy from the host inside a device graph");
     LMSCOPE_CUDA_CHECK(cudaMemcpyAsync(dst.data, src, dst.bytes(), cudaMemcpyHostToDevice, stream_));
     synchronize();  // the host buffer may go away when this returns
   }
   void copy_to_host(void* dst, const Tensor& src) override {
+    const auto on = here();
     LMSCOPE_CHECK(!graphs_->active(), "a copy to the host inside a device graph");
     LMSCOPE_CUDA_CHECK(cudaMemcpyAsync(dst, src.data, src.bytes(), cudaMemcpyDeviceToHost, stream_));
     synchronize();
   }
   void fill(const Tensor& t, double value) override {
+    const auto on = here();
     if (graphs_->skip("fill", t, value)) return;
     if (t.dtype == DType::f64 && value == 0.0) {
       LMSCOPE_CUDA_CHECK(cudaMemsetAsync(t.data, 0, t.bytes(), stream_));
@@ -134,17 +155,20 @@ class CudaBackend final : public Backend {
     cuda::fill(t.data, elem(t), t.numel(), static_cast<float>(value), stream_);
   }
   void add(const Tensor& a, const Tensor& b, const Tensor& out) override {
+    const auto on = here();
     same_shape(a, b, "add");
     same_shape(a, out, "add out");
     if (graphs_->skip("add", a, b, out)) return;
     cuda::add(a.data, elem(a), b.data, elem(b), out.data, elem(out), a.numel(), stream_);
   }
   void cast(const Tensor& in, const Tensor& out) override {
+    const auto on = here();
     same_shape(in, out, "cast");
     if (graphs_->skip("cast", in, out)) return;
     cuda::cast(in.data, elem(in), out.data, elem(out), in.numel(), stream_);
   }
   void cast_all(std::span<const Tensor> ins, std::span<const Tensor> outs) override {
+    const auto on = here();
     LMSCOPE_CHECK(ins.size() == outs.size(), "cast_all of {} tensors into {}", ins.size(), outs.size());
     graphs_->note("cast_all", ins.size());
     for (std::size_t i = 0; i < ins.size(); ++i) {
@@ -164,6 +188,7 @@ class CudaBackend final : public Backend {
   }
 
   void add_all(std::span<const Tensor> as, std::span<const Tensor> bs, std::span<const Tensor> outs) override {
+    const auto on = here();
     LMSCOPE_CHECK(as.size() == bs.size() && as.size() == outs.size(), "add_all of {}, {} and {} tensors", as.size(),
                   bs.size(), outs.size());
     graphs_->note("add_all", as.size());
@@ -191,11 +216,14 @@ class CudaBackend final : public Backend {
   }
 
   void set_collective_sms(int sms) override {
+    const auto on = here();
     LMSCOPE_CHECK(!graphs_->active(), "collectives beside a device graph");
     gemm_->set_held_sms(sms);
   }
 
   void gemm(const GemmArgs& g) override {
+    const auto on = here();
+    gemm_->take_workspace();  // the host side: a replayed GEMM holds it too
     if (graphs_->skip("gemm", g.trans_a, g.trans_b, g.m, g.n, g.k, g.alpha, g.beta, g.a, g.b, g.c, g.lda, g.ldb, g.ldc,
                       g.batch, g.stride_a, g.stride_b, g.stride_c))
       return;
@@ -203,16 +231,19 @@ class CudaBackend final : public Backend {
   }
 
   void embedding_forward(const Tensor& ids, const Tensor& table, const Tensor& out) override {
+    const auto on = here();
     if (graphs_->skip("embedding_forward", ids, table, out)) return;
     cuda::embedding_forward(i32(ids), f32(table), f32(out), ids.numel(), table.dim(1), stream_);
   }
   void embedding_backward(const Tensor& ids, const Tensor& dout, const Tensor& dtable, bool accumulate) override {
+    const auto on = here();
     if (graphs_->skip("embedding_backward", ids, dout, dtable, accumulate)) return;
     cuda::embedding_backward(i32(ids), f32(dout), f32(dtable), ids.numel(), dtable.dim(0), dtable.dim(1), accumulate,
                              stream_);
   }
 
   void rmsnorm_forward(const Tensor& x, const Tensor& w, const Tensor& out, const Tensor& rstd, double eps) override {
+    const auto on = here();
     if (graphs_->skip("rmsnorm_forward", x, w, out, rstd, eps)) return;
     const std::int64_t d = x.dim(-1);
     cuda::rmsnorm_forward(f32(x), f32(w), out.data, elem(out), f32(rstd), x.numel() / d, d, static_cast<float>(eps),
@@ -220,6 +251,7 @@ class CudaBackend final : public Backend {
   }
   void rmsnorm_backward(const Tensor& dout, const Tensor& x, const Tensor& w, const Tensor& rstd, const Tensor& dx,
                         const Tensor& dw) override {
+    const auto on = here();
     const std::int64_t d = x.dim(-1), n = x.numel() / d;
     const Allocation partials = scratch::cuda_rmsnorm_backward(alloc_, n, d);
     if (graphs_->skip("rmsnorm_backward", dout, x, w, rstd, dx, dw, partials.tensor())) return;
@@ -228,6 +260,7 @@ class CudaBackend final : public Backend {
   }
   void add_rmsnorm_forward(const Tensor& x, const Tensor& y, const Tensor& h, const Tensor& w, const Tensor& out,
                            const Tensor& rstd, double eps) override {
+    const auto on = here();
     same_shape(x, y, "add_rmsnorm y");
     same_shape(x, h, "add_rmsnorm h");
     if (graphs_->skip("add_rmsnorm_forward", x, y, h, w, out, rstd, eps)) return;
@@ -238,6 +271,7 @@ class CudaBackend final : public Backend {
   void rmsnorm_backward_add(const Tensor& dout, const Tensor& x, const Tensor& w, const Tensor& rstd,
                             const Tensor& dresidual, const Tensor& dx, const Tensor& dw,
                             const Tensor& dx_lowp) override {
+    const auto on = here();
     same_shape(x, dresidual, "rmsnorm_backward_add dresidual");
     if (!dx_lowp.empty()) {
       same_shape(x, dx_lowp, "rmsnorm_backward_add dx_lowp");
@@ -266,6 +300,7 @@ class CudaBackend final : public Backend {
   }
 
   void softmax_forward(const Tensor& scores, const Tensor& probs, double scale, bool causal) override {
+    const auto on = here();
     same_shape(scores, probs, "softmax");
     same_dtype(scores, probs, "softmax");
     if (graphs_->skip("softmax_forward", scores, probs, scores.dim(-2), scale, causal)) return;
@@ -274,6 +309,7 @@ class CudaBackend final : public Backend {
                           static_cast<float>(scale), causal, stream_);
   }
   void softmax_backward(const Tensor& probs, const Tensor& dprobs, const Tensor& dscores, double scale) override {
+    const auto on = here();
     same_dtype(probs, dprobs, "softmax backward");
     same_dtype(probs, dscores, "softmax backward");
     if (graphs_->skip("softmax_backward", probs, dprobs, dscores, scale)) return;
@@ -284,9 +320,10 @@ class CudaBackend final : public Backend {
 
   void flash_attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out, const Tensor& lse,
                                double scale, bool causal) override {
+    const auto on = here();
     const AttentionShape s = flash_shape(q, k, v, out, lse);
     const int d = static_cast<int>(s.d);
-    const cuda::FlashAttentionPlan plan = cuda::flash_attention_plan(elem(q), d, s.n, s.tq, s.tk, causal, true);
+    const FlashAttentionPlan plan = flash_attention_plan(flash_facts(), elem(q), d, s.n, s.tq, s.tk, causal, true);
     Allocation parts = scratch::cuda_flash_forward(alloc_, plan);
     if (graphs_->skip("flash_attention_forward", q, k, v, out, lse, parts.tensor(), s.n, s.tq, s.tk, scale, causal))
       return;
@@ -297,6 +334,7 @@ class CudaBackend final : public Backend {
   FlashDq flash_attention_backward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out,
                                    const Tensor& lse, const Tensor& dout, const Tensor& dq, const Tensor& dk,
                                    const Tensor& dv, double scale, bool causal, FlashDq dq_sum) override {
+    const auto on = here();
     const AttentionShape s = flash_shape(q, k, v, out, lse);
     for (const Tensor* t : {&dout, &dq, &dk, &dv}) same_dtype(q, *t, "flash attention backward");
     same_shape(dout, out, "flash attention dout");
@@ -304,8 +342,7 @@ class CudaBackend final : public Backend {
     same_shape(dk, k, "flash attention dk");
     same_shape(dv, v, "flash attention dv");
     const int d = static_cast<int>(s.d);
-    const cuda::FlashAttentionPlan plan =
-        scratch::cuda_flash_backward_plan(cuda::flash_kernel_facts(), elem(q), s, causal, dq_sum);
+    const FlashAttentionPlan plan = scratch::cuda_flash_backward_plan(flash_facts(), elem(q), s, causal, dq_sum);
     const scratch::CudaFlashBackward w = scratch::cuda_flash_backward(alloc_, plan, s);
     const FlashDq summed = plan.atomic_dq() ? FlashDq::atomic : FlashDq::deterministic;  // fp32: never atomic
     if (graphs_->skip("flash_attention_backward", q, k, v, out, lse, dout, dq, dk, dv, w.delta.tensor(),
@@ -320,6 +357,7 @@ class CudaBackend final : public Backend {
   }
 
   void swiglu_forward(const Tensor& a, const Tensor& b, const Tensor& out) override {
+    const auto on = here();
     same_dtype(a, b, "swiglu");
     same_dtype(a, out, "swiglu");
     if (graphs_->skip("swiglu_forward", a, b, out)) return;
@@ -327,6 +365,7 @@ class CudaBackend final : public Backend {
   }
   void swiglu_backward(const Tensor& a, const Tensor& b, const Tensor& dout, const Tensor& da,
                        const Tensor& db) override {
+    const auto on = here();
     for (const Tensor* t : {&b, &dout, &da, &db}) same_dtype(a, *t, "swiglu backward");
     if (graphs_->skip("swiglu_backward", a, b, dout, da, db)) return;
     cuda::swiglu_backward(a.data, b.data, dout.data, da.data, db.data, elem(a), a.numel(), stream_);
@@ -335,6 +374,7 @@ class CudaBackend final : public Backend {
   using Backend::cross_entropy_forward;
   void cross_entropy_forward(const Tensor& logits, const Tensor& targets, const Tensor& lse, const Tensor& loss,
                              double scale, bool accumulate) override {
+    const auto on = here();
     const std::int64_t v = logits.dim(-1), n = logits.numel() / v;
     Allocation row_loss = scratch::cuda_cross_entropy(alloc_, n);
     if (graphs_->skip("cross_entropy_forward", logits, targets, lse, loss, row_loss.tensor(), scale, accumulate))
@@ -344,6 +384,7 @@ class CudaBackend final : public Backend {
   }
   void cross_entropy_backward(const Tensor& logits, const Tensor& targets, const Tensor& lse, const Tensor& dlogits,
                               double scale) override {
+    const auto on = here();
     same_dtype(logits, dlogits, "cross-entropy backward");
     if (graphs_->skip("cross_entropy_backward", logits, targets, lse, dlogits, scale)) return;
     const std::int64_t v = logits.dim(-1), n = logits.numel() / v;
@@ -364,6 +405,7 @@ class CudaBackend final : public Backend {
   }
 
   void global_norm(std::span<const Tensor> tensors, const Tensor& out) override {
+    const auto on = here();
     double* partials = norm_partials(tensors.size()).as<double>();
     graphs_->note("global_norm", norm_sum_.tensor(), out, tensors.size());
     for (const Tensor& t : tensors) graphs_->note("global_norm input", t);
@@ -377,6 +419,7 @@ class CudaBackend final : public Backend {
   void adamw_all(std::span<const Tensor> params, std::span<const Tensor> grads, std::span<const Tensor> m,
                  std::span<const Tensor> v, const AdamWArgs& a, const Tensor& grad_norm, const CopyFor& copy,
                  const GradientRead& read) override {
+    const auto on = here();
     LMSCOPE_CHECK(grads.size() == params.size() && m.size() == params.size() && v.size() == params.size(),
                   "adamw_all of {} parameters with {} gradients and {} and {} moments", params.size(), grads.size(),
                   m.size(), v.size());
@@ -386,7 +429,7 @@ class CudaBackend final : public Backend {
                   a.skip_nonfinite);
     std::vector<const void*> xs;
     std::vector<std::int64_t> ns;
-    const cuda::Elem eg = grads.empty() ? cuda::Elem::f32 : elem(grads[0]);
+    const Elem eg = grads.empty() ? Elem::f32 : elem(grads[0]);
     for (std::size_t i = 0; i < params.size(); ++i) {
       for (const Tensor* t : {&grads[i], &m[i], &v[i]}) same_shape(params[i], *t, "adamw_all gradient or moment");
       same_dtype(grads[0], grads[i], "adamw_all gradients");
@@ -406,7 +449,7 @@ class CudaBackend final : public Backend {
         check_lowp_copy(c, params[i]);
         graphs_->note("adamw_all copy", c);
         ts.push_back({f32(params[i]), grad_data(grads[i]), f32(m[i]), f32(v[i]), params[i].numel(), c.data,
-                      c.empty() ? cuda::Elem::bf16 : elem(c), eg});
+                      c.empty() ? Elem::bf16 : elem(c), eg});
       }
       if (!graphs_->replaying())
         cuda::adamw_many(ts.data(), static_cast<std::int64_t>(ts.size()), consts,
@@ -420,6 +463,7 @@ class CudaBackend final : public Backend {
 
   void adamw(const Tensor& p, const Tensor& g, const Tensor& m, const Tensor& v, const AdamWArgs& a,
              const Tensor& grad_norm, const Tensor& lowp_copy) override {
+    const auto on = here();
     check_lowp_copy(lowp_copy, p);
     const cuda::AdamWConsts consts = adamw_consts(a);
     const bool read_norm = a.max_norm > 0 || a.skip_nonfinite;
@@ -429,7 +473,7 @@ class CudaBackend final : public Backend {
     same_shape(p, g, "adamw gradient");
     cuda::adamw(f32(p), grad_data(g), elem(g), f32(m), f32(v), p.numel(), consts,
                 a.step_scalars.empty() ? nullptr : f32(a.step_scalars), read_norm ? f32(grad_norm) : nullptr,
-                lowp_copy.data, lowp_copy.empty() ? cuda::Elem::bf16 : elem(lowp_copy), stream_);
+                lowp_copy.data, lowp_copy.empty() ? Elem::bf16 : elem(lowp_copy), stream_);
   }
 
  private:
@@ -452,6 +496,10 @@ class CudaBackend final : public Backend {
             static_cast<float>(k[1]),       static_cast<float>(k[2]),
             static_cast<float>(a.max_norm), a.skip_nonfinite};
   }
+  // This backend's GPU made current for the scope of a call (and the caller's current again after).
+  cuda::DeviceGuard here() const { return cuda::DeviceGuard(device_.index()); }
+  const FlashKernelFacts& flash_facts() const { return device_.facts().flash; }
+  Device device_;
   CudaAllocator alloc_;
   cudaStream_t stream_ = nullptr;
   std::unique_ptr<cuda::Gemm> gemm_;
@@ -464,6 +512,7 @@ class CudaBackend final : public Backend {
   // side's dims size the launch).
   void move_heads(std::span<const Tensor> ins, std::span<const Tensor> outs, std::span<const double> thetas,
                   bool to_heads_major) {
+    const auto on = here();
     check_heads_all(ins, outs, thetas);
     const char* op = to_heads_major ? "split_heads" : "merge_heads";
     std::vector<cuda::HeadMove> run;
@@ -494,9 +543,14 @@ class CudaBackend final : public Backend {
 
 }  // namespace
 
+std::unique_ptr<Backend> make_cuda_backend(const Device& device, GemmMath math) {
+  LMSCOPE_CHECK(device.kind() == DeviceKind::cuda, "a CUDA backend for {}", device.name());
+  return std::make_unique<CudaBackend>(device, math);
+}
+
 std::unique_ptr<Backend> make_cuda_backend(GemmMath math) {
   if (list_gpus().empty()) throw Unsupported("no CUDA GPU is visible to this process");
-  return std::make_unique<CudaBackend>(math);
+  return make_cuda_backend(cuda_device(current_cuda_device()), math);
 }
 
 }  // namespace lmscope

@@ -1,6 +1,9 @@
 #include "lmscope/backend/devices.h"
 #include "lmscope/core/error.h"
+#include "lmscope/cuda/cuda_check.h"
+#include "lmscope/cuda/device_guard.h"
 #include "lmscope/cuda/kernels.h"
+#include "lmscope/device/device.h"
 
 #include <cuda_runtime.h>
 
@@ -32,6 +35,28 @@ void use_gpu(int index) {
     user_error("cannot use GPU {}: {}", index, cudaGetErrorString(cudaGetLastError()));
 }
 
-cuda::FlashKernelFacts visible_gpu_flash_facts() { return cuda::flash_kernel_facts(); }
+int current_cuda_device() {
+  int device = 0;
+  LMSCOPE_CUDA_CHECK(cudaGetDevice(&device));
+  return device;
+}
+
+Device cuda_device(int index) {
+  const std::vector<GpuInfo> gpus = list_gpus();
+  if (index < 0 || static_cast<std::size_t>(index) >= gpus.size())
+    user_error("there is no GPU {}: this process sees {}", index, gpus.size());
+  const GpuInfo& g = gpus[static_cast<std::size_t>(index)];
+  DeviceFacts f;
+  f.name = g.name;
+  f.compute_major = g.compute_major;
+  f.compute_minor = g.compute_minor;
+  f.sms = g.multiprocessors;
+  f.memory_bytes = g.memory_bytes;
+  const cuda::DeviceGuard on(index);  // the kernels' residency is asked of that GPU
+  f.flash = cuda::flash_kernel_facts();
+  return Device(DeviceKind::cuda, index, std::move(f));
+}
+
+FlashKernelFacts visible_gpu_flash_facts() { return cuda_device(current_cuda_device()).facts().flash; }
 
 }  // namespace lmscope

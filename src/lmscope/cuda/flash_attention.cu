@@ -17,6 +17,7 @@
 // docs/flash-attention.md has the floors, the measurements and why the code is shaped so; the steps
 // comments cite (step N) are entries of docs/log/flash-attention.md, each with its date and commit.
 #include "lmscope/cuda/launch_check.cuh"
+#include "lmscope/cuda/per_device.cuh"
 #include "lmscope/cuda/storage.cuh"
 #include "lmscope/cuda/tile_order.h"
 #include "lmscope/cuda/wgmma.cuh"
@@ -102,29 +103,28 @@ constexpr int dq_wgmma_smem() {
   return 2 * kWgTileQ * D * 2 + key_value_ring_bytes<D, kWgTileK, kWgStages>() + sm90::kAtomBytes;
 }
 
+// The current GPU's SMs (per device: per_device.cuh).
 int sm_count() {
-  static const int sms = [] {
-    int device = 0, count = 0;
-    if (cudaGetDevice(&device) != cudaSuccess ||
-        cudaDeviceGetAttribute(&count, cudaDevAttrMultiProcessorCount, device) != cudaSuccess)
+  static PerDevice<int, int> known;
+  return known.get(0, [](int device) {
+    int count = 0;
+    if (cudaDeviceGetAttribute(&count, cudaDevAttrMultiProcessorCount, device) != cudaSuccess)
       throw std::runtime_error("flash attention: cannot read the GPU's SM count");
     return count;
-  }();
-  return sms;
+  });
 }
-// The GPU's SMs where the Hopper kernels (kHopperHeadDim) can run: a Hopper GPU with their
+// The current GPU's SMs where the Hopper kernels (kHopperHeadDim) can run: a Hopper GPU with their
 // sm_90a code in this binary (a build for other architectures, or compute_80 PTX compiled at load,
 // leaves it empty); 0 elsewhere, or with LMSCOPE_NO_WGMMA=1, which picks the mma.sync kernels for
 // comparison and tests.
 bool hopper_capable() {
-  static const bool hopper = [] {
-    int device = 0, major = 0;
+  static PerDevice<int, bool> known;
+  return known.get(0, [](int device) {
+    int major = 0;
     cudaFuncAttributes attr{};
-    return cudaGetDevice(&device) == cudaSuccess &&
-           cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device) == cudaSuccess && major == 9 &&
+    return cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device) == cudaSuccess && major == 9 &&
            cudaFuncGetAttributes(&attr, flash_forward_wgmma<64, false>) == cudaSuccess && attr.ptxVersion >= 90;
-  }();
-  return hopper;
+  });
 }
 int hopper_sms() {
   if (const char* off = std::getenv("LMSCOPE_NO_WGMMA"); off && *off && std::strcmp(off, "0") != 0) return 0;
@@ -138,6 +138,7 @@ CUtensorMap encode_map(CUtensorMapDataType type, cuuint32_t rank, const void* ba
   using Encode = CUresult (*)(CUtensorMap*, CUtensorMapDataType, cuuint32_t, void*, const cuuint64_t*,
                               const cuuint64_t*, const cuuint32_t*, const cuuint32_t*, CUtensorMapInterleave,
                               CUtensorMapSwizzle, CUtensorMapL2promotion, CUtensorMapFloatOOBfill);
+  // The driver's function, the same for every device: one per process is safe.
   static const Encode encode = [] {
     void* fn = nullptr;
     cudaDriverEntryPointQueryResult found{};
@@ -178,22 +179,18 @@ CUtensorMap row_map(const float* base, long long n, long long rows, int box) {
   return encode_map(CU_TENSOR_MAP_DATA_TYPE_FLOAT32, 2, base, dims, strides, boxes, CU_TENSOR_MAP_SWIZZLE_NONE);
 }
 
-// CTAs of a kernel that one SM holds at once (asked of the driver once per kernel and shared memory
-// size; the CUDA-core kernels' size follows the head dim).
+// CTAs of a kernel that one SM of the current GPU holds at once (asked of the driver once per device,
+// kernel and shared memory size; the CUDA-core kernels' size follows the head dim).
 template <typename Kernel>
 int resident_ctas(Kernel kernel, int threads, int smem) {
-  static std::mutex mutex;
-  static std::map<std::pair<const void*, int>, int> known;
-  const std::lock_guard<std::mutex> lock(mutex);
-  auto [it, fresh] = known.try_emplace({reinterpret_cast<const void*>(kernel), smem}, 0);
-  if (fresh) {
+  static PerDevice<std::pair<const void*, int>, int> known;
+  return known.get({reinterpret_cast<const void*>(kernel), smem}, [&](int) {
     allow_smem(kernel, smem);
     int blocks = 0;
     if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, kernel, threads, smem) != cudaSuccess)
       throw std::runtime_error("flash attention: cannot read a kernel's occupancy");
-    it->second = std::max(blocks, 1);
-  }
-  return it->second;
+    return std::max(blocks, 1);
+  });
 }
 
 // The tiles a kernel's CTAs take: n sequences of t rows in tiles of `rows`, each cut into `parts`;
@@ -278,14 +275,11 @@ void add_parts_into(void* out, const float* from, int parts, long long slice, cu
 
 bool flash_attention_supports(int d) { return d >= 1 && d <= kSimtMaxD; }
 
-const FlashKernelFacts& flash_kernel_facts() {
-  static const FlashKernelFacts device = read_kernel_facts();
-  static const FlashKernelFacts without_wgmma = [] {
-    FlashKernelFacts f = device;
-    f.hopper = false;
-    return f;
-  }();
-  return hopper_sms() > 0 ? device : without_wgmma;
+FlashKernelFacts flash_kernel_facts() {
+  static PerDevice<int, FlashKernelFacts> known;
+  FlashKernelFacts facts = known.get(0, [](int) { return read_kernel_facts(); });
+  if (hopper_sms() == 0) facts.hopper = false;
+  return facts;
 }
 
 void flash_attention_forward(const void* q, const void* k, const void* v, void* o, float* lse, Elem e, std::int64_t n,

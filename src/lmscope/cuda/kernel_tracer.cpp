@@ -35,7 +35,8 @@ void cupti_check(CUptiResult r, const char* what) {
 }
 
 // CUPTI hands buffers back to plain functions (on its own thread), so records gather in one
-// process-wide place; hence one tracer at a time.
+// process-wide place; hence one tracer at a time. Per process, not per device, as CUPTI's activity
+// API is: it hears every device's kernels, each record naming its device.
 struct Collector {
   std::mutex mu;
   bool active = false;

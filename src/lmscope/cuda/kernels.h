@@ -3,7 +3,7 @@
 // stream; shapes are the backend's to check. Arithmetic is fp32 whatever the storage.
 #pragma once
 
-#include "lmscope/cuda/flash_plan.h"
+#include "lmscope/device/flash_plan.h"
 
 #include <cuda_runtime.h>
 
@@ -124,17 +124,10 @@ void permute_heads(const HeadMove* moves, int count, Elem e, std::int64_t b, std
 // storage named; lse [n, tq] fp32 (natural log of Σ exp(scale·s)); causal masks key j > query i.
 // Tensor cores for bf16 and f16 with d in {16, 32, 64, 80, 96, 128}; CUDA cores otherwise (d ≤ 128).
 bool flash_attention_supports(int d);
-// The facts the plan reads (flash_plan.h) of the GPU in use, asked of the driver once; the Hopper
-// kernels count as absent with LMSCOPE_NO_WGMMA=1, which picks the mma.sync kernels for comparison.
-const FlashKernelFacts& flash_kernel_facts();
-inline FlashAttentionPlan flash_attention_plan(Elem e, int d, std::int64_t n, std::int64_t tq, std::int64_t tk,
-                                               bool causal, bool deterministic) {
-  return flash_attention_plan(flash_kernel_facts(), e, d, n, tq, tk, causal, deterministic);
-}
-inline FlashAttentionPlan flash_attention_fastest_plan(Elem e, int d, std::int64_t n, std::int64_t tq, std::int64_t tk,
-                                                       bool causal) {
-  return flash_attention_fastest_plan(flash_kernel_facts(), e, d, n, tq, tk, causal);
-}
+// The facts the plan reads (device/flash_plan.h) of the current GPU, asked of the driver once per
+// device; the Hopper kernels count as absent with LMSCOPE_NO_WGMMA=1, which picks the mma.sync
+// kernels for comparison. A backend plans with its Device's (cuda_device reads them here).
+FlashKernelFacts flash_kernel_facts();
 // workspace: plan.forward_workspace floats (null where 0).
 void flash_attention_forward(const void* q, const void* k, const void* v, void* o, float* lse, Elem e, std::int64_t n,
                              std::int64_t tq, std::int64_t tk, int d, float scale, bool causal,

@@ -2,6 +2,7 @@
 // fp32 arithmetic whatever the storage.
 #include "lmscope/cuda/kernels.h"
 #include "lmscope/cuda/launch_check.cuh"
+#include "lmscope/cuda/per_device.cuh"
 #include "lmscope/cuda/reduce.cuh"
 #include "lmscope/cuda/storage.cuh"
 
@@ -244,18 +245,17 @@ __global__ void __launch_bounds__(kDwLanes* kDwRowGroups)
   }
 }
 
-// Whether this GPU runs this binary's clustered dw kernel: compute capability 9 or more, and code
-// for it built in (a build for sm_80 alone runs its PTX, which has no clusters).
+// Whether the current GPU runs this binary's clustered dw kernel: compute capability 9 or more, and
+// code for it built in (a build for sm_80 alone runs its PTX, which has no clusters). Per device.
 bool dw_clusters() {
-  static const bool ok = [] {
-    int device = 0, major = 0;
+  static PerDevice<int, bool> known;
+  return known.get(0, [](int device) {
+    int major = 0;
     cudaFuncAttributes attr{};
-    return cudaGetDevice(&device) == cudaSuccess &&
-           cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device) == cudaSuccess && major >= 9 &&
+    return cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device) == cudaSuccess && major >= 9 &&
            cudaFuncGetAttributes(&attr, rmsnorm_backward_dw_kernel<float, kDwClusterRanks, 1, true>) == cudaSuccess &&
            attr.ptxVersion >= 90;
-  }();
-  return ok;
+  });
 }
 
 // Columns a thread of the dw kernel takes: 2 where d and the rows' bases allow pairs, else 1 (the

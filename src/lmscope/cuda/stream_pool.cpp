@@ -15,7 +15,8 @@ struct Pool {
   int count = 0;
 };
 
-// Never destroyed: its streams outlive every backend, and the driver ends them with the process.
+// Never destroyed: its streams outlive every backend, and the driver ends them with the process. One
+// per process is safe beside several devices: streams are kept and handed out per device.
 Pool& pool() {
   static Pool* p = new Pool;
   return *p;

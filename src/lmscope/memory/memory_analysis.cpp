@@ -1,6 +1,6 @@
 #include "lmscope/memory/memory_analysis.h"
 
-#include "lmscope/cuda/h100_facts.h"
+#include "lmscope/device/device_facts.h"
 
 #include <algorithm>
 #include <map>
@@ -76,14 +76,14 @@ void MemoryReplay::apply(const MemEvent& e) {
       segment_at_.emplace(e.address, next_);
       segments_.emplace(next_++, Segment{e.address, e.bytes, false, {}});
       reserved_ += e.bytes;
-      paged_ += cuda::driver_segment_bytes(e.bytes);
+      paged_ += driver_segment_bytes(e.bytes);
       break;
     case MemAction::segment_free: {
       auto at = segment_at_.find(e.address);
       LMSCOPE_CHECK(at != segment_at_.end() && segments_.at(at->second).live.empty(),
                     "a segment freed at {:#x} that is not free", e.address);
       reserved_ -= segments_.at(at->second).bytes;
-      paged_ -= cuda::driver_segment_bytes(segments_.at(at->second).bytes);
+      paged_ -= driver_segment_bytes(segments_.at(at->second).bytes);
       segments_.erase(at->second);
       segment_at_.erase(at);
       break;

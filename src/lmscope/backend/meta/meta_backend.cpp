@@ -2,8 +2,8 @@
 
 #include "lmscope/backend/devices.h"
 #include "lmscope/backend/op_scratch.h"
-#include "lmscope/cuda/h100_facts.h"
-#include "lmscope/cuda/storage_elem.h"
+#include "lmscope/device/device_facts.h"
+#include "lmscope/device/storage_elem.h"
 
 #include <cstring>
 
@@ -32,7 +32,7 @@ class MetaAllocator final : public Allocator {
   void segment_free(void*, std::size_t bytes) override { counted_ -= counted(bytes); }
 
  private:
-  std::size_t counted(std::size_t bytes) const { return cuda_pages_ ? cuda::driver_segment_bytes(bytes) : bytes; }
+  std::size_t counted(std::size_t bytes) const { return cuda_pages_ ? driver_segment_bytes(bytes) : bytes; }
   std::string name_;
   std::size_t capacity_;
   bool cuda_pages_;
@@ -57,7 +57,10 @@ class MetaBackend final : public Backend {
   void fill(const Tensor&, double) override {}
   void add(const Tensor&, const Tensor&, const Tensor&) override {}
   void cast(const Tensor&, const Tensor&) override {}
-  void gemm(const GemmArgs&) override {}
+  void gemm(const GemmArgs&) override {
+    // As the CUDA backend's first GEMM makes cuBLASLt's workspace (cuda/gemm.h), held from then on.
+    if (on_cuda() && gemm_workspace_.empty()) gemm_workspace_ = scratch::cuda_gemm_workspace(alloc_);
+  }
   void embedding_forward(const Tensor&, const Tensor&, const Tensor&) override {}
   void embedding_backward(const Tensor&, const Tensor&, const Tensor&, bool) override {}
   void rmsnorm_forward(const Tensor&, const Tensor&, const Tensor&, const Tensor&, double) override {}
@@ -76,8 +79,7 @@ class MetaBackend final : public Backend {
     if (!on_cuda()) return;
     scratch::cuda_flash_limits(s);
     const Allocation parts = scratch::cuda_flash_forward(
-        alloc_,
-        cuda::flash_attention_plan(target_.flash, elem(q), static_cast<int>(s.d), s.n, s.tq, s.tk, causal, true));
+        alloc_, flash_attention_plan(target_.flash, elem(q), static_cast<int>(s.d), s.n, s.tq, s.tk, causal, true));
   }
   FlashDq flash_attention_backward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out,
                                    const Tensor& lse, const Tensor&, const Tensor&, const Tensor&, const Tensor&,
@@ -88,7 +90,7 @@ class MetaBackend final : public Backend {
       return FlashDq::deterministic;
     }
     scratch::cuda_flash_limits(s);
-    const cuda::FlashAttentionPlan plan = scratch::cuda_flash_backward_plan(target_.flash, elem(q), s, causal, dq_sum);
+    const FlashAttentionPlan plan = scratch::cuda_flash_backward_plan(target_.flash, elem(q), s, causal, dq_sum);
     const scratch::CudaFlashBackward w = scratch::cuda_flash_backward(alloc_, plan, s);
     return plan.atomic_dq() ? FlashDq::atomic : FlashDq::deterministic;
   }
@@ -114,13 +116,14 @@ class MetaBackend final : public Backend {
 
  private:
   bool on_cuda() const { return target_.device == "cuda"; }
-  static cuda::Elem elem(const Tensor& t) { return cuda::storage_elem(t); }
+  static Elem elem(const Tensor& t) { return storage_elem(t); }
   void rope(std::int64_t t, std::int64_t dk, double theta) {
     if (on_cuda()) rope_tables_.get(alloc_, t, dk, theta);
   }
 
   DryRunTarget target_;
   MetaAllocator alloc_;
+  Allocation gemm_workspace_;
   Allocation norm_sum_;
   scratch::RopeTables rope_tables_;
 };
@@ -136,19 +139,15 @@ DryRunTarget dry_run_target(const std::string& device, std::size_t memory_limit)
     return t;
   }
   if (device != "cuda") user_error("unknown device '{}' (use cpu or cuda)", device);
-  const std::vector<GpuInfo> gpus = list_gpus();
-  if (!gpus.empty()) {
-    t.device_name = "cuda:0 (" + gpus[0].name + ")";
-    t.memory = memory_limit ? memory_limit : gpus[0].memory_bytes;
-    t.flash = visible_gpu_flash_facts();
-  } else {
-    t.device_name = "cuda:0 (NVIDIA H100 80GB HBM3)";
-    t.memory = memory_limit ? memory_limit : cuda::h100_memory_bytes();
-    t.flash = cuda::h100_flash_facts();
-  }
+  // The current GPU where there is one, else the stored H100 standing as GPU 0.
+  const Device gpu =
+      list_gpus().empty() ? Device(DeviceKind::cuda, 0, h100_facts()) : cuda_device(current_cuda_device());
+  t.device_name = gpu.name();
+  t.memory = memory_limit ? memory_limit : gpu.facts().memory_bytes;
+  t.flash = gpu.facts().flash;
   if (t.device_name.find("H100 80GB HBM3") != std::string::npos) {
-    t.overhead = cuda::h100_device_overhead_bytes();
-    t.overhead_source = cuda::h100_device_overhead_source();
+    t.overhead = h100_device_overhead_bytes();
+    t.overhead_source = h100_device_overhead_source();
   }
   return t;
 }

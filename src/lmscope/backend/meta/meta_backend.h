@@ -6,7 +6,7 @@
 #pragma once
 
 #include "lmscope/backend/backend.h"
-#include "lmscope/cuda/flash_plan.h"
+#include "lmscope/device/flash_plan.h"
 
 #include <memory>
 #include <string>
@@ -20,12 +20,12 @@ struct DryRunTarget {
   // What the device holds beyond the allocator (CUDA context, cuBLASLt workspace), as measured on
   // it (0 where not known); the allocator may hand out memory minus this.
   std::size_t overhead = 0;
-  std::string overhead_source;   // where that figure comes from
-  cuda::FlashKernelFacts flash;  // cuda: what the flash-attention plan reads of the GPU
+  std::string overhead_source;  // where that figure comes from
+  FlashKernelFacts flash;       // cuda: what the flash-attention plan reads of the GPU
 };
 
 // The device a dry run stands for: the host for cpu; for cuda, the visible GPU when there is one,
-// else an H100 80GB HBM3 (its facts are stored: cuda/h100_facts.cpp). memory_limit 0: the device's
+// else an H100 80GB HBM3 (its facts are stored: device/device_facts.cpp). memory_limit 0: the device's
 // memory (the host's available memory; the GPU's, or the stored H100's with none).
 DryRunTarget dry_run_target(const std::string& device, std::size_t memory_limit = 0);
 

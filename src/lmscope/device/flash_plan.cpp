@@ -1,12 +1,19 @@
-#include "lmscope/cuda/flash_plan.h"
+#include "lmscope/device/flash_plan.h"
 
 #include "lmscope/cuda/tile_order.h"
 
 #include <algorithm>
 #include <stdexcept>
 
-namespace lmscope::cuda {
+namespace lmscope {
 namespace {
+
+// The parts' rules, shared with the kernels that order the CTAs (plain C++ and CUDA).
+using cuda::kBackwardShares;
+using cuda::kForwardShares;
+using cuda::kLongPartShares;
+using cuda::kLongPartTiles;
+using cuda::split_parts;
 
 // Inner tiles of 64 that outer tile i of `rows` rows walks: key tiles under a query tile (the forward
 // and dQ kernels), query tiles under a key tile (the dK/dV kernels), as the kernels bound their loops.
@@ -65,12 +72,6 @@ bool tensor_core_head_dim(int d) { return d == 16 || d == 32 || d == 64 || d == 
 bool hopper_head_dim(int d) { return d == 32 || d == 64 || d == 80 || d == 128; }
 bool hopper_atomic_head_dim(int d) { return d == 32 || d == 64 || d == 128; }
 
-const FlashResidency& FlashKernelFacts::at(int d) const {
-  for (const FlashResidency& r : residency)
-    if (r.d == d) return r;
-  throw std::logic_error("flash attention: no residency known for head dim " + std::to_string(d));
-}
-
 FlashAttentionPlan flash_attention_plan(const FlashKernelFacts& gpu, Elem e, int d, std::int64_t n, std::int64_t tq,
                                         std::int64_t tk, bool causal, bool deterministic) {
   if (d < 1 || d > 128) throw std::invalid_argument("flash attention supports head dims 1 to 128");
@@ -108,4 +109,4 @@ FlashAttentionPlan flash_attention_fastest_plan(const FlashKernelFacts& gpu, Ele
   return atomic.dkdv_wgmma ? atomic : flash_attention_plan(gpu, e, d, n, tq, tk, causal, true);
 }
 
-}  // namespace lmscope::cuda
+}  // namespace lmscope

@@ -1,37 +1,23 @@
 // How one flash-attention call runs on a GPU, decided on the host: which kernel of each pass, into
-// how many parts each CTA's inner loop is cut, and the scratch the call takes. Plain C++17 (no CUDA
-// headers; nvcc reads it too), so that the shape-only dry run, on a machine without a GPU, plans exactly as the GPU
-// would from a stored copy of the facts the plan reads (FlashKernelFacts).
+// how many parts each CTA's inner loop is cut, and the scratch the call takes, as a pure function of
+// the call's shape and the GPU's description (FlashKernelFacts, device_facts.h). Plain C++17 (no CUDA
+// headers; nvcc reads it too), so that the shape-only dry run, on a machine without a GPU, plans
+// exactly as the GPU would from a stored copy of those facts.
 #pragma once
 
+#include "lmscope/device/device_facts.h"
+
 #include <cstdint>
-#include <vector>
 
-namespace lmscope::cuda {
+namespace lmscope {
 
+// The storage type of a tensor as the CUDA kernels take it (device/storage_elem.h maps a DType).
 enum class Elem { f32, bf16, f16 };
 
 // Tile rows the plan counts with; flash_attention.cu checks its kernels' constants against these.
 inline constexpr int kPlanSyncTile = 64;         // mma.sync kernels: queries and keys per CTA tile
 inline constexpr int kPlanHopperTile = 128;      // wgmma kernels: queries (forward, dQ) or keys (dK/dV) per CTA
 inline constexpr int kPlanHopperQueryTile = 64;  // wgmma dK/dV kernel: queries per inner tile
-
-// Per tensor-core head dim, CTAs of each kernel one SM holds at once (0: not asked, as for the Hopper
-// kernels where they do not run). `atomic`: the dK/dV kernel that also adds dQ by atomics.
-struct FlashResidency {
-  int d = 0;
-  int forward_tc = 0, dkdv_tc = 0, dkdv_tc_atomic = 0, dq_tc = 0;
-  int forward_wgmma = 0, backward_wgmma = 0, backward_wgmma_atomic = 0, dq_wgmma = 0;
-};
-
-// What a plan reads of the GPU: its SMs, whether the Hopper (sm_90a) kernels run there, and the
-// residency of every tensor-core kernel.
-struct FlashKernelFacts {
-  int sms = 0;
-  bool hopper = false;
-  std::vector<FlashResidency> residency;  // head dims 16, 32, 64, 80, 96, 128
-  const FlashResidency& at(int d) const;
-};
 
 // How one call runs, per tensor-core kernel: whether it is the Hopper one (wgmma: bf16, d 32, 64 or
 // 128 on a Hopper GPU, with 128-row CTAs for at least 7/8 of the SMs) or mma.sync, and into how
@@ -68,4 +54,4 @@ FlashAttentionPlan flash_attention_plan(const FlashKernelFacts& gpu, Elem e, int
 FlashAttentionPlan flash_attention_fastest_plan(const FlashKernelFacts& gpu, Elem e, int d, std::int64_t n,
                                                 std::int64_t tq, std::int64_t tk, bool causal);
 
-}  // namespace lmscope::cuda
+}  // namespace lmscope

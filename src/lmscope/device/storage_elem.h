@@ -4,11 +4,11 @@
 
 #include "lmscope/core/error.h"
 #include "lmscope/core/tensor.h"
-#include "lmscope/cuda/flash_plan.h"
+#include "lmscope/device/flash_plan.h"
 
 #include <fmt/format.h>
 
-namespace lmscope::cuda {
+namespace lmscope {
 
 // f32, bf16 or f16; Unsupported for any other dtype.
 inline Elem storage_elem(const Tensor& t) {
@@ -24,4 +24,4 @@ inline Elem storage_elem(const Tensor& t) {
   }
 }
 
-}  // namespace lmscope::cuda
+}  // namespace lmscope

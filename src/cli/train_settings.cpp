@@ -5,6 +5,7 @@
 #include "lmscope/backend/backend.h"
 #include "lmscope/bench/report.h"
 #include "lmscope/core/error.h"
+#include "lmscope/io/durable_file.h"
 #include "lmscope/model/attention.h"
 #include "lmscope/model/transformer.h"
 
@@ -159,6 +160,11 @@ void TrainSettings::validate(const CLI::App& app) {
   if (schedule.cosine && schedule.cosine_iters == 0) schedule.cosine_iters = steps;
   schedule.validate();
   optimizer.validate();
+}
+
+void TrainSettings::prepare_outputs() const {
+  if (!save.empty()) check_replaceable(save, "--save");
+  if (!trace.empty()) check_writable(trace, "--trace");
 }
 
 nlohmann::ordered_json TrainSettings::to_json() const {

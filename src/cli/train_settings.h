@@ -37,6 +37,9 @@ struct TrainSettings {
   // Checks every value (UserError naming the first bad one) and fills in what follows from the
   // others: the device when none was named, the schedule from --lr-schedule and --steps.
   void validate(const CLI::App& app);
+  // Before the first step, on the rank that writes: checks that --save and --trace can be written
+  // (UserError). Leaves no file behind.
+  void prepare_outputs() const;
   nlohmann::ordered_json to_json() const;
   // Takes a checkpoint's configuration: values of flags not given on `app`. Returns what differs,
   // in sentences. model_given: whether any model flag was given (then `model` must match).

@@ -1,0 +1,135 @@
+"""What lmscope train (and bench's and memory's --out) do with the files around a run, end to end on
+the CPU: what is at --save or a resumed --log is replaced only when it is a regular file (a symbolic
+link is followed); output paths are checked before the first step and the check leaves nothing
+behind; a failed write to the log ends the run (exit 1).
+Run by ctest with LMSCOPE pointing at the built program; LMSCOPE_TRAIN_DEVICE=cuda and
+LMSCOPE_TRAIN_PRECISION run the same tests on the GPU."""
+import glob
+import json
+import os
+import stat
+import subprocess
+import unittest
+
+import numpy as np
+
+from cli_support import FilesTest, read_safetensors, write_tokens
+
+LMSCOPE = os.environ["LMSCOPE"]
+DEVICE = os.environ.get("LMSCOPE_TRAIN_DEVICE", "cpu")
+PRECISION = os.environ.get("LMSCOPE_TRAIN_PRECISION", "fp32")
+MODEL = ["--device", DEVICE, "--precision", PRECISION, "--d-model", "64", "--d-ff", "128", "--layers", "2",
+         "--heads", "2", "--vocab", "300", "--ctx", "16", "--batch", "2", "--print-every", "1"]
+
+
+def run(*args, timeout=120):
+    return subprocess.run([LMSCOPE, *args], capture_output=True, text=True, timeout=timeout)
+
+
+def checkpoints(directory):
+    return sorted(os.path.basename(c) for c in glob.glob(os.path.join(directory, "step-*")))
+
+
+def read_bytes(path):
+    with open(path, "rb") as f:
+        return f.read()
+
+
+class TrainFiles(FilesTest):
+    @classmethod
+    def setUpClass(cls):
+        super().setUpClass()
+        cls.data = write_tokens(cls.path("tok.bin"), 4000, vocab=300)
+
+    def train(self, *args, timeout=120):
+        return run("train", *MODEL, "--data", self.data, *args, timeout=timeout)
+
+    def assertOneSentence(self, r, code, *says):
+        self.assertEqual(r.returncode, code, (r.stdout, r.stderr))
+        lines = r.stderr.strip().splitlines()
+        self.assertEqual(len(lines), 1, r.stderr)
+        for s in says:
+            self.assertIn(s, lines[0])
+
+    # 1: what is at --save, or at a log a resumed run rewrites, is replaced only when it is a regular file.
+    def test_save_refuses_what_is_not_a_regular_file_and_follows_a_link(self):
+        fifo, directory = self.path("save.fifo"), self.path("save.dir")
+        os.mkfifo(fifo)
+        os.makedirs(directory)
+        cases = [(fifo, "FIFO"), (directory, "directory")]
+        try:
+            os.mknod(self.path("nul"), 0o666 | stat.S_IFCHR, os.makedev(1, 3))
+            cases.append((self.path("nul"), "character device"))
+        except PermissionError:
+            pass  # making a device node needs root; the FIFO and the directory stand for it
+        for path, kind in cases:
+            r = self.train("--steps", "3", "--save", path)
+            self.assertOneSentence(r, 2, f"--save '{path}'", kind, "not a regular file")
+            self.assertNotIn("step ", r.stdout)  # refused before the first step
+        self.assertTrue(stat.S_ISFIFO(os.lstat(fifo).st_mode))
+        self.assertTrue(os.path.isdir(directory))
+        if len(cases) == 3:
+            self.assertTrue(stat.S_ISCHR(os.lstat(self.path("nul")).st_mode))
+        # A symbolic link is followed: the file it points to gets the weights, and the link stays.
+        target, link = self.path("target.safetensors"), self.path("link.safetensors")
+        with open(target, "w") as f:
+            f.write("old")
+        os.symlink(target, link)
+        r = self.train("--steps", "2", "--save", link)
+        self.assertEqual(r.returncode, 0, r.stderr)
+        self.assertTrue(os.path.islink(link))
+        self.assertIn("token_embeddings.weight", read_safetensors(target))
+
+    def test_a_resumed_log_is_rewritten_only_when_it_is_a_regular_file(self):
+        ckpt = self.path("logged")
+        r = self.train("--steps", "3", "--checkpoint-dir", ckpt, "--log", self.path("real.jsonl"))
+        self.assertEqual(r.returncode, 0, r.stderr)
+        fifo = self.path("log.fifo")
+        os.mkfifo(fifo)
+        r = run("train", "--resume", ckpt, "--steps", "4", "--log", fifo, timeout=60)
+        self.assertOneSentence(r, 2, f"--log '{fifo}'", "FIFO", "not a regular file")
+        self.assertTrue(stat.S_ISFIFO(os.lstat(fifo).st_mode))
+        self.assertEqual(checkpoints(ckpt), ["step-00000003"])  # nothing trained
+        link = self.path("link.jsonl")
+        os.symlink(self.path("real.jsonl"), link)
+        r = run("train", "--resume", ckpt, "--steps", "5", "--log", link)
+        self.assertEqual(r.returncode, 0, r.stderr)
+        self.assertTrue(os.path.islink(link))
+        with open(self.path("real.jsonl")) as f:
+            self.assertEqual([json.loads(line)["step"] for line in f], [1, 2, 3, 4, 5])
+
+    # 3: a write to the log that fails ends the run, naming the file and why.
+    def test_a_failed_log_write_ends_the_run_with_exit_1(self):
+        if not os.path.exists("/dev/full"):
+            self.skipTest("no /dev/full here")
+        r = self.train("--steps", "3", "--log", "/dev/full")
+        self.assertOneSentence(r, 1, "'/dev/full'", "No space left on device")
+
+    # 4: output paths are checked before the first step, and the check leaves no file behind.
+    def test_outputs_are_checked_before_the_first_step_leaving_nothing_behind(self):
+        trace = self.path("fresh-trace.json")
+        for flag, others in (("--save", ["--trace", trace]), ("--trace", ["--log", self.path("fresh.jsonl")])):
+            r = self.train("--steps", "200", *others, flag, self.path("nodir/out"))
+            self.assertOneSentence(r, 2, f"{flag} '{self.path('nodir/out')}'", "does not exist")
+            self.assertNotIn("step ", r.stdout)
+            self.assertFalse(os.path.exists(trace))
+        self.assertFalse(os.path.exists(self.path("fresh.jsonl")))
+        # bench and memory: --out kept as it was (not emptied) when another output is refused.
+        out = self.path("table.md")
+        with open(out, "w") as f:
+            f.write("the last sweep's table\n")
+        cell = ["--device", "cpu", "--d-model", "64", "--d-ff", "128", "--layers", "2", "--heads", "2", "--vocab",
+                "300", "--ctx", "16", "--batch", "2"]
+        for cmd, other in (("bench", ["--steps", "1", "--warmup", "0", "--trace", self.path("nodir/t.json")]),
+                           ("memory", ["--svg", self.path("nodir/m.svg")])):
+            r = run(cmd, *cell, *other, "--out", out)
+            self.assertOneSentence(r, 2, "does not exist")
+            with open(out) as f:
+                self.assertEqual(f.read(), "the last sweep's table\n")
+            r = run(cmd, *cell, *other[:-2], "--out", self.path("new-table.md"), "--trace" if cmd == "bench" else "--svg",
+                    self.path("nodir/x"))
+            self.assertEqual(r.returncode, 2, r.stderr)
+            self.assertFalse(os.path.exists(self.path("new-table.md")))
+
+if __name__ == "__main__":
+    unittest.main()

@@ -65,7 +65,7 @@ struct StepReport {
   std::int64_t steps_done = 0;  // in that time
   std::optional<double> val_loss;
   std::optional<double> loss_scale;  // fp16's, when a scaler runs
-  bool applied = true;               // false: an overflow skipped the step
+  bool applied = true;               // false: the step was skipped, its gradients not finite
   std::int64_t skipped_in_all = 0;
 
   // (Out of line: inlined into the loop, GCC 12 takes loss_scale for uninitialized.)
@@ -83,6 +83,8 @@ struct StepReport {
     if (loss_scale) {
       j["loss_scale"] = *loss_scale;
       j["skipped"] = !applied;
+    } else if (!applied) {
+      j["skipped"] = true;  // its gradients were not finite
     }
     return j.dump();
   }
@@ -221,6 +223,7 @@ class TrainCommand : public Command {
     std::vector<std::int32_t> ids(micro), targets(micro);
     const auto t0 = std::chrono::steady_clock::now();
     std::int64_t last_saved = resumed ? start : -1;
+    NonFiniteSteps non_finite(s_.optimizer.clip);
     // --trace: the first --trace-steps steps of this run, written as soon as they are done.
     std::unique_ptr<TraceSession> trace;
     if (!s_.trace.empty())
@@ -256,7 +259,6 @@ class TrainCommand : public Command {
           ScopedRange r(ranges, RangeLevel::phase, "optimizer");
           applied = opt.step(lr);
         }
-        if (!std::isfinite(loss)) user_error("the loss became {} at step {}; lower --lr or enable --clip", loss, step);
         std::optional<double> val_loss;
         if (val && ((s_.eval_every > 0 && step % s_.eval_every == 0) || step == s_.steps)) {
           ScopedRange r(ranges, RangeLevel::phase, "held-out loss");
@@ -276,6 +278,8 @@ class TrainCommand : public Command {
             .applied = applied,
             .skipped_in_all = opt.loss_scaler().skipped()};
         if (log) log->write_line(report.log_line());
+        if (const std::string said = non_finite.after_step(step, applied, loss, opt); !said.empty() && main_rank)
+          fmt::print("{}\n", said);
         if (main_rank && (step % s_.print_every == 0 || it == start || step == s_.steps || val_loss))
           fmt::print("{}\n", report.console_line());
         if (!s_.checkpoint_dir.empty() && ((s_.save_every > 0 && step % s_.save_every == 0) || step == s_.steps)) {

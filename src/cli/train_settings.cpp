@@ -11,6 +11,8 @@
 
 #include <fmt/format.h>
 
+#include <cmath>
+
 namespace lmscope::cli {
 namespace {
 
@@ -160,11 +162,32 @@ void TrainSettings::validate(const CLI::App& app) {
   if (schedule.cosine && schedule.cosine_iters == 0) schedule.cosine_iters = steps;
   schedule.validate();
   optimizer.validate();
+  optimizer.skip_nonfinite = true;
 }
 
 void TrainSettings::prepare_outputs() const {
   if (!save.empty()) check_replaceable(save, "--save");
   if (!trace.empty()) check_writable(trace, "--trace");
+}
+
+std::string NonFiniteSteps::after_step(std::int64_t step, bool applied, double loss, AdamW& opt) {
+  const char* advice = clip_ > 0 ? "lower --lr" : "lower --lr or turn on --clip";
+  if (applied) {
+    in_a_row_ = 0;
+    if (!std::isfinite(loss)) user_error("the loss became {} at step {}; {}", loss, step, advice);
+    return "";
+  }
+  const bool scaled = opt.loss_scaler().on();
+  if (!scaled || opt.last_loss_scale() <= 1) {
+    if (in_a_row_++ == 0) first_ = step;
+    if (in_a_row_ == kLimit)
+      user_error("the gradients were not finite for {} steps in a row (steps {} to {}), each skipped; {}", kLimit,
+                 first_, step, advice);
+  }
+  if (scaled) return "";
+  return fmt::format(
+      "step {}: the gradients are not finite (norm {}); the step is skipped, the weights left as they were", step,
+      opt.last_grad_norm());
 }
 
 nlohmann::ordered_json TrainSettings::to_json() const {

@@ -46,6 +46,27 @@ struct TrainSettings {
   std::vector<std::string> take_from_checkpoint(const CLI::App& app, const nlohmann::json& saved, bool model_given);
 };
 
+// Steps whose gradients are not finite. AdamW skips them (validate turns
+// OptimizerConfig::skip_nonfinite on), leaving the weights and moments as they were; each is said on
+// the console. After kLimit of them in a row the run ends (UserError) saying what to lower: weights
+// whose gradients stay non-finite that long do not recover. Under fp16's loss scaling such a step
+// counts only once the scale its gradients carried was at most 1: above, the overflow is the scale's,
+// which halves at each (and the progress line says so).
+class NonFiniteSteps {
+ public:
+  static constexpr int kLimit = 20;
+  explicit NonFiniteSteps(double clip) : clip_(clip) {}
+  // After step `step`, with its loss and whether AdamW applied it: the console's sentence for a
+  // skipped step ("" for an applied one or an fp16 overflow). UserError after kLimit in a row, or for
+  // a loss that is not finite in a step applied.
+  std::string after_step(std::int64_t step, bool applied, double loss, AdamW& opt);
+
+ private:
+  double clip_;
+  std::int64_t first_ = 0;  // of the steps in a row
+  int in_a_row_ = 0;
+};
+
 // The model a checkpoint's configuration names; UserError if it cannot be read.
 ModelConfig checkpoint_model(const nlohmann::json& saved, const std::string& dir);
 

@@ -1,7 +1,8 @@
 """What lmscope train (and bench's and memory's --out) do with the files around a run, end to end on
 the CPU: what is at --save or a resumed --log is replaced only when it is a regular file (a symbolic
 link is followed); output paths are checked before the first step and the check leaves nothing
-behind; a failed write to the log ends the run (exit 1).
+behind; a failed write to the log ends the run (exit 1); a step whose gradients are not finite is
+skipped, and --keep holds the newest checkpoint whose weights are finite.
 Run by ctest with LMSCOPE pointing at the built program; LMSCOPE_TRAIN_DEVICE=cuda and
 LMSCOPE_TRAIN_PRECISION run the same tests on the GPU."""
 import glob
@@ -33,6 +34,10 @@ def checkpoints(directory):
 def read_bytes(path):
     with open(path, "rb") as f:
         return f.read()
+
+
+def weights_finite(path):
+    return all(np.isfinite(t).all() for t in read_safetensors(path).values())
 
 
 class TrainFiles(FilesTest):
@@ -130,6 +135,46 @@ class TrainFiles(FilesTest):
                     self.path("nodir/x"))
             self.assertEqual(r.returncode, 2, r.stderr)
             self.assertFalse(os.path.exists(self.path("new-table.md")))
+
+    # 2: a step whose gradients are not finite is not applied, and --keep holds finite weights.
+    def test_a_nonfinite_step_is_skipped_and_keep_holds_finite_weights(self):
+        ckpt, log = self.path("nk1"), self.path("nk1.jsonl")
+        r = self.train("--steps", "10", "--lr", "1e3", "--clip", "0", "--checkpoint-dir", ckpt, "--save-every", "1",
+                       "--keep", "1", "--log", log)
+        with open(log) as f:
+            rows = [json.loads(line) for line in f]
+        skipped = [row["step"] for row in rows if row.get("skipped")]
+        self.assertTrue(skipped, r.stdout)
+        for row in rows:
+            if row["step"] in skipped:
+                self.assertIsNone(row["grad_norm"])
+        for s in skipped:
+            self.assertIn(f"step {s}: the gradients are not finite", r.stdout)
+        for c in checkpoints(ckpt):
+            self.assertTrue(weights_finite(os.path.join(ckpt, c, "model.safetensors")), c)
+
+    def test_keep_holds_the_newest_checkpoint_with_finite_weights(self):
+        # A rate no float holds: step 1 (warm-up, rate 0) is finite, step 2's update makes the weights
+        # infinite with finite gradients, and every later step's gradients are not finite.
+        ckpt = self.path("inf")
+        r = self.train("--steps", "5", "--lr", "1e300", "--lr-schedule", "cosine", "--warmup-iters", "3",
+                       "--checkpoint-dir", ckpt, "--save-every", "1", "--keep", "1")
+        self.assertEqual(r.returncode, 0, r.stderr)
+        self.assertEqual(checkpoints(ckpt), ["step-00000001", "step-00000005"])
+        self.assertTrue(weights_finite(os.path.join(ckpt, "step-00000001", "model.safetensors")))
+        with open(os.path.join(ckpt, "step-00000005", "state.json")) as f:
+            self.assertFalse(json.load(f)["weights_finite"])
+
+    @unittest.skipIf(PRECISION == "fp16", "fp16's loss scale first halves at each such step")
+    def test_a_run_whose_gradients_stay_nonfinite_stops_saying_what_to_lower(self):
+        for clip, advice in (("0", "lower --lr or turn on --clip"), ("1", "lower --lr")):
+            r = self.train("--steps", "60", "--lr", "1e300", "--lr-schedule", "cosine", "--warmup-iters", "3",
+                           "--clip", clip)
+            self.assertEqual(r.returncode, 2, r.stderr)
+            lines = r.stderr.strip().splitlines()
+            self.assertEqual(len(lines), 1, r.stderr)
+            self.assertIn("not finite for 20 steps in a row (steps 3 to 22)", lines[0])
+            self.assertTrue(lines[0].endswith(advice), lines[0])
 
 if __name__ == "__main__":
     unittest.main()

@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <array>
+#include <cmath>
 #include <filesystem>
 #include <fstream>
 #include <map>
@@ -81,6 +82,7 @@ std::string check(const fs::path& dir, CheckpointState& state) {
       state.loss_scaler = LossScaler::State{s.at("scale").get<double>(), s.at("good_steps").get<std::int64_t>(),
                                             s.at("skipped").get<std::int64_t>()};
     }
+    state.weights_finite = j.value("weights_finite", true);
     for (const char* file : {kModelFile, kOptimizerFile}) {
       const auto& want = j.at("files").at(file);
       const fs::path p = dir / file;
@@ -99,6 +101,14 @@ std::string check(const fs::path& dir, CheckpointState& state) {
     return fmt::format("its {} holds a malformed sampler state", kStateFile);
   }
   return "";
+}
+
+// Whether the checkpoint at `dir` is one --keep holds on to as the newest with finite weights: its
+// state.json readable and saying so (its big files are not read).
+bool holds_finite_weights(const fs::path& dir) {
+  std::ifstream in(dir / kStateFile);
+  const auto j = nlohmann::json::parse(in, nullptr, false);
+  return !j.is_discarded() && j.is_object() && (!j.contains("weights_finite") || j["weights_finite"] == true);
 }
 
 // AdamW's moments by PyTorch's names; the file holds each parameter's, in the model's order, in this
@@ -135,7 +145,17 @@ std::string write_checkpoint(const std::string& dir, Transformer& model, AdamW& 
   fs::create_directory(partial, ec);
   if (ec) user_error("cannot make '{}': {}", partial.string(), ec.message());
 
-  const FileDigest weights = save_parameters(model, (partial / kModelFile).string());
+  // The weights as save_parameters writes them, each tensor looked at for non-finite values on the way.
+  bool finite = true;
+  std::vector<TensorSource> weight_sources = parameter_sources(model);
+  for (TensorSource& t : weight_sources)
+    t.values = [&finite, values = std::move(t.values)] {
+      std::vector<float> v = values();
+      finite = finite && std::all_of(v.begin(), v.end(), [](float x) { return std::isfinite(x); });
+      return v;
+    };
+  const FileDigest weights =
+      write_safetensors((partial / kModelFile).string(), weight_sources, model_metadata(model.config()));
   const FileDigest optimizer =
       write_safetensors((partial / kOptimizerFile).string(), moment_sources(model, opt), {{"producer", "lmscope"}});
   nlohmann::ordered_json j;
@@ -149,6 +169,7 @@ std::string write_checkpoint(const std::string& dir, Transformer& model, AdamW& 
     const LossScaler::State& s = *state.loss_scaler;
     j["loss_scaler"] = {{"scale", s.scale}, {"good_steps", s.good_steps}, {"skipped", s.skipped}};
   }
+  j["weights_finite"] = finite;
   j["files"] = {{kModelFile, digest_json(weights)}, {kOptimizerFile, digest_json(optimizer)}};
   write_file_durably((partial / kStateFile).string(), j.dump(2) + "\n");
   sync_directory(partial.string());
@@ -161,9 +182,14 @@ std::string write_checkpoint(const std::string& dir, Transformer& model, AdamW& 
 
   for (const auto& e : fs::directory_iterator(root))
     if (e.path().filename().string().rfind(kPartialPrefix, 0) == 0) fs::remove_all(e.path());
-  if (keep > 0) {
+  if (keep > 0) {  // the newest `keep`, and the newest with finite weights
+    bool finite_kept = false;
     const auto all = checkpoints_in(root);
-    for (std::size_t i = static_cast<std::size_t>(keep); i < all.size(); ++i) fs::remove_all(all[i].second);
+    for (std::size_t i = 0; i < all.size(); ++i) {
+      const bool finite = !finite_kept && holds_finite_weights(all[i].second);
+      finite_kept = finite_kept || finite;
+      if (i >= static_cast<std::size_t>(keep) && !finite) fs::remove_all(all[i].second);
+    }
   }
   return final_dir.string();
 }

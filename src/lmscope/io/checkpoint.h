@@ -3,7 +3,8 @@
 //   model.safetensors      the weights by their PyTorch names (what --init and PyTorch load)
 //   optimizer.safetensors  AdamW's moments, "<name>.exp_avg" and "<name>.exp_avg_sq" (PyTorch's names)
 //   state.json             the step, AdamW's step count, where sampling stands, the run's
-//                          configuration, and each file's size and CRC-32
+//                          configuration, whether the weights are finite, and each file's size
+//                          and CRC-32
 // Each file is written durably (durable_file.h) into DIR/.partial-step-00000100/, which is then
 // renamed into place and DIR flushed: a checkpoint is there whole or not at all, whenever the
 // process dies. A reader takes the newest one whose files match state.json, naming any newer one
@@ -32,10 +33,14 @@ struct CheckpointState {
   nlohmann::ordered_json config;  // the run's configuration, as train writes it
   // fp16's loss scale and its counts of good and of skipped steps, where the optimizer scales
   std::optional<LossScaler::State> loss_scaler;
+  // Whether every weight is finite: set by write_checkpoint as it writes them (true in a checkpoint
+  // that does not say, written before it was recorded).
+  bool weights_finite = true;
 };
 
 // Writes the checkpoint of state.step into dir (made if missing), then removes all but the newest
-// `keep` (0 keeps all) and any partial one a dead run left. Returns the checkpoint's path. One rank
+// `keep` (0 keeps all) and any partial one a dead run left; when none of those `keep` holds finite
+// weights, the newest checkpoint that does is kept as well. Returns the checkpoint's path. One rank
 // writes; with a sharded AdamW (ZeRO-1) the moments are assembled from every rank's pieces as they
 // are written, so every other rank calls join_checkpoint_write meanwhile (it does nothing otherwise).
 std::string write_checkpoint(const std::string& dir, Transformer& model, AdamW& opt, const CheckpointState& state,

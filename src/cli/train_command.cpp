@@ -133,8 +133,8 @@ class TrainCommand : public Command {
         fmt::print("note: data parallelism runs without device graphs (its collectives are not recorded)\n");
       s_.graphs = "off";
     }
-    if (!main_rank) s_.trace.clear();     // what only one process writes: rank 0's
-    if (main_rank) s_.prepare_outputs();  // fail now, not after the first steps
+    if (!main_rank) s_.trace.clear();                        // what only one process writes: rank 0's
+    if (main_rank) s_.prepare_outputs(resumed.has_value());  // fail now, not after the first steps
     const ModelConfig& c = s_.model;
 
     TokenData data(s_.data);

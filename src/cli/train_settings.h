@@ -26,6 +26,7 @@ struct TrainSettings {
   std::int64_t eval_batches = 10;
   std::string trace;             // --trace: a Chrome trace of this process's first steps (not a run setting)
   std::int64_t trace_steps = 3;  // how many
+  bool overwrite = false;        // --overwrite: a new run removes the checkpoints in --checkpoint-dir (not kept)
   int grad_accum = 1;
   std::uint64_t seed = 0;
   std::string sample = "random", device, precision = "fp32", attention = "flash", recompute = "none",
@@ -37,9 +38,11 @@ struct TrainSettings {
   // Checks every value (UserError naming the first bad one) and fills in what follows from the
   // others: the device when none was named, the schedule from --lr-schedule and --steps.
   void validate(const CLI::App& app);
-  // Before the first step, on the rank that writes: checks that --save and --trace can be written
-  // (UserError). Leaves no file behind.
-  void prepare_outputs() const;
+  // Before the first step, on the rank that writes: checks that --save and --trace can be written,
+  // and that --checkpoint-dir holds no other run's checkpoints (another directory than --resume's):
+  // UserError, or under --overwrite, those checkpoints removed (said on the console). Leaves no file
+  // behind.
+  void prepare_outputs(bool resumed) const;
   nlohmann::ordered_json to_json() const;
   // Takes a checkpoint's configuration: values of flags not given on `app`. Returns what differs,
   // in sentences. model_given: whether any model flag was given (then `model` must match).

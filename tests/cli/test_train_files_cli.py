@@ -2,7 +2,8 @@
 the CPU: what is at --save or a resumed --log is replaced only when it is a regular file (a symbolic
 link is followed); output paths are checked before the first step and the check leaves nothing
 behind; a failed write to the log ends the run (exit 1); a step whose gradients are not finite is
-skipped, and --keep holds the newest checkpoint whose weights are finite.
+skipped, and --keep holds the newest checkpoint whose weights are finite; a fresh run does not write
+into another run's checkpoints without --overwrite.
 Run by ctest with LMSCOPE pointing at the built program; LMSCOPE_TRAIN_DEVICE=cuda and
 LMSCOPE_TRAIN_PRECISION run the same tests on the GPU."""
 import glob
@@ -175,6 +176,28 @@ class TrainFiles(FilesTest):
             self.assertEqual(len(lines), 1, r.stderr)
             self.assertIn("not finite for 20 steps in a row (steps 3 to 22)", lines[0])
             self.assertTrue(lines[0].endswith(advice), lines[0])
+
+    # 6: a fresh run does not write into another run's checkpoints unless told to.
+    def test_a_fresh_run_into_a_used_checkpoint_dir_needs_resume_or_overwrite(self):
+        ckpt = self.path("used")
+        r = self.train("--steps", "4", "--checkpoint-dir", ckpt, "--save-every", "2")
+        self.assertEqual(r.returncode, 0, r.stderr)
+        before = read_bytes(os.path.join(ckpt, "step-00000004", "model.safetensors"))
+        r = self.train("--steps", "2", "--seed", "7", "--checkpoint-dir", ckpt)
+        self.assertOneSentence(r, 2, f"'{ckpt}'", "--resume", "--overwrite")
+        self.assertEqual(checkpoints(ckpt), ["step-00000002", "step-00000004"])
+        self.assertEqual(read_bytes(os.path.join(ckpt, "step-00000004", "model.safetensors")), before)
+        # --resume into it goes on; --overwrite removes the old run's checkpoints and starts afresh.
+        os.makedirs(os.path.join(ckpt, "notes"))
+        r = self.train("--steps", "2", "--seed", "7", "--checkpoint-dir", ckpt, "--overwrite")
+        self.assertEqual(r.returncode, 0, r.stderr)
+        self.assertEqual(checkpoints(ckpt), ["step-00000002"])
+        self.assertTrue(os.path.isdir(os.path.join(ckpt, "notes")))  # what is not a checkpoint stays
+        r = run("train", "--resume", ckpt, "--steps", "3")
+        self.assertEqual(r.returncode, 0, r.stderr)
+        self.assertIn("resumed at step 2", r.stdout)
+        r = run("train", "--resume", ckpt, "--steps", "3", "--overwrite")
+        self.assertOneSentence(r, 2, "--overwrite")
 
 if __name__ == "__main__":
     unittest.main()

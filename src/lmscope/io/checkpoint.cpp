@@ -209,6 +209,21 @@ FoundCheckpoint find_checkpoint(const std::string& dir) {
   user_error("'{}' holds no complete checkpoint; the newest, {}", dir, found.passed_over.front());
 }
 
+std::vector<std::string> checkpoint_paths(const std::string& dir) {
+  std::vector<std::string> out;
+  std::error_code ec;
+  if (!fs::is_directory(dir, ec)) return out;
+  for (const auto& [step, path] : checkpoints_in(dir)) out.push_back(path.string());
+  return out;
+}
+
+void remove_checkpoints(const std::string& dir) {
+  for (const std::string& path : checkpoint_paths(dir)) fs::remove_all(path);
+  for (const auto& e : fs::directory_iterator(dir))
+    if (e.path().filename().string().rfind(kPartialPrefix, 0) == 0) fs::remove_all(e.path());
+  sync_directory(dir);
+}
+
 void load_checkpoint(const FoundCheckpoint& c, Transformer& model, AdamW& opt) {
   load_parameters(model, (fs::path(c.path) / kModelFile).string());
   const std::string path = (fs::path(c.path) / kOptimizerFile).string();

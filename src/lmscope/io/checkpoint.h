@@ -56,6 +56,12 @@ struct FoundCheckpoint {
 // The newest complete checkpoint in dir. UserError when dir is missing or holds none complete.
 FoundCheckpoint find_checkpoint(const std::string& dir);
 
+// The checkpoints (step-* directories, complete or not) in dir, newest first; none when dir is not
+// there.
+std::vector<std::string> checkpoint_paths(const std::string& dir);
+// Removes every checkpoint in dir and every partial one, nothing else (train --overwrite).
+void remove_checkpoints(const std::string& dir);
+
 // The weights and AdamW's moments and step count of a found checkpoint, into a model and optimizer
 // of its shape (UserError naming the first tensor that differs); a sharded AdamW takes its pieces.
 // The file holds whole moments either way, as an unsharded run writes them.

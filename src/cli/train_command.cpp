@@ -114,7 +114,7 @@ class TrainCommand : public Command {
     std::optional<FoundCheckpoint> resumed;
     if (!s_.resume.empty()) {
       resumed = find_checkpoint(s_.resume);
-      for (const std::string& why : resumed->passed_over) fmt::print(stderr, "lmscope: warning: passed over {}\n", why);
+      for (const std::string& w : resumed->warnings()) fmt::print(stderr, "lmscope: warning: {}\n", w);
       // Shape flags apply to the checkpoint's model unless --model names a preset to start from.
       const ModelConfig theirs = checkpoint_model(resumed->state.config, s_.resume);
       s_.model = model_.resolve_one(app->count("--model") > 0 ? std::nullopt : std::optional(theirs));

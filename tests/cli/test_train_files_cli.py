@@ -3,7 +3,8 @@ the CPU: what is at --save or a resumed --log is replaced only when it is a regu
 link is followed); output paths are checked before the first step and the check leaves nothing
 behind; a failed write to the log ends the run (exit 1); a step whose gradients are not finite is
 skipped, and --keep holds the newest checkpoint whose weights are finite; a fresh run does not write
-into another run's checkpoints without --overwrite.
+into another run's checkpoints without --overwrite; a checkpoint whose state.json does not match its
+CRC-32 or its directory, or whose file cannot be read, is passed over on --resume.
 Run by ctest with LMSCOPE pointing at the built program; LMSCOPE_TRAIN_DEVICE=cuda and
 LMSCOPE_TRAIN_PRECISION run the same tests on the GPU."""
 import glob
@@ -12,6 +13,7 @@ import os
 import stat
 import subprocess
 import unittest
+import zlib
 
 import numpy as np
 
@@ -39,6 +41,13 @@ def read_bytes(path):
 
 def weights_finite(path):
     return all(np.isfinite(t).all() for t in read_safetensors(path).values())
+
+
+def state_crc(state):
+    """state.json's CRC-32 as lmscope computes it: over the object without its "crc32", written
+    compactly with its keys in their order."""
+    rest = {k: v for k, v in state.items() if k != "crc32"}
+    return zlib.crc32(json.dumps(rest, separators=(",", ":")).encode())
 
 
 class TrainFiles(FilesTest):
@@ -198,6 +207,69 @@ class TrainFiles(FilesTest):
         self.assertIn("resumed at step 2", r.stdout)
         r = run("train", "--resume", ckpt, "--steps", "3", "--overwrite")
         self.assertOneSentence(r, 2, "--overwrite")
+
+    # 7 and 8: a checkpoint whose state.json is not what was written, or whose file cannot be read, is
+    # passed over for the one before it.
+    def resumable(self, name):
+        ckpt = self.path(name)
+        r = self.train("--steps", "4", "--checkpoint-dir", ckpt, "--save-every", "2")
+        self.assertEqual(r.returncode, 0, r.stderr)
+        return ckpt, os.path.join(ckpt, "step-00000004")
+
+    def edit_state(self, newest, change, keep_crc=True):
+        path = os.path.join(newest, "state.json")
+        with open(path) as f:
+            state = json.load(f)
+        change(state)
+        if keep_crc and "crc32" in state:
+            state["crc32"] = state_crc(state)
+        with open(path, "w") as f:
+            json.dump(state, f, indent=2)
+
+    def assertPassedOver(self, ckpt, newest, why):
+        r = run("train", "--resume", ckpt, "--steps", "5", timeout=60)
+        self.assertEqual(r.returncode, 0, r.stderr)
+        self.assertIn(f"lmscope: warning: passed over '{newest}'", r.stderr)
+        self.assertIn(why, r.stderr)
+        self.assertIn("resumed at step 2", r.stdout)
+
+    def test_state_json_carries_its_crc_and_the_step_of_its_directory(self):
+        with open(os.path.join(self.resumable("crc")[1], "state.json")) as f:
+            state = json.load(f)
+        self.assertEqual(state["crc32"], state_crc(state))
+        self.assertTrue(state["weights_finite"])
+        cases = [("big", lambda s: s.update(step=1e300), "state.json's step is 1e+300, not a whole number"),
+                 ("half", lambda s: s.update(step=3.5), "state.json's step is 3.5, not a whole number"),
+                 ("other", lambda s: s.update(step=2), "state.json says step 2, and its directory step 4"),
+                 ("negative", lambda s: s.update(adamw_steps=-1), "state.json's adamw_steps is -1, not a whole number")]
+        for name, change, why in cases:
+            ckpt, newest = self.resumable(name)
+            self.edit_state(newest, change)
+            self.assertPassedOver(ckpt, newest, why)
+        ckpt, newest = self.resumable("edited")
+        self.edit_state(newest, lambda s: s["config"].update(lr=0.5), keep_crc=False)
+        self.assertPassedOver(ckpt, newest, "state.json does not match its CRC-32")
+
+    def test_a_state_json_without_a_crc_is_read_with_a_warning(self):
+        ckpt, newest = self.resumable("old")
+        self.edit_state(newest, lambda s: s.pop("crc32"))
+        r = run("train", "--resume", ckpt, "--steps", "5")
+        self.assertEqual(r.returncode, 0, r.stderr)
+        self.assertIn("resumed at step 4", r.stdout)
+        self.assertIn("no CRC-32", r.stderr)
+
+    def test_a_checkpoint_file_that_cannot_be_read_is_passed_over(self):
+        ckpt, newest = self.resumable("dir-in-place")
+        victim = os.path.join(newest, "optimizer.safetensors")
+        os.remove(victim)
+        os.makedirs(victim)
+        self.assertPassedOver(ckpt, newest, "optimizer.safetensors")
+        if os.geteuid() == 0:
+            return  # root reads a file of mode 000 all the same
+        ckpt, newest = self.resumable("mode-000")
+        os.chmod(os.path.join(newest, "model.safetensors"), 0)
+        self.assertPassedOver(ckpt, newest, "model.safetensors")
+
 
 if __name__ == "__main__":
     unittest.main()

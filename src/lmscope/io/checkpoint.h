@@ -3,12 +3,13 @@
 //   model.safetensors      the weights by their PyTorch names (what --init and PyTorch load)
 //   optimizer.safetensors  AdamW's moments, "<name>.exp_avg" and "<name>.exp_avg_sq" (PyTorch's names)
 //   state.json             the step, AdamW's step count, where sampling stands, the run's
-//                          configuration, whether the weights are finite, and each file's size
-//                          and CRC-32
+//                          configuration, whether the weights are finite, each file's size and
+//                          CRC-32, and its own CRC-32 (of the rest of it, written compactly)
 // Each file is written durably (durable_file.h) into DIR/.partial-step-00000100/, which is then
 // renamed into place and DIR flushed: a checkpoint is there whole or not at all, whenever the
-// process dies. A reader takes the newest one whose files match state.json, naming any newer one
-// it had to pass over.
+// process dies. A reader takes the newest one whose state.json matches its CRC-32 and its directory's
+// step and whose files match state.json, naming any newer one it had to pass over (a file that cannot
+// be read included).
 #pragma once
 
 #include "lmscope/io/token_data.h"
@@ -51,6 +52,9 @@ struct FoundCheckpoint {
   std::string path;
   CheckpointState state;
   std::vector<std::string> passed_over;  // newer ones, each "path: why it is not complete"
+  std::vector<std::string> notes;        // of the one found, e.g. a state.json without its CRC-32
+  // What to warn of: each passed over ("passed over 'path': why"), then the notes.
+  std::vector<std::string> warnings() const;
 };
 
 // The newest complete checkpoint in dir. UserError when dir is missing or holds none complete.

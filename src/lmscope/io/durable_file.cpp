@@ -151,9 +151,12 @@ FileDigest write_file_durably(const std::string& path, const std::string& text) 
   return f.commit();
 }
 
-FileDigest digest_of_file(const std::string& path) {
+std::optional<FileDigest> digest_of_file(const std::string& path, std::string& why_not) {
   const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) user_error("cannot read '{}': {}", path, std::strerror(errno));
+  if (fd < 0) {
+    why_not = std::strerror(errno);
+    return std::nullopt;
+  }
   FileDigest d;
   d.crc32 = crc_update(0, nullptr, 0);
   std::vector<unsigned char> buf(std::size_t(4) << 20);
@@ -161,9 +164,9 @@ FileDigest digest_of_file(const std::string& path) {
     const ssize_t n = ::read(fd, buf.data(), buf.size());
     if (n < 0 && errno == EINTR) continue;
     if (n < 0) {
-      const int err = errno;
+      why_not = std::strerror(errno);
       ::close(fd);
-      user_error("reading '{}' failed: {}", path, std::strerror(err));
+      return std::nullopt;
     }
     if (n == 0) break;
     d.crc32 = crc_update(d.crc32, buf.data(), static_cast<std::size_t>(n));
@@ -171,6 +174,17 @@ FileDigest digest_of_file(const std::string& path) {
   }
   ::close(fd);
   return d;
+}
+
+FileDigest digest_of_file(const std::string& path) {
+  std::string why;
+  const std::optional<FileDigest> d = digest_of_file(path, why);
+  if (!d) user_error("cannot read '{}': {}", path, why);
+  return *d;
+}
+
+std::uint32_t crc32_of(const std::string& bytes) {
+  return crc_update(crc_update(0, nullptr, 0), bytes.data(), bytes.size());
 }
 
 void sync_directory(const std::string& path) {

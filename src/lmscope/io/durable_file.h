@@ -7,6 +7,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <optional>
 #include <string>
 
 namespace lmscope {
@@ -40,6 +41,10 @@ class DurableFile {
 FileDigest write_file_durably(const std::string& path, const std::string& text);
 // The size and CRC-32 of a file as it is on the disk; throws UserError if it cannot be read.
 FileDigest digest_of_file(const std::string& path);
+// The same without throwing: nothing when it cannot be read, and `why_not` says why (strerror's).
+std::optional<FileDigest> digest_of_file(const std::string& path, std::string& why_not);
+// The CRC-32 of bytes in memory, as FileDigest takes it.
+std::uint32_t crc32_of(const std::string& bytes);
 // Flushes a directory's entries (a rename inside it) to the disk.
 void sync_directory(const std::string& path);
 

@@ -7,6 +7,7 @@
 
 #include "lmscope/backend/backend.h"
 #include "lmscope/bench/report.h"
+#include "lmscope/io/durable_file.h"
 #include "lmscope/memory/memory_analysis.h"
 
 namespace lmscope::cli {
@@ -71,9 +72,9 @@ class BenchCommand : public Command {
     // With data parallelism every rank runs every cell (the collectives need them all); rank 0 reports.
     const bool reports = planned.empty() || planned.front().cell.parallel.world.rank == 0;
     if (reports) {
-      for (const std::string* path : {&out_, &trace_})
-        if (!path->empty()) write_file(*path, "");  // fail now, not after the sweep
-      warn_of_cells_that_cannot_fit(planned);       // a dry run's rows say it themselves
+      for (const auto& [flag, path] : {std::pair{"--out", &out_}, std::pair{"--trace", &trace_}})
+        if (!path->empty()) check_writable(*path, flag);  // fail now, not after the sweep
+      warn_of_cells_that_cannot_fit(planned);             // a dry run's rows say it themselves
     }
 
     SweepProgress shown;

@@ -82,6 +82,9 @@ int main(int argc, char** argv) {
   } catch (const lmscope::RankFailure& e) {
     fmt::print(stderr, "{}error: {}\n", prefix, e.what());
     return 1;
+  } catch (const lmscope::EnvironmentFailure& e) {
+    fmt::print(stderr, "{}error: {}\n", prefix, e.what());
+    return 1;
   } catch (const std::exception& e) {
     fmt::print(stderr, "{}internal error: {}\n", prefix, e.what());
     return 1;

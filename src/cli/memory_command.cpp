@@ -7,6 +7,7 @@
 #include "model_flags.h"
 #include "sweep_output.h"
 
+#include "lmscope/io/durable_file.h"
 #include "lmscope/memory/memory_report.h"
 #include "lmscope/memory/snapshot.h"
 #include "lmscope/memory/timeline_svg.h"
@@ -42,8 +43,9 @@ class MemoryCommand : public Command {
     // With data parallelism every rank runs every cell (the collectives need them all); rank 0 reports.
     const bool reports = cells.empty() || cells.front().cell.parallel.world.rank == 0;
     if (reports) {
-      for (const std::string* path : {&out_, &snapshot_, &svg_})
-        if (!path->empty()) write_file(*path, "");  // fail now, not after the sweep
+      for (const auto& [flag, path] :
+           {std::pair{"--out", &out_}, std::pair{"--snapshot", &snapshot_}, std::pair{"--svg", &svg_}})
+        if (!path->empty()) check_writable(*path, flag);  // fail now, not after the sweep
       warn_of_cells_that_cannot_fit(cells);
     }
 

@@ -11,7 +11,7 @@
 #include "lmscope/backend/backend.h"
 #include "lmscope/bench/trace_session.h"
 #include "lmscope/io/checkpoint.h"
-#include "lmscope/io/durable_file.h"
+#include "lmscope/io/run_log.h"
 #include "lmscope/io/safetensors.h"
 #include "lmscope/io/token_data.h"
 #include "lmscope/run/session.h"
@@ -23,7 +23,6 @@
 #include <chrono>
 #include <cmath>
 #include <csignal>
-#include <fstream>
 #include <functional>
 #include <optional>
 
@@ -66,7 +65,7 @@ struct StepReport {
   std::int64_t steps_done = 0;  // in that time
   std::optional<double> val_loss;
   std::optional<double> loss_scale;  // fp16's, when a scaler runs
-  bool applied = true;               // false: an overflow skipped the step
+  bool applied = true;               // false: the step was skipped, its gradients not finite
   std::int64_t skipped_in_all = 0;
 
   std::string log_line() const {
@@ -83,6 +82,8 @@ struct StepReport {
     if (loss_scale) {
       j["loss_scale"] = *loss_scale;
       j["skipped"] = !applied;
+    } else if (!applied) {
+      j["skipped"] = true;  // its gradients were not finite
     }
     return j.dump();
   }
@@ -99,38 +100,25 @@ struct StepReport {
   }
 };
 
-// A log resumed at `step`: the lines of later steps (written before the stop, to be written again)
-// dropped, the rest kept; then opened for appending.
-std::ofstream open_log(const std::string& path, std::optional<std::int64_t> resumed_at) {
-  if (resumed_at && std::ifstream(path)) {
-    std::ifstream in(path);
-    std::string kept, line;
-    while (std::getline(in, line)) {
-      const auto j = nlohmann::json::parse(line, nullptr, false);
-      if (!j.is_discarded() && j.contains("step") && j["step"].get<std::int64_t>() <= *resumed_at) kept += line + "\n";
-    }
-    write_file_durably(path, kept);
-  }
-  std::ofstream log(path, resumed_at ? std::ios::app : std::ios::trunc);
-  if (!log) user_error("cannot write the log file '{}'", path);
-  return log;
-}
-
 // What a training step is followed by, inside its range: the loss checked, the held-out loss when
 // due, the log's line and the console's, and a checkpoint when due.
 class TrainProgress : public StepObserver {
  public:
   using SaveCheckpoint = std::function<void(std::int64_t step)>;
-  TrainProgress(const TrainSettings& s, Session& session, const TokenData* val, std::ofstream& log, std::int64_t start,
+  TrainProgress(const TrainSettings& s, Session& session, const TokenData* val, RunLog* log, std::int64_t start,
                 SaveCheckpoint save)
-      : s_(s), session_(session), val_(val), log_(log), start_(start), save_(std::move(save)) {}
+      : s_(s),
+        session_(session),
+        val_(val),
+        log_(log),
+        start_(start),
+        save_(std::move(save)),
+        non_finite_(s.optimizer.clip) {}
 
   std::int64_t last_saved = -1;
 
   void step_end(const StepResult& result) override {
     const std::int64_t step = result.iteration + 1;
-    if (!std::isfinite(result.loss))
-      user_error("the loss became {} at step {}; lower --lr or enable --clip", result.loss, step);
     RangeListener* ranges = session_.backend().range_listener();
     std::optional<double> val_loss;
     if (val_ && ((s_.eval_every > 0 && step % s_.eval_every == 0) || step == s_.steps)) {
@@ -151,7 +139,10 @@ class TrainProgress : public StepObserver {
                       .applied = result.applied,
                       .skipped_in_all = opt.loss_scaler().skipped()};
     if (opt.loss_scaler().on()) report.loss_scale = opt.last_loss_scale();
-    if (log_.is_open()) log_ << report.log_line() << "\n" << std::flush;
+    if (log_) log_->write_line(report.log_line());
+    if (const std::string said = non_finite_.after_step(step, result.applied, result.loss, opt);
+        !said.empty() && session_.main_rank())
+      fmt::print("{}\n", said);
     if (session_.main_rank() &&
         (step % s_.print_every == 0 || result.iteration == start_ || step == s_.steps || val_loss))
       fmt::print("{}\n", report.console_line());
@@ -166,9 +157,10 @@ class TrainProgress : public StepObserver {
   const TrainSettings& s_;
   Session& session_;
   const TokenData* val_;
-  std::ofstream& log_;
+  RunLog* log_;  // rank 0's, when --log is given
   std::int64_t start_;
   SaveCheckpoint save_;
+  NonFiniteSteps non_finite_;
   std::chrono::steady_clock::time_point t0_ = std::chrono::steady_clock::now();
 };
 
@@ -185,7 +177,7 @@ class TrainCommand : public Command {
     std::optional<FoundCheckpoint> resumed;
     if (!s_.resume.empty()) {
       resumed = find_checkpoint(s_.resume);
-      for (const std::string& why : resumed->passed_over) fmt::print(stderr, "lmscope: warning: passed over {}\n", why);
+      for (const std::string& w : resumed->warnings()) fmt::print(stderr, "lmscope: warning: {}\n", w);
       // Shape flags apply to the checkpoint's model unless --model names a preset to start from.
       const ModelConfig theirs = checkpoint_model(resumed->state.config, s_.resume);
       s_.model = model_.resolve_one(app->count("--model") > 0 ? std::nullopt : std::optional(theirs));
@@ -204,8 +196,8 @@ class TrainCommand : public Command {
         fmt::print("note: data parallelism runs without device graphs (its collectives are not recorded)\n");
       s_.graphs = "off";
     }
-    if (!main_rank) s_.trace.clear();                 // what only one process writes: rank 0's
-    if (!s_.trace.empty()) write_file(s_.trace, "");  // fail now, not after the first steps
+    if (!main_rank) s_.trace.clear();                        // what only one process writes: rank 0's
+    if (main_rank) s_.prepare_outputs(resumed.has_value());  // fail now, not after the first steps
     const ModelConfig& c = s_.model;
 
     TokenData data(s_.data);
@@ -217,9 +209,9 @@ class TrainCommand : public Command {
     }
     TokenFileBatches batches(data, s_.batch, s_.ctx, s_.sample == "sequential", s_.seed);
     // The log before the ranks meet: rank 0 failing to open it must not leave the others waiting.
-    std::ofstream log;
+    std::unique_ptr<RunLog> log;
     if (!s_.log.empty() && main_rank)
-      log = open_log(s_.log, resumed ? std::optional(resumed->state.step) : std::nullopt);
+      log = std::make_unique<RunLog>(s_.log, resumed ? std::optional(resumed->state.step) : std::nullopt);
     // The starting weights: made or loaded alike on every rank, which take rank 0's all the same, as
     // DDP does; a resumed run's ranks each load the checkpoint once AdamW (whose moments a sharded run
     // keeps for its part only) is made.
@@ -277,7 +269,7 @@ class TrainCommand : public Command {
     };
 
     StepDriver driver(session, batches, true);
-    TrainProgress progress(s_, session, val ? &*val : nullptr, log, start, save_checkpoint);
+    TrainProgress progress(s_, session, val ? &*val : nullptr, log.get(), start, save_checkpoint);
     progress.last_saved = resumed ? start : -1;
     driver.add_observer(progress);
     // --trace: the first --trace-steps steps of this run, written as soon as they are done.

@@ -5,10 +5,15 @@
 #include "lmscope/backend/backend.h"
 #include "lmscope/bench/report.h"
 #include "lmscope/core/error.h"
+#include "lmscope/io/checkpoint.h"
+#include "lmscope/io/durable_file.h"
 #include "lmscope/model/attention.h"
 #include "lmscope/model/transformer.h"
 
 #include <fmt/format.h>
+
+#include <cmath>
+#include <filesystem>
 
 namespace lmscope::cli {
 namespace {
@@ -104,6 +109,9 @@ void TrainSettings::add_to(CLI::App& app) {
   app.add_option("--keep", keep, "With --checkpoint-dir: keep the newest K checkpoints (default: all)");
   app.add_option("--resume", resume,
                  "Go on from the newest complete checkpoint in this directory (flags not given take its values)");
+  app.add_flag("--overwrite", overwrite,
+               "Start a new run in a --checkpoint-dir that holds another run's checkpoints, removing them (its "
+               "step-* directories) before the first step");
   app.add_option("--val-data", val_data, "Held-out token file: log its mean loss and perplexity");
   app.add_option("--eval-every", eval_every, "With --val-data: every N steps (default: after the last step)");
   app.add_option("--eval-batches", eval_batches, "With --val-data: batches of --batch sequences evaluated")
@@ -137,6 +145,7 @@ void TrainSettings::validate(const CLI::App& app) {
   if (app.count("--save-every") > 0 && save_every <= 0)
     user_error("--save-every must be positive, got {} (leave it out to save only at the end)", save_every);
   if (app.count("--keep") > 0 && keep <= 0) user_error("--keep must be positive, got {}", keep);
+  if (overwrite && checkpoint_dir.empty()) user_error("--overwrite needs --checkpoint-dir");
   if (val_data.empty() && (app.count("--eval-every") > 0 || app.count("--eval-batches") > 0))
     user_error("--eval-every and --eval-batches need --val-data");
   if (app.count("--eval-every") > 0 && eval_every <= 0) user_error("--eval-every must be positive, got {}", eval_every);
@@ -147,6 +156,50 @@ void TrainSettings::validate(const CLI::App& app) {
   if (schedule.cosine && schedule.cosine_iters == 0) schedule.cosine_iters = steps;
   schedule.validate();
   optimizer.validate();
+  optimizer.skip_nonfinite = true;
+}
+
+void TrainSettings::prepare_outputs(bool resumed) const {
+  if (!save.empty()) check_replaceable(save, "--save");
+  if (!trace.empty()) check_writable(trace, "--trace");
+  if (checkpoint_dir.empty()) return;
+  std::error_code ec;
+  const bool resumes_there = resumed && std::filesystem::equivalent(checkpoint_dir, resume, ec);
+  if (resumes_there) {
+    if (overwrite)
+      user_error("--overwrite would remove the checkpoints of '{}' that --resume goes on from; leave it out", resume);
+    return;
+  }
+  const std::vector<std::string> theirs = checkpoint_paths(checkpoint_dir);
+  if (theirs.empty()) return;
+  if (!overwrite)
+    user_error(
+        "--checkpoint-dir '{}' holds another run's checkpoints (the newest '{}'); go on from them with "
+        "--resume {}, or give --overwrite to remove them and start this run there",
+        checkpoint_dir, theirs.front(), checkpoint_dir);
+  remove_checkpoints(checkpoint_dir);
+  fmt::print("removed {} checkpoint{} from '{}' (--overwrite)\n", theirs.size(), theirs.size() == 1 ? "" : "s",
+             checkpoint_dir);
+}
+
+std::string NonFiniteSteps::after_step(std::int64_t step, bool applied, double loss, AdamW& opt) {
+  const char* advice = clip_ > 0 ? "lower --lr" : "lower --lr or turn on --clip";
+  if (applied) {
+    in_a_row_ = 0;
+    if (!std::isfinite(loss)) user_error("the loss became {} at step {}; {}", loss, step, advice);
+    return "";
+  }
+  const bool scaled = opt.loss_scaler().on();
+  if (!scaled || opt.last_loss_scale() <= 1) {
+    if (in_a_row_++ == 0) first_ = step;
+    if (in_a_row_ == kLimit)
+      user_error("the gradients were not finite for {} steps in a row (steps {} to {}), each skipped; {}", kLimit,
+                 first_, step, advice);
+  }
+  if (scaled) return "";
+  return fmt::format(
+      "step {}: the gradients are not finite (norm {}); the step is skipped, the weights left as they were", step,
+      opt.last_grad_norm());
 }
 
 nlohmann::ordered_json TrainSettings::to_json() const {

@@ -28,6 +28,7 @@ struct TrainSettings {
   std::int64_t eval_batches = 10;
   std::string trace;             // --trace: a Chrome trace of this process's first steps (not a run setting)
   std::int64_t trace_steps = 3;  // how many
+  bool overwrite = false;        // --overwrite: a new run removes the checkpoints in --checkpoint-dir (not kept)
   int grad_accum = 1;
   std::uint64_t seed = 0;
   std::string sample = "random", device, precision = "fp32", attention = "flash", recompute = "none",
@@ -39,12 +40,38 @@ struct TrainSettings {
   // Checks every value (UserError naming the first bad one) and fills in what follows from the
   // others: the device when none was named, the schedule from --lr-schedule and --steps.
   void validate(const CLI::App& app);
+  // Before the first step, on the rank that writes: checks that --save and --trace can be written,
+  // and that --checkpoint-dir holds no other run's checkpoints (another directory than --resume's):
+  // UserError, or under --overwrite, those checkpoints removed (said on the console). Leaves no file
+  // behind.
+  void prepare_outputs(bool resumed) const;
   nlohmann::ordered_json to_json() const;
   // The run these settings describe, laid out over the ranks as `parallel` says (after validate).
   RunSpec run_spec(const parallel::ParallelPlan& parallel) const;
   // Takes a checkpoint's configuration: values of flags not given on `app`. Returns what differs,
   // in sentences. model_given: whether any model flag was given (then `model` must match).
   std::vector<std::string> take_from_checkpoint(const CLI::App& app, const nlohmann::json& saved, bool model_given);
+};
+
+// Steps whose gradients are not finite. AdamW skips them (validate turns
+// OptimizerConfig::skip_nonfinite on), leaving the weights and moments as they were; each is said on
+// the console. After kLimit of them in a row the run ends (UserError) saying what to lower: weights
+// whose gradients stay non-finite that long do not recover. Under fp16's loss scaling such a step
+// counts only once the scale its gradients carried was at most 1: above, the overflow is the scale's,
+// which halves at each (and the progress line says so).
+class NonFiniteSteps {
+ public:
+  static constexpr int kLimit = 20;
+  explicit NonFiniteSteps(double clip) : clip_(clip) {}
+  // After step `step`, with its loss and whether AdamW applied it: the console's sentence for a
+  // skipped step ("" for an applied one or an fp16 overflow). UserError after kLimit in a row, or for
+  // a loss that is not finite in a step applied.
+  std::string after_step(std::int64_t step, bool applied, double loss, AdamW& opt);
+
+ private:
+  double clip_;
+  std::int64_t first_ = 0;  // of the steps in a row
+  int in_a_row_ = 0;
 };
 
 // The model a checkpoint's configuration names; UserError if it cannot be read.

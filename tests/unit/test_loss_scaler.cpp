@@ -96,5 +96,67 @@ TEST(LossScaler, AnOverflowingStepChangesNothingButTheScale) {
   EXPECT_LT(later.losses.back(), later.losses.front());
 }
 
+// Without loss scaling (train's skip_nonfinite): a step whose gradients hold a NaN is skipped, the
+// weights, the moments and the step count as they were; with finite gradients the run is the run
+// without skip_nonfinite, bit for bit, clipping on or off.
+struct SkipRun {
+  std::vector<std::vector<double>> params;
+  std::vector<std::vector<float>> moments;
+  std::int64_t adamw_steps = 0;
+  bool last_applied = true;
+};
+
+SkipRun skip_run(double clip, bool skip, int steps, bool nan_last) {
+  auto be = make_cpu_backend();
+  Transformer model(test::tiny_model(), *be);
+  model.init_parameters(3);
+  Rng rng(5);
+  std::vector<std::int32_t> ids(2 * 9), targets(2 * 9);
+  for (auto& t : ids) t = static_cast<std::int32_t>(rng.below(37));
+  for (auto& t : targets) t = static_cast<std::int32_t>(rng.below(37));
+  model.set_batch(2, 9, ids.data(), targets.data());
+  AdamW opt(model, {.lr = 1e-2, .clip = clip, .loss_scaling = {}, .skip_nonfinite = skip});
+  SkipRun r;
+  for (int i = 0; i < steps; ++i) {
+    model.forward();
+    model.backward();
+    if (nan_last && i == steps - 1) {
+      Parameter& p = model.parameters()[1];
+      std::vector<double> g = download(*be, p.grad);
+      g[g.size() / 2] = std::nan("");
+      upload(*be, p.grad, g);
+    }
+    r.last_applied = opt.step(1e-2);
+  }
+  for (Parameter& p : model.parameters()) r.params.push_back(download(*be, p.value));
+  for (std::size_t i = 0; i < model.parameters().size(); ++i)
+    for (AdamW::Moment m : {AdamW::Moment::first, AdamW::Moment::second}) r.moments.push_back(opt.moment_values(i, m));
+  r.adamw_steps = opt.steps_taken();
+  return r;
+}
+
+TEST(SkipNonFinite, FiniteStepsAreTheSameBitForBit) {
+  for (double clip : {0.0, 0.5}) {
+    const SkipRun plain = skip_run(clip, false, 4, false), skipping = skip_run(clip, true, 4, false);
+    EXPECT_EQ(skipping.params, plain.params) << clip;
+    EXPECT_EQ(skipping.moments, plain.moments) << clip;
+    EXPECT_EQ(skipping.adamw_steps, 4);
+  }
+}
+
+TEST(SkipNonFinite, AStepWithANanGradientChangesNothing) {
+  for (double clip : {0.0, 0.5}) {
+    const SkipRun before = skip_run(clip, true, 2, false), skipped = skip_run(clip, true, 3, true);
+    EXPECT_FALSE(skipped.last_applied);
+    EXPECT_EQ(skipped.adamw_steps, 2);
+    EXPECT_EQ(skipped.params, before.params) << clip;
+    EXPECT_EQ(skipped.moments, before.moments) << clip;
+    // Without skip_nonfinite the same step is applied, and the NaN spreads into the weights.
+    const SkipRun applied = skip_run(clip, false, 3, true);
+    EXPECT_TRUE(applied.last_applied);
+    EXPECT_NE(applied.params, before.params) << clip;
+  }
+}
+
 }  // namespace
 }  // namespace lmscope

@@ -1,5 +1,6 @@
 // Two kinds of failure, told apart all the way to the exit code:
 // a UserError is the user's input being wrong (exit 2, one sentence naming the problem);
+// an EnvironmentFailure or RankFailure is the machine failing a valid run (exit 1, one sentence);
 // anything else escaping is an internal failure (exit 1).
 #pragma once
 
@@ -29,6 +30,13 @@ class RankFailure : public std::runtime_error {
   using std::runtime_error::runtime_error;
 };
 
+// The machine refused what a valid request needs (a disk full, a file that cannot be written any
+// more): not a bug and not the input's fault; exit 1 with its sentence, which names the file and why.
+class EnvironmentFailure : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
 // A request for memory the device (or host) cannot give. Sweeps turn it into an OOM row.
 class OutOfMemory : public std::runtime_error {
  public:
@@ -45,6 +53,11 @@ class OutOfMemory : public std::runtime_error {
 template <typename... Args>
 [[noreturn]] void user_error(fmt::format_string<Args...> f, Args&&... args) {
   throw UserError(fmt::format(f, std::forward<Args>(args)...));
+}
+
+template <typename... Args>
+[[noreturn]] void environment_failure(fmt::format_string<Args...> f, Args&&... args) {
+  throw EnvironmentFailure(fmt::format(f, std::forward<Args>(args)...));
 }
 
 // Internal invariant: a broken one is a bug in lmscope, not the user's fault.

@@ -83,7 +83,7 @@ bool AdamW::step(double lr) {
                        .max_norm = config_.clip,
                        .grad_scale = 1.0 / divisor,
                        .step_scalars = step_scalars_,
-                       .skip_nonfinite = scaler_.on()};
+                       .skip_nonfinite = scaler_.on() || config_.skip_nonfinite};
   // The step's rate goes to the device before the step's ops, so a recorded step replays at it.
   const std::array<double, 3> scalars = adamw_step_scalars(args);
   for (std::int64_t i = 0; i < 3; ++i) be.fill(step_scalars_.rows(i, 1), scalars[i]);
@@ -100,9 +100,9 @@ bool AdamW::step(double lr) {
     // Each gradient goes once read; the low-precision copies AdamW writes (when the copies are kept)
     // take the memory the gradients left (one by one, or Backend::adamw_all's groups), so no more than
     // one copy ever sits beside every gradient (resident copies sit beside them all along and are
-    // written in place). With loss scaling, a step whose norm is not finite changes nothing but the
-    // copies (written from the unchanged masters); the device decides, so the host need not wait for
-    // the norm first.
+    // written in place). Where steps are skipped (loss scaling, skip_nonfinite), one whose norm is not
+    // finite changes nothing but the copies (written from the unchanged masters); the device
+    // decides, so the host need not wait for the norm first.
     if (model_.fusion()) {  // the norm and every update in a few launches
       std::vector<Tensor> values, ms, vs;
       for (std::size_t i = 0; i < params.size(); ++i) {
@@ -180,6 +180,8 @@ bool AdamW::finish_step() {
     const bool applied = scaler_.update(std::isfinite(read_scalar(model_.backend(), grad_norm_)));
     model_.set_loss_scale(scaler_.scale());
     if (!applied) return false;
+  } else if (config_.skip_nonfinite && !std::isfinite(read_scalar(model_.backend(), grad_norm_))) {
+    return false;  // the device left everything as it was
   }
   ++t_;
   return true;

@@ -13,6 +13,9 @@ struct OptimizerConfig {
   double lr = 1e-3, beta1 = 0.9, beta2 = 0.999, eps = 1e-8, weight_decay = 0.01;
   double clip = 1.0;         // global gradient-norm limit; 0 = off
   LossScaling loss_scaling;  // used when the model computes in fp16
+  // Skip every step whose gradients' norm is not finite, as loss scaling skips an overflow (train's):
+  // the device leaves the weights and moments as they are, and the host reads the norm after the step.
+  bool skip_nonfinite = false;
   void validate() const;
 };
 
@@ -56,9 +59,10 @@ class AdamW {
   // sharding: ZeRO-1 (nullptr: every parameter updated here, the moments of all of them kept).
   AdamW(Transformer& model, const OptimizerConfig& config, OptimizerSharding* sharding = nullptr);
   // One update from the gradients now held by the model, at learning rate lr; frees them. With loss
-  // scaling, the update is skipped when the gradients' norm is not finite, and the host reads the
-  // norm afterwards (a wait for the device, as GradScaler's step makes); returns whether the update
-  // was made. One device graph when the model's graphs are on.
+  // scaling or OptimizerConfig::skip_nonfinite, the update is skipped when the gradients' norm is not
+  // finite, and the host reads the norm afterwards (a wait for the device, as GradScaler's step
+  // makes); returns whether the update was made (a skipped step does not count in steps_taken). One
+  // device graph when the model's graphs are on.
   bool step(double lr);
   std::int64_t steps_taken() const { return t_; }
   // The gradients hold the sum of `ranks` ranks' gradients (data parallelism): the step divides

@@ -1,0 +1,51 @@
+#include "lmscope/io/run_log.h"
+
+#include "lmscope/core/error.h"
+#include "lmscope/io/durable_file.h"
+
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <nlohmann/json.hpp>
+
+#include <cerrno>
+#include <cstring>
+#include <fstream>
+
+namespace lmscope {
+
+RunLog::RunLog(std::string path, std::optional<std::int64_t> resumed_at) : path_(std::move(path)) {
+  if (resumed_at && replaceable_file_exists(path_, "--log")) {
+    std::ifstream in(path_);
+    if (!in) user_error("cannot read the log file '{}' to go on with it: {}", path_, std::strerror(errno));
+    std::string kept, line;
+    while (std::getline(in, line)) {
+      const auto j = nlohmann::json::parse(line, nullptr, false);
+      if (!j.is_discarded() && j.is_object() && j.contains("step") && j["step"].is_number_integer() &&
+          j["step"].get<std::int64_t>() <= *resumed_at)
+        kept += line + "\n";
+    }
+    write_file_durably(path_, kept);
+  }
+  fd_ = ::open(path_.c_str(), O_WRONLY | O_CREAT | O_CLOEXEC | (resumed_at ? O_APPEND : O_TRUNC), 0644);
+  if (fd_ < 0) user_error("cannot write the log file '{}': {}", path_, std::strerror(errno));
+}
+
+RunLog::~RunLog() {
+  if (fd_ >= 0) ::close(fd_);
+}
+
+void RunLog::write_line(const std::string& line) {
+  const std::string text = line + "\n";
+  const char* p = text.data();
+  std::size_t left = text.size();
+  while (left > 0) {
+    const ssize_t n = ::write(fd_, p, left);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) environment_failure("writing the log file '{}' failed: {}", path_, std::strerror(n < 0 ? errno : EIO));
+    p += n;
+    left -= static_cast<std::size_t>(n);
+  }
+}
+
+}  // namespace lmscope

@@ -58,6 +58,18 @@ int main(int argc, char** argv) {
     fmt::print(stderr, "{}error: unknown command '{}' (use {})\n", prefix, first, names);
     return 2;
   }
+  // An empty value is no value: `--lr ''` would train with lr 0, `--save ''` save nothing.
+  for (int i = 2; i < argc; ++i) {
+    const std::string arg = argv[i];
+    const bool empty_after_equals = arg.starts_with("--") && arg.ends_with("=");
+    if (!arg.empty() && !empty_after_equals) continue;
+    const std::string flag = empty_after_equals ? arg.substr(0, arg.size() - 1) : std::string(argv[i - 1]);
+    if (flag.starts_with("-"))
+      fmt::print(stderr, "{}error: {} was given an empty value; give it one, or leave the flag out\n", prefix, flag);
+    else
+      fmt::print(stderr, "{}error: argument {} is empty\n", prefix, i);
+    return 2;
+  }
   try {
     app.parse(argc, argv);
   } catch (const CLI::CallForHelp& e) {

@@ -151,6 +151,15 @@ class Cli(FilesTest):
         self.assertTrue(rows[1]["status"] == "ok" or rows[1]["status"].startswith("unsupported: "), rows[1]["status"])
 
     # --- bad input: exit 2, one sentence ---
+    def test_empty_values_are_refused(self):
+        # Each would otherwise become a value (lr 0, clipping off) or be ignored (no weights saved).
+        for flag in ("--lr", "--clip", "--save", "--init", "--checkpoint-dir", "--rendezvous"):
+            self.assertUserError(run("train", *TINY, "--data", self.data, "--steps", "1", flag, ""),
+                                 f"{flag} was given an empty value")
+        self.assertUserError(run("train", *TINY, "--data", self.data, "--steps", "1", "--lr="),
+                             "--lr was given an empty value")
+        self.assertUserError(run("bench", *TINY, "--ctx", ""), "--ctx was given an empty value")
+
     def test_impossible_configs(self):
         self.assertUserError(run("info", "--d-model", "100", "--heads", "3"), "not divisible by --heads 3")
         self.assertUserError(run("info", "--layers", "-2"), "--layers must be a positive integer")

@@ -84,6 +84,15 @@ Transformer::Transformer(const ModelConfig& config, Backend& backend, DType dtyp
   embedding_ = by_name.at("token_embeddings.weight");
   ln_final_ = by_name.at("ln_final.weight");
   lm_head_ = by_name.at("lm_head.weight");
+  for (int l = 0; l < config_.layers; ++l) {
+    const LayerParams& P = layer_params_[l];
+    std::vector<Parameter*> ps{P.ln1, P.wq, P.wk, P.wv, P.wo, P.ln2, P.w1, P.w3, P.w2};
+    layer_stretches_[0].push_back(ps);
+    ps.push_back(l + 1 == config_.layers ? ln_final_ : layer_params_[l + 1].ln1);
+    layer_stretches_[1].push_back(std::move(ps));
+  }
+  embedding_stretch_ = {embedding_};
+  head_stretch_ = {ln_final_, lm_head_};
   loss_ = wide("loss", -1, {1}, MemKind::workspace);
 }
 
@@ -182,13 +191,6 @@ void Transformer::set_hooks(StepHooks* hooks) {
                   "hooks that change {}'s shape must be given when the model is made", p.spec.name);
   }
   hooks_ = next;
-}
-
-std::vector<Parameter*> Transformer::layer_parameters(int l, bool next_norm) const {
-  const LayerParams& P = layer_params_[l];
-  std::vector<Parameter*> ps{P.ln1, P.wq, P.wk, P.wv, P.wo, P.ln2, P.w1, P.w3, P.w2};
-  if (next_norm) ps.push_back(l + 1 == config_.layers ? ln_final_ : layer_params_[l + 1].ln1);
-  return ps;
 }
 
 const Tensor& Transformer::weight(Parameter* p) {
@@ -446,7 +448,7 @@ void Transformer::forward(bool for_backward) {
   Saved s;
   Allocation x = wide("embedding", -1, {N, d});
   {
-    HookedStretch hooked(*hooks_, {embedding_}, Pass::forward);
+    HookedStretch hooked(*hooks_, embedding_stretch_, Pass::forward);
     ScopedRange r(ranges, RangeLevel::op, "embedding");
     backend_.embedding_forward(ids_, embedding_->value, x);
   }
@@ -461,8 +463,7 @@ void Transformer::forward(bool for_backward) {
     if (for_backward) s.layers.push_back(std::move(L));
   }
 
-  std::optional<HookedStretch> head(std::in_place, *hooks_, std::vector<Parameter*>{ln_final_, lm_head_},
-                                    Pass::forward);
+  std::optional<HookedStretch> head(std::in_place, *hooks_, head_stretch_, Pass::forward);
   OpRanges op(ranges);
   s.x_final = std::move(x);
   if (fusion_) {

@@ -12,6 +12,7 @@
 #include <functional>
 #include <memory>
 #include <optional>
+#include <span>
 #include <string>
 #include <unordered_map>
 #include <vector>
@@ -266,8 +267,8 @@ class Transformer {
   // them when it ends (on failure too).
   class HookedStretch {
    public:
-    HookedStretch(StepHooks& hooks, std::vector<Parameter*> params, Pass pass)
-        : hooks_(hooks), params_(std::move(params)), pass_(pass) {
+    HookedStretch(StepHooks& hooks, std::span<Parameter* const> params, Pass pass)
+        : hooks_(hooks), params_(params), pass_(pass) {
       hooks_.acquire(params_, pass_);
     }
     ~HookedStretch() { hooks_.release(params_, pass_); }
@@ -276,11 +277,16 @@ class Transformer {
 
    private:
     StepHooks& hooks_;
-    std::vector<Parameter*> params_;
+    std::span<Parameter* const> params_;
     Pass pass_;
   };
-  // Layer l's parameters, and with `next_norm` the norm after it (the fused residual add's).
-  std::vector<Parameter*> layer_parameters(int l, bool next_norm) const;
+  // Layer l's parameters, and with `next_norm` the norm after it (the fused residual add's): listed
+  // once at construction, as are the embedding's and the head's, so no step builds the lists.
+  const std::vector<Parameter*>& layer_parameters(int l, bool next_norm) const {
+    return layer_stretches_[next_norm][static_cast<std::size_t>(l)];
+  }
+  std::vector<std::vector<Parameter*>> layer_stretches_[2];
+  std::vector<Parameter*> embedding_stretch_, head_stretch_;
   std::vector<LayerParams> layer_params_;
   Parameter *embedding_, *ln_final_, *lm_head_;
   std::int64_t batch_ = 0, ctx_ = 0;

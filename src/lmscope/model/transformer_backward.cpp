@@ -72,8 +72,7 @@ void Transformer::backward(MicroBatch micro) {
   // Loss and head: each logits buffer turns into dlogits in place, a chunk at a time when the forward
   // made them in chunks (then made again here from ln_final's output).
   RangeListener* ranges = backend_.range_listener();
-  std::optional<HookedStretch> hooked_head(std::in_place, *hooks_, std::vector<Parameter*>{lm_head_, ln_final_},
-                                           Pass::backward);
+  std::optional<HookedStretch> hooked_head(std::in_place, *hooks_, head_stretch_, Pass::backward);
   OpRanges head(ranges);
   head.next("lm_head and loss");
   const double dlogits_scale = loss_scale_ / static_cast<double>(N * micro_batches);
@@ -246,7 +245,7 @@ void Transformer::backward(MicroBatch micro) {
     L.rstd1.reset();
   }
   {
-    HookedStretch hooked(*hooks_, {embedding_}, Pass::backward);
+    HookedStretch hooked(*hooks_, embedding_stretch_, Pass::backward);
     ScopedRange r(ranges, RangeLevel::op, "embedding");
     if (grad_dtype_ == dtype_)
       backend_.embedding_backward(ids_, dx, gradient(*embedding_), accumulating_);  // adds in place: no scratch

@@ -281,7 +281,7 @@ fi
 # batch 8, ctx 256, STEPS (default 600) steps: the logs and lmscope report's page of their curves.
 if [[ "${1:-}" == "--curves" ]]; then
   steps=${2:-600}
-  cat docs/*.md docs/log/*.md src/lmscope/*/*.{cpp,h} src/lmscope/cuda/*.{cu,cuh} src/lmscope/cuda/flash/*.cuh \
+  cat docs/*.md docs/log/*.md src/lmscope/*/*.{cpp,h} src/lmscope/backend/cuda/*.{cu,cuh} src/lmscope/backend/cuda/flash/*.cuh \
     >"$OUT/text.txt"
   $PY -c "
 import numpy as np

@@ -2,9 +2,9 @@
 // in their phases (fused and unfused). Every test skips where no GPU is visible.
 #include "../common/small_cuda_cell.h"
 
+#include "lmscope/backend/cuda/kernels.h"
 #include "lmscope/backend/devices.h"
 #include "lmscope/bench/runner.h"
-#include "lmscope/cuda/kernels.h"
 
 #include <gtest/gtest.h>
 

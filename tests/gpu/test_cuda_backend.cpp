@@ -6,10 +6,10 @@
 #include "../common/training.h"
 
 #include "lmscope/backend/backend.h"
+#include "lmscope/backend/cuda/kernels.h"
 #include "lmscope/backend/devices.h"
 #include "lmscope/backend/op_scratch.h"
 #include "lmscope/core/rng.h"
-#include "lmscope/cuda/kernels.h"
 #include "lmscope/model/optimizer.h"
 #include "lmscope/model/transformer.h"
 #include "lmscope/precision/number_formats.h"

@@ -5,8 +5,8 @@
 #include "../common/training.h"
 
 #include "lmscope/backend/backend.h"
+#include "lmscope/backend/cuda/kernels.h"
 #include "lmscope/backend/devices.h"
-#include "lmscope/cuda/kernels.h"
 #include "lmscope/model/optimizer.h"
 #include "lmscope/model/transformer.h"
 
@@ -139,7 +139,7 @@ TEST_F(FlashOnGpu, HopperKernelsMatchTheDefinition) {
 }
 
 // With too few tiles to fill the GPU (one or two sequences), each CTA walks one part of its tile's
-// loop and a second kernel adds the parts' fp32 results (src/lmscope/cuda/tile_order.h): every
+// loop and a second kernel adds the parts' fp32 results (src/lmscope/device/tile_order.h): every
 // kernel in parts, on mma.sync and, on a Hopper GPU, on wgmma (from 4096 positions), partial tiles,
 // tq ≠ tk both ways, causal and not, both dq strategies.
 TEST_F(FlashOnGpu, TilesCutIntoPartsMatchTheDefinition) {

@@ -1,9 +1,9 @@
-// The order in which the flash-attention kernels' CTAs take their tiles (src/lmscope/cuda/tile_order.h):
+// The order in which the flash-attention kernels' CTAs take their tiles (src/lmscope/device/tile_order.h):
 // every tile of every sequence exactly once, heaviest first within each group of sequences, groups
 // contiguous with the short one first, and group sizes that follow L2 and the wave count; a tile's
 // parts together cover its inner loop once, and tiles are cut into parts only when too few; a folded
 // wave spreads the work evenly over the SMs.
-#include "lmscope/cuda/tile_order.h"
+#include "lmscope/device/tile_order.h"
 
 #include <gtest/gtest.h>
 

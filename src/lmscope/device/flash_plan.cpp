@@ -1,19 +1,12 @@
 #include "lmscope/device/flash_plan.h"
 
-#include "lmscope/cuda/tile_order.h"
+#include "lmscope/device/tile_order.h"
 
 #include <algorithm>
 #include <stdexcept>
 
 namespace lmscope {
 namespace {
-
-// The parts' rules, shared with the kernels that order the CTAs (plain C++ and CUDA).
-using cuda::kBackwardShares;
-using cuda::kForwardShares;
-using cuda::kLongPartShares;
-using cuda::kLongPartTiles;
-using cuda::split_parts;
 
 // Inner tiles of 64 that outer tile i of `rows` rows walks: key tiles under a query tile (the forward
 // and dQ kernels), query tiles under a key tile (the dK/dV kernels), as the kernels bound their loops.

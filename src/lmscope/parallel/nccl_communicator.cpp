@@ -3,8 +3,8 @@
 // all-reduce overlaps the rest of the backward; wait() makes the backend's stream wait for it, and
 // the host goes on. The ranks meet once, in the store, for NCCL's unique id.
 #include "lmscope/backend/backend.h"
-#include "lmscope/cuda/cuda_check.h"
-#include "lmscope/cuda/stream_pool.h"
+#include "lmscope/backend/cuda/cuda_check.h"
+#include "lmscope/backend/cuda/stream_pool.h"
 #include "lmscope/parallel/communicator.h"
 #include "lmscope/parallel/nccl_version.h"
 

@@ -1,7 +1,7 @@
 // The token embedding's lookup and its gradient: a block per token row forward, and backward a block
 // per group of table rows, deterministic (no atomics).
-#include "lmscope/cuda/kernels.h"
-#include "lmscope/cuda/launch_check.cuh"
+#include "lmscope/backend/cuda/kernels.h"
+#include "lmscope/backend/cuda/launch_check.cuh"
 
 #include <cstdint>
 

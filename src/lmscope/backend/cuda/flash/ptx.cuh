@@ -8,8 +8,8 @@
 
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
-#include "lmscope/cuda/storage.cuh"
-#include "lmscope/cuda/wgmma.cuh"
+#include "lmscope/backend/cuda/storage.cuh"
+#include "lmscope/backend/cuda/wgmma.cuh"
 
 namespace lmscope::cuda {
 namespace {

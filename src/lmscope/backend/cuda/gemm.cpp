@@ -1,7 +1,7 @@
-#include "lmscope/cuda/gemm.h"
-#include "lmscope/cuda/cuda_check.h"
-#include "lmscope/cuda/kernels.h"
-#include "lmscope/cuda/stream_pool.h"
+#include "lmscope/backend/cuda/gemm.h"
+#include "lmscope/backend/cuda/cuda_check.h"
+#include "lmscope/backend/cuda/kernels.h"
+#include "lmscope/backend/cuda/stream_pool.h"
 
 #include <algorithm>
 #include <vector>

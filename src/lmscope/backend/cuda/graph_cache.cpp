@@ -1,5 +1,5 @@
-#include "lmscope/cuda/graph_cache.h"
-#include "lmscope/cuda/cuda_check.h"
+#include "lmscope/backend/cuda/graph_cache.h"
+#include "lmscope/backend/cuda/cuda_check.h"
 
 #include <stdexcept>
 

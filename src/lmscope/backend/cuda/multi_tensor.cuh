@@ -6,8 +6,8 @@
 // (tools/adamw_bandwidth.cu, docs/speed.md).
 #pragma once
 
-#include "lmscope/cuda/grid_stride.cuh"
-#include "lmscope/cuda/kernels.h"
+#include "lmscope/backend/cuda/grid_stride.cuh"
+#include "lmscope/backend/cuda/kernels.h"
 
 #include <cstdint>
 #include <limits>

@@ -4,9 +4,9 @@
 // writes one external-correlation record per launch made under it. CUPTI takes its timestamps from
 // the host's steady clock here (a timestamp callback), the allocator's clock, so that device work,
 // host calls and host ranges share one time line.
-#include "lmscope/cuda/kernel_tracer.h"
+#include "lmscope/backend/cuda/kernel_tracer.h"
 
-#include "lmscope/cuda/cuda_check.h"
+#include "lmscope/backend/cuda/cuda_check.h"
 
 #include <cupti.h>
 

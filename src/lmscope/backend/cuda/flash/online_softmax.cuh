@@ -5,8 +5,8 @@
 // launchers instantiate these templates and the kernels compile as one unit.
 #pragma once
 
-#include "lmscope/cuda/flash/ptx.cuh"
-#include "lmscope/cuda/tile_order.h"
+#include "lmscope/backend/cuda/flash/ptx.cuh"
+#include "lmscope/device/tile_order.h"
 
 namespace lmscope::cuda {
 namespace {

@@ -1,7 +1,7 @@
 // Storage types and their conversion to and from the fp32 the kernels compute in.
 #pragma once
 
-#include "lmscope/cuda/kernels.h"
+#include "lmscope/backend/cuda/kernels.h"
 
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>

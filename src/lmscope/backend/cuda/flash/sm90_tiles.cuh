@@ -5,8 +5,8 @@
 // launchers instantiate these templates and the kernels compile as one unit.
 #pragma once
 
-#include "lmscope/cuda/flash/online_softmax.cuh"
-#include "lmscope/cuda/wgmma.cuh"
+#include "lmscope/backend/cuda/flash/online_softmax.cuh"
+#include "lmscope/backend/cuda/wgmma.cuh"
 
 namespace lmscope::cuda {
 namespace {

@@ -2,8 +2,8 @@
 // the backward of data parallelism): NCCL's kernels hold an SM a block for as long as a collective
 // runs, and a GEMM planned for every SM waits on those it cannot have. (tools/gemm_beside_held_sms.cu
 // keeps a copy of these kernels: it builds with nvcc alone.)
-#include "lmscope/cuda/kernels.h"
-#include "lmscope/cuda/launch_check.cuh"
+#include "lmscope/backend/cuda/kernels.h"
+#include "lmscope/backend/cuda/launch_check.cuh"
 
 #include <algorithm>
 

@@ -2,17 +2,17 @@
 // that GPU current for its scope (cuda::DeviceGuard), so backends on two GPUs work side by side. GEMMs go to cuBLASLt,
 // everything else to lmscope's own kernels (kernels.h). fp32 tensors for now; the GEMM math is IEEE fp32 or tf32.
 #include "lmscope/backend/backend.h"
+#include "lmscope/backend/cuda/cuda_allocator.h"
+#include "lmscope/backend/cuda/cuda_check.h"
+#include "lmscope/backend/cuda/device_guard.h"
+#include "lmscope/backend/cuda/gemm.h"
+#include "lmscope/backend/cuda/graph_cache.h"
+#include "lmscope/backend/cuda/kernel_tracer.h"
+#include "lmscope/backend/cuda/kernels.h"
+#include "lmscope/backend/cuda/nvtx_ranges.h"
+#include "lmscope/backend/cuda/stream_pool.h"
 #include "lmscope/backend/devices.h"
 #include "lmscope/backend/op_scratch.h"
-#include "lmscope/cuda/cuda_allocator.h"
-#include "lmscope/cuda/cuda_check.h"
-#include "lmscope/cuda/device_guard.h"
-#include "lmscope/cuda/gemm.h"
-#include "lmscope/cuda/graph_cache.h"
-#include "lmscope/cuda/kernel_tracer.h"
-#include "lmscope/cuda/kernels.h"
-#include "lmscope/cuda/nvtx_ranges.h"
-#include "lmscope/cuda/stream_pool.h"
 #include "lmscope/device/storage_elem.h"
 
 #include <algorithm>

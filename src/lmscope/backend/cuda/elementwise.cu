@@ -1,10 +1,10 @@
 // Elementwise kernels: grid-stride loops, one pass over memory each, fp32 arithmetic.
-#include "lmscope/cuda/grid_stride.cuh"
-#include "lmscope/cuda/kernels.h"
-#include "lmscope/cuda/launch_check.cuh"
-#include "lmscope/cuda/multi_tensor.cuh"
-#include "lmscope/cuda/reduce.cuh"
-#include "lmscope/cuda/storage.cuh"
+#include "lmscope/backend/cuda/grid_stride.cuh"
+#include "lmscope/backend/cuda/kernels.h"
+#include "lmscope/backend/cuda/launch_check.cuh"
+#include "lmscope/backend/cuda/multi_tensor.cuh"
+#include "lmscope/backend/cuda/reduce.cuh"
+#include "lmscope/backend/cuda/storage.cuh"
 
 #include <algorithm>
 

@@ -3,10 +3,10 @@
 // for every pair made this kernel six times slower than its memory traffic. Each thread moves 16
 // bytes (a few interleaved pairs) where the rows allow: one pair a thread, 4 bytes in bf16, kept the
 // kernel at 40% of the memory's bandwidth (docs/speed.md).
-#include "lmscope/cuda/kernels.h"
-#include "lmscope/cuda/launch_check.cuh"
-#include "lmscope/cuda/reduce.cuh"
-#include "lmscope/cuda/storage.cuh"
+#include "lmscope/backend/cuda/kernels.h"
+#include "lmscope/backend/cuda/launch_check.cuh"
+#include "lmscope/backend/cuda/reduce.cuh"
+#include "lmscope/backend/cuda/storage.cuh"
 
 #include <algorithm>
 #include <stdexcept>

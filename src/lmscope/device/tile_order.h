@@ -35,7 +35,7 @@
 #define LMSCOPE_HOST_DEVICE
 #endif
 
-namespace lmscope::cuda {
+namespace lmscope {
 
 struct CtaTile {
   int seq, rank;  // rank 0: the tile with the most work
@@ -112,4 +112,4 @@ inline int split_parts(long long work, long long longest, long long slots, int s
   return parts;
 }
 
-}  // namespace lmscope::cuda
+}  // namespace lmscope

@@ -16,11 +16,11 @@
 // The headers are one translation unit with this file, included in the order below.
 // docs/flash-attention.md has the floors, the measurements and why the code is shaped so; the steps
 // comments cite (step N) are entries of docs/log/flash-attention.md, each with its date and commit.
-#include "lmscope/cuda/launch_check.cuh"
-#include "lmscope/cuda/per_device.cuh"
-#include "lmscope/cuda/storage.cuh"
-#include "lmscope/cuda/tile_order.h"
-#include "lmscope/cuda/wgmma.cuh"
+#include "lmscope/backend/cuda/launch_check.cuh"
+#include "lmscope/backend/cuda/per_device.cuh"
+#include "lmscope/backend/cuda/storage.cuh"
+#include "lmscope/backend/cuda/wgmma.cuh"
+#include "lmscope/device/tile_order.h"
 
 #include <cuda_bf16.h>
 
@@ -37,15 +37,15 @@
 
 // In the order the kernels are compiled in, not sorted.
 // clang-format off
-#include "lmscope/cuda/flash/ptx.cuh"
-#include "lmscope/cuda/flash/online_softmax.cuh"
-#include "lmscope/cuda/flash/sm80_forward.cuh"
-#include "lmscope/cuda/flash/sm90_tiles.cuh"
-#include "lmscope/cuda/flash/sm90_forward.cuh"
-#include "lmscope/cuda/flash/sm80_backward.cuh"
-#include "lmscope/cuda/flash/sm90_backward.cuh"
-#include "lmscope/cuda/flash/cuda_core.cuh"
-#include "lmscope/cuda/flash/parts.cuh"
+#include "lmscope/backend/cuda/flash/ptx.cuh"
+#include "lmscope/backend/cuda/flash/online_softmax.cuh"
+#include "lmscope/backend/cuda/flash/sm80_forward.cuh"
+#include "lmscope/backend/cuda/flash/sm90_tiles.cuh"
+#include "lmscope/backend/cuda/flash/sm90_forward.cuh"
+#include "lmscope/backend/cuda/flash/sm80_backward.cuh"
+#include "lmscope/backend/cuda/flash/sm90_backward.cuh"
+#include "lmscope/backend/cuda/flash/cuda_core.cuh"
+#include "lmscope/backend/cuda/flash/parts.cuh"
 // clang-format on
 
 namespace lmscope::cuda {

@@ -1,5 +1,5 @@
-#include "lmscope/cuda/stream_pool.h"
-#include "lmscope/cuda/cuda_check.h"
+#include "lmscope/backend/cuda/stream_pool.h"
+#include "lmscope/backend/cuda/cuda_check.h"
 
 #include <map>
 #include <mutex>

@@ -1,4 +1,4 @@
-#include "lmscope/cuda/nvtx_ranges.h"
+#include "lmscope/backend/cuda/nvtx_ranges.h"
 
 #include <nvtx3/nvToolsExt.h>
 

@@ -1,8 +1,8 @@
 #include "lmscope/backend/devices.h"
+#include "lmscope/backend/cuda/cuda_check.h"
+#include "lmscope/backend/cuda/device_guard.h"
+#include "lmscope/backend/cuda/kernels.h"
 #include "lmscope/core/error.h"
-#include "lmscope/cuda/cuda_check.h"
-#include "lmscope/cuda/device_guard.h"
-#include "lmscope/cuda/kernels.h"
 #include "lmscope/device/device.h"
 
 #include <cuda_runtime.h>

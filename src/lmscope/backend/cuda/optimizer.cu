@@ -1,12 +1,12 @@
 // The optimizer step's kernels: the global gradient norm and AdamW, per tensor and, for the fused
 // step, over many tensors a launch. Both forms share the per-element code and the norm's partition,
 // so they give the same bits.
-#include "lmscope/cuda/grid_stride.cuh"
-#include "lmscope/cuda/kernels.h"
-#include "lmscope/cuda/launch_check.cuh"
-#include "lmscope/cuda/multi_tensor.cuh"
-#include "lmscope/cuda/reduce.cuh"
-#include "lmscope/cuda/storage.cuh"
+#include "lmscope/backend/cuda/grid_stride.cuh"
+#include "lmscope/backend/cuda/kernels.h"
+#include "lmscope/backend/cuda/launch_check.cuh"
+#include "lmscope/backend/cuda/multi_tensor.cuh"
+#include "lmscope/backend/cuda/reduce.cuh"
+#include "lmscope/backend/cuda/storage.cuh"
 
 #include <algorithm>
 #include <stdexcept>

@@ -1,10 +1,10 @@
 // Kernels that work a row at a time: one block per row, block reductions for the row statistics,
 // fp32 arithmetic whatever the storage.
-#include "lmscope/cuda/kernels.h"
-#include "lmscope/cuda/launch_check.cuh"
-#include "lmscope/cuda/per_device.cuh"
-#include "lmscope/cuda/reduce.cuh"
-#include "lmscope/cuda/storage.cuh"
+#include "lmscope/backend/cuda/kernels.h"
+#include "lmscope/backend/cuda/launch_check.cuh"
+#include "lmscope/backend/cuda/per_device.cuh"
+#include "lmscope/backend/cuda/reduce.cuh"
+#include "lmscope/backend/cuda/storage.cuh"
 
 #include <cooperative_groups.h>
 

@@ -4,7 +4,7 @@
 // launchers instantiate these templates and the kernels compile as one unit.
 #pragma once
 
-#include "lmscope/cuda/flash/online_softmax.cuh"
+#include "lmscope/backend/cuda/flash/online_softmax.cuh"
 
 namespace lmscope::cuda {
 namespace {

@@ -1,6 +1,6 @@
-#include "lmscope/cuda/cuda_allocator.h"
-#include "lmscope/cuda/cuda_check.h"
-#include "lmscope/cuda/device_guard.h"
+#include "lmscope/backend/cuda/cuda_allocator.h"
+#include "lmscope/backend/cuda/cuda_check.h"
+#include "lmscope/backend/cuda/device_guard.h"
 
 namespace lmscope {
 

@@ -4,7 +4,7 @@
 // launchers instantiate these templates and the kernels compile as one unit.
 #pragma once
 
-#include "lmscope/cuda/flash/sm90_tiles.cuh"
+#include "lmscope/backend/cuda/flash/sm90_tiles.cuh"
 
 namespace lmscope::cuda {
 namespace {

@@ -67,8 +67,9 @@ parallel::ParallelPlan ParallelFlags::resolve(std::int64_t global_batch, const s
   if (symmetric_memory != "on" && symmetric_memory != "off")
     user_error("unknown --symmetric-memory '{}' (use on or off)", symmetric_memory);
   const bool asked = app.count("--ddp") + app.count("--zero") + app.count("--bucket-mb") +
-                         app.count("--symmetric-memory") + app.count("--comm-sms") + app.count("--grad-exchange") >
-                     0;
+                             app.count("--symmetric-memory") + app.count("--comm-sms") + app.count("--grad-exchange") >
+                         0 ||
+                     taken_;
   if (r.world.size == 1 && !asked) return r;
   parallel::DataParallelSpec spec;
   if (!ddp.empty()) spec.mode = parallel::parse_ddp_mode(ddp);
@@ -118,6 +119,42 @@ parallel::ParallelPlan ParallelFlags::resolve(std::int64_t global_batch, const s
   r.data = spec;
   r.validate(global_batch, true, true);
   return r;
+}
+
+void ParallelFlags::take_from_checkpoint(const parallel::ParallelPlan& theirs) {
+  const CLI::App& app = *app_;
+  if (!theirs.data || parallel::world_from_environment(rendezvous).size == 1) return;
+  const parallel::DataParallelSpec& d = *theirs.data;
+  auto given = [&](const char* flag) { return app.count(flag) > 0; };
+  const bool exchange_given =
+      given("--ddp") || given("--grad-exchange") || given("--symmetric-memory") || given("--comm-sms");
+  if (!given("--bucket-mb")) bucket_mb = d.bucket_mb;
+  if (d.zero == 1) {
+    if (!given("--zero") && !exchange_given) zero = 1;
+  } else if (zero == 0) {
+    if (!given("--ddp")) ddp = parallel::ddp_mode_name(d.mode);
+    if (!given("--grad-exchange")) grad_exchange = parallel::grad_exchange_name(d.exchange);
+    if (!given("--symmetric-memory")) symmetric_memory = d.symmetric_memory ? "on" : "off";
+    if (!given("--comm-sms"))
+      comm_sms = d.comm_sms == parallel::DataParallelSpec::kAutoCommSms ? "auto" : std::to_string(d.comm_sms);
+  }
+  taken_ = true;
+}
+
+std::vector<std::string> ParallelFlags::changes(const parallel::ParallelPlan& theirs,
+                                                const parallel::ParallelPlan& now) {
+  auto ranks = [](int n) { return fmt::format("{} rank{}", n, n == 1 ? "" : "s"); };
+  auto layout = [](const parallel::ParallelPlan& p) { return p.data ? p.words() : std::string("one process"); };
+  std::vector<std::string> said;
+  if (theirs.world.size != now.world.size)
+    said.push_back(fmt::format(
+        "the checkpoint's run was on {} and this one is on {}: the global batch is the same, its gradients summed in "
+        "another order (the steps will not repeat an unstopped run's bit for bit)",
+        ranks(theirs.world.size), ranks(now.world.size)));
+  if (layout(theirs) != layout(now))
+    said.push_back(fmt::format("the data parallelism is {} here and was {} in the checkpoint's run; going on with {}",
+                               layout(now), layout(theirs), layout(now)));
+  return said;
 }
 
 }  // namespace lmscope::cli

@@ -9,6 +9,7 @@
 
 #include <optional>
 #include <string>
+#include <vector>
 
 namespace lmscope::cli {
 
@@ -29,9 +30,17 @@ struct ParallelFlags {
   // A real run on GPUs keeps its gradients out of NCCL's symmetric memory (said once, by rank 0) where
   // the NCCL it loaded is older than the first seen to sum right there (parallel/nccl_version.h).
   parallel::ParallelPlan resolve(std::int64_t global_batch, const std::string& device, bool dry_run = false) const;
+  // A resumed run's layout, before resolve: in a world of several ranks each flag not given takes the
+  // checkpoint's run's value (`theirs`); a world of one runs as one process (ZeRO needs ranks). The
+  // side given chooses: --zero given, DDP's exchange flags are not taken; DDP's given, --zero is not.
+  void take_from_checkpoint(const parallel::ParallelPlan& theirs);
+  // What a resumed run does otherwise than the checkpoint's run, `theirs`, in sentences: the world's
+  // size, the layout.
+  static std::vector<std::string> changes(const parallel::ParallelPlan& theirs, const parallel::ParallelPlan& now);
 
  private:
   const CLI::App* app_ = nullptr;
+  bool taken_ = false;  // take_from_checkpoint took a layout: data parallelism was asked for
 };
 
 }  // namespace lmscope::cli

@@ -175,6 +175,7 @@ class TrainCommand : public Command {
 
   int run() override {
     std::optional<FoundCheckpoint> resumed;
+    std::optional<RunSpec> saved_run;  // the checkpoint's, when it keeps its description
     if (!s_.resume.empty()) {
       resumed = find_checkpoint(s_.resume);
       for (const std::string& w : resumed->warnings()) fmt::print(stderr, "lmscope: warning: {}\n", w);
@@ -183,6 +184,8 @@ class TrainCommand : public Command {
       s_.model = model_.resolve_one(app->count("--model") > 0 ? std::nullopt : std::optional(theirs));
       for (const std::string& change : s_.take_from_checkpoint(*app, resumed->state.config, model_given()))
         fmt::print("note: {}\n", change);
+      saved_run = checkpoint_run(resumed->state.config, s_.resume);
+      if (saved_run) parallel_.take_from_checkpoint(saved_run->parallel);
     } else {
       s_.model = model_.resolve_one();
     }
@@ -191,6 +194,9 @@ class TrainCommand : public Command {
     // global batch, each rank running its share of the rows one process would.
     const parallel::ParallelPlan parallel = parallel_.resolve(s_.batch, s_.device);
     const bool main_rank = parallel.world.rank == 0;
+    if (saved_run && main_rank)
+      for (const std::string& change : ParallelFlags::changes(saved_run->parallel, parallel))
+        fmt::print("note: {}\n", change);
     if (parallel.data && s_.graphs == "on" && s_.device == "cuda") {
       if (app->count("--graphs") > 0 && main_rank)
         fmt::print("note: data parallelism runs without device graphs (its collectives are not recorded)\n");
@@ -240,21 +246,13 @@ class TrainCommand : public Command {
     }
 
     if (main_rank)
-      fmt::print(
-          "training {} ({} parameters) on {}: {} tokens in '{}', {} steps of {}{}x{} tokens{}{}\n", c.name,
-          c.parameter_count(), backend.name(), data.size(), s_.data, s_.steps,
-          s_.grad_accum > 1 ? fmt::format("{} micro-batches of ", s_.grad_accum) : "", s_.batch, s_.ctx,
-          dp ? fmt::format(" over {} ranks ({} rows each, {} over {}{}{})", parallel.world.size, session.local_batch(),
-                           dp->spec().zero ? "ZeRO-1" : parallel::ddp_mode_name(dp->spec().mode),
-                           dp->communicator().name(),
-                           dp->spec().zero || dp->spec().mode == parallel::DdpMode::bucketed
-                               ? fmt::format(", {:g} MiB buckets", dp->spec().bucket_mb)
-                               : "",
-                           !dp->spec().zero && dp->spec().exchange == parallel::GradExchange::all_gather
-                               ? ", gradients all-gathered"
-                               : "")
-             : "",
-          resumed ? fmt::format(", resumed at step {} from '{}'", start, resumed->path) : "");
+      fmt::print("training {} ({} parameters) on {}: {} tokens in '{}', {} steps of {}{}x{} tokens{}{}\n", c.name,
+                 c.parameter_count(), backend.name(), data.size(), s_.data, s_.steps,
+                 s_.grad_accum > 1 ? fmt::format("{} micro-batches of ", s_.grad_accum) : "", s_.batch, s_.ctx,
+                 dp ? fmt::format(" over {} ranks ({} rows each, {} over {})", parallel.world.size,
+                                  session.local_batch(), parallel.words(), dp->communicator().name())
+                    : "",
+                 resumed ? fmt::format(", resumed at step {} from '{}'", start, resumed->path) : "");
     auto save_checkpoint = [&](std::int64_t step) {
       if (!main_rank) {                     // every rank holds the same weights and moments: rank 0 writes them
         join_checkpoint_write(model, opt);  // (ZeRO-1: each holds its part of the moments, sent to rank 0)
@@ -262,7 +260,7 @@ class TrainCommand : public Command {
       }
       const std::string path = write_checkpoint(
           s_.checkpoint_dir, model, opt,
-          CheckpointState{step, opt.steps_taken(), batches.sampler().position(), s_.to_json(),
+          CheckpointState{step, opt.steps_taken(), batches.sampler().position(), s_.to_json(session.spec()),
                           opt.loss_scaler().on() ? std::optional(opt.loss_scaler().state()) : std::nullopt},
           s_.keep);
       fmt::print("saved checkpoint '{}'\n", path);

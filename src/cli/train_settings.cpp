@@ -40,13 +40,59 @@ std::string shape_words(const ModelConfig& c) {
                      c.layers, c.heads, c.vocab, c.rope_theta);
 }
 
+// A checkpoint's configuration as one flat object under the flags' names, as state.json held it
+// before it kept a RunSpec: what take() reads, whichever the checkpoint's age.
+nlohmann::json flat_config(const nlohmann::json& saved, const std::string& dir) {
+  const std::optional<RunSpec> run = checkpoint_run(saved, dir);
+  if (!run) return saved;
+  nlohmann::json flat = saved.at("train");
+  const RunSpec& r = *run;
+  auto on_off = [](bool on) { return on ? "on" : "off"; };
+  flat.update({{"model", model_json(r.model)},
+               {"precision", r.precision},
+               {"device", r.device},
+               {"attention", attention_name(r.attention)},
+               {"recompute", recompute_name(r.recompute)},
+               {"weight_copies", weight_copies_name(r.weight_copies)},
+               {"grad_dtype", grad_dtype_name(r.grad_dtype)},
+               {"graphs", on_off(r.graphs)},
+               {"fusion", on_off(r.fusion)},
+               {"batch", r.batch},
+               {"ctx", r.ctx},
+               {"grad_accum", r.grad_accum},
+               {"seed", r.seed},
+               {"lr", r.optimizer.lr},
+               {"lr_schedule", r.schedule.cosine ? "cosine" : "constant"},
+               {"warmup_iters", r.schedule.warmup_iters},
+               {"cosine_iters", r.schedule.cosine_iters},
+               {"min_lr", r.schedule.lr_min},
+               {"beta1", r.optimizer.beta1},
+               {"beta2", r.optimizer.beta2},
+               {"eps", r.optimizer.eps},
+               {"weight_decay", r.optimizer.weight_decay},
+               {"clip", r.optimizer.clip},
+               {"loss_scale", r.optimizer.loss_scaling.initial},
+               {"loss_scale_interval", r.optimizer.loss_scaling.interval}});
+  return flat;
+}
+
 }  // namespace
 
+std::optional<RunSpec> checkpoint_run(const nlohmann::json& saved, const std::string& dir) {
+  if (!saved.is_object() || !saved.contains("run")) return std::nullopt;
+  try {
+    if (saved.at("train").is_object()) return RunSpec::from_json(saved.at("run"));
+  } catch (const std::exception&) {
+  }
+  user_error("the configuration in the checkpoint in '{}' cannot be read: its run's description is damaged", dir);
+}
+
 ModelConfig checkpoint_model(const nlohmann::json& saved, const std::string& dir) {
+  if (const std::optional<RunSpec> run = checkpoint_run(saved, dir)) return run->model;
   try {
     return model_from_json(saved.at("model"));
-  } catch (const nlohmann::json::exception& e) {
-    user_error("the configuration in the checkpoint in '{}' cannot be read ({})", dir, e.what());
+  } catch (const std::exception&) {
+    user_error("the configuration in the checkpoint in '{}' cannot be read: its model is missing or damaged", dir);
   }
 }
 
@@ -202,42 +248,19 @@ std::string NonFiniteSteps::after_step(std::int64_t step, bool applied, double l
       opt.last_grad_norm());
 }
 
-nlohmann::ordered_json TrainSettings::to_json() const {
-  return {{"model", model_json(model)},
-          {"precision", precision},
-          {"device", device},
-          {"attention", attention},
-          {"recompute", recompute},
-          {"weight_copies", weight_copies},
-          {"grad_dtype", grad_dtype},
-          {"graphs", graphs},
-          {"fusion", fusion},
-          {"data", data},
-          {"val_data", val_data},
-          {"steps", steps},
-          {"batch", batch},
-          {"ctx", ctx},
-          {"grad_accum", grad_accum},
-          {"sample", sample},
-          {"seed", seed},
-          {"lr", optimizer.lr},
-          {"lr_schedule", lr_schedule},
-          {"warmup_iters", schedule.warmup_iters},
-          {"cosine_iters", schedule.cosine_iters},
-          {"min_lr", schedule.lr_min},
-          {"beta1", optimizer.beta1},
-          {"beta2", optimizer.beta2},
-          {"eps", optimizer.eps},
-          {"weight_decay", optimizer.weight_decay},
-          {"clip", optimizer.clip},
-          {"loss_scale", optimizer.loss_scaling.initial},
-          {"loss_scale_interval", optimizer.loss_scaling.interval},
-          {"checkpoint_dir", checkpoint_dir},
-          {"save_every", save_every},
-          {"keep", keep},
-          {"eval_every", eval_every},
-          {"eval_batches", eval_batches},
-          {"print_every", print_every}};
+nlohmann::ordered_json TrainSettings::to_json(const RunSpec& run) const {
+  return {{"run", run.to_json()},
+          {"train",
+           {{"data", data},
+            {"val_data", val_data},
+            {"steps", steps},
+            {"sample", sample},
+            {"checkpoint_dir", checkpoint_dir},
+            {"save_every", save_every},
+            {"keep", keep},
+            {"eval_every", eval_every},
+            {"eval_batches", eval_batches},
+            {"print_every", print_every}}}};
 }
 
 RunSpec TrainSettings::run_spec(const parallel::ParallelPlan& parallel) const {
@@ -262,10 +285,11 @@ RunSpec TrainSettings::run_spec(const parallel::ParallelPlan& parallel) const {
   return r;
 }
 
-std::vector<std::string> TrainSettings::take_from_checkpoint(const CLI::App& app, const nlohmann::json& saved,
+std::vector<std::string> TrainSettings::take_from_checkpoint(const CLI::App& app, const nlohmann::json& config,
                                                              bool model_given) {
+  const ModelConfig theirs = checkpoint_model(config, resume);
+  const nlohmann::json saved = flat_config(config, resume);
   try {
-    const ModelConfig theirs = checkpoint_model(saved, resume);
     if (!model_given) {
       model = theirs;
     } else if (model.d_model != theirs.d_model || model.d_ff != theirs.d_ff || model.layers != theirs.layers ||

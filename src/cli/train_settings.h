@@ -1,7 +1,8 @@
 // Everything `lmscope train` is told: its flags, their checks, the configuration a checkpoint keeps
-// (to_json), and how a resumed run takes that configuration back: a flag not given takes the
-// checkpoint's value; one given with another value goes on and is reported, except the model's shape,
-// vocabulary and precision, which a checkpoint cannot change (UserError).
+// (to_json: the run's RunSpec and train's own settings), and how a resumed run takes that
+// configuration back: a flag not given takes the checkpoint's value; one given with another value
+// goes on and is reported, except the model's shape, vocabulary and precision, which a checkpoint
+// cannot change (UserError). The data-parallel layout is taken back by ParallelFlags.
 #pragma once
 
 #include "lmscope/model/config.h"
@@ -45,7 +46,10 @@ struct TrainSettings {
   // UserError, or under --overwrite, those checkpoints removed (said on the console). Leaves no file
   // behind.
   void prepare_outputs(bool resumed) const;
-  nlohmann::ordered_json to_json() const;
+  // The configuration a checkpoint keeps: {"run": the run's description (RunSpec::to_json, its
+  // parallel layout included), "train": what only train has (its files, steps, sampling, checkpoints
+  // and evaluation)}.
+  nlohmann::ordered_json to_json(const RunSpec& run) const;
   // The run these settings describe, laid out over the ranks as `parallel` says (after validate).
   RunSpec run_spec(const parallel::ParallelPlan& parallel) const;
   // Takes a checkpoint's configuration: values of flags not given on `app`. Returns what differs,
@@ -76,5 +80,8 @@ class NonFiniteSteps {
 
 // The model a checkpoint's configuration names; UserError if it cannot be read.
 ModelConfig checkpoint_model(const nlohmann::json& saved, const std::string& dir);
+// The run a checkpoint's configuration describes; nullopt for one written before state.json held a
+// RunSpec (one flat object, without the parallel layout). UserError if it cannot be read.
+std::optional<RunSpec> checkpoint_run(const nlohmann::json& saved, const std::string& dir);
 
 }  // namespace lmscope::cli

@@ -153,28 +153,41 @@ class TwoRanks(FilesTest):
     @TWO_RANKS
     def test_checkpoints_of_two_ranks_resume_where_they_stopped(self):
         # ZeRO-1 with 10 KiB buckets: the ranks' parts of the moments cut through parameters, and the
-        # checkpoint holds them whole, so a run without sharding resumes from it too.
+        # checkpoint holds them whole, so a run without sharding resumes from it too. Resumed without
+        # its flags, a run takes its layout from the checkpoint (state.json keeps the RunSpec).
         flat, zero = ["--ddp", "flat"], ["--zero", "1", "--bucket-mb", "0.01"]
-        for mode, resumed_as in ((flat, [flat]), (zero, [zero, flat])):
+        words = {"flat": "DDP flat", "1": "ZeRO-1 (0.01 MiB buckets)"}
+        for mode, resumed_as in ((flat, [[], flat]), (zero, [[], zero, flat])):
             tag = mode[1]
             ref = self.train("whole" + tag, "--sample", "sequential", *mode, ranks=2)
             directory = self.path("checkpoints" + tag)
             self.train("first" + tag, "--sample", "sequential", *mode, "--checkpoint-dir", directory, ranks=2, steps=3)
             for again in resumed_as:
                 with self.subTest(mode=mode, resumed_as=again):
-                    name = self.path(f"resumed-{tag}-{again[1]}")
+                    name = self.path(f"resumed-{tag}-{again[1] if again else 'as-saved'}")
                     shutil.copytree(directory, name)  # a resumed run saves into its directory
                     r = run("launch", "--nproc", "2", "--", "train", "--resume", name, "--steps", str(STEPS),
                             *again, "--log", name + ".jsonl", "--save", name + ".safetensors")
                     self.assertEqual(r.returncode, 0, r.stdout + r.stderr)
+                    self.assertIn(f"rows each, {words[(again or mode)[1]]} over", r.stdout)
                     got = losses(name + ".jsonl"), read_safetensors(name + ".safetensors")
-                    if again == mode:  # the same run, stopped and resumed: the same bits
+                    if again in ([], mode):  # the same run, stopped and resumed: the same bits
+                        self.assertNotIn("data parallelism is", r.stdout)
                         self.assertEqual(got[0], ref[0][3:])
                         for n in ref[1]:
                             np.testing.assert_array_equal(got[1][n], ref[1][n])
-                    else:  # another exchange from step 3: the sums' order differs
+                    else:  # another exchange from step 3, said: the sums' order differs
+                        self.assertIn("note: the data parallelism is DDP flat here and was ZeRO-1 (0.01 MiB buckets) "
+                                      "in the checkpoint's run", r.stdout)
                         self.assertClose(got, (ref[0][3:], ref[1]), " ".join(mode + ["resumed as"] + again),
                                          steps=STEPS - 3)
+            # One process goes on from the ranks' checkpoint, and says it is one.
+            name = self.path(f"resumed-{tag}-alone")
+            shutil.copytree(directory, name)
+            r = run("train", "--resume", name, "--steps", "4")
+            self.assertEqual(r.returncode, 0, r.stdout + r.stderr)
+            self.assertIn("note: the checkpoint's run was on 2 ranks and this one is on 1 rank", r.stdout)
+            self.assertIn(f"note: the data parallelism is one process here and was {words[tag]}", r.stdout)
 
     @TWO_RANKS
     def test_bench_rows_say_the_exchange(self):

@@ -10,6 +10,7 @@ LMSCOPE_TRAIN_PRECISION run the same tests on the GPU."""
 import glob
 import json
 import os
+import shutil
 import stat
 import subprocess
 import unittest
@@ -250,8 +251,32 @@ class TrainFiles(FilesTest):
             self.edit_state(newest, change)
             self.assertPassedOver(ckpt, newest, why)
         ckpt, newest = self.resumable("edited")
-        self.edit_state(newest, lambda s: s["config"].update(lr=0.5), keep_crc=False)
+        self.edit_state(newest, lambda s: s["config"]["run"]["optimizer"].update(lr=0.5), keep_crc=False)
         self.assertPassedOver(ckpt, newest, "state.json does not match its CRC-32")
+
+    def test_a_checkpoint_of_the_flat_configuration_resumes_as_it_did(self):
+        # state.json keeps {"run": the RunSpec, "train": train's own}; one written before kept a flat
+        # object under the flags' names, and resumes to the same bits.
+        def flatten(state):
+            run, train = state["config"]["run"], state["config"]["train"]
+            opt, sched = run["optimizer"], run["schedule"]
+            state["config"] = {**train, "model": run["model"], "precision": run["precision"], "device": run["device"],
+                               "attention": run["attention"], "recompute": run["recompute"],
+                               "weight_copies": run["weight_copies"], "grad_dtype": run["grad_dtype"],
+                               "graphs": "on" if run["graphs"] else "off", "fusion": "on" if run["fusion"] else "off",
+                               "batch": run["batch"], "ctx": run["ctx"], "grad_accum": run["grad_accum"],
+                               "seed": run["seed"], "lr": opt["lr"], "lr_schedule": sched["kind"],
+                               "warmup_iters": sched["warmup_iters"], "cosine_iters": sched["cosine_iters"],
+                               "min_lr": sched["lr_min"], **{k: opt[k] for k in ("beta1", "beta2", "eps", "weight_decay",
+                                                                                   "clip", "loss_scale", "loss_scale_interval")}}
+        ckpt, newest = self.resumable("flat")
+        shutil.copytree(ckpt, ckpt + "-as-written")
+        self.edit_state(newest, flatten)
+        for directory in (ckpt, ckpt + "-as-written"):
+            r = run("train", "--resume", directory, "--steps", "6", "--save", directory + ".safetensors")
+            self.assertEqual(r.returncode, 0, r.stderr)
+            self.assertIn("resumed at step 4", r.stdout)
+        self.assertEqual(read_bytes(ckpt + ".safetensors"), read_bytes(ckpt + "-as-written.safetensors"))
 
     def test_a_state_json_without_a_crc_is_read_with_a_warning(self):
         ckpt, newest = self.resumable("old")

@@ -28,15 +28,7 @@ std::string RunSpec::label() const {
                                   .graphs_off_on_cuda = !graphs && device == "cuda",
                                   .fusion = fusion});
   if (parallel.data) {
-    const parallel::DataParallelSpec& p = *parallel.data;
-    if (p.zero == 1)
-      label += fmt::format(", ZeRO-1 ({:g} MiB buckets)", p.bucket_mb);
-    else if (p.mode == parallel::DdpMode::bucketed)
-      label += fmt::format(", DDP bucketed {:g} MiB", p.bucket_mb);
-    else
-      label += fmt::format(", DDP {}", parallel::ddp_mode_name(p.mode));
-    if (p.zero == 0 && p.exchange == parallel::GradExchange::all_gather) label += ", gradients all-gathered";
-    if (p.zero == 0 && !p.symmetric_memory) label += ", symmetric memory off";
+    label += ", " + parallel.words();
     if (exchange_sms() > 0) label += fmt::format(", exchange on {} SMs", exchange_sms());
     label += fmt::format(", {} rank{}", parallel.world.size, parallel.world.size == 1 ? "" : "s");
   }

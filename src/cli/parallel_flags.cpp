@@ -66,10 +66,9 @@ parallel::ParallelPlan ParallelFlags::resolve(std::int64_t global_batch, const s
     r.world = parallel::world_from_environment(rendezvous);
   if (symmetric_memory != "on" && symmetric_memory != "off")
     user_error("unknown --symmetric-memory '{}' (use on or off)", symmetric_memory);
-  const bool asked = app.count("--ddp") + app.count("--zero") + app.count("--bucket-mb") +
-                             app.count("--symmetric-memory") + app.count("--comm-sms") + app.count("--grad-exchange") >
-                         0 ||
-                     taken_;
+  bool asked = taken_;
+  for (const char* flag : {"--ddp", "--zero", "--bucket-mb", "--symmetric-memory", "--comm-sms", "--grad-exchange"})
+    asked = asked || app.count(flag) > 0;
   if (r.world.size == 1 && !asked) return r;
   parallel::DataParallelSpec spec;
   if (!ddp.empty()) spec.mode = parallel::parse_ddp_mode(ddp);

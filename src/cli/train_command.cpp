@@ -212,6 +212,20 @@ class TrainCommand : public Command {
     std::unique_ptr<RunLog> log;
     if (!s_.log.empty() && main_rank)
       log = std::make_unique<RunLog>(s_.log, resumed ? std::optional(resumed->state.step) : std::nullopt);
+    // Ranks started with different flags would abort inside a collective, or train on inconsistently
+    // (another batch, another seed): each rank's run is compared with rank 0's first. The data by its
+    // size, not its path: a node's own copy may lie elsewhere.
+    if (parallel.world.size > 1) {
+      nlohmann::ordered_json settings = s_.to_json();
+      settings.erase("data");
+      settings.erase("val_data");
+      settings["data_tokens"] = data.size();
+      settings["val_data_tokens"] = val ? nlohmann::ordered_json(val->size()) : nullptr;
+      check_ranks_agree(parallel.world,
+                        {{"train", std::move(settings)},
+                         {"run", s_.run_spec(parallel).to_json()},
+                         {"resumed_step", resumed ? nlohmann::ordered_json(resumed->state.step) : nullptr}});
+    }
     // The starting weights: made or loaded alike on every rank, which take rank 0's all the same, as
     // DDP does; a resumed run's ranks each load the checkpoint once AdamW (whose moments a sharded run
     // keeps for its part only) is made.

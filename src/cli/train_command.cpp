@@ -1,7 +1,7 @@
 // lmscope train: the assignment's training loop: batches from a token file, forward, backward,
 // gradient clipping and AdamW under a constant or cosine schedule; JSON-lines log; safetensors out;
-// full checkpoints (io/checkpoint.h) every --save-every steps, at the end and on SIGINT/SIGTERM,
-// --resume from the newest complete one, and held-out loss every --eval-every steps.
+// full checkpoints (io/checkpoint.h) every --save-every steps, at the end and on SIGINT, SIGTERM or
+// SIGHUP, --resume from the newest complete one, and held-out loss every --eval-every steps.
 #include "commands.h"
 #include "model_flags.h"
 #include "parallel_flags.h"
@@ -35,6 +35,21 @@ std::atomic<int> stop_signal{0};
 extern "C" void record_stop_signal(int sig) {
   stop_signal.store(sig);
   std::signal(sig, SIG_DFL);
+}
+
+// SIGINT, SIGTERM and SIGHUP (a closed terminal, a scheduler's notice) each stop the run cleanly.
+constexpr int kStopSignals[] = {SIGINT, SIGTERM, SIGHUP};
+const char* stop_signal_name(int sig) { return sig == SIGINT ? "SIGINT" : sig == SIGHUP ? "SIGHUP" : "SIGTERM"; }
+
+// The signal the ranks stop on: the one every rank that had one had (SIGTERM where they had different
+// ones), so every rank says and exits with the signal a user sent to any one of them.
+int agreed_stop_signal(Session& session, int own, double share_signalled) {
+  const double n = session.spec().parallel.data ? session.spec().parallel.world.size : 1;
+  const long count = std::lround(share_signalled * n);
+  const long sum = std::lround(session.mean_over_ranks(static_cast<double>(own)) * n);
+  for (int sig : kStopSignals)
+    if (sum == count * sig) return sig;
+  return SIGTERM;
 }
 
 // Mean loss over the first `batches` windows of the held-out data (the same each time), from
@@ -248,10 +263,8 @@ class TrainCommand : public Command {
       batches.sampler().restore(resumed->state.sampler);
       start = resumed->state.step;
     }
-    if (!s_.checkpoint_dir.empty() || dp) {
-      std::signal(SIGINT, record_stop_signal);
-      std::signal(SIGTERM, record_stop_signal);
-    }
+    if (!s_.checkpoint_dir.empty() || dp)
+      for (int sig : kStopSignals) std::signal(sig, record_stop_signal);
 
     if (main_rank)
       fmt::print(
@@ -301,14 +314,14 @@ class TrainCommand : public Command {
         fmt::print("wrote the trace of steps {} to {} to '{}'\n", start + 1, step, s_.trace);
       }
       // Every rank stops after the same step: a signal any of them had stops them all.
-      const bool stop = session.mean_over_ranks(stop_signal.load() != 0 ? 1.0 : 0.0) > 0;
-      if (stop) {
+      const int own = stop_signal.load();
+      if (const double signalled = session.mean_over_ranks(own != 0 ? 1.0 : 0.0); signalled > 0) {
+        const int sig = agreed_stop_signal(session, own, signalled);
         if (!s_.checkpoint_dir.empty() && progress.last_saved != step) save_checkpoint(step);
-        const int own = stop_signal.load() ? stop_signal.load() : SIGTERM;
         if (main_rank)
-          fmt::print("stopped by {} after step {}{}\n", own == SIGINT ? "SIGINT" : "SIGTERM", step,
+          fmt::print("stopped by {} after step {}{}\n", stop_signal_name(sig), step,
                      s_.checkpoint_dir.empty() ? "" : fmt::format("; resume with --resume {}", s_.checkpoint_dir));
-        return 128 + own;
+        return 128 + sig;
       }
     }
     if (start >= s_.steps && main_rank)

@@ -1,6 +1,7 @@
 // lmscope launch: N ranks of an lmscope command on this machine, one process each, with the variables
 // torchrun sets (RANK, LOCAL_RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT), so a rank starts the same
-// way under launch, torchrun or Slurm. The launcher only starts and watches (launch_ranks.h).
+// way under launch, torchrun or Slurm. The launcher only starts and watches (launch_ranks.h), and
+// with --max-restarts starts them again after a failure.
 #include "commands.h"
 #include "launch_ranks.h"
 
@@ -97,6 +98,10 @@ class LaunchCommand : public Command {
                     "(rank 0 serves a store at PORT of this machine, the ranks reach it at HOST:PORT); default: "
                     "tcp:127.0.0.1 at --port");
     app->add_option("--port", port_, "The rendezvous's TCP port on 127.0.0.1 (default: one that is free)");
+    app->add_option("--max-restarts", max_restarts_,
+                    "Start every rank again after a rank fails (not after a user error or a signal), up to this "
+                    "many times; train with --checkpoint-dir goes on from its newest complete checkpoint")
+        ->capture_default_str();
     app->add_option("command", command_, "After --: the lmscope command and its flags, run by every rank");
   }
 
@@ -113,15 +118,21 @@ class LaunchCommand : public Command {
       user_error("--port must be from 1 to 65535, got {}", port_);
     if (app->count("--port") > 0 && !rendezvous_.empty())
       user_error("--port is the default rendezvous's (tcp:127.0.0.1); leave it out with --rendezvous {}", rendezvous_);
+    if (max_restarts_ < 0) user_error("--max-restarts must be non-negative, got {}", max_restarts_);
     check_rank_count();
 
     std::vector<std::string> argv{"lmscope"};
     argv.insert(argv.end(), command_.begin(), command_.end());
-    return ranks.run(self_path(), argv, environment(), nproc_).exit_code;
+    const std::string exe = self_path();
+    for (int restart = 0;; ++restart) {
+      const RanksOutcome outcome = ranks.run(exe, argv, environment(restart), nproc_);
+      if (!outcome.restartable() || restart == max_restarts_) return outcome.exit_code;
+      fmt::print(stderr, "lmscope launch: starting the ranks again (restart {} of {})\n", restart + 1, max_restarts_);
+    }
   }
 
  private:
-  int nproc_ = 0, port_ = 0;
+  int nproc_ = 0, port_ = 0, max_restarts_ = 0;
   bool oversubscribe_ = false;
   std::string rendezvous_;
   std::vector<std::string> command_;
@@ -156,11 +167,12 @@ class LaunchCommand : public Command {
     return path;
   }
 
-  // This process's environment less what launch decides, then the common part of each rank's
-  // ("RANK" and "LOCAL_RANK" are added per rank).
-  std::vector<std::string> environment() const {
-    const std::vector<std::string> ours{"RANK",        "LOCAL_RANK",  "WORLD_SIZE",     "LOCAL_WORLD_SIZE",
-                                        "MASTER_ADDR", "MASTER_PORT", "LMSCOPE_RUN_ID", "LMSCOPE_RENDEZVOUS"};
+  // This process's environment less what launch decides, then the common part of each rank's for
+  // its `restart`-th start ("RANK" and "LOCAL_RANK" are added per rank).
+  std::vector<std::string> environment(int restart) const {
+    const std::vector<std::string> ours{
+        "RANK",        "LOCAL_RANK",     "WORLD_SIZE",         "LOCAL_WORLD_SIZE",     "MASTER_ADDR",
+        "MASTER_PORT", "LMSCOPE_RUN_ID", "LMSCOPE_RENDEZVOUS", "LMSCOPE_RESTART_COUNT"};
     std::vector<std::string> env;
     for (char** e = environ; *e != nullptr; ++e) {
       const std::string var = *e;
@@ -175,10 +187,11 @@ class LaunchCommand : public Command {
     } else {
       env.push_back("LMSCOPE_RENDEZVOUS=" + rendezvous_);
     }
-    // Keys of this launch apart from any earlier one's in a reused rendezvous directory.
+    // Keys of this start apart from any earlier one's in a reused rendezvous directory.
     const auto now = std::chrono::system_clock::now().time_since_epoch();
-    env.push_back(fmt::format("LMSCOPE_RUN_ID=launch-{}-{}", ::getpid(),
-                              std::chrono::duration_cast<std::chrono::milliseconds>(now).count()));
+    env.push_back(fmt::format("LMSCOPE_RUN_ID=launch-{}-{}-{}", ::getpid(),
+                              std::chrono::duration_cast<std::chrono::milliseconds>(now).count(), restart));
+    env.push_back(fmt::format("LMSCOPE_RESTART_COUNT={}", restart));
     // N ranks' OpenMP threads share the cores instead of each taking all of them.
     if (std::getenv("OMP_NUM_THREADS") == nullptr)
       env.push_back(fmt::format("OMP_NUM_THREADS={}", std::max(1, hardware_threads() / nproc_)));

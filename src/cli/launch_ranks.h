@@ -22,9 +22,11 @@ struct RanksOutcome {
   // The launcher got `interrupted` (passed on to the ranks), or a rank stopped cleanly on a signal of
   // its own (`lmscope train` exits 128 + the signal after its checkpoint) and the others with it.
   int interrupted = 0, stopped_on = 0;
-  // What the launcher exits with: the failure's (2 for a user error, else 1), else 128 + the
-  // launcher's signal, else 128 + the signal the ranks stopped on, else 0.
+  // What the launcher exits with if it goes no further: the failure's (2 for a user error, which
+  // starting again cannot mend, else 1), else 128 + the launcher's signal, else 128 + the signal the
+  // ranks stopped on, else 0.
   int exit_code = 0;
+  bool restartable() const { return failed && exit_code == 1 && interrupted == 0; }
 };
 
 class RankGroup {

@@ -1,7 +1,8 @@
 // lmscope train: the assignment's training loop: batches from a token file, forward, backward,
 // gradient clipping and AdamW under a constant or cosine schedule; JSON-lines log; safetensors out;
 // full checkpoints (io/checkpoint.h) every --save-every steps, at the end and on SIGINT, SIGTERM or
-// SIGHUP, --resume from the newest complete one, and held-out loss every --eval-every steps.
+// SIGHUP, --resume from the newest complete one (and, started again after a failure, from
+// --checkpoint-dir's), and held-out loss every --eval-every steps.
 #include "commands.h"
 #include "model_flags.h"
 #include "parallel_flags.h"
@@ -23,8 +24,13 @@
 #include <chrono>
 #include <cmath>
 #include <csignal>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
 #include <functional>
 #include <optional>
+
+#include <unistd.h>
 
 namespace lmscope::cli {
 namespace {
@@ -51,6 +57,46 @@ int agreed_stop_signal(Session& session, int own, double share_signalled) {
     if (sum == count * sig) return sig;
   return SIGTERM;
 }
+
+// How many times the ranks were started again after a failure: lmscope launch --max-restarts's
+// LMSCOPE_RESTART_COUNT, else torchrun's TORCHELASTIC_RESTART_COUNT; 0 on the first start.
+int restart_count() {
+  for (const char* var : {"LMSCOPE_RESTART_COUNT", "TORCHELASTIC_RESTART_COUNT"})
+    if (const char* v = std::getenv(var); v != nullptr && *v != '\0') return std::atoi(v);
+  return 0;
+}
+
+// Test-only fault injection (docs/distributed.md): LMSCOPE_TEST_FAULT=RANK:STEP:ACTION makes rank RANK
+// of the first start, after step STEP (its checkpoint written, where one is due), exit with code 1
+// (exit), die of SIGKILL as the out-of-memory killer kills (die), or stop answering (hang), so the
+// tests can see what the other ranks and lmscope launch do about it. Read here only.
+class TestFault {
+ public:
+  explicit TestFault(int rank) {
+    const char* v = std::getenv("LMSCOPE_TEST_FAULT");
+    if (v == nullptr || *v == '\0' || restart_count() > 0) return;
+    int r = -1;
+    long long step = -1;
+    char action[8] = {};
+    if (std::sscanf(v, "%d:%lld:%7s", &r, &step, action) != 3 ||
+        (std::strcmp(action, "exit") != 0 && std::strcmp(action, "die") != 0 && std::strcmp(action, "hang") != 0))
+      user_error("LMSCOPE_TEST_FAULT must be RANK:STEP:exit|die|hang, got '{}'", v);
+    if (r == rank) rank_ = rank, step_ = step, action_ = action;
+  }
+  void after_step(std::int64_t step) const {
+    if (step != step_) return;
+    fmt::print(stderr, "lmscope: rank {}: test fault: {} after step {}\n", rank_, action_, step);
+    std::fflush(nullptr);
+    if (action_ == "exit") std::_Exit(1);
+    if (action_ == "die") std::raise(SIGKILL);
+    for (;;) ::pause();  // hang: signals are recorded, never acted on
+  }
+
+ private:
+  int rank_ = 0;
+  std::int64_t step_ = -1;
+  std::string action_;
+};
 
 // Mean loss over the first `batches` windows of the held-out data (the same each time), from
 // forwards that keep nothing for a backward. With data parallelism each rank runs its rows of each
@@ -189,6 +235,16 @@ class TrainCommand : public Command {
   }
 
   int run() override {
+    // Started again after a failure: on from the newest complete checkpoint the first start wrote
+    // (newer than any --resume gave it). None yet: a fresh start, in place of what it left half-made.
+    if (restart_count() > 0 && !s_.checkpoint_dir.empty()) {
+      try {
+        find_checkpoint(s_.checkpoint_dir);
+        s_.resume = s_.checkpoint_dir, s_.init.clear(), s_.overwrite = false;
+      } catch (const UserError&) {  // none complete: whatever is there is this run's (else it had refused)
+        if (s_.resume.empty()) s_.overwrite = true;
+      }
+    }
     std::optional<FoundCheckpoint> resumed;
     if (!s_.resume.empty()) {
       resumed = find_checkpoint(s_.resume);
@@ -305,9 +361,11 @@ class TrainCommand : public Command {
       trace = std::make_unique<TraceSession>(
           backend, TraceLabels{fmt::format("lmscope train: {} {} {} batch {} ctx {}", c.name, backend.name(),
                                            s_.precision, s_.batch, s_.ctx)});
+    const TestFault fault(parallel.world.rank);
     for (std::int64_t it = start; it < s_.steps; ++it) {
       const std::int64_t step = it + 1;
       driver.step(it, step);
+      fault.after_step(step);
       if (trace && (step - start == s_.trace_steps || step == s_.steps || stop_signal.load())) {
         write_file(s_.trace, trace->finish().json);
         trace.reset();

@@ -116,6 +116,7 @@ class Launch(unittest.TestCase):
             (["--nproc", "2", "--rendezvous", "tcp:h", "--", "info"], "--rendezvous"),
             (["--nproc", "2", "--rendezvous", "tcp:h:0", "--", "info"], "--rendezvous"),
             (["--nproc", "2", "--port", "29500", "--rendezvous", "tcp:127.0.0.1:29500", "--", "info"], "--port"),
+            (["--nproc", "2", "--max-restarts", "-1", "--", "info"], "--max-restarts"),
             # No more CPU ranks than cores (--oversubscribe: a few a core), nor GPU ranks than GPUs.
             (["--nproc", "1000000000", "--", "info"], "--nproc"),
             (["--nproc", "1000000000", "--oversubscribe", "--", "bench", "--device", "cpu"], "--nproc"),

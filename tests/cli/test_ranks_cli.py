@@ -1,7 +1,9 @@
 """Ranks of one run, end to end on the CPU (Gloo over loopback). Ranks started one by one with
 torchrun's variables, as torchrun, Slurm or a person start them, with different flags: every rank ends
 with one sentence naming the flag and both values, exit 2 (before, a different model or exchange
-aborted inside Gloo and a different batch or seed trained on). Run by ctest with LMSCOPE pointing at
+aborted inside Gloo and a different batch or seed trained on). lmscope launch --max-restarts: a rank
+dying mid-run (LMSCOPE_TEST_FAULT) and the ranks started again from the newest checkpoint end with the
+bytes of the run never interrupted, with DDP and with ZeRO-1. Run by ctest with LMSCOPE pointing at
 the built program."""
 import os
 import socket
@@ -62,6 +64,50 @@ class Ranks(FilesTest):
                 for code, err in by_hand(bench, [*bench, *theirs]):
                     self.assertEqual(code, 2, err)
                     self.assertIn(words, err)
+
+    def test_a_restart_after_a_rank_died_ends_with_the_uninterrupted_runs_bytes(self):
+        # Rank 1 dies (SIGKILL, as the out-of-memory killer kills) after step 3; the ranks are started
+        # again and go on from the checkpoint of step 2.
+        train = ["train", *SHAPE, "--layers", "2", "--batch", "2", "--data", self.data, "--steps", "6",
+                 "--sample", "sequential"]
+        for mode in (["--ddp", "bucketed"], ["--zero", "1", "--bucket-mb", "0.01"]):
+            with self.subTest(mode=mode):
+                tag = mode[0].strip("-")
+                whole, restarted = self.path(f"whole-{tag}.safetensors"), self.path(f"restarted-{tag}.safetensors")
+                r = subprocess.run([LMSCOPE, "launch", "--nproc", "2", "--", *train, *mode, "--save", whole],
+                                   capture_output=True, text=True, timeout=300)
+                self.assertEqual(r.returncode, 0, r.stderr)
+                r = subprocess.run([LMSCOPE, "launch", "--nproc", "2", "--max-restarts", "1", "--", *train, *mode,
+                                    "--save", restarted, "--checkpoint-dir", self.path(f"ck-{tag}"), "--save-every",
+                                    "2"], capture_output=True, text=True, timeout=300,
+                                   env={**os.environ, "LMSCOPE_TEST_FAULT": "1:3:die"})
+                self.assertEqual(r.returncode, 0, r.stdout + r.stderr)
+                self.assertIn("lmscope launch: rank 1 was killed by SIGKILL", r.stderr)
+                self.assertIn("lmscope launch: starting the ranks again (restart 1 of 1)\n", r.stderr)
+                self.assertIn("resumed at step 2 from", r.stdout)
+                with open(whole, "rb") as a, open(restarted, "rb") as b:
+                    self.assertEqual(a.read(), b.read())
+
+    def test_restarts_run_out_and_a_user_error_is_not_restarted(self):
+        train = ["train", *SHAPE, "--layers", "2", "--batch", "2", "--data", self.data, "--steps", "4"]
+        # No restart allowed: the launch ends as the failed rank did.
+        r = subprocess.run([LMSCOPE, "launch", "--nproc", "2", "--", *train], capture_output=True, text=True,
+                           timeout=300, env={**os.environ, "LMSCOPE_TEST_FAULT": "0:2:exit"})
+        self.assertEqual(r.returncode, 1, r.stderr)
+        self.assertIn("lmscope launch: rank 0 exited with code 1", r.stderr)
+        self.assertNotIn("starting the ranks again", r.stderr)
+        # Without a --checkpoint-dir the restart starts from the first step, and finishes (the fault
+        # fires on the first start only).
+        r = subprocess.run([LMSCOPE, "launch", "--nproc", "2", "--max-restarts", "3", "--", *train],
+                           capture_output=True, text=True, timeout=300,
+                           env={**os.environ, "LMSCOPE_TEST_FAULT": "0:2:exit"})
+        self.assertEqual(r.returncode, 0, r.stderr)
+        self.assertEqual(r.stderr.count("starting the ranks again"), 1, r.stderr)
+        # A user error is the same on every start: not restarted.
+        r = subprocess.run([LMSCOPE, "launch", "--nproc", "2", "--max-restarts", "3", "--", "train", *SHAPE,
+                            "--data", "/nonexistent", "--steps", "1"], capture_output=True, text=True, timeout=300)
+        self.assertEqual(r.returncode, 2, r.stderr)
+        self.assertNotIn("starting the ranks again", r.stderr)
 
 
 if __name__ == "__main__":

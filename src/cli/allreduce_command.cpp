@@ -3,6 +3,7 @@
 // each size; rank 0 prints the table and writes --out, the other ranks print nothing on success.
 #include "commands.h"
 #include "model_flags.h"
+#include "parallel_flags.h"
 #include "sweep_output.h"
 
 #include "lmscope/backend/backend.h"
@@ -57,7 +58,10 @@ class AllreduceCommand : public Command {
     if (main_rank && !out_.empty()) write_file(out_, "");  // fails now, not after the sweep
     if (device == "cuda" && world.size > 1) use_gpu(world.local_rank);
     std::unique_ptr<Backend> backend = make_backend(device, "fp32");
-    std::unique_ptr<parallel::Store> store = parallel::open_store(world);
+    // Ranks told other sizes or counts would wait on each other in the middle of a sweep (each draws
+    // its own values: --seed may differ).
+    check_ranks_agree(world, {{"sizes", sizes}, {"warmup", warmup_}, {"iters", iters_}, {"device", device}});
+    std::unique_ptr<parallel::Store> store = parallel::next_group_store(world);
     std::unique_ptr<parallel::Communicator> comm = parallel::make_communicator(*backend, world, *store);
 
     std::optional<SweepProgress> shown;

@@ -69,6 +69,7 @@ class BenchCommand : public Command {
       s.cell.trace = !trace_.empty();
     }
     const ReportFormat format = parse_report_format(format_);
+    check_ranks_run_the_same_cells(planned);
     // With data parallelism every rank runs every cell (the collectives need them all); rank 0 reports.
     const bool reports = planned.empty() || planned.front().cell.parallel.world.rank == 0;
     if (reports) {

@@ -40,6 +40,7 @@ class MemoryCommand : public Command {
     if (svg_by_ != "kind" && svg_by_ != "layer") user_error("unknown --svg-by '{}' (use kind or layer)", svg_by_);
     if ((!snapshot_.empty() || !svg_.empty()) && cells.size() != 1)
       user_error("--snapshot and --svg draw one cell, and the flags make {}", cells.size());
+    check_ranks_run_the_same_cells(cells);
     // With data parallelism every rank runs every cell (the collectives need them all); rank 0 reports.
     const bool reports = cells.empty() || cells.front().cell.parallel.world.rank == 0;
     if (reports) {

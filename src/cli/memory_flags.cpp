@@ -136,4 +136,20 @@ void warn_of_cells_that_cannot_fit(const std::vector<MemorySpec>& cells) {
   }
 }
 
+void check_ranks_run_the_same_cells(const std::vector<MemorySpec>& cells) {
+  const parallel::World& world = cells.front().cell.parallel.world;
+  if (world.size == 1 || cells.front().dry_run) return;
+  nlohmann::ordered_json list = nlohmann::ordered_json::array();
+  for (const MemorySpec& c : cells) {
+    nlohmann::ordered_json j = c.cell.to_json();
+    j["warmup"] = c.cell.warmup;
+    j["steps"] = c.cell.steps;
+    j["profile"] = c.cell.profile;
+    j["trace"] = c.cell.trace;
+    j["memory_limit"] = c.memory_limit;
+    list.push_back(std::move(j));
+  }
+  check_ranks_agree(world, {{"cells", std::move(list)}});
+}
+
 }  // namespace lmscope::cli

@@ -50,5 +50,9 @@ std::string cell_label(const MemorySpec& spec);
 // Dry-runs each cell that will run for real and warns on stderr of those that cannot fit, before a
 // sweep walks into them.
 void warn_of_cells_that_cannot_fit(const std::vector<MemorySpec>& cells);
+// With data parallelism every rank runs every cell (the collectives need them all): before the first,
+// the cells each rank's flags make are compared with rank 0's (check_ranks_agree). Not for a dry run,
+// whose ranks never meet.
+void check_ranks_run_the_same_cells(const std::vector<MemorySpec>& cells);
 
 }  // namespace lmscope::cli

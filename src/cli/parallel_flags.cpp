@@ -3,14 +3,55 @@
 #include "lmscope/core/error.h"
 #include "lmscope/parallel/communicator.h"
 #include "lmscope/parallel/nccl_version.h"
+#include "lmscope/parallel/run_agreement.h"
 
 #include <fmt/format.h>
 
+#include <map>
 #include <stdexcept>
 #include <string>
 #include <utility>
 
 namespace lmscope::cli {
+namespace {
+
+// What a description's key is on the command line: mostly its flag ("bucket_mb" is --bucket-mb).
+std::string setting_words(const std::string& key) {
+  static const std::map<std::string, std::string> named{
+      {"name", "--model"},
+      {"world_size", "WORLD_SIZE"},
+      {"kind", "--lr-schedule"},
+      {"lr_max", "--lr"},
+      {"lr_min", "--min-lr"},
+      {"data_tokens", "the number of tokens in --data"},
+      {"val_data_tokens", "the number of tokens in --val-data"},
+      {"resumed_step", "the step of the checkpoint --resume goes on from"},
+      {"cells", "the number of cells the flags make"}};
+  if (const auto it = named.find(key); it != named.end()) return it->second;
+  std::string flag = "--" + key;
+  for (char& c : flag)
+    if (c == '_') c = '-';
+  return flag;
+}
+
+// A model's name and parameter count follow from its shape: moved after it, so that a difference of
+// shape is named by its own flag (--layers) rather than by the name it makes.
+nlohmann::ordered_json derived_last(const nlohmann::ordered_json& j) {
+  if (j.is_array()) {
+    nlohmann::ordered_json out = nlohmann::ordered_json::array();
+    for (const auto& v : j) out.push_back(derived_last(v));
+    return out;
+  }
+  if (!j.is_object()) return j;
+  nlohmann::ordered_json out = nlohmann::ordered_json::object();
+  for (const auto& [k, v] : j.items())
+    if (k != "name" && k != "parameters") out[k] = derived_last(v);
+  for (const char* k : {"name", "parameters"})
+    if (j.contains(k)) out[k] = j.at(k);
+  return out;
+}
+
+}  // namespace
 
 void ParallelFlags::add_to(CLI::App& app, bool with_world_size) {
   app_ = &app;
@@ -154,6 +195,19 @@ std::vector<std::string> ParallelFlags::changes(const parallel::ParallelPlan& th
     said.push_back(fmt::format("the data parallelism is {} here and was {} in the checkpoint's run; going on with {}",
                                layout(now), layout(theirs), layout(now)));
   return said;
+}
+
+void check_ranks_agree(const parallel::World& world, const nlohmann::ordered_json& description) {
+  const auto disagreement = parallel::compare_with_rank0(world, description);
+  if (!disagreement) return;
+  const int r = disagreement->rank;
+  const auto d = parallel::first_difference(derived_last(disagreement->theirs), derived_last(disagreement->rank0));
+  if (!d)  // (the hashes differed, the descriptions not: cannot be, but is no reason to go on)
+    user_error("rank {} was started with other flags than rank 0; give every rank the same flags", r);
+  user_error(
+      "rank {} was started with other flags than rank 0: {} is {} there and {} on rank 0 (key {} of the run's "
+      "settings); give every rank the same flags",
+      r, setting_words(d->key), d->a, d->b, d->path);
 }
 
 }  // namespace lmscope::cli

@@ -6,6 +6,7 @@
 #include "lmscope/parallel/parallel_plan.h"
 
 #include <CLI/CLI.hpp>
+#include <nlohmann/json.hpp>
 
 #include <optional>
 #include <string>
@@ -42,5 +43,10 @@ struct ParallelFlags {
   const CLI::App* app_ = nullptr;
   bool taken_ = false;  // take_from_checkpoint took a layout: data parallelism was asked for
 };
+
+// Before the ranks' first collective (every rank at the same point): UserError on every rank, one
+// sentence naming the flag that differs and both values, when a rank's description of its run differs
+// from rank 0's (ranks started with different flags). Nothing in a world of one.
+void check_ranks_agree(const parallel::World& world, const nlohmann::ordered_json& description);
 
 }  // namespace lmscope::cli

@@ -1,7 +1,8 @@
 // lmscope train: the assignment's training loop: batches from a token file, forward, backward,
 // gradient clipping and AdamW under a constant or cosine schedule; JSON-lines log; safetensors out;
-// full checkpoints (io/checkpoint.h) every --save-every steps, at the end and on SIGINT/SIGTERM,
-// --resume from the newest complete one, and held-out loss every --eval-every steps.
+// full checkpoints (io/checkpoint.h) every --save-every steps, at the end and on SIGINT, SIGTERM or
+// SIGHUP, --resume from the newest complete one (and, started again after a failure, from
+// --checkpoint-dir's), and held-out loss every --eval-every steps.
 #include "commands.h"
 #include "model_flags.h"
 #include "parallel_flags.h"
@@ -23,8 +24,13 @@
 #include <chrono>
 #include <cmath>
 #include <csignal>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
 #include <functional>
 #include <optional>
+
+#include <unistd.h>
 
 namespace lmscope::cli {
 namespace {
@@ -36,6 +42,61 @@ extern "C" void record_stop_signal(int sig) {
   stop_signal.store(sig);
   std::signal(sig, SIG_DFL);
 }
+
+// SIGINT, SIGTERM and SIGHUP (a closed terminal, a scheduler's notice) each stop the run cleanly.
+constexpr int kStopSignals[] = {SIGINT, SIGTERM, SIGHUP};
+const char* stop_signal_name(int sig) { return sig == SIGINT ? "SIGINT" : sig == SIGHUP ? "SIGHUP" : "SIGTERM"; }
+
+// The signal the ranks stop on: the one every rank that had one had (SIGTERM where they had different
+// ones), so every rank says and exits with the signal a user sent to any one of them.
+int agreed_stop_signal(Session& session, int own, double share_signalled) {
+  const double n = session.spec().parallel.data ? session.spec().parallel.world.size : 1;
+  const long count = std::lround(share_signalled * n);
+  const long sum = std::lround(session.mean_over_ranks(static_cast<double>(own)) * n);
+  for (int sig : kStopSignals)
+    if (sum == count * sig) return sig;
+  return SIGTERM;
+}
+
+// How many times the ranks were started again after a failure: lmscope launch --max-restarts's
+// LMSCOPE_RESTART_COUNT, else torchrun's TORCHELASTIC_RESTART_COUNT; 0 on the first start.
+int restart_count() {
+  for (const char* var : {"LMSCOPE_RESTART_COUNT", "TORCHELASTIC_RESTART_COUNT"})
+    if (const char* v = std::getenv(var); v != nullptr && *v != '\0') return std::atoi(v);
+  return 0;
+}
+
+// Test-only fault injection (docs/distributed.md): LMSCOPE_TEST_FAULT=RANK:STEP:ACTION makes rank RANK
+// of the first start, after step STEP (its checkpoint written, where one is due), exit with code 1
+// (exit), die of SIGKILL as the out-of-memory killer kills (die), or stop answering (hang), so the
+// tests can see what the other ranks and lmscope launch do about it. Read here only.
+class TestFault {
+ public:
+  explicit TestFault(int rank) {
+    const char* v = std::getenv("LMSCOPE_TEST_FAULT");
+    if (v == nullptr || *v == '\0' || restart_count() > 0) return;
+    int r = -1;
+    long long step = -1;
+    char action[8] = {};
+    if (std::sscanf(v, "%d:%lld:%7s", &r, &step, action) != 3 ||
+        (std::strcmp(action, "exit") != 0 && std::strcmp(action, "die") != 0 && std::strcmp(action, "hang") != 0))
+      user_error("LMSCOPE_TEST_FAULT must be RANK:STEP:exit|die|hang, got '{}'", v);
+    if (r == rank) rank_ = rank, step_ = step, action_ = action;
+  }
+  void after_step(std::int64_t step) const {
+    if (step != step_) return;
+    fmt::print(stderr, "lmscope: rank {}: test fault: {} after step {}\n", rank_, action_, step);
+    std::fflush(nullptr);
+    if (action_ == "exit") std::_Exit(1);
+    if (action_ == "die") std::raise(SIGKILL);
+    for (;;) ::pause();  // hang: signals are recorded, never acted on
+  }
+
+ private:
+  int rank_ = 0;
+  std::int64_t step_ = -1;
+  std::string action_;
+};
 
 // Mean loss over the first `batches` windows of the held-out data (the same each time), from
 // forwards that keep nothing for a backward. With data parallelism each rank runs its rows of each
@@ -174,6 +235,16 @@ class TrainCommand : public Command {
   }
 
   int run() override {
+    // Started again after a failure: on from the newest complete checkpoint the first start wrote
+    // (newer than any --resume gave it). None yet: a fresh start, in place of what it left half-made.
+    if (restart_count() > 0 && !s_.checkpoint_dir.empty()) {
+      try {
+        find_checkpoint(s_.checkpoint_dir);
+        s_.resume = s_.checkpoint_dir, s_.init.clear(), s_.overwrite = false;
+      } catch (const UserError&) {  // none complete: whatever is there is this run's (else it had refused)
+        if (s_.resume.empty()) s_.overwrite = true;
+      }
+    }
     std::optional<FoundCheckpoint> resumed;
     std::optional<RunSpec> saved_run;  // the checkpoint's, when it keeps its description
     if (!s_.resume.empty()) {
@@ -218,6 +289,19 @@ class TrainCommand : public Command {
     std::unique_ptr<RunLog> log;
     if (!s_.log.empty() && main_rank)
       log = std::make_unique<RunLog>(s_.log, resumed ? std::optional(resumed->state.step) : std::nullopt);
+    // Ranks started with different flags would abort inside a collective, or train on inconsistently
+    // (another batch, another seed): each rank's run is compared with rank 0's first. The data by its
+    // size, not its path: a node's own copy may lie elsewhere.
+    if (parallel.world.size > 1) {
+      nlohmann::ordered_json settings = s_.to_json(s_.run_spec(parallel));
+      nlohmann::ordered_json& train = settings["train"];
+      train.erase("data");
+      train.erase("val_data");
+      train["data_tokens"] = data.size();
+      train["val_data_tokens"] = val ? nlohmann::ordered_json(val->size()) : nullptr;
+      settings["resumed_step"] = resumed ? nlohmann::ordered_json(resumed->state.step) : nullptr;
+      check_ranks_agree(parallel.world, settings);
+    }
     // The starting weights: made or loaded alike on every rank, which take rank 0's all the same, as
     // DDP does; a resumed run's ranks each load the checkpoint once AdamW (whose moments a sharded run
     // keeps for its part only) is made.
@@ -240,10 +324,8 @@ class TrainCommand : public Command {
       batches.sampler().restore(resumed->state.sampler);
       start = resumed->state.step;
     }
-    if (!s_.checkpoint_dir.empty() || dp) {
-      std::signal(SIGINT, record_stop_signal);
-      std::signal(SIGTERM, record_stop_signal);
-    }
+    if (!s_.checkpoint_dir.empty() || dp)
+      for (int sig : kStopSignals) std::signal(sig, record_stop_signal);
 
     if (main_rank)
       fmt::print("training {} ({} parameters) on {}: {} tokens in '{}', {} steps of {}{}x{} tokens{}{}\n", c.name,
@@ -276,23 +358,25 @@ class TrainCommand : public Command {
       trace = std::make_unique<TraceSession>(
           backend, TraceLabels{fmt::format("lmscope train: {} {} {} batch {} ctx {}", c.name, backend.name(),
                                            s_.precision, s_.batch, s_.ctx)});
+    const TestFault fault(parallel.world.rank);
     for (std::int64_t it = start; it < s_.steps; ++it) {
       const std::int64_t step = it + 1;
       driver.step(it, step);
+      fault.after_step(step);
       if (trace && (step - start == s_.trace_steps || step == s_.steps || stop_signal.load())) {
         write_file(s_.trace, trace->finish().json);
         trace.reset();
         fmt::print("wrote the trace of steps {} to {} to '{}'\n", start + 1, step, s_.trace);
       }
       // Every rank stops after the same step: a signal any of them had stops them all.
-      const bool stop = session.mean_over_ranks(stop_signal.load() != 0 ? 1.0 : 0.0) > 0;
-      if (stop) {
+      const int own = stop_signal.load();
+      if (const double signalled = session.mean_over_ranks(own != 0 ? 1.0 : 0.0); signalled > 0) {
+        const int sig = agreed_stop_signal(session, own, signalled);
         if (!s_.checkpoint_dir.empty() && progress.last_saved != step) save_checkpoint(step);
-        const int own = stop_signal.load() ? stop_signal.load() : SIGTERM;
         if (main_rank)
-          fmt::print("stopped by {} after step {}{}\n", own == SIGINT ? "SIGINT" : "SIGTERM", step,
+          fmt::print("stopped by {} after step {}{}\n", stop_signal_name(sig), step,
                      s_.checkpoint_dir.empty() ? "" : fmt::format("; resume with --resume {}", s_.checkpoint_dir));
-        return 128 + own;
+        return 128 + sig;
       }
     }
     if (start >= s_.steps && main_rank)

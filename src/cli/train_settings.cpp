@@ -150,7 +150,7 @@ void TrainSettings::add_to(CLI::App& app) {
       ->capture_default_str();
   app.add_option("--checkpoint-dir", checkpoint_dir,
                  "Write full checkpoints here (weights, AdamW state, step, sampling position, configuration): every "
-                 "--save-every steps, at the end, and on SIGINT or SIGTERM");
+                 "--save-every steps, at the end, and on SIGINT, SIGTERM or SIGHUP");
   app.add_option("--save-every", save_every, "With --checkpoint-dir: a checkpoint every N steps");
   app.add_option("--keep", keep, "With --checkpoint-dir: keep the newest K checkpoints (default: all)");
   app.add_option("--resume", resume,

@@ -23,7 +23,7 @@ struct TrainSettings {
   ModelConfig model;  // set by the command from its model flags (or the checkpoint)
   std::string data, val_data, init, save, log, checkpoint_dir, resume;
   std::int64_t steps = 0, batch = 4, ctx = 256, print_every = 10;
-  std::int64_t save_every = 0;  // 0: at the end and on SIGINT/SIGTERM only
+  std::int64_t save_every = 0;  // 0: at the end and on SIGINT, SIGTERM or SIGHUP only
   std::int64_t keep = 0;        // 0: keep every checkpoint
   std::int64_t eval_every = 0;  // 0: after the last step only
   std::int64_t eval_batches = 10;

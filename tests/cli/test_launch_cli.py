@@ -1,7 +1,9 @@
 """lmscope launch end to end: N ranks of a command, each told its rank; the first rank to fail named
 in one line with the launcher's exit code following it (2 for a user error, 1 otherwise); signals to
-the launcher reaching the ranks; a taken port; bad input. Run by ctest with LMSCOPE pointing at the
-built program."""
+the launcher reaching the ranks, also while they start; a rank's own stop on a signal followed by the
+others and the launcher; no more ranks than cores or GPUs; a taken port; bad input. Run by ctest with
+LMSCOPE pointing at the built program."""
+import array
 import os
 import re
 import signal
@@ -16,6 +18,7 @@ TINY = ["--model", "small", "--vocab", "50", "--d-model", "32", "--d-ff", "64", 
 # A rank that runs until stopped: CPU steps of a tiny model (data parallel: one row per rank).
 LONG = ["bench", "--device", "cpu", *TINY, "--ctx", "16", "--batch", "2", "--warmup", "0", "--steps", "1000000"]
 LAUNCHER_LINE = re.compile(r"^lmscope launch: ", re.M)
+CORES = len(os.sched_getaffinity(0))
 
 
 def run(*args, env=None):
@@ -57,7 +60,7 @@ class Launch(unittest.TestCase):
 
     def test_a_file_rendezvous_is_passed_on(self):
         with tempfile.TemporaryDirectory() as d:
-            r = run("launch", "--nproc", "3", "--rendezvous", f"file:{d}/r", "--", "info", *TINY)
+            r = run("launch", "--nproc", "3", "--oversubscribe", "--rendezvous", f"file:{d}/r", "--", "info", *TINY)
         self.assertEqual(r.returncode, 0, r.stderr)
         self.assertEqual(r.stdout.count("Parameters: "), 3)
 
@@ -78,7 +81,9 @@ class Launch(unittest.TestCase):
         os.kill(kids[1], signal.SIGKILL)
         _, err = p.communicate(timeout=60)
         self.assertEqual(p.returncode, 1, err)
-        self.assertIn("lmscope launch: rank 1 was killed by SIGKILL; stopped the other ranks\n", err)
+        # SIGKILL is what the kernel's out-of-memory killer sends, and it leaves the launcher no other trace.
+        self.assertIn("lmscope launch: rank 1 was killed by SIGKILL (perhaps by the kernel's out-of-memory killer: "
+                      "see dmesg or journalctl -k, where readable); stopped the other ranks\n", err)
         self.assertEqual(len(LAUNCHER_LINE.findall(err)), 1, err)
         self.assertTrue(gone(kids[0]))
 
@@ -108,7 +113,14 @@ class Launch(unittest.TestCase):
             (["--nproc", "2", "--"], "after --"),
             (["--nproc", "2", "--", "launch", "--nproc", "2", "--", "info"], "launch"),
             (["--nproc", "2", "--rendezvous", "nfs:/x", "--", "info"], "--rendezvous"),
-            (["--nproc", "2", "--rendezvous", "tcp:h:1", "--", "info"], "--rendezvous"),
+            (["--nproc", "2", "--rendezvous", "tcp:h", "--", "info"], "--rendezvous"),
+            (["--nproc", "2", "--rendezvous", "tcp:h:0", "--", "info"], "--rendezvous"),
+            (["--nproc", "2", "--port", "29500", "--rendezvous", "tcp:127.0.0.1:29500", "--", "info"], "--port"),
+            (["--nproc", "2", "--max-restarts", "-1", "--", "info"], "--max-restarts"),
+            # No more CPU ranks than cores (--oversubscribe: a few a core), nor GPU ranks than GPUs.
+            (["--nproc", "1000000000", "--", "info"], "--nproc"),
+            (["--nproc", "1000000000", "--oversubscribe", "--", "bench", "--device", "cpu"], "--nproc"),
+            (["--nproc", str(CORES + 1), "--", "bench", "--device", "cpu"], "--oversubscribe"),
             (["--nproc", "2", "--rendezvous", "file:", "--", "info"], "--rendezvous"),
             (["--nproc", "2", "--port", "0", "--", "info"], "--port"),
             (["--nproc", "2", "--port", "65536", "--", "info"], "--port"),
@@ -123,6 +135,61 @@ class Launch(unittest.TestCase):
                 self.assertEqual(r.stderr.count("\n"), 1, r.stderr)
                 self.assertTrue(r.stderr.startswith("lmscope: error: "), r.stderr)
                 self.assertIn(name, r.stderr)
+
+    def test_a_signal_while_the_ranks_start_starts_no_further_rank(self):
+        # SIGTERM sent before the launcher could look (it starts with SIGTERM blocked, so the signal
+        # waits for it): the launcher sees it before its first rank, starts none and ends at once.
+        block = lambda: signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
+        t0 = time.monotonic()
+        p = subprocess.Popen([LMSCOPE, "launch", "--nproc", "2", "--", "info", *TINY], stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE, text=True, preexec_fn=block)
+        p.send_signal(signal.SIGTERM)
+        out, err = p.communicate(timeout=60)
+        self.assertLess(time.monotonic() - t0, 5, err)
+        self.assertEqual(p.returncode, 128 + signal.SIGTERM, err)
+        self.assertEqual(err, "lmscope launch: got SIGTERM; stopping the ranks\n")
+        self.assertNotIn("Parameters: ", out)
+
+    def test_sighup_to_the_launcher_stops_training_with_its_checkpoint(self):
+        with tempfile.TemporaryDirectory() as d:
+            p, kids = self.long_training(d)
+            p.send_signal(signal.SIGHUP)
+            out, err = p.communicate(timeout=60)
+            self.assertEqual(p.returncode, 128 + signal.SIGHUP, err)
+            self.assertIn("lmscope launch: got SIGHUP; stopping the ranks\n", err)
+            self.assertRegex(out, r"stopped by SIGHUP after step \d+; resume with --resume")
+            self.assertTrue(any(n.startswith("step-") for n in os.listdir(os.path.join(d, "ck"))))
+            self.assertTrue(all(gone(k) for k in kids))
+
+    def test_sigint_to_one_rank_stops_every_rank_and_the_launcher_as_they_did(self):
+        # Every rank says the signal one of them got, and the launcher exits as they did: 128 + SIGINT,
+        # which is neither success (the run did not finish) nor a failure to restart from.
+        with tempfile.TemporaryDirectory() as d:
+            p, kids = self.long_training(d)
+            os.kill(kids[1], signal.SIGINT)
+            out, err = p.communicate(timeout=60)
+            self.assertEqual(p.returncode, 128 + signal.SIGINT, err)
+            self.assertRegex(out, r"stopped by SIGINT after step \d+; resume with --resume")
+            self.assertRegex(err, r"(?m)^lmscope launch: rank [01] stopped on SIGINT")
+            self.assertEqual(len(LAUNCHER_LINE.findall(err)), 1, err)
+            self.assertTrue(any(n.startswith("step-") for n in os.listdir(os.path.join(d, "ck"))))
+
+    def long_training(self, d):
+        """Two ranks training until stopped, with checkpoints in d/ck; the launcher and its ranks once
+        the first step is logged."""
+        tokens = os.path.join(d, "tokens.bin")
+        with open(tokens, "wb") as f:
+            array.array("H", [i % 50 for i in range(20000)]).tofile(f)
+        log = os.path.join(d, "log.jsonl")
+        p = subprocess.Popen([LMSCOPE, "launch", "--nproc", "2", "--", "train", "--device", "cpu", *TINY, "--ctx", "16",
+                              "--batch", "2", "--data", tokens, "--steps", "1000000", "--checkpoint-dir",
+                              os.path.join(d, "ck"), "--log", log], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                             text=True)
+        kids = ranks_of(p, 2)
+        deadline = time.monotonic() + 60
+        while not (os.path.exists(log) and os.path.getsize(log) > 0) and time.monotonic() < deadline:
+            time.sleep(0.02)
+        return p, kids
 
     @unittest.skipUnless(has_allreduce(), "needs lmscope allreduce")
     def test_a_taken_port_is_named_by_rank_0(self):
@@ -141,7 +208,11 @@ class Launch(unittest.TestCase):
     @unittest.skipUnless(has_allreduce(), "needs lmscope allreduce")
     def test_ranks_meet_over_tcp_and_files(self):
         with tempfile.TemporaryDirectory() as d:
-            for how in ([], ["--rendezvous", f"file:{d}"]):
+            port = socket.socket()
+            port.bind(("127.0.0.1", 0))
+            tcp = f"tcp:127.0.0.1:{port.getsockname()[1]}"
+            port.close()
+            for how in ([], ["--rendezvous", f"file:{d}"], ["--rendezvous", tcp]):
                 with self.subTest(how=how):
                     r = run("launch", "--nproc", "2", *how, "--", "allreduce", "--sizes", "1MB", "--backend", "gloo",
                             env={"LMSCOPE_DIST_TIMEOUT": "30"})

@@ -1,6 +1,6 @@
 """lmscope train's checkpoints, resume and held-out loss, end to end on the CPU: a run killed
 (SIGKILL) at a random step and resumed ends with the losses, AdamW state and weights of the run
-never stopped, bit for bit; SIGTERM saves the step before stopping; a damaged or truncated newest
+never stopped, bit for bit; SIGTERM and SIGHUP save the step before stopping; a damaged or truncated newest
 checkpoint is passed over with a warning; bad inputs end in one sentence and exit 2.
 Run by ctest with LMSCOPE pointing at the built program; LMSCOPE_TRAIN_DEVICE=cuda and
 LMSCOPE_TRAIN_PRECISION=bf16 or fp16 run the same tests on the GPU (scripts/gpu_check.sh --training);
@@ -160,20 +160,28 @@ class Checkpoints(FilesTest):
         self.fail("the run always ended before the kill")
 
     def test_sigterm_saves_its_step_and_the_resumed_run_is_the_same(self):
+        self.stop_saves_and_resumes(signal.SIGTERM, resume=True)
+
+    def test_sighup_saves_its_step_as_sigterm_does(self):
+        # A closed terminal, or a scheduler's notice: the same clean stop.
+        self.stop_saves_and_resumes(signal.SIGHUP, resume=False)
+
+    def stop_saves_and_resumes(self, sig, resume):
         for attempt in range(5):
-            name = f"term{attempt}"
-            result = self.stopped_run(name, lambda p: p.send_signal(signal.SIGTERM))
+            name = f"{sig.name}{attempt}"
+            result = self.stopped_run(name, lambda p: p.send_signal(sig))
             if result is None:
                 continue
             code, out, err = result
-            self.assertEqual(code, 128 + signal.SIGTERM, err)
+            self.assertEqual(code, 128 + sig, err)
             stopped_at = logged_steps(self.path(name + ".jsonl"))
-            self.assertIn(f"stopped by SIGTERM after step {stopped_at}", out)
+            self.assertIn(f"stopped by {sig.name} after step {stopped_at}", out)
             self.assertEqual(os.path.basename(checkpoints(self.path(name))[-1]), f"step-{stopped_at:08d}")
-            self.resume(name)
-            self.assertSameAsTheRunNeverStopped(name)
+            if resume:
+                self.resume(name)
+                self.assertSameAsTheRunNeverStopped(name)
             return
-        self.fail("the run always ended before SIGTERM")
+        self.fail(f"the run always ended before {sig.name}")
 
     def test_a_damaged_or_truncated_newest_checkpoint_is_passed_over(self):
         for how in ("damaged", "truncated"):

@@ -1,7 +1,9 @@
 // The rank environment and the rendezvous stores: world_from over torchrun's, Slurm's and no
 // variables, each mistake a UserError naming its variable; the TCP store between a server and
-// client threads, its timeout and a taken port; the file store keeping two runs' keys apart.
+// client threads, its timeout and a taken port; the file store keeping two runs' keys apart; ranks
+// comparing their runs' descriptions with rank 0's.
 #include "lmscope/core/error.h"
+#include "lmscope/parallel/run_agreement.h"
 #include "lmscope/parallel/store.h"
 #include "lmscope/parallel/tcp_store.h"
 #include "lmscope/parallel/world.h"
@@ -13,6 +15,7 @@
 
 #include <filesystem>
 #include <map>
+#include <optional>
 #include <thread>
 
 namespace lmscope::parallel {
@@ -306,6 +309,74 @@ TEST(Rendezvous, AWorldOfOneNeedsNone) {
   EXPECT_THROW(s->wait({"missing"}, 50ms), std::runtime_error);
   w.size = 2;
   EXPECT_THROW(open_store(w), UserError);
+}
+
+TEST(RankAgreement, TheFirstDifferenceNamesItsKeyAndBothValues) {
+  using J = nlohmann::ordered_json;
+  const J a = {{"model", {{"d_model", 64}, {"layers", 2}}}, {"device", "cpu"}, {"sizes", {1, 2}}};
+  EXPECT_FALSE(first_difference(a, a));
+  J b = a;
+  b["model"]["layers"] = 3;
+  b["device"] = "cuda";  // after the model: not the first
+  auto d = first_difference(a, b);
+  ASSERT_TRUE(d);
+  EXPECT_EQ(d->path, "model.layers");
+  EXPECT_EQ(d->key, "layers");
+  EXPECT_EQ(d->a, "2");
+  EXPECT_EQ(d->b, "3");
+  d = first_difference(a, J{{"model", a["model"]}, {"device", "cuda"}, {"sizes", {1, 2}}});
+  ASSERT_TRUE(d);
+  EXPECT_EQ(d->a, "'cpu'");
+  EXPECT_EQ(d->b, "'cuda'");
+  // A list of values is one value; a list of objects goes entry by entry, or by its length.
+  d = first_difference(a, J{{"model", a["model"]}, {"device", "cpu"}, {"sizes", {1, 2, 3}}});
+  ASSERT_TRUE(d);
+  EXPECT_EQ(d->path, "sizes");
+  EXPECT_EQ(d->b, "[1,2,3]");
+  const J cells = {{"cells", {{{"batch", 2}}, {{"batch", 4}}}}};
+  d = first_difference(cells, J{{"cells", {{{"batch", 2}}, {{"batch", 8}}}}});
+  ASSERT_TRUE(d);
+  EXPECT_EQ(d->path, "cells[1].batch");
+  d = first_difference(cells, J{{"cells", {{{"batch", 2}}}}});
+  ASSERT_TRUE(d);
+  EXPECT_EQ(d->path, "cells");
+  EXPECT_EQ(d->a, "2");
+  EXPECT_EQ(d->b, "1");
+  d = first_difference(J{{"x", 1}}, J{{"x", 1}, {"y", 2}});
+  ASSERT_TRUE(d);
+  EXPECT_EQ(d->path, "y");
+  EXPECT_EQ(d->a, "absent");
+}
+
+TEST(RankAgreement, EveryRankLearnsTheFirstThatDiffersFromRank0) {
+  // Three ranks as threads: ranks 0 and 1 alike, rank 2 not; then all alike (a second world, whose
+  // store is its own).
+  for (const bool alike : {false, true}) {
+    World w;
+    w.rendezvous = fmt::format("tcp:127.0.0.1:{}", free_port());
+    w.size = 3;
+    w.timeout = 5s;
+    w.run_id = alike ? "alike" : "unlike";
+    std::optional<RankDisagreement> seen[3];
+    auto rank = [&](int r) {
+      World mine = w;
+      mine.rank = r;
+      const nlohmann::ordered_json run = {{"batch", r == 2 && !alike ? 8 : 4}, {"seed", 0}};
+      seen[r] = compare_with_rank0(mine, run);
+    };
+    std::thread one([&] { rank(1); }), two([&] { rank(2); });
+    rank(0);
+    one.join();
+    two.join();
+    for (int r = 0; r < 3; ++r) {
+      SCOPED_TRACE(r);
+      ASSERT_EQ(seen[r].has_value(), !alike);
+      if (alike) continue;
+      EXPECT_EQ(seen[r]->rank, 2);
+      EXPECT_EQ(seen[r]->rank0.at("batch"), 4);
+      EXPECT_EQ(seen[r]->theirs.at("batch"), 8);
+    }
+  }
 }
 
 }  // namespace

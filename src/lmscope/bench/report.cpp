@@ -24,19 +24,6 @@ std::string csv_field(const std::string& s) {
   return q;
 }
 
-nlohmann::ordered_json data_parallel_json(const RunSpec& s) {
-  if (!s.parallel.data) return nullptr;
-  const parallel::DataParallelSpec& p = *s.parallel.data;
-  return {{"world_size", s.parallel.world.size},
-          {"ddp", p.zero ? nlohmann::ordered_json(nullptr) : nlohmann::ordered_json(parallel::ddp_mode_name(p.mode))},
-          {"grad_exchange",
-           p.zero ? nlohmann::ordered_json(nullptr) : nlohmann::ordered_json(parallel::grad_exchange_name(p.exchange))},
-          {"zero", p.zero},
-          {"bucket_mb", p.bucket_mb},
-          {"symmetric_memory", p.zero == 0 && p.symmetric_memory},
-          {"comm_sms", s.exchange_sms()}};
-}
-
 namespace {
 
 std::string mean_std(const PhaseStats& s) { return s.n ? fmt::format("{:.2f} ± {:.2f}", s.mean, s.std) : "-"; }
@@ -230,28 +217,13 @@ std::string json(const std::vector<BenchResult>& rows) {
   nlohmann::ordered_json arr = nlohmann::ordered_json::array();
   for (const BenchResult& r : rows) {
     const BenchSpec& s = r.spec;
-    nlohmann::ordered_json j;
-    j["model"] = model_json(s.model);
-    j["device"] = s.device;
-    j["precision"] = s.precision;
-    j["attention"] = attention_name(s.attention);
-    j["mode"] = step_mode_name(s.mode);
-    j["recompute"] = recompute_name(s.recompute);
-    j["grad_accum"] = s.grad_accum;
-    j["weight_copies"] = weight_copies_name(s.weight_copies);
-    j["grad_dtype"] = grad_dtype_name(s.grad_dtype);
-    j["graphs"] = s.graphs;
-    j["fusion"] = s.fusion;
-    j["batch"] = s.batch;
-    j["ctx"] = s.ctx;
+    nlohmann::ordered_json j = s.row();
+    if (!r.collectives_library.empty() && s.parallel.data)
+      j["data_parallel"]["collectives_library"] = r.collectives_library;
     j["warmup"] = s.warmup;
     j["steps"] = s.steps;
     j["status"] = r.status;
     j["dry_run"] = r.dry_run;
-    if (s.parallel.data) {
-      j["data_parallel"] = data_parallel_json(s);
-      if (!r.collectives_library.empty()) j["data_parallel"]["collectives_library"] = r.collectives_library;
-    }
     if (r.dry_run && r.ok()) {
       j["device_name"] = r.device_name;
       j["peak_bytes"] = r.peak_bytes;

@@ -30,8 +30,6 @@ std::string format_rows(const Rows& rows, ReportFormat f, Markdown markdown, Csv
 
 // A CSV field, quoted when it holds a comma, quote or newline.
 std::string csv_field(const std::string& s);
-// A cell's data parallelism (world size, --ddp, --zero, --bucket-mb); null without it.
-nlohmann::ordered_json data_parallel_json(const RunSpec& s);
 
 std::string format_bench(const std::vector<BenchResult>& rows, ReportFormat f);
 std::string format_attention_bench(const std::vector<AttentionBenchResult>& rows, ReportFormat f);

@@ -162,21 +162,9 @@ std::string json(const std::vector<MemoryRow>& rows) {
     const MemoryRecord& r = row.record;
     const MemoryAnalysis& a = row.analysis;
     const BenchSpec& c = r.spec.cell;
-    nlohmann::ordered_json j;
-    j["model"] = model_json(c.model);
-    if (c.parallel.data) j["data_parallel"] = data_parallel_json(c);
-    j["device"] = c.device;
+    nlohmann::ordered_json j = c.row();
     j["dry_run"] = r.spec.dry_run;
     j["device_name"] = r.device_name;
-    j["precision"] = c.precision;
-    j["attention"] = attention_name(c.attention);
-    j["mode"] = step_mode_name(c.mode);
-    j["recompute"] = recompute_name(c.recompute);
-    j["grad_accum"] = c.grad_accum;
-    j["weight_copies"] = weight_copies_name(c.weight_copies);
-    j["grad_dtype"] = grad_dtype_name(c.grad_dtype);
-    j["batch"] = c.batch;
-    j["ctx"] = c.ctx;
     j["warmup"] = c.warmup;
     j["status"] = r.status;
     if (row.recorded) {

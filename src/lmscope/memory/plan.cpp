@@ -144,18 +144,11 @@ std::string json(const std::vector<PlanRow>& rows) {
   for (const PlanRow& r : rows) {
     const BenchSpec& s = r.spec.reference;
     const bool measured = r.reference_outcome != MemoryOutcome::failed;
-    nlohmann::ordered_json j;
-    j["model"] = model_json(s.model);
-    j["device"] = s.device;
+    nlohmann::ordered_json j = s.row();
+    j.erase("batch");  // the reference cell's, under "reference"
+    j.erase("ctx");
     j["device_name"] = r.device_name;
     j["memory_limit_bytes"] = r.limit;
-    j["precision"] = s.precision;
-    j["attention"] = attention_name(s.attention);
-    j["mode"] = step_mode_name(s.mode);
-    j["recompute"] = recompute_name(s.recompute);
-    j["grad_accum"] = s.grad_accum;
-    j["weight_copies"] = weight_copies_name(s.weight_copies);
-    j["grad_dtype"] = grad_dtype_name(s.grad_dtype);
     j["warmup"] = s.warmup;
     j["reference"] = {{"batch", s.batch},
                       {"ctx", s.ctx},

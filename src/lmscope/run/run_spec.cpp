@@ -104,6 +104,36 @@ nlohmann::ordered_json RunSpec::to_json() const {
   return j;
 }
 
+nlohmann::ordered_json RunSpec::row() const {
+  nlohmann::ordered_json j{{"model", model_json(model)},
+                           {"device", device},
+                           {"precision", precision},
+                           {"attention", attention_name(attention)},
+                           {"mode", step_mode_name(mode)},
+                           {"recompute", recompute_name(recompute)},
+                           {"grad_accum", grad_accum},
+                           {"weight_copies", weight_copies_name(weight_copies)},
+                           {"grad_dtype", grad_dtype_name(grad_dtype)},
+                           {"graphs", graphs},
+                           {"fusion", fusion},
+                           {"batch", batch},
+                           {"ctx", ctx}};
+  if (parallel.data) {
+    const parallel::DataParallelSpec& p = *parallel.data;
+    auto unless_zero = [&](const char* word) {
+      return p.zero ? nlohmann::ordered_json(nullptr) : nlohmann::ordered_json(word);
+    };
+    j["data_parallel"] = {{"world_size", parallel.world.size},
+                          {"ddp", unless_zero(parallel::ddp_mode_name(p.mode))},
+                          {"grad_exchange", unless_zero(parallel::grad_exchange_name(p.exchange))},
+                          {"zero", p.zero},
+                          {"bucket_mb", p.bucket_mb},
+                          {"symmetric_memory", p.zero == 0 && p.symmetric_memory},
+                          {"comm_sms", exchange_sms()}};
+  }
+  return j;
+}
+
 RunSpec RunSpec::from_json(const nlohmann::json& j) {
   try {
     RunSpec s;

@@ -68,6 +68,12 @@ struct RunSpec {
   std::string label() const;
   // Every field but the world's rendezvous and timeout (where a run meets is not what it is).
   nlohmann::ordered_json to_json() const;
+  // The run as a result file's row names it (bench, memory and plan write it first, then their own
+  // fields; report/result_files.cpp reads it back): model, device, precision, attention, mode,
+  // recompute, grad_accum, weight_copies, grad_dtype, graphs, fusion, batch, ctx, and data_parallel
+  // where there is a layout, as it runs (world_size, ddp and grad_exchange null under ZeRO, zero,
+  // bucket_mb, symmetric_memory, comm_sms: the SMs the exchange holds).
+  nlohmann::ordered_json row() const;
   // The inverse of to_json; UserError naming what cannot be read.
   static RunSpec from_json(const nlohmann::json& j);
 };

@@ -4,9 +4,8 @@
 // CPU in fp32 with scaling forced on; fp16 itself runs on CUDA (tests/gpu).
 #include "../common/tiny_model.h"
 
-#include "lmscope/core/rng.h"
 #include "lmscope/model/optimizer.h"
-#include "lmscope/model/transformer.h"
+#include "lmscope/run/step_driver.h"
 
 #include <gtest/gtest.h>
 
@@ -49,27 +48,39 @@ struct TrainedRun {
   std::int64_t adamw_steps = 0, skipped = 0;
 };
 
-// `steps` steps of AdamW (clipping on, tight enough to bite) on one random batch.
-TrainedRun train(const LossScaling& scaling, int steps) {
-  auto be = make_cpu_backend();
-  Transformer model(test::tiny_model(), *be);
-  model.init_parameters(3);
-  Rng rng(5);
-  std::vector<std::int32_t> ids(2 * 9), targets(2 * 9);
-  for (auto& t : ids) t = static_cast<std::int32_t>(rng.below(static_cast<std::uint64_t>(model.config().vocab)));
-  for (auto& t : targets) t = static_cast<std::int32_t>(rng.below(static_cast<std::uint64_t>(model.config().vocab)));
-  model.set_batch(2, 9, ids.data(), targets.data());
-  AdamW opt(model, {.lr = 1e-2, .clip = 0.5, .loss_scaling = scaling});
-  TrainedRun r;
-  for (int i = 0; i < steps; ++i) {
-    model.forward();
-    r.losses.push_back(model.read_loss());
-    model.backward();
-    opt.step(1e-2);
+// A run of the tiny model on the CPU in fp32, stepping one random batch of 2 × 9 tokens, with AdamW
+// as `optimizer` says (at its lr).
+struct TinyRun {
+  explicit TinyRun(const OptimizerConfig& optimizer) : session(spec_of(optimizer)), batch(37, 2, 9, 5, "test") {}
+  static RunSpec spec_of(const OptimizerConfig& optimizer) {
+    RunSpec spec;
+    spec.model = test::tiny_model();
+    spec.batch = 2;
+    spec.ctx = 9;
+    spec.graphs = false;
+    spec.seed = 3;
+    spec.optimizer = optimizer;
+    spec.schedule.lr_max = optimizer.lr;
+    return spec;
   }
-  for (Parameter& p : model.parameters()) r.params.push_back(download(*be, p.value));
-  r.adamw_steps = opt.steps_taken();
-  r.skipped = opt.loss_scaler().skipped();
+  std::vector<std::vector<double>> params() {
+    std::vector<std::vector<double>> out;
+    for (Parameter& p : session.model().parameters()) out.push_back(download(session.backend(), p.value));
+    return out;
+  }
+  Session session;
+  FixedBatch batch;
+};
+
+// `steps` steps of AdamW (clipping on, tight enough to bite).
+TrainedRun train(const LossScaling& scaling, int steps) {
+  TinyRun run({.lr = 1e-2, .clip = 0.5, .loss_scaling = scaling});
+  StepDriver driver(run.session, run.batch, true);
+  TrainedRun r;
+  for (int i = 0; i < steps; ++i) r.losses.push_back(driver.step(i, i).loss);
+  r.params = run.params();
+  r.adamw_steps = run.session.optimizer()->steps_taken();
+  r.skipped = run.session.optimizer()->loss_scaler().skipped();
   return r;
 }
 
@@ -106,30 +117,34 @@ struct SkipRun {
   bool last_applied = true;
 };
 
-SkipRun skip_run(double clip, bool skip, int steps, bool nan_last) {
-  auto be = make_cpu_backend();
-  Transformer model(test::tiny_model(), *be);
-  model.init_parameters(3);
-  Rng rng(5);
-  std::vector<std::int32_t> ids(2 * 9), targets(2 * 9);
-  for (auto& t : ids) t = static_cast<std::int32_t>(rng.below(37));
-  for (auto& t : targets) t = static_cast<std::int32_t>(rng.below(37));
-  model.set_batch(2, 9, ids.data(), targets.data());
-  AdamW opt(model, {.lr = 1e-2, .clip = clip, .loss_scaling = {}, .skip_nonfinite = skip});
-  SkipRun r;
-  for (int i = 0; i < steps; ++i) {
-    model.forward();
-    model.backward();
-    if (nan_last && i == steps - 1) {
-      Parameter& p = model.parameters()[1];
-      std::vector<double> g = download(*be, p.grad);
-      g[g.size() / 2] = std::nan("");
-      upload(*be, p.grad, g);
-    }
-    r.last_applied = opt.step(1e-2);
+// Makes one gradient element NaN before the optimizer of the step it is told.
+class NanGradient : public StepObserver {
+ public:
+  NanGradient(Session& session, std::int64_t at) : session_(session), at_(at) {}
+  void step_begin(std::int64_t iteration) override { now_ = iteration; }
+  void phase_begin(StepPhase phase, int) override {
+    if (phase != StepPhase::optimizer || now_ != at_) return;
+    Parameter& p = session_.model().parameters()[1];
+    std::vector<double> g = download(session_.backend(), p.grad);
+    g[g.size() / 2] = std::nan("");
+    upload(session_.backend(), p.grad, g);
   }
-  for (Parameter& p : model.parameters()) r.params.push_back(download(*be, p.value));
-  for (std::size_t i = 0; i < model.parameters().size(); ++i)
+
+ private:
+  Session& session_;
+  std::int64_t at_, now_ = -1;
+};
+
+SkipRun skip_run(double clip, bool skip, int steps, bool nan_last) {
+  TinyRun run({.lr = 1e-2, .clip = clip, .loss_scaling = {}, .skip_nonfinite = skip});
+  StepDriver driver(run.session, run.batch, false);
+  NanGradient nan(run.session, nan_last ? steps - 1 : -1);
+  driver.add_observer(nan);
+  SkipRun r;
+  for (int i = 0; i < steps; ++i) r.last_applied = driver.step(i, i).applied;
+  r.params = run.params();
+  AdamW& opt = *run.session.optimizer();
+  for (std::size_t i = 0; i < run.session.model().parameters().size(); ++i)
     for (AdamW::Moment m : {AdamW::Moment::first, AdamW::Moment::second}) r.moments.push_back(opt.moment_values(i, m));
   r.adamw_steps = opt.steps_taken();
   return r;

@@ -254,19 +254,20 @@ TEST(Model, CosineScheduleFollowsTheFormula) {
 }
 
 TEST(Model, TrainingLowersTheLossOnARepeatedBatch) {
-  auto be = make_cpu_backend();
-  Transformer model(tiny(), *be);
-  model.init_parameters(4);
-  AdamW opt(model, {.lr = 1e-2, .loss_scaling = {}});
-  TinyBatch batch(2 * 6, 11, 8);
-  model.set_batch(2, 6, batch.ids.data(), batch.targets.data());
-  double first = 0, last = 0;
-  for (int i = 0; i < 30; ++i) {
-    model.forward();
-    (i == 0 ? first : last) = model.read_loss();
-    model.backward();
-    opt.step(1e-2);
-  }
+  RunSpec spec;
+  spec.model = tiny();
+  spec.batch = 2;
+  spec.ctx = 6;
+  spec.graphs = false;
+  spec.seed = 4;
+  spec.optimizer = {.lr = 1e-2, .loss_scaling = {}};
+  spec.schedule.lr_max = 1e-2;
+  Session session(spec);
+  FixedBatch batch(spec.model.vocab, spec.batch, spec.ctx, 8, "test");
+  StepDriver driver(session, batch, true);
+  const double first = driver.step(0, 0).loss;
+  double last = first;
+  for (int i = 1; i < 30; ++i) last = driver.step(i, i).loss;
   EXPECT_LT(last, first - 0.5);
 }
 

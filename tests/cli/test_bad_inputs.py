@@ -1,0 +1,90 @@
+"""Bad input to every command ends in one sentence: exit 2 for the user's mistake, 1 for the machine's
+(a full disk), 0 where the value is fine after all; never a signal, an abort, a library's text (the
+C++ library's, the JSON library's, Gloo's) or an "internal error", and within a minute.
+The first tests are the cases issue 57 named; the sweep at the end gives each command's flags empty,
+negative, zero, huge, non-finite and non-UTF-8 values, and each reader hostile files.
+Run by ctest with LMSCOPE pointing at the built program."""
+import os
+import subprocess
+import unittest
+
+from cli_support import FilesTest, write_tokens
+
+LMSCOPE = os.environ["LMSCOPE"]
+# T of issue 57: a model small enough that a step takes milliseconds.
+MODEL = ["--device", "cpu", "--d-model", "64", "--d-ff", "128", "--layers", "2", "--heads", "2", "--vocab", "300",
+         "--ctx", "16", "--batch", "2"]
+# What no message may hold: the C++ runtime's, the JSON library's and Gloo's words, or our own for a bug.
+FOREIGN = ("terminate called", "what():", "json.exception", "[json.", "enforce fail", "internal error", "std::",
+           "basic_string", "stoll", "stoull", "Traceback")
+
+
+class Result:
+    def __init__(self, args, code, out, err):
+        self.args, self.returncode, self.stdout, self.stderr = args, code, out, err
+
+    def __repr__(self):
+        return f"{self.args!r} -> {self.returncode}\nstderr: {self.stderr[-2000:]!r}\nstdout: {self.stdout[-500:]!r}"
+
+
+def run(*args, env=None, timeout=60, cwd=None):
+    """lmscope with these arguments (str or bytes: a non-UTF-8 one is given as bytes); its output
+    decoded with what is not UTF-8 replaced."""
+    argv = [LMSCOPE, *(a if isinstance(a, bytes) else str(a) for a in args)]
+    p = subprocess.run(argv, capture_output=True, timeout=timeout, env=env, cwd=cwd)
+    return Result(args, p.returncode, p.stdout.decode(errors="replace"), p.stderr.decode(errors="replace"))
+
+
+class BadInputTest(FilesTest):
+    def assertClean(self, r, codes=(0, 1, 2)):
+        """Ended by itself with one of `codes`; a failure in one sentence (the last line of stderr,
+        "lmscope: error: ..."), and no foreign text anywhere."""
+        self.assertIn(r.returncode, codes, r)
+        for text in (r.stdout, r.stderr):
+            for word in FOREIGN:
+                self.assertNotIn(word, text, r)
+        if r.returncode != 0:
+            errors = [line for line in r.stderr.splitlines() if "error: " in line]
+            self.assertEqual(len(errors), 1, r)
+            self.assertTrue(r.stderr.strip().splitlines()[-1].startswith("lmscope: "), r)
+            self.assertIn("error: ", r.stderr.strip().splitlines()[-1], r)
+
+    def assertSentence(self, r, code, *says):
+        """Exit `code` with one line on stderr, "lmscope: error: ...", holding each of `says`."""
+        self.assertClean(r, (code,))
+        lines = r.stderr.strip().splitlines()
+        self.assertEqual(len(lines), 1, r)
+        self.assertTrue(lines[0].startswith("lmscope: error: "), r)
+        for s in says:
+            self.assertIn(s, lines[0], r)
+
+
+class Issue57(BadInputTest):
+    """The cases issue 57 reported, each its own test."""
+
+    @classmethod
+    def setUpClass(cls):
+        super().setUpClass()
+        cls.data = write_tokens(cls.path("tok.bin"), 4000, vocab=300)
+
+    def train(self, *args, **kw):
+        return run("train", *MODEL, "--data", self.data, *args, **kw)
+
+    # Point 12: CLI11 wrapped --seed -1 to 2^64 - 1 and saturated 2^64 to it, so the three were one run;
+    # a signed flag saturated too (--steps 2^63), "010" was octal, and "nan" a learning rate.
+    def test_numbers_out_of_their_range_are_refused_naming_it(self):
+        for seed in ("-1", "18446744073709551616", "1e3", "+3"):
+            self.assertSentence(self.train("--steps", "1", "--seed", seed), 2,
+                                f"--seed takes a whole number from 0 to 18446744073709551615, got '{seed}'")
+        self.assertClean(self.train("--steps", "1", "--seed", "18446744073709551615"), (0,))
+        self.assertSentence(self.train("--steps", "9223372036854775808"), 2, "--steps takes a whole number from",
+                            "got '9223372036854775808'")
+        r = self.train("--steps", "010", "--print-every", "1")
+        self.assertClean(r, (0,))
+        self.assertIn("step     10/10", r.stdout)  # decimal, not octal 8
+        for lr in ("nan", "inf", "1e999"):
+            self.assertSentence(self.train("--steps", "1", "--lr", lr), 2, f"--lr takes a finite number, got '{lr}'")
+
+
+if __name__ == "__main__":
+    unittest.main(verbosity=2)

@@ -49,7 +49,8 @@ class InfoCommand : public Command {
     // Per sequence and in fp32: naive keeps the probabilities (h·T² per layer), flash the
     // log-sum-exps (h·T per layer).
     const AttentionKind attention = parse_attention(attention_);
-    const double per_layer = static_cast<double>(c.heads * ctx_) * (attention == AttentionKind::naive ? ctx_ : 1);
+    const double t = static_cast<double>(ctx_);  // (in doubles: --ctx 2^62 is a question too)
+    const double per_layer = static_cast<double>(c.heads) * t * (attention == AttentionKind::naive ? t : 1);
     const double attention_bytes = per_layer * static_cast<double>(c.layers) * 4;
     const std::vector<MemoryRow> steps = dry_run_steps(c, attention);
     if (format_ == "json") {

@@ -4,8 +4,10 @@ C++ library's, the JSON library's, Gloo's) or an "internal error", and within a 
 The first tests are the cases issue 57 named; the sweep at the end gives each command's flags empty,
 negative, zero, huge, non-finite and non-UTF-8 values, and each reader hostile files.
 Run by ctest with LMSCOPE pointing at the built program."""
+import json
 import os
 import subprocess
+import time
 import unittest
 
 from cli_support import FilesTest, write_tokens
@@ -84,6 +86,28 @@ class Issue57(BadInputTest):
         self.assertIn("step     10/10", r.stdout)  # decimal, not octal 8
         for lr in ("nan", "inf", "1e999"):
             self.assertSentence(self.train("--steps", "1", "--lr", lr), 2, f"--lr takes a finite number, got '{lr}'")
+
+    # Point 12: info --layers 10^9 listed 9·10^9 tensors for 13-26 s and ran out of memory; info
+    # --d-model 2^31 printed negative totals (its counts overflowed 64 bits).
+    def test_models_past_what_can_be_counted_are_refused_at_once(self):
+        start = time.monotonic()
+        self.assertSentence(run("info", "--layers", "1000000000"), 2, "--layers 1000000000", "at most 10000")
+        self.assertLess(time.monotonic() - start, 5)
+        for args in (["--d-model", "2147483648", "--heads", "2"],
+                     ["--d-model", "2147483648", "--heads", "2", "--layers", "1", "--d-ff", "1", "--vocab", "1"],
+                     ["--d-ff", "9223372036854775807"], ["--vocab", "2147483647", "--d-model", "1048576"]):
+            self.assertSentence(run("info", *args), 2, "parameters, more than the 2^50")
+            self.assertSentence(run("memory", "--dry-run", *args), 2, "parameters, more than the 2^50")
+        # Below the limits the counts are exact, in JSON and in the table.
+        r = run("info", "--d-model", "65536", "--heads", "2", "--layers", "10000", "--format", "json")
+        self.assertClean(r, (0,))
+        info = json.loads(r.stdout)
+        self.assertEqual(info["parameters"], 2 * 10000 * 65536 + 10000 * (4 * 65536**2 + 3 * 65536 * 3072 +
+                                                                          2 * 65536) + 65536)
+        self.assertEqual(sum(t["parameters"] for t in info["tensors"]), info["parameters"])
+        r = run("info", "--ctx", "4611686018427387904", "--attention", "naive", "--format", "json")
+        self.assertGreater(json.loads(r.stdout)["attention"]["saved_bytes_per_sequence_fp32"], 0)
+        self.assertNotRegex(run("info", "--d-model", "65536", "--heads", "2", "--layers", "10000").stdout, r"[ |(]-\d")
 
 
 if __name__ == "__main__":

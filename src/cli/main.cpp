@@ -11,6 +11,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <limits>
+#include <new>
 #include <string>
 
 namespace {
@@ -139,6 +140,9 @@ int main(int argc, char** argv) {
     return 2;
   } catch (const lmscope::UserError& e) {
     fmt::print(stderr, "{}error: {}\n", prefix, e.what());
+    return 2;
+  } catch (const std::bad_alloc&) {  // a host buffer of the size asked for (the device's are OutOfMemory)
+    fmt::print(stderr, "{}error: the host's memory cannot hold what this run asked for; ask for less\n", prefix);
     return 2;
   } catch (const lmscope::RankFailure& e) {
     fmt::print(stderr, "{}error: {}\n", prefix, e.what());

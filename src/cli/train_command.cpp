@@ -190,6 +190,8 @@ class TrainCommand : public Command {
     // Data parallelism: this process is one rank of the world the environment names; --batch is the
     // global batch, each rank running its share of the rows one process would.
     const parallel::ParallelPlan parallel = parallel_.resolve(s_.batch, s_.device);
+    RunSpec checked = s_.run_spec(parallel);  // the run's rules before its files are read (the session's again)
+    validate_run(checked);
     const bool main_rank = parallel.world.rank == 0;
     if (parallel.data && s_.graphs == "on" && s_.device == "cuda") {
       if (app->count("--graphs") > 0 && main_rank)

@@ -15,7 +15,7 @@ from cli_support import FilesTest, write_tokens
 LMSCOPE = os.environ["LMSCOPE"]
 # T of issue 57: a model small enough that a step takes milliseconds.
 MODEL = ["--device", "cpu", "--d-model", "64", "--d-ff", "128", "--layers", "2", "--heads", "2", "--vocab", "300",
-         "--ctx", "16", "--batch", "2"]
+         "--ctx", "16"]
 # What no message may hold: the C++ runtime's, the JSON library's and Gloo's words, or our own for a bug.
 FOREIGN = ("terminate called", "what():", "json.exception", "[json.", "enforce fail", "internal error", "std::",
            "basic_string", "stoll", "stoull", "Traceback")
@@ -70,7 +70,7 @@ class Issue57(BadInputTest):
         cls.data = write_tokens(cls.path("tok.bin"), 4000, vocab=300)
 
     def train(self, *args, **kw):
-        return run("train", *MODEL, "--data", self.data, *args, **kw)
+        return run("train", *MODEL, "--data", self.data, *([] if "--batch" in args else ["--batch", "2"]), *args, **kw)
 
     # Point 12: CLI11 wrapped --seed -1 to 2^64 - 1 and saturated 2^64 to it, so the three were one run;
     # a signed flag saturated too (--steps 2^63), "010" was octal, and "nan" a learning rate.
@@ -108,6 +108,20 @@ class Issue57(BadInputTest):
         r = run("info", "--ctx", "4611686018427387904", "--attention", "naive", "--format", "json")
         self.assertGreater(json.loads(r.stdout)["attention"]["saved_bytes_per_sequence_fp32"], 0)
         self.assertNotRegex(run("info", "--d-model", "65536", "--heads", "2", "--layers", "10000").stdout, r"[ |(]-\d")
+
+    # Point 12: train --batch 10^12 ended in "internal error: std::bad_alloc" once its batch's buffers
+    # were made; a step past 2^50 bytes of activations is refused before anything is read or made.
+    def test_steps_past_what_can_be_held_are_refused_before_anything_is_made(self):
+        shape = MODEL[2:12]
+        for r in (self.train("--steps", "1", "--batch", "1000000000000"),
+                  run("memory", "--dry-run", *shape, "--ctx", "16", "--batch", "1000000000000"),
+                  run("bench", "--device", "cpu", *shape, "--ctx", "1000000000000", "--steps", "1"),
+                  run("plan", *shape, "--attention", "naive", "--ctx", "100000000", "--batch", "1")):
+            self.assertSentence(r, 2, "bytes of activations in a step of", "more than the 2^50 (1 PiB)",
+                                "lower --batch or --ctx")
+            self.assertNotIn("training", r.stdout)
+        # Below the limit, a step the host cannot hold either is one sentence too (a buffer of the batch).
+        self.assertSentence(self.train("--steps", "1", "--batch", "1000000000"), 2)
 
 
 if __name__ == "__main__":

@@ -6,6 +6,7 @@ negative, zero, huge, non-finite and non-UTF-8 values, and each reader hostile f
 Run by ctest with LMSCOPE pointing at the built program."""
 import json
 import os
+import struct
 import subprocess
 import time
 import unittest
@@ -19,6 +20,14 @@ MODEL = ["--device", "cpu", "--d-model", "64", "--d-ff", "128", "--layers", "2",
 # What no message may hold: the C++ runtime's, the JSON library's and Gloo's words, or our own for a bug.
 FOREIGN = ("terminate called", "what():", "json.exception", "[json.", "enforce fail", "internal error", "std::",
            "basic_string", "stoll", "stoull", "Traceback")
+
+
+def npy(header, body=b"", version=1, magic=b"\x93NUMPY"):
+    """A .npy file's bytes with this header dict text (padded as numpy pads it) and body."""
+    text = header.encode() if isinstance(header, str) else header
+    text += b" " * ((64 - (10 + len(text) + 1) % 64) % 64) + b"\n"
+    size = struct.pack("<H", len(text)) if version == 1 else struct.pack("<I", len(text))
+    return magic + bytes([version, 0]) + size + text + body
 
 
 class Result:
@@ -122,6 +131,26 @@ class Issue57(BadInputTest):
             self.assertNotIn("training", r.stdout)
         # Below the limit, a step the host cannot hold either is one sentence too (a buffer of the batch).
         self.assertSentence(self.train("--steps", "1", "--batch", "1000000000"), 2)
+
+    # Point 12: a .npy token file whose shape is 10^23 ended in "internal error: stoll".
+    def test_npy_headers_that_lie_are_refused(self):
+        body = bytes(200)
+        cases = [("{'descr': '<u2', 'fortran_order': False, 'shape': (100000000000000000000000,), }", body,
+                  "promises 100000000000000000000000 tokens but the file holds 100"),
+                 ("{'descr': '<u2', 'fortran_order': False, 'shape': (18446744073709551615,), }", body,
+                  "promises 18446744073709551615 tokens"),
+                 ("{'descr': '<i8', 'fortran_order': False, 'shape': (26,), }", body, "holds 25"),
+                 ("{'descr': '<u2', 'fortran_order': False, 'shape': (-5,), }", body, "not shape (-5)")]
+        for i, (header, data, says) in enumerate(cases):
+            path = self.path(f"lies{i}.npy")
+            with open(path, "wb") as f:
+                f.write(npy(header, data))
+            self.assertSentence(run("train", *MODEL, "--data", path, "--steps", "1"), 2, f"'{path}'", says)
+        for version, says in ((0, "format version 0"), (9, "format version 9")):
+            path = self.path(f"v{version}.npy")
+            with open(path, "wb") as f:
+                f.write(npy("{'descr': '<u2', 'fortran_order': False, 'shape': (100,), }", body, version))
+            self.assertSentence(run("train", *MODEL, "--data", path, "--steps", "1"), 2, says)
 
 
 if __name__ == "__main__":

@@ -35,6 +35,16 @@ void take(const CLI::App& app, const nlohmann::json& saved, const char* flag, T&
         fmt::format("{} is {} here and was {} in the checkpoint's run; going on with {}", flag, value, old, value));
 }
 
+// Whether JSON can hold `text` as it is: nlohmann's dump refuses bytes that are not UTF-8.
+bool json_holds(const std::string& text) {
+  try {
+    (void)nlohmann::json(text).dump();
+    return true;
+  } catch (const nlohmann::json::type_error&) {
+    return false;
+  }
+}
+
 std::string shape_words(const ModelConfig& c) {
   return fmt::format("d_model {}, d_ff {}, {} layers, {} heads, vocabulary {}, RoPE theta {}", c.d_model, c.d_ff,
                      c.layers, c.heads, c.vocab, c.rope_theta);
@@ -146,6 +156,17 @@ void TrainSettings::validate(const CLI::App& app) {
     user_error("--save-every must be positive, got {} (leave it out to save only at the end)", save_every);
   if (app.count("--keep") > 0 && keep <= 0) user_error("--keep must be positive, got {}", keep);
   if (overwrite && checkpoint_dir.empty()) user_error("--overwrite needs --checkpoint-dir");
+  // A checkpoint's state.json records these paths (JSON dumping one failed after the first step, leaving a
+  // .partial directory), and a resumed run reads them back, so they must be text as they are.
+  const char* dir_flag = app.count("--checkpoint-dir") == 0 && !resume.empty() ? "--resume" : "--checkpoint-dir";
+  if (!checkpoint_dir.empty())
+    for (auto [flag, path] :
+         {std::pair{"--data", &data}, std::pair{"--val-data", &val_data}, std::pair{dir_flag, &checkpoint_dir}})
+      if (!json_holds(*path))
+        user_error(
+            "{} names a path that is not UTF-8 text, and a checkpoint records it in JSON, which holds only UTF-8; "
+            "rename it, or train without --checkpoint-dir",
+            flag);
   if (val_data.empty() && (app.count("--eval-every") > 0 || app.count("--eval-batches") > 0))
     user_error("--eval-every and --eval-batches need --val-data");
   if (app.count("--eval-every") > 0 && eval_every <= 0) user_error("--eval-every must be positive, got {}", eval_every);

@@ -152,6 +152,30 @@ class Issue57(BadInputTest):
                 f.write(npy("{'descr': '<u2', 'fortran_order': False, 'shape': (100,), }", body, version))
             self.assertSentence(run("train", *MODEL, "--data", path, "--steps", "1"), 2, says)
 
+    # Point 12: a path that is not UTF-8 in --checkpoint-dir or --data ended after the first step in the
+    # JSON library's error, leaving a .partial directory; it is refused before the first step.
+    def test_paths_a_checkpoint_cannot_record_are_refused_before_the_first_step(self):
+        odd = os.fsencode(self.path("tok")) + b"\xff.bin"
+        with open(self.data, "rb") as f, open(odd, "wb") as g:
+            g.write(f.read())
+        ckpt = os.fsencode(self.path("ck")) + b"\xfe"
+        for args, flag in (([b"--data", self.data, b"--checkpoint-dir", ckpt], "--checkpoint-dir"),
+                           ([b"--data", odd, b"--checkpoint-dir", self.path("ck-data")], "--data"),
+                           ([b"--data", self.data, b"--val-data", odd, b"--checkpoint-dir", self.path("ck-val")],
+                            "--val-data")):
+            r = run("train", *MODEL, "--batch", "2", "--steps", "2", *args)
+            self.assertSentence(r, 2, f"{flag} names a path that is not UTF-8 text", "train without --checkpoint-dir")
+            self.assertNotIn("step ", r.stdout)
+        self.assertFalse(os.path.exists(ckpt))
+        self.assertEqual([n for n in os.listdir(self.tmp.name) if n.startswith("ck")], [])
+        # Without a checkpoint such paths are files like any other: read, logged to, saved to, traced to.
+        out = os.fsencode(self.path("out")) + b"\xfd"
+        r = run("train", *MODEL, "--batch", "2", "--data", odd, "--steps", "2", "--log", out + b".jsonl", "--save",
+                out + b".safetensors", "--trace", out + b".json")
+        self.assertClean(r, (0,))
+        for ext in (b".jsonl", b".safetensors", b".json"):
+            self.assertTrue(os.path.exists(out + ext), ext)
+
 
 if __name__ == "__main__":
     unittest.main(verbosity=2)

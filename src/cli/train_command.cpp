@@ -208,6 +208,7 @@ class TrainCommand : public Command {
     if (!s_.val_data.empty()) {
       val.emplace(s_.val_data);
       val->check_vocabulary(c.vocab);
+      s_.fit_eval_batches(*app, *val, main_rank);
     }
     TokenFileBatches batches(data, s_.batch, s_.ctx, s_.sample == "sequential", s_.seed);
     // The log before the ranks meet: rank 0 failing to open it must not leave the others waiting.

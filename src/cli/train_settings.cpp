@@ -124,7 +124,9 @@ void TrainSettings::add_to(CLI::App& app) {
                "step-* directories) before the first step");
   app.add_option("--val-data", val_data, "Held-out token file: log its mean loss and perplexity");
   app.add_option("--eval-every", eval_every, "With --val-data: every N steps (default: after the last step)");
-  app.add_option("--eval-batches", eval_batches, "With --val-data: batches of --batch sequences evaluated")
+  app.add_option("--eval-batches", eval_batches,
+                 "With --val-data: batches of --batch sequences evaluated, each of other windows (at most as many "
+                 "as the file holds)")
       ->capture_default_str();
 }
 
@@ -201,6 +203,23 @@ void TrainSettings::prepare_outputs(bool resumed) const {
   remove_checkpoints(checkpoint_dir);
   fmt::print("removed {} checkpoint{} from '{}' (--overwrite)\n", theirs.size(), theirs.size() == 1 ? "" : "s",
              checkpoint_dir);
+}
+
+void TrainSettings::fit_eval_batches(const CLI::App& app, const TokenData& val, bool main_rank) {
+  const std::int64_t windows = (val.size() - 1) / ctx, most = windows / batch;
+  if (most == 0)
+    user_error("--val-data '{}' holds {} windows of --ctx {} tokens, fewer than one batch of --batch {}", val_data,
+               windows, ctx, batch);
+  if (eval_batches <= most) return;
+  if (app.count("--eval-batches") > 0)
+    user_error(
+        "--eval-batches {} of --batch {} would go past the {} windows of --ctx {} tokens in '{}', which the held-out "
+        "loss reads once each: give at most {}",
+        eval_batches, batch, windows, ctx, val_data, most);
+  if (main_rank)
+    fmt::print("note: '{}' holds {} batches of {} windows of {} tokens: the held-out loss is over those, not {}\n",
+               val_data, most, batch, ctx, eval_batches);
+  eval_batches = most;
 }
 
 std::string NonFiniteSteps::after_step(std::int64_t step, bool applied, double loss, AdamW& opt) {

@@ -176,6 +176,28 @@ class Issue57(BadInputTest):
         for ext in (b".jsonl", b".safetensors", b".json"):
             self.assertTrue(os.path.exists(out + ext), ext)
 
+    # Point 13: --eval-batches past the held-out file's windows wrapped round silently, and 10^12 never
+    # ended; it is held to the batches of distinct windows the file holds.
+    def test_eval_batches_are_held_to_the_windows_of_the_held_out_file(self):
+        val = write_tokens(self.path("val.bin"), 100, vocab=300, seed=1)  # (100 - 1) // 16 = 6 windows
+        start = time.monotonic()
+        r = self.train("--steps", "1", "--val-data", val, "--eval-batches", "1000000000000")
+        self.assertSentence(r, 2, "--eval-batches 1000000000000 of --batch 2 would go past the 6 windows of --ctx 16",
+                            "give at most 3")
+        self.assertLess(time.monotonic() - start, 10)
+        self.assertSentence(self.train("--steps", "1", "--val-data", val, "--eval-batches", "4"), 2, "at most 3")
+        losses = []
+        for extra in (["--eval-batches", "3"], []):
+            log = self.path(f"val{len(losses)}.jsonl")
+            r = self.train("--steps", "1", "--val-data", val, "--log", log, *extra)
+            self.assertClean(r, (0,))
+            with open(log) as f:
+                losses.append(json.loads(f.readline())["val_loss"])
+        self.assertIn("holds 3 batches of 2 windows of 16 tokens: the held-out loss is over those, not 10", r.stdout)
+        self.assertEqual(losses[0], losses[1])  # the default, lowered to the same 3 batches
+        self.assertSentence(self.train("--steps", "1", "--val-data", val, "--batch", "7"), 2,
+                            "holds 6 windows of --ctx 16 tokens, fewer than one batch of --batch 7")
+
 
 if __name__ == "__main__":
     unittest.main(verbosity=2)

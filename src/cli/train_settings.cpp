@@ -13,21 +13,41 @@
 #include <fmt/format.h>
 
 #include <cmath>
+#include <cstdint>
 #include <filesystem>
+#include <limits>
+#include <type_traits>
 
 namespace lmscope::cli {
 namespace {
 
 // A flag's value from the checkpoint's configuration (under the flag's name without dashes, '-'
-// as '_') when the flag was not given; when given with another value, a sentence saying so.
+// as '_') when the flag was not given; when given with another value, a sentence saying so. A value of
+// another kind than the flag's is a UserError naming it (the JSON library's sentence was the message,
+// and -1 for --seed wrapped round).
 template <typename T>
-void take(const CLI::App& app, const nlohmann::json& saved, const char* flag, T& value,
+void take(const CLI::App& app, const nlohmann::json& saved, const std::string& dir, const char* flag, T& value,
           std::vector<std::string>& changes) {
   std::string key(flag + 2);
   for (char& c : key)
     if (c == '-') c = '_';
   if (!saved.contains(key)) return;
-  const T old = saved.at(key).get<T>();
+  const nlohmann::json& v = saved.at(key);
+  bool fits = v.is_number();
+  if constexpr (std::is_same_v<T, std::string>)
+    fits = v.is_string();
+  else if constexpr (std::is_unsigned_v<T>)
+    fits = v.is_number_unsigned();
+  else if constexpr (std::is_integral_v<T>)
+    fits = v.is_number_integer() && (!v.is_number_unsigned() || v.get<std::uint64_t>() <= INT64_MAX) &&
+           v.get<std::int64_t>() >= std::numeric_limits<T>::min() &&
+           v.get<std::int64_t>() <= std::numeric_limits<T>::max();
+  if (!fits) {
+    const std::string text = v.dump();
+    user_error("the checkpoint in '{}' gives {} the value {} in its configuration, which {} cannot take", dir, flag,
+               text.size() > 40 ? text.substr(0, 40) + "..." : text, flag);
+  }
+  const T old = v.get<T>();
   if (app.count(flag) == 0)
     value = old;
   else if (value != old)
@@ -55,8 +75,11 @@ std::string shape_words(const ModelConfig& c) {
 ModelConfig checkpoint_model(const nlohmann::json& saved, const std::string& dir) {
   try {
     return model_from_json(saved.at("model"));
-  } catch (const nlohmann::json::exception& e) {
-    user_error("the configuration in the checkpoint in '{}' cannot be read ({})", dir, e.what());
+  } catch (const nlohmann::json::exception&) {
+    user_error(
+        "the configuration in the checkpoint in '{}' names no model: its \"model\" lacks a field or holds one of "
+        "another kind",
+        dir);
   }
 }
 
@@ -313,49 +336,52 @@ std::vector<std::string> TrainSettings::take_from_checkpoint(const CLI::App& app
       user_error("the checkpoint in '{}' is of another model ({}) than the one asked for ({})", resume,
                  shape_words(theirs), shape_words(model));
     }
-    const std::string their_precision = saved.at("precision").get<std::string>();
+    if (!saved.contains("precision") || !saved["precision"].is_string())
+      user_error("the configuration in the checkpoint in '{}' names no precision", resume);
+    const std::string their_precision = saved["precision"].get<std::string>();
     if (app.count("--precision") > 0 && precision != their_precision)
       user_error("the checkpoint in '{}' was trained in {}, and a run cannot go on from it in {}", resume,
                  their_precision, precision);
     precision = their_precision;
     std::vector<std::string> changes;
-    take(app, saved, "--device", device, changes);
-    take(app, saved, "--attention", attention, changes);
-    take(app, saved, "--recompute", recompute, changes);
-    take(app, saved, "--weight-copies", weight_copies, changes);
-    take(app, saved, "--grad-dtype", grad_dtype, changes);
-    take(app, saved, "--graphs", graphs, changes);
-    take(app, saved, "--fusion", fusion, changes);
-    take(app, saved, "--data", data, changes);
-    take(app, saved, "--val-data", val_data, changes);
-    take(app, saved, "--steps", steps, changes);
-    take(app, saved, "--batch", batch, changes);
-    take(app, saved, "--ctx", ctx, changes);
-    take(app, saved, "--grad-accum", grad_accum, changes);
-    take(app, saved, "--sample", sample, changes);
-    take(app, saved, "--seed", seed, changes);
-    take(app, saved, "--lr", optimizer.lr, changes);
-    take(app, saved, "--lr-schedule", lr_schedule, changes);
-    take(app, saved, "--warmup-iters", schedule.warmup_iters, changes);
-    take(app, saved, "--cosine-iters", schedule.cosine_iters, changes);
-    take(app, saved, "--min-lr", schedule.lr_min, changes);
-    take(app, saved, "--beta1", optimizer.beta1, changes);
-    take(app, saved, "--beta2", optimizer.beta2, changes);
-    take(app, saved, "--eps", optimizer.eps, changes);
-    take(app, saved, "--weight-decay", optimizer.weight_decay, changes);
-    take(app, saved, "--clip", optimizer.clip, changes);
+    take(app, saved, resume, "--device", device, changes);
+    take(app, saved, resume, "--attention", attention, changes);
+    take(app, saved, resume, "--recompute", recompute, changes);
+    take(app, saved, resume, "--weight-copies", weight_copies, changes);
+    take(app, saved, resume, "--grad-dtype", grad_dtype, changes);
+    take(app, saved, resume, "--graphs", graphs, changes);
+    take(app, saved, resume, "--fusion", fusion, changes);
+    take(app, saved, resume, "--data", data, changes);
+    take(app, saved, resume, "--val-data", val_data, changes);
+    take(app, saved, resume, "--steps", steps, changes);
+    take(app, saved, resume, "--batch", batch, changes);
+    take(app, saved, resume, "--ctx", ctx, changes);
+    take(app, saved, resume, "--grad-accum", grad_accum, changes);
+    take(app, saved, resume, "--sample", sample, changes);
+    take(app, saved, resume, "--seed", seed, changes);
+    take(app, saved, resume, "--lr", optimizer.lr, changes);
+    take(app, saved, resume, "--lr-schedule", lr_schedule, changes);
+    take(app, saved, resume, "--warmup-iters", schedule.warmup_iters, changes);
+    take(app, saved, resume, "--cosine-iters", schedule.cosine_iters, changes);
+    take(app, saved, resume, "--min-lr", schedule.lr_min, changes);
+    take(app, saved, resume, "--beta1", optimizer.beta1, changes);
+    take(app, saved, resume, "--beta2", optimizer.beta2, changes);
+    take(app, saved, resume, "--eps", optimizer.eps, changes);
+    take(app, saved, resume, "--weight-decay", optimizer.weight_decay, changes);
+    take(app, saved, resume, "--clip", optimizer.clip, changes);
     // (--loss-scale is a new run's first scale: a resumed one goes on from the checkpoint's scale.)
-    take(app, saved, "--loss-scale-interval", optimizer.loss_scaling.interval, changes);
-    take(app, saved, "--save-every", save_every, changes);
-    take(app, saved, "--keep", keep, changes);
-    take(app, saved, "--eval-every", eval_every, changes);
-    take(app, saved, "--eval-batches", eval_batches, changes);
-    take(app, saved, "--print-every", print_every, changes);
+    take(app, saved, resume, "--loss-scale-interval", optimizer.loss_scaling.interval, changes);
+    take(app, saved, resume, "--save-every", save_every, changes);
+    take(app, saved, resume, "--keep", keep, changes);
+    take(app, saved, resume, "--eval-every", eval_every, changes);
+    take(app, saved, resume, "--eval-batches", eval_batches, changes);
+    take(app, saved, resume, "--print-every", print_every, changes);
     // The run goes on writing checkpoints where it resumed from, unless told otherwise.
     if (app.count("--checkpoint-dir") == 0) checkpoint_dir = resume;
     return changes;
-  } catch (const nlohmann::json::exception& e) {
-    user_error("the configuration in the checkpoint in '{}' cannot be read ({})", resume, e.what());
+  } catch (const nlohmann::json::exception&) {
+    user_error("the configuration in the checkpoint in '{}' cannot be read: a field is missing or of another kind",
+               resume);
   }
 }
 

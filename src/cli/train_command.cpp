@@ -285,9 +285,16 @@ class TrainCommand : public Command {
       const std::int64_t step = it + 1;
       driver.step(it, step);
       if (trace && (step - start == s_.trace_steps || step == s_.steps || stop_signal.load())) {
-        write_file(s_.trace, trace->finish().json);
+        // The weights and checkpoints are what the run is for: a trace that cannot be written is said, no more.
+        try {
+          write_file(s_.trace, trace->finish().json);
+          fmt::print("wrote the trace of steps {} to {} to '{}'\n", start + 1, step, s_.trace);
+        } catch (const UserError& e) {
+          fmt::print(stderr, "lmscope: warning: {}; the trace is not written, and training goes on\n", e.what());
+        } catch (const EnvironmentFailure& e) {
+          fmt::print(stderr, "lmscope: warning: {}; the trace is not written, and training goes on\n", e.what());
+        }
         trace.reset();
-        fmt::print("wrote the trace of steps {} to {} to '{}'\n", start + 1, step, s_.trace);
       }
       // Every rank stops after the same step: a signal any of them had stops them all.
       const bool stop = session.mean_over_ranks(stop_signal.load() != 0 ? 1.0 : 0.0) > 0;

@@ -198,6 +198,24 @@ class Issue57(BadInputTest):
         self.assertSentence(self.train("--steps", "1", "--val-data", val, "--batch", "7"), 2,
                             "holds 6 windows of --ctx 16 tokens, fewer than one batch of --batch 7")
 
+    # Point 14: "cannot write 'X'" gave no reason; a path that cannot be opened is the user's (exit 2),
+    # a write the disk refuses the machine's (exit 1), each with why.
+    def test_a_file_that_cannot_be_written_says_why(self):
+        absent = self.path("absent/report.html")
+        r = run("report", "--train", self.write_log(), "--out", absent)
+        self.assertSentence(r, 2, f"cannot write '{absent}': No such file or directory")
+        if os.path.exists("/dev/full"):
+            r = run("bench", *MODEL, "--batch", "2", "--steps", "1", "--warmup", "0", "--out", "/dev/full")
+            self.assertClean(r, (1,))
+            self.assertEqual(r.stderr.splitlines()[-1],
+                             "lmscope: error: writing '/dev/full' failed: No space left on device")
+
+    def write_log(self):
+        path = self.path("log.jsonl")
+        with open(path, "w") as f:
+            f.write('{"step": 1, "loss": 2.5}\n')
+        return path
+
 
 if __name__ == "__main__":
     unittest.main(verbosity=2)

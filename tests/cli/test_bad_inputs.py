@@ -244,5 +244,34 @@ class Issue57(BadInputTest):
                             "'lmscope-no-such-host.invalid' does not resolve")
 
 
+
+class FoundBySweep(BadInputTest):
+    """Defects the sweep below found, each its own test."""
+
+    @classmethod
+    def setUpClass(cls):
+        super().setUpClass()
+        cls.data = write_tokens(cls.path("tok.bin"), 4000, vocab=300)
+        os.mkfifo(cls.path("fifo"))
+        os.makedirs(cls.path("dir"))
+
+    # A FIFO given to a reader waited for a writer forever; /dev/zero given to report filled the memory
+    # until the kernel killed lmscope; a directory was taken as an empty token file's mapping.
+    def test_readers_take_only_regular_files(self):
+        train = ["train", *MODEL, "--batch", "2", "--steps", "1"]
+        for path, kind in ((self.path("fifo"), "a FIFO"), ("/dev/zero", "a character device"),
+                           (self.path("dir"), "a directory")):
+            for args, what in (([*train, "--data", path], "token file"),
+                               ([*train, "--data", self.data, "--val-data", path], "token file"),
+                               ([*train, "--data", self.data, "--init", path], "weights file"),
+                               (["report", "--bench", path], "the bench results"),
+                               (["report", "--memory", path], "the memory results"),
+                               (["report", "--attention", path], "the attention results"),
+                               (["report", "--train", path], "the training log"),
+                               (["report", "--timeline", path], "the timeline")):
+                self.assertSentence(run(*args, timeout=20, cwd=self.tmp.name), 2, f"{what} '{path}' is {kind}, not a "
+                                    "regular file")
+
+
 if __name__ == "__main__":
     unittest.main(verbosity=2)

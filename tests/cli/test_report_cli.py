@@ -262,7 +262,7 @@ class BadInput(unittest.TestCase):
                 (["--memory", bench], "is not a memory results file"),
                 (["--attention", bench], "is not an attention results file"),
                 (["--bench", notjson], "it is not JSON"),
-                (["--bench", os.path.join(d, "absent.json")], "cannot read"),
+                (["--bench", os.path.join(d, "absent.json")], "cannot open the bench results"),
                 (["--bench", empty], "is empty"),
                 (["--bench", norows], "it has no rows"),
                 (["--bench", badrow], 'row 1: its "model" is not an object'),

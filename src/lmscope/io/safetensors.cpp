@@ -1,10 +1,9 @@
 #include "lmscope/io/safetensors.h"
 
+#include "lmscope/io/regular_file.h"
 #include "lmscope/model/transformer.h"
 
-#include <fcntl.h>
 #include <sys/mman.h>
-#include <sys/stat.h>
 #include <unistd.h>
 #include <nlohmann/json.hpp>
 
@@ -33,11 +32,7 @@ double half_to_double(std::uint16_t h) {
 }  // namespace
 
 SafetensorsFile::SafetensorsFile(const std::string& path) : path_(path) {
-  int fd = ::open(path.c_str(), O_RDONLY);
-  if (fd < 0) user_error("cannot open weights file '{}': {}", path, std::strerror(errno));
-  struct stat st {};
-  ::fstat(fd, &st);
-  map_size_ = static_cast<std::size_t>(st.st_size);
+  const int fd = open_regular_file(path, "weights file", map_size_);
   if (map_size_ < 8) {
     ::close(fd);
     user_error("'{}' is not a safetensors file: it is {} bytes long, shorter than the 8-byte header length", path,

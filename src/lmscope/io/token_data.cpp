@@ -1,10 +1,9 @@
 #include "lmscope/io/token_data.h"
 
 #include "lmscope/core/error.h"
+#include "lmscope/io/regular_file.h"
 
-#include <fcntl.h>
 #include <sys/mman.h>
-#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -71,11 +70,7 @@ std::size_t parse_npy(const std::string& path, const unsigned char* p, std::size
 }  // namespace
 
 TokenData::TokenData(const std::string& path) : path_(path) {
-  int fd = ::open(path.c_str(), O_RDONLY);
-  if (fd < 0) user_error("cannot open token file '{}': {}", path, std::strerror(errno));
-  struct stat st {};
-  ::fstat(fd, &st);
-  map_size_ = static_cast<std::size_t>(st.st_size);
+  const int fd = open_regular_file(path, "token file", map_size_);
   if (map_size_ == 0) {
     ::close(fd);
     user_error("token file '{}' is empty", path);

@@ -1,6 +1,7 @@
 #include "lmscope/report/result_files.h"
 
 #include "lmscope/core/error.h"
+#include "lmscope/io/regular_file.h"
 #include "lmscope/run/mode_words.h"
 #include "lmscope/run/step_mode.h"
 
@@ -8,8 +9,6 @@
 #include <nlohmann/json.hpp>
 
 #include <cstdint>
-#include <filesystem>
-#include <fstream>
 #include <sstream>
 #include <string_view>
 #include <type_traits>
@@ -67,19 +66,15 @@ const json& object(const json& row, const char* key) {
 template <typename Row, typename Read>
 std::vector<Row> read_rows(const std::string& path, const char* kind, std::initializer_list<const char*> needs,
                            std::initializer_list<const char*> refuses, Read read) {
-  if (std::filesystem::is_directory(path)) user_error("'{}' is a directory, not {} results", path, kind);
-  std::ifstream in(path);
-  if (!in) user_error("cannot read the {} results '{}'", kind, path);
-  std::stringstream text;
-  text << in.rdbuf();
+  const std::string text = read_regular_file(path, fmt::format("the {} results", kind));
   const auto wrong = [&](const std::string& why) {
     const char* article = std::string_view("aeiou").find(kind[0]) != std::string_view::npos ? "an" : "a";
     user_error("'{}' is not {} {} results file (what lmscope {} --format json writes): {}", path, article, kind, kind,
                why);
   };
-  if (text.str().find_first_not_of(" \t\r\n") == std::string::npos)
+  if (text.find_first_not_of(" \t\r\n") == std::string::npos)
     user_error("'{}' is empty (did the run that writes it finish?)", path);
-  json rows = json::parse(text.str(), nullptr, false);
+  json rows = json::parse(text, nullptr, false);
   if (rows.is_discarded()) wrong("it is not JSON");
   if (!rows.is_array()) wrong("it is not a list of rows");
   if (rows.empty()) wrong("it has no rows");
@@ -208,9 +203,7 @@ std::vector<AttentionRow> read_attention_file(const std::string& path) {
 }
 
 std::vector<TrainStep> read_train_log(const std::string& path) {
-  if (std::filesystem::is_directory(path)) user_error("'{}' is a directory, not a training log", path);
-  std::ifstream in(path);
-  if (!in) user_error("cannot read the training log '{}'", path);
+  std::istringstream in(read_regular_file(path, "the training log"));
   std::vector<TrainStep> steps;
   std::string line;
   for (long long n = 1; std::getline(in, line); ++n) {

@@ -136,6 +136,8 @@ class InfoCommand : public Command {
       cell.recompute = recompute;
       cell.weight_copies = weight_copies;
       cell.grad_dtype = cell_grad_dtype(mode, parse_grad_dtype(grad_dtype_));
+      RunSpec checked = cell;  // a shape no run can have is the user's mistake, not a row that failed
+      validate_run(checked);
       rows.push_back(memory_row(record_memory(MemorySpec{cell, true, limit}), 1));
     }
     return rows;

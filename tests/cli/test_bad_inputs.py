@@ -272,6 +272,15 @@ class FoundBySweep(BadInputTest):
                 self.assertSentence(run(*args, timeout=20, cwd=self.tmp.name), 2, f"{what} '{path}' is {kind}, not a "
                                     "regular file")
 
+    # A dry run's cell made its batch's tokens before its run was checked: info --dry-run --batch 10^12
+    # and precision --study dtypes --ctx 10^12 said "error: std::bad_alloc".
+    def test_dry_runs_check_their_run_before_making_its_tokens(self):
+        shape = MODEL[2:12]
+        for args in (["info", *shape, "--dry-run", "--ctx", "16", "--batch", "1000000000000"],
+                     ["precision", "--study", "dtypes", *shape, "--ctx", "1000000000000"],
+                     ["precision", "--study", "dtypes", *shape, "--ctx", "16", "--batch", "1000000000000"]):
+            self.assertSentence(run(*args), 2, "bytes of activations in a step of", "lower --batch or --ctx")
+
 
 if __name__ == "__main__":
     unittest.main(verbosity=2)

@@ -281,6 +281,13 @@ class FoundBySweep(BadInputTest):
                      ["precision", "--study", "dtypes", *shape, "--ctx", "16", "--batch", "1000000000000"]):
             self.assertSentence(run(*args), 2, "bytes of activations in a step of", "lower --batch or --ctx")
 
+    # --resume with a name too long for the system said "internal error: filesystem error: status: File
+    # name too long", and a file was "a directory that does not exist".
+    def test_a_resume_directory_that_cannot_be_one_is_said(self):
+        long = self.path("x" * 5000)
+        self.assertSentence(run("train", "--resume", long), 2, "cannot use the checkpoint directory", "File name too long")
+        self.assertSentence(run("train", "--resume", self.data), 2, f"'{self.data}' is not a directory")
+
 
 if __name__ == "__main__":
     unittest.main(verbosity=2)

@@ -288,6 +288,16 @@ class FoundBySweep(BadInputTest):
         self.assertSentence(run("train", "--resume", long), 2, "cannot use the checkpoint directory", "File name too long")
         self.assertSentence(run("train", "--resume", self.data), 2, f"'{self.data}' is not a directory")
 
+    # The attention benchmark multiplied its sizes in 64 bits: seq × heads of 2^64 never ended, a d of
+    # 2^62 crashed (SIGSEGV), and batch × heads of 2^64 ran as none, "ok".
+    def test_attention_cells_past_what_can_be_held_are_refused(self):
+        base = ["attention", "--device", "cpu", "--precision", "fp32", "--attention", "naive,flash", "--iters", "1",
+                "--warmup", "0"]
+        for args in (["--seq", "4294967296", "--d", "16", "--heads", "4294967296"],
+                     ["--seq", "16", "--d", "4611686018427387904"],
+                     ["--seq", "16", "--d", "16", "--batch", "4294967296", "--heads", "4294967296"]):
+            self.assertSentence(run(*base, *args, timeout=30), 2, "attention at batch", "more than the 2^50 (1 PiB)")
+
 
 if __name__ == "__main__":
     unittest.main(verbosity=2)

@@ -94,6 +94,7 @@ class AttentionCommand : public Command {
                                .iters = iters_,
                                .max_seconds = max_seconds_,
                                .seed = seed_});
+    for (const AttentionBenchSpec& s : cells) validate_attention_cell(s);  // before any cell runs
     SweepProgress shown;
     std::vector<AttentionBenchResult> rows;
     for (std::size_t i = 0; i < cells.size(); ++i) {

@@ -49,7 +49,8 @@ class InfoCommand : public Command {
     // Per sequence and in fp32: naive keeps the probabilities (h·T² per layer), flash the
     // log-sum-exps (h·T per layer).
     const AttentionKind attention = parse_attention(attention_);
-    const double per_layer = static_cast<double>(c.heads * ctx_) * (attention == AttentionKind::naive ? ctx_ : 1);
+    const double t = static_cast<double>(ctx_);  // (in doubles: --ctx 2^62 is a question too)
+    const double per_layer = static_cast<double>(c.heads) * t * (attention == AttentionKind::naive ? t : 1);
     const double attention_bytes = per_layer * static_cast<double>(c.layers) * 4;
     const std::vector<MemoryRow> steps = dry_run_steps(c, attention);
     if (format_ == "json") {
@@ -135,6 +136,8 @@ class InfoCommand : public Command {
       cell.recompute = recompute;
       cell.weight_copies = weight_copies;
       cell.grad_dtype = cell_grad_dtype(mode, parse_grad_dtype(grad_dtype_));
+      RunSpec checked = cell;  // a shape no run can have is the user's mistake, not a row that failed
+      validate_run(checked);
       rows.push_back(memory_row(record_memory(MemorySpec{cell, true, limit}), 1));
     }
     return rows;

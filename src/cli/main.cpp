@@ -6,8 +6,12 @@
 
 #include <fmt/core.h>
 
+#include <charconv>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <limits>
+#include <new>
 #include <string>
 
 namespace {
@@ -23,6 +27,48 @@ std::string error_prefix() {
     return "lmscope: ";
   }
   return "lmscope: ";
+}
+
+// CLI11 reads whole numbers with strtoll/strtoull: "-1" wraps to 2^64 - 1 in an unsigned flag, a value
+// past the type's range saturates to its largest (--seed -1 and --seed 2^64 were the same run), and
+// "010" is octal; it reads "nan", "inf" and 1e999 as numbers. So every INT and UINT option of every
+// command takes decimal whole numbers in range (rewritten to plain digits for CLI11), and every FLOAT
+// option finite numbers; anything else is one sentence naming the flag and the range.
+template <typename T>
+void read_whole_numbers(CLI::Option& option) {
+  const std::string flag = option.get_name();
+  option.transform(CLI::Validator(
+      [flag](std::string& text) {
+        T value{};
+        const auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), value);
+        if (ec != std::errc() || end != text.data() + text.size())
+          lmscope::user_error("{} takes a whole number from {} to {}, got '{}'", flag, std::numeric_limits<T>::min(),
+                              std::numeric_limits<T>::max(), text);
+        text = std::to_string(value);
+        return std::string();
+      },
+      ""));
+}
+
+void read_numbers_strictly(CLI::App& app) {
+  for (CLI::Option* option : app.get_options()) {
+    const std::string type = option->get_type_name();
+    if (type == "INT") read_whole_numbers<std::int64_t>(*option);
+    if (type == "UINT") read_whole_numbers<std::uint64_t>(*option);
+    if (type == "FLOAT") {
+      const std::string flag = option->get_name();
+      option->check(CLI::Validator(
+          [flag](std::string& text) {
+            double value = 0;
+            const auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), value);
+            if (ec != std::errc() || end != text.data() + text.size() || !std::isfinite(value))
+              lmscope::user_error("{} takes a finite number, got '{}'", flag, text);
+            return std::string();
+          },
+          ""));
+    }
+  }
+  for (CLI::App* sub : app.get_subcommands({})) read_numbers_strictly(*sub);
 }
 
 }  // namespace
@@ -42,6 +88,7 @@ int main(int argc, char** argv) {
   commands.push_back(lmscope::cli::add_report_command(app));
   commands.push_back(lmscope::cli::add_launch_command(app));
   commands.push_back(lmscope::cli::add_allreduce_command(app));
+  read_numbers_strictly(app);
   // Every command there is, for the messages below.
   std::string names;
   for (std::size_t i = 0; i < commands.size(); ++i)
@@ -81,6 +128,9 @@ int main(int argc, char** argv) {
   } catch (const CLI::ParseError& e) {
     fmt::print(stderr, "{}error: {} (see lmscope --help)\n", prefix, e.what());
     return 2;
+  } catch (const lmscope::UserError& e) {  // a number refused as it was read (read_numbers_strictly)
+    fmt::print(stderr, "{}error: {}\n", prefix, e.what());
+    return 2;
   }
   try {
     for (auto& c : commands)
@@ -90,6 +140,9 @@ int main(int argc, char** argv) {
     return 2;
   } catch (const lmscope::UserError& e) {
     fmt::print(stderr, "{}error: {}\n", prefix, e.what());
+    return 2;
+  } catch (const std::bad_alloc&) {  // a host buffer of the size asked for (the device's are OutOfMemory)
+    fmt::print(stderr, "{}error: the host's memory cannot hold what this run asked for; ask for less\n", prefix);
     return 2;
   } catch (const lmscope::RankFailure& e) {
     fmt::print(stderr, "{}error: {}\n", prefix, e.what());

@@ -6,23 +6,17 @@
 #include "sweep_output.h"
 
 #include "lmscope/core/error.h"
+#include "lmscope/io/regular_file.h"
 #include "lmscope/report/html_report.h"
 
 #include <fmt/format.h>
-
-#include <fstream>
-#include <sstream>
 
 namespace lmscope::cli {
 namespace {
 
 // An SVG file to inline in the page: its <svg> element, without an XML prolog or doctype.
 std::string svg_element(const std::string& path) {
-  std::ifstream in(path);
-  if (!in) user_error("cannot read the timeline '{}'", path);
-  std::stringstream text;
-  text << in.rdbuf();
-  const std::string s = text.str();
+  const std::string s = read_regular_file(path, "the timeline");
   const auto begin = s.find("<svg"), end = s.rfind("</svg>");
   // Only lmscope's own timelines go in: the page promises no scripts and nothing fetched.
   const bool timeline = begin != std::string::npos && end != std::string::npos && end > begin &&

@@ -2,15 +2,32 @@
 
 #include "lmscope/core/error.h"
 
+#include <fcntl.h>
 #include <unistd.h>
 
-#include <fstream>
+#include <cerrno>
+#include <cstring>
 
 namespace lmscope::cli {
 
 void write_file(const std::string& path, const std::string& text) {
-  std::ofstream f(path, std::ios::trunc);
-  if (!(f << text) || !f.flush()) user_error("cannot write '{}'", path);
+  // By hand, so that the sentence says why ("cannot write 'X'" did not).
+  const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd < 0) user_error("cannot write '{}': {}", path, std::strerror(errno));
+  const char* p = text.data();
+  std::size_t left = text.size();
+  while (left > 0) {
+    const ssize_t n = ::write(fd, p, left);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) {
+      const int err = n < 0 ? errno : EIO;
+      ::close(fd);
+      environment_failure("writing '{}' failed: {}", path, std::strerror(err));
+    }
+    p += n;
+    left -= static_cast<std::size_t>(n);
+  }
+  if (::close(fd) != 0) environment_failure("writing '{}' failed: {}", path, std::strerror(errno));
 }
 
 SweepProgress::SweepProgress() : tty_(isatty(STDERR_FILENO)) {}

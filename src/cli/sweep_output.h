@@ -7,7 +7,9 @@
 
 namespace lmscope::cli {
 
-void write_file(const std::string& path, const std::string& text);  // UserError when it cannot
+// Writes `text` as the whole file at `path`: UserError when it cannot be opened, EnvironmentFailure
+// when a write fails (a full disk); each says why.
+void write_file(const std::string& path, const std::string& text);
 
 class SweepProgress {
  public:

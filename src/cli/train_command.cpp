@@ -264,6 +264,8 @@ class TrainCommand : public Command {
     // Data parallelism: this process is one rank of the world the environment names; --batch is the
     // global batch, each rank running its share of the rows one process would.
     const parallel::ParallelPlan parallel = parallel_.resolve(s_.batch, s_.device);
+    RunSpec checked = s_.run_spec(parallel);  // the run's rules before its files are read (the session's again)
+    validate_run(checked);
     const bool main_rank = parallel.world.rank == 0;
     if (saved_run && main_rank)
       for (const std::string& change : ParallelFlags::changes(saved_run->parallel, parallel))
@@ -283,6 +285,7 @@ class TrainCommand : public Command {
     if (!s_.val_data.empty()) {
       val.emplace(s_.val_data);
       val->check_vocabulary(c.vocab);
+      s_.fit_eval_batches(*app, *val, main_rank);
     }
     TokenFileBatches batches(data, s_.batch, s_.ctx, s_.sample == "sequential", s_.seed);
     // The log before the ranks meet: rank 0 failing to open it must not leave the others waiting.
@@ -364,9 +367,16 @@ class TrainCommand : public Command {
       driver.step(it, step);
       fault.after_step(step);
       if (trace && (step - start == s_.trace_steps || step == s_.steps || stop_signal.load())) {
-        write_file(s_.trace, trace->finish().json);
+        // The weights and checkpoints are what the run is for: a trace that cannot be written is said, no more.
+        try {
+          write_file(s_.trace, trace->finish().json);
+          fmt::print("wrote the trace of steps {} to {} to '{}'\n", start + 1, step, s_.trace);
+        } catch (const UserError& e) {
+          fmt::print(stderr, "lmscope: warning: {}; the trace is not written, and training goes on\n", e.what());
+        } catch (const EnvironmentFailure& e) {
+          fmt::print(stderr, "lmscope: warning: {}; the trace is not written, and training goes on\n", e.what());
+        }
         trace.reset();
-        fmt::print("wrote the trace of steps {} to {} to '{}'\n", start + 1, step, s_.trace);
       }
       // Every rank stops after the same step: a signal any of them had stops them all.
       const int own = stop_signal.load();

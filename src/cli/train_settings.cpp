@@ -13,26 +13,56 @@
 #include <fmt/format.h>
 
 #include <cmath>
+#include <cstdint>
 #include <filesystem>
+#include <limits>
+#include <type_traits>
 
 namespace lmscope::cli {
 namespace {
 
 // A flag's value from the checkpoint's configuration (under the flag's name without dashes, '-'
-// as '_') when the flag was not given; when given with another value, a sentence saying so.
+// as '_') when the flag was not given; when given with another value, a sentence saying so. A value of
+// another kind than the flag's is a UserError naming it (the JSON library's sentence was the message,
+// and -1 for --seed wrapped round).
 template <typename T>
-void take(const CLI::App& app, const nlohmann::json& saved, const char* flag, T& value,
+void take(const CLI::App& app, const nlohmann::json& saved, const std::string& dir, const char* flag, T& value,
           std::vector<std::string>& changes) {
   std::string key(flag + 2);
   for (char& c : key)
     if (c == '-') c = '_';
   if (!saved.contains(key)) return;
-  const T old = saved.at(key).get<T>();
+  const nlohmann::json& v = saved.at(key);
+  bool fits = v.is_number();
+  if constexpr (std::is_same_v<T, std::string>)
+    fits = v.is_string();
+  else if constexpr (std::is_unsigned_v<T>)
+    fits = v.is_number_unsigned();
+  else if constexpr (std::is_integral_v<T>)
+    fits = v.is_number_integer() && (!v.is_number_unsigned() || v.get<std::uint64_t>() <= INT64_MAX) &&
+           v.get<std::int64_t>() >= std::numeric_limits<T>::min() &&
+           v.get<std::int64_t>() <= std::numeric_limits<T>::max();
+  if (!fits) {
+    const std::string text = v.dump();
+    user_error("the checkpoint in '{}' gives {} the value {} in its configuration, which {} cannot take", dir, flag,
+               text.size() > 40 ? text.substr(0, 40) + "..." : text, flag);
+  }
+  const T old = v.get<T>();
   if (app.count(flag) == 0)
     value = old;
   else if (value != old)
     changes.push_back(
         fmt::format("{} is {} here and was {} in the checkpoint's run; going on with {}", flag, value, old, value));
+}
+
+// Whether JSON can hold `text` as it is: nlohmann's dump refuses bytes that are not UTF-8.
+bool json_holds(const std::string& text) {
+  try {
+    (void)nlohmann::json(text).dump();
+    return true;
+  } catch (const nlohmann::json::type_error&) {
+    return false;
+  }
 }
 
 std::string shape_words(const ModelConfig& c) {
@@ -91,8 +121,11 @@ ModelConfig checkpoint_model(const nlohmann::json& saved, const std::string& dir
   if (const std::optional<RunSpec> run = checkpoint_run(saved, dir)) return run->model;
   try {
     return model_from_json(saved.at("model"));
-  } catch (const std::exception&) {
-    user_error("the configuration in the checkpoint in '{}' cannot be read: its model is missing or damaged", dir);
+  } catch (const nlohmann::json::exception&) {
+    user_error(
+        "the configuration in the checkpoint in '{}' names no model: its \"model\" lacks a field or holds one of "
+        "another kind",
+        dir);
   }
 }
 
@@ -160,7 +193,9 @@ void TrainSettings::add_to(CLI::App& app) {
                "step-* directories) before the first step");
   app.add_option("--val-data", val_data, "Held-out token file: log its mean loss and perplexity");
   app.add_option("--eval-every", eval_every, "With --val-data: every N steps (default: after the last step)");
-  app.add_option("--eval-batches", eval_batches, "With --val-data: batches of --batch sequences evaluated")
+  app.add_option("--eval-batches", eval_batches,
+                 "With --val-data: batches of --batch sequences evaluated, each of other windows (at most as many "
+                 "as the file holds)")
       ->capture_default_str();
 }
 
@@ -192,6 +227,17 @@ void TrainSettings::validate(const CLI::App& app) {
     user_error("--save-every must be positive, got {} (leave it out to save only at the end)", save_every);
   if (app.count("--keep") > 0 && keep <= 0) user_error("--keep must be positive, got {}", keep);
   if (overwrite && checkpoint_dir.empty()) user_error("--overwrite needs --checkpoint-dir");
+  // A checkpoint's state.json records these paths (JSON dumping one failed after the first step, leaving a
+  // .partial directory), and a resumed run reads them back, so they must be text as they are.
+  const char* dir_flag = app.count("--checkpoint-dir") == 0 && !resume.empty() ? "--resume" : "--checkpoint-dir";
+  if (!checkpoint_dir.empty())
+    for (auto [flag, path] :
+         {std::pair{"--data", &data}, std::pair{"--val-data", &val_data}, std::pair{dir_flag, &checkpoint_dir}})
+      if (!json_holds(*path))
+        user_error(
+            "{} names a path that is not UTF-8 text, and a checkpoint records it in JSON, which holds only UTF-8; "
+            "rename it, or train without --checkpoint-dir",
+            flag);
   if (val_data.empty() && (app.count("--eval-every") > 0 || app.count("--eval-batches") > 0))
     user_error("--eval-every and --eval-batches need --val-data");
   if (app.count("--eval-every") > 0 && eval_every <= 0) user_error("--eval-every must be positive, got {}", eval_every);
@@ -226,6 +272,23 @@ void TrainSettings::prepare_outputs(bool resumed) const {
   remove_checkpoints(checkpoint_dir);
   fmt::print("removed {} checkpoint{} from '{}' (--overwrite)\n", theirs.size(), theirs.size() == 1 ? "" : "s",
              checkpoint_dir);
+}
+
+void TrainSettings::fit_eval_batches(const CLI::App& app, const TokenData& val, bool main_rank) {
+  const std::int64_t windows = (val.size() - 1) / ctx, most = windows / batch;
+  if (most == 0)
+    user_error("--val-data '{}' holds {} windows of --ctx {} tokens, fewer than one batch of --batch {}", val_data,
+               windows, ctx, batch);
+  if (eval_batches <= most) return;
+  if (app.count("--eval-batches") > 0)
+    user_error(
+        "--eval-batches {} of --batch {} would go past the {} windows of --ctx {} tokens in '{}', which the held-out "
+        "loss reads once each: give at most {}",
+        eval_batches, batch, windows, ctx, val_data, most);
+  if (main_rank)
+    fmt::print("note: '{}' holds {} batches of {} windows of {} tokens: the held-out loss is over those, not {}\n",
+               val_data, most, batch, ctx, eval_batches);
+  eval_batches = most;
 }
 
 std::string NonFiniteSteps::after_step(std::int64_t step, bool applied, double loss, AdamW& opt) {
@@ -297,49 +360,52 @@ std::vector<std::string> TrainSettings::take_from_checkpoint(const CLI::App& app
       user_error("the checkpoint in '{}' is of another model ({}) than the one asked for ({})", resume,
                  shape_words(theirs), shape_words(model));
     }
-    const std::string their_precision = saved.at("precision").get<std::string>();
+    if (!saved.contains("precision") || !saved["precision"].is_string())
+      user_error("the configuration in the checkpoint in '{}' names no precision", resume);
+    const std::string their_precision = saved["precision"].get<std::string>();
     if (app.count("--precision") > 0 && precision != their_precision)
       user_error("the checkpoint in '{}' was trained in {}, and a run cannot go on from it in {}", resume,
                  their_precision, precision);
     precision = their_precision;
     std::vector<std::string> changes;
-    take(app, saved, "--device", device, changes);
-    take(app, saved, "--attention", attention, changes);
-    take(app, saved, "--recompute", recompute, changes);
-    take(app, saved, "--weight-copies", weight_copies, changes);
-    take(app, saved, "--grad-dtype", grad_dtype, changes);
-    take(app, saved, "--graphs", graphs, changes);
-    take(app, saved, "--fusion", fusion, changes);
-    take(app, saved, "--data", data, changes);
-    take(app, saved, "--val-data", val_data, changes);
-    take(app, saved, "--steps", steps, changes);
-    take(app, saved, "--batch", batch, changes);
-    take(app, saved, "--ctx", ctx, changes);
-    take(app, saved, "--grad-accum", grad_accum, changes);
-    take(app, saved, "--sample", sample, changes);
-    take(app, saved, "--seed", seed, changes);
-    take(app, saved, "--lr", optimizer.lr, changes);
-    take(app, saved, "--lr-schedule", lr_schedule, changes);
-    take(app, saved, "--warmup-iters", schedule.warmup_iters, changes);
-    take(app, saved, "--cosine-iters", schedule.cosine_iters, changes);
-    take(app, saved, "--min-lr", schedule.lr_min, changes);
-    take(app, saved, "--beta1", optimizer.beta1, changes);
-    take(app, saved, "--beta2", optimizer.beta2, changes);
-    take(app, saved, "--eps", optimizer.eps, changes);
-    take(app, saved, "--weight-decay", optimizer.weight_decay, changes);
-    take(app, saved, "--clip", optimizer.clip, changes);
+    take(app, saved, resume, "--device", device, changes);
+    take(app, saved, resume, "--attention", attention, changes);
+    take(app, saved, resume, "--recompute", recompute, changes);
+    take(app, saved, resume, "--weight-copies", weight_copies, changes);
+    take(app, saved, resume, "--grad-dtype", grad_dtype, changes);
+    take(app, saved, resume, "--graphs", graphs, changes);
+    take(app, saved, resume, "--fusion", fusion, changes);
+    take(app, saved, resume, "--data", data, changes);
+    take(app, saved, resume, "--val-data", val_data, changes);
+    take(app, saved, resume, "--steps", steps, changes);
+    take(app, saved, resume, "--batch", batch, changes);
+    take(app, saved, resume, "--ctx", ctx, changes);
+    take(app, saved, resume, "--grad-accum", grad_accum, changes);
+    take(app, saved, resume, "--sample", sample, changes);
+    take(app, saved, resume, "--seed", seed, changes);
+    take(app, saved, resume, "--lr", optimizer.lr, changes);
+    take(app, saved, resume, "--lr-schedule", lr_schedule, changes);
+    take(app, saved, resume, "--warmup-iters", schedule.warmup_iters, changes);
+    take(app, saved, resume, "--cosine-iters", schedule.cosine_iters, changes);
+    take(app, saved, resume, "--min-lr", schedule.lr_min, changes);
+    take(app, saved, resume, "--beta1", optimizer.beta1, changes);
+    take(app, saved, resume, "--beta2", optimizer.beta2, changes);
+    take(app, saved, resume, "--eps", optimizer.eps, changes);
+    take(app, saved, resume, "--weight-decay", optimizer.weight_decay, changes);
+    take(app, saved, resume, "--clip", optimizer.clip, changes);
     // (--loss-scale is a new run's first scale: a resumed one goes on from the checkpoint's scale.)
-    take(app, saved, "--loss-scale-interval", optimizer.loss_scaling.interval, changes);
-    take(app, saved, "--save-every", save_every, changes);
-    take(app, saved, "--keep", keep, changes);
-    take(app, saved, "--eval-every", eval_every, changes);
-    take(app, saved, "--eval-batches", eval_batches, changes);
-    take(app, saved, "--print-every", print_every, changes);
+    take(app, saved, resume, "--loss-scale-interval", optimizer.loss_scaling.interval, changes);
+    take(app, saved, resume, "--save-every", save_every, changes);
+    take(app, saved, resume, "--keep", keep, changes);
+    take(app, saved, resume, "--eval-every", eval_every, changes);
+    take(app, saved, resume, "--eval-batches", eval_batches, changes);
+    take(app, saved, resume, "--print-every", print_every, changes);
     // The run goes on writing checkpoints where it resumed from, unless told otherwise.
     if (app.count("--checkpoint-dir") == 0) checkpoint_dir = resume;
     return changes;
-  } catch (const nlohmann::json::exception& e) {
-    user_error("the configuration in the checkpoint in '{}' cannot be read ({})", resume, e.what());
+  } catch (const nlohmann::json::exception&) {
+    user_error("the configuration in the checkpoint in '{}' cannot be read: a field is missing or of another kind",
+               resume);
   }
 }
 

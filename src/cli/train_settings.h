@@ -5,6 +5,7 @@
 // cannot change (UserError). The data-parallel layout is taken back by ParallelFlags.
 #pragma once
 
+#include "lmscope/io/token_data.h"
 #include "lmscope/model/config.h"
 #include "lmscope/model/optimizer.h"
 #include "lmscope/run/run_spec.h"
@@ -46,6 +47,11 @@ struct TrainSettings {
   // UserError, or under --overwrite, those checkpoints removed (said on the console). Leaves no file
   // behind.
   void prepare_outputs(bool resumed) const;
+  // With --val-data: the held-out loss reads the file's windows in order, each once, so --eval-batches
+  // is at most the batches of --batch distinct windows it holds (past them they came round again, and
+  // 10^12 batches never ended): UserError when given above that, or when the file holds less than one
+  // batch; when not given, the default is lowered to it and the console says so.
+  void fit_eval_batches(const CLI::App& app, const TokenData& val, bool main_rank);
   // The configuration a checkpoint keeps: {"run": the run's description (RunSpec::to_json, its
   // parallel layout included), "train": what only train has (its files, steps, sampling, checkpoints
   // and evaluation)}.

@@ -240,18 +240,33 @@ class BadInput(unittest.TestCase):
                 f.write("[]")
             with open(bench) as f:
                 rows = json.load(f)
+            good_row = dict(rows[0])
             rows[0]["model"] = "small"  # a name where an object belongs
             with open(badrow, "w") as f:
                 json.dump(rows, f)
+            # Fields of another kind, each named in our words (the JSON library's sentence was the message).
+            wrong_kinds = []
+            for i, (key, value, says) in enumerate((("batch", "4", 'row 1: its "batch" is a string, not a whole number'),
+                                                    ("ms", [1], 'row 1: its "ms" is not an object'),
+                                                    ("graphs", "off", 'its "graphs" is a string, not true or false'),
+                                                    ("ctx", 2**64, 'its "ctx" is a number, not a whole number'))):
+                wrong_kinds.append((["--bench", os.path.join(d, f"k{i}.json")], says))
+                with open(wrong_kinds[-1][0][1], "w") as f:
+                    json.dump([{**good_row, key: value}], f)
+            badlog = os.path.join(d, "l.jsonl")
+            with open(badlog, "w") as f:
+                f.write('{"step": 1, "loss": 2.5}\n{"step": "two", "loss": 2.4}\n')
+            wrong_kinds.append((["--train", badlog], 'line 2: its "step" is a string, not a whole number'))
             cases = [
                 ([], "nothing to report"),
                 (["--memory", bench], "is not a memory results file"),
                 (["--attention", bench], "is not an attention results file"),
                 (["--bench", notjson], "it is not JSON"),
-                (["--bench", os.path.join(d, "absent.json")], "cannot read"),
+                (["--bench", os.path.join(d, "absent.json")], "cannot open the bench results"),
                 (["--bench", empty], "is empty"),
                 (["--bench", norows], "it has no rows"),
-                (["--bench", badrow], "a row's fields are not what they should be"),
+                (["--bench", badrow], 'row 1: its "model" is not an object'),
+                *wrong_kinds,
                 (["--bench", d], "is a directory"),
                 (["--timeline", bench], "is not a memory timeline"),
                 (["--train", bench], "is not a training log"),
@@ -265,6 +280,7 @@ class BadInput(unittest.TestCase):
                     lines = r.stderr.strip().splitlines()
                     self.assertEqual(len(lines), 1, r.stderr)
                     self.assertIn(says, lines[0])
+                    self.assertNotIn("json.exception", lines[0])
 
 
 if __name__ == "__main__":

@@ -168,6 +168,23 @@ class Trace(unittest.TestCase):
                          ["forward", "backward", "optimizer", "held-out loss", "checkpoint"] * 2)
         self.assertEqual(len([e for e in xs if e["cat"] == "layer"]), 2 * (2 + 1) * LAYERS)  # + held-out forward
 
+    # Issue 57 point 14: a trace that could not be written ended the run; the weights are what matters.
+    @unittest.skipUnless(os.path.exists("/dev/full"), "no /dev/full here")
+    def test_a_trace_that_cannot_be_written_is_a_warning_and_training_goes_on(self):
+        import numpy as np
+        with tempfile.TemporaryDirectory() as d:
+            data, ckpt, save = (os.path.join(d, n) for n in ("t.bin", "ck", "w.safetensors"))
+            np.random.default_rng(0).integers(0, 256, size=5000, dtype=np.uint16).tofile(data)
+            r = run("train", "--device", DEVICE, *CELL[5:15], "--batch", "2", "--ctx", "32", "--data", data,
+                    "--checkpoint-dir", ckpt, "--steps", "3", "--trace", "/dev/full", "--trace-steps", "1",
+                    "--save", save)
+            self.assertEqual(r.returncode, 0, r.stderr)
+            self.assertEqual(r.stderr, "lmscope: warning: writing '/dev/full' failed: No space left on device; the "
+                                       "trace is not written, and training goes on\n")
+            self.assertIn("step      3/3", r.stdout)
+            self.assertTrue(os.path.exists(save))
+            self.assertTrue(os.path.isdir(os.path.join(ckpt, "step-00000003")))
+
     def test_bad_inputs_end_in_one_sentence_and_exit_2(self):
         with tempfile.TemporaryDirectory() as d:
             t = os.path.join(d, "t.json")

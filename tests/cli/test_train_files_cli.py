@@ -286,6 +286,26 @@ class TrainFiles(FilesTest):
         self.assertIn("resumed at step 4", r.stdout)
         self.assertIn("no CRC-32", r.stderr)
 
+    # Issue 57 point 14: a configuration field of another kind gave the JSON library's sentence, and
+    # --seed -1 wrapped round to 2^64 - 1; each is one sentence naming the flag and the value.
+    def test_a_configuration_of_another_kind_is_said_in_our_words(self):
+        ckpt, newest = self.resumable("kinds")
+        cases = [(lambda c: c.update(batch="two"), "gives --batch the value \"two\""),
+                 (lambda c: c.update(seed=-1), "gives --seed the value -1"),
+                 (lambda c: c.update(grad_accum=2**40), "gives --grad-accum the value 1099511627776"),
+                 (lambda c: c.update(lr=[1]), "gives --lr the value [1]"),
+                 (lambda c: c["model"].update(d_model="64"), "names no model"),
+                 (lambda c: c.pop("precision"), "names no precision")]
+        with open(os.path.join(newest, "state.json")) as f:
+            good = f.read()
+        for change, says in cases:
+            with open(os.path.join(newest, "state.json"), "w") as f:
+                f.write(good)
+            self.edit_state(newest, lambda s: change(s["config"]))
+            r = run("train", "--resume", ckpt, "--steps", "5")
+            self.assertOneSentence(r, 2, f"the checkpoint in '{ckpt}'", says)
+            self.assertNotIn("json", r.stderr)
+
     def test_a_checkpoint_file_that_cannot_be_read_is_passed_over(self):
         ckpt, newest = self.resumable("dir-in-place")
         victim = os.path.join(newest, "optimizer.safetensors")

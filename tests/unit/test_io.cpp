@@ -41,6 +41,7 @@ void expect_user_error(F&& f, const std::string& needle) {
     ADD_FAILURE() << "no error; expected one mentioning '" << needle << "'";
   } catch (const UserError& e) {
     EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
+    EXPECT_EQ(std::string(e.what()).find("json.exception"), std::string::npos) << e.what();  // our words only
   }
 }
 
@@ -98,6 +99,33 @@ TEST_F(TempDir, MalformedSafetensorsAreRefused) {
                                      std::string(16, '\0')));
   expect_user_error(load("offsets"), "do not fit its shape");
   expect_user_error(load("absent"), "cannot open");
+}
+
+// Each field of a header entry checked for its kind (the JSON library's words were the sentence), and
+// a shape counted without overflow: [2^32, 2^32] was 2^64 values, wrapped to none and accepted.
+TEST_F(TempDir, SafetensorsHeadersThatLieAreSaidInOurWords) {
+  const auto entry = [&](const std::string& name, const std::string& fields) {
+    write(name, safetensors_bytes("{\"w\":" + fields + "}", std::string(64, '\0')));
+    return [this, name] { SafetensorsFile f(path(name)); };
+  };
+  expect_user_error(
+      entry("wrap", R"({"dtype":"F32","shape":[4294967296,4294967296],"data_offsets":[0,0]})"),
+      "tensor 'w' in '" + path("wrap") + "' has shape [4294967296,4294967296], more values than any file");
+  expect_user_error(entry("huge", R"({"dtype":"F32","shape":[9223372036854775807,3],"data_offsets":[0,64]})"),
+                    "more values than any file holds");
+  expect_user_error(entry("dtype", R"({"dtype":5,"shape":[2],"data_offsets":[0,8]})"),
+                    "entry for tensor 'w': its \"dtype\" is missing or not text");
+  expect_user_error(entry("shape", R"({"dtype":"F32","shape":[-1],"data_offsets":[0,8]})"),
+                    "its \"shape\" holds something other than a whole number");
+  expect_user_error(entry("past", R"({"dtype":"F32","shape":[18446744073709551615],"data_offsets":[0,8]})"),
+                    "its \"shape\" holds something other than a whole number");
+  expect_user_error(entry("offsets", R"({"dtype":"F32","shape":[2],"data_offsets":[0]})"),
+                    "its \"data_offsets\" is missing or not two numbers");
+  expect_user_error(entry("negative", R"({"dtype":"F32","shape":[2],"data_offsets":[-8,0]})"),
+                    "its \"data_offsets\" are not whole numbers");
+  expect_user_error(entry("number", "5"), "entry for tensor 'w': not a JSON object");
+  write("text", safetensors_bytes("{\"w\": nope}", ""));
+  expect_user_error([&] { SafetensorsFile f(path("text")); }, "its 11 bytes are not JSON (the fault at byte 8)");
 }
 
 TEST_F(TempDir, Bf16WeightsAreRead) {

@@ -2,6 +2,7 @@
 // which the step driver tells its observers of a step.
 #include "../common/one_step.h"
 
+#include "lmscope/bench/runner.h"
 #include "lmscope/core/error.h"
 #include "lmscope/run/run_spec.h"
 #include "lmscope/run/session.h"
@@ -9,6 +10,8 @@
 
 #include <gtest/gtest.h>
 
+#include <exception>
+#include <new>
 #include <string>
 #include <vector>
 
@@ -87,6 +90,12 @@ TEST(ValidateRun, HoldsTheRulesThatTieSettingsTogether) {
   s.parallel.data = parallel::DataParallelSpec{};
   s.parallel.world.size = 2;
   EXPECT_THROW(validate_run(s), UserError);  // nothing to exchange without a backward
+}
+
+// A cell's failure in words of ours: the C++ library's own for a host allocation were "std::bad_alloc".
+TEST(FailureStatus, SaysAHostThatCannotHoldACellInOurWords) {
+  EXPECT_EQ(failure_status(std::make_exception_ptr(std::bad_alloc())),
+            "error: the host's memory cannot hold this cell");
 }
 
 // Every phase of every step in order, micro-batches' forward and backward K times.

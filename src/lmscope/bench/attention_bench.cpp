@@ -35,6 +35,18 @@ void check_attention_precision(const std::string& precision) {
     user_error("unknown --precision '{}' for attention (use fp32, bf16 or fp16)", precision);
 }
 
+void validate_attention_cell(const AttentionBenchSpec& s) {
+  // In doubles, so that nothing overflows here: q, k, v, dO, O and their gradients (n·T·d each), and
+  // naive attention's probabilities and their gradient (n·T² each) or flash's log-sum-exps.
+  const double n = static_cast<double>(s.batch) * static_cast<double>(s.heads), t = static_cast<double>(s.seq);
+  const double bytes = 4 * n * t * (8 * static_cast<double>(s.d) + 2 * (s.kind == AttentionKind::naive ? t : 1));
+  if (bytes > static_cast<double>(std::int64_t(1) << 50))
+    user_error(
+        "{} attention at batch {}, heads {}, seq {} and d {} would hold about {:.2g} bytes, more than the 2^50 "
+        "(1 PiB) lmscope plans for; lower --batch, --heads, --seq or --d",
+        attention_name(s.kind), s.batch, s.heads, s.seq, s.d, bytes);
+}
+
 namespace {
 
 void run(const AttentionBenchSpec& s, AttentionBenchResult& r, const BenchProgress& progress) {

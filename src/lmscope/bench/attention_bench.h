@@ -42,6 +42,9 @@ struct AttentionBenchResult {
 // UserError unless precision is one attention runs in: fp32, bf16 or fp16.
 void check_attention_precision(const std::string& precision);
 
+// UserError for a cell no device holds: past 2^50 bytes of inputs, gradients and what the forward
+// keeps (its sizes overflowed 64 bits on the way: a d of 2^62 crashed, batch × heads of 2^64 ran as none).
+void validate_attention_cell(const AttentionBenchSpec& spec);
 AttentionBenchResult run_attention_cell(const AttentionBenchSpec& spec, const BenchProgress& progress = {});
 
 }  // namespace lmscope

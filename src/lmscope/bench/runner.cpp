@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <new>
 #include <numeric>
 #include <tuple>
 
@@ -172,6 +173,8 @@ class PhaseTimer : public StepObserver {
 };
 
 void run_cell(const BenchSpec& spec, BenchResult& r, const BenchProgress& progress, KeptInitialValues* kept) {
+  RunSpec checked = spec;  // the run's rules before its tokens are made (a batch past them ran the host dry)
+  validate_run(checked);
   // Random tokens, never zeros: the global batch, each rank running its rows of it.
   FixedBatch batch(spec.model.vocab, spec.batch, spec.ctx, spec.seed, "bench.tokens");
   SessionOptions options;
@@ -239,6 +242,8 @@ std::string failure_status(const std::exception_ptr& failure) {
                        human_bytes(static_cast<double>(e.in_use())), human_bytes(static_cast<double>(e.capacity())));
   } catch (const Unsupported& e) {
     return fmt::format("unsupported: {}", e.what());
+  } catch (const std::bad_alloc&) {  // (its own words are the C++ library's: "std::bad_alloc")
+    return "error: the host's memory cannot hold this cell";
   } catch (const std::exception& e) {
     return fmt::format("error: {}", e.what());
   }

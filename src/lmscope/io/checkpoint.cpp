@@ -264,7 +264,13 @@ std::string write_checkpoint(const std::string& dir, Transformer& model, AdamW& 
 }
 
 FoundCheckpoint find_checkpoint(const std::string& dir) {
-  if (!fs::is_directory(dir)) user_error("the checkpoint directory '{}' does not exist", dir);
+  // (With an error code: a name too long for the system threw the library's "filesystem error".)
+  std::error_code ec;
+  const fs::file_status st = fs::status(dir, ec);
+  if (ec && st.type() != fs::file_type::not_found)
+    user_error("cannot use the checkpoint directory '{}': {}", dir, ec.message());
+  if (!fs::exists(st)) user_error("the checkpoint directory '{}' does not exist", dir);
+  if (!fs::is_directory(st)) user_error("the checkpoint directory '{}' is not a directory", dir);
   FoundCheckpoint found;
   for (const auto& [step, path] : checkpoints_in(dir)) {
     const std::string why = check(path, step, found.state, found.notes);

@@ -1,6 +1,7 @@
 #include "lmscope/io/durable_file.h"
 
 #include "lmscope/core/error.h"
+#include "lmscope/io/regular_file.h"
 
 #include <fcntl.h>
 #include <sys/stat.h>
@@ -20,16 +21,6 @@ namespace fs = std::filesystem;
 
 std::uint32_t crc_update(std::uint32_t crc, const void* data, std::size_t bytes) {
   return static_cast<std::uint32_t>(crc32_z(crc, static_cast<const Bytef*>(data), bytes));
-}
-
-// What a file of this mode is, in words, for one that is not regular.
-const char* kind_of(mode_t mode) {
-  if (S_ISDIR(mode)) return "a directory";
-  if (S_ISCHR(mode)) return "a character device";
-  if (S_ISBLK(mode)) return "a block device";
-  if (S_ISFIFO(mode)) return "a FIFO";
-  if (S_ISSOCK(mode)) return "a socket";
-  return "not a file";
 }
 
 // The directory a file at `path` goes in.
@@ -60,7 +51,7 @@ bool replaceable_file_exists(const std::string& path, const std::string& what) {
   user_error(
       "{} '{}' is {}, not a regular file, and lmscope replaces only regular files (a symbolic link is "
       "followed to its file)",
-      what, path, kind_of(st.st_mode));
+      what, path, file_kind(st.st_mode));
 }
 
 void check_replaceable(const std::string& path, const std::string& what) {

@@ -1,13 +1,13 @@
 #include "lmscope/io/safetensors.h"
 
+#include "lmscope/io/regular_file.h"
 #include "lmscope/model/transformer.h"
 
-#include <fcntl.h>
 #include <sys/mman.h>
-#include <sys/stat.h>
 #include <unistd.h>
 #include <nlohmann/json.hpp>
 
+#include <cstdint>
 #include <cstring>
 #include <fstream>
 #include <set>
@@ -32,11 +32,7 @@ double half_to_double(std::uint16_t h) {
 }  // namespace
 
 SafetensorsFile::SafetensorsFile(const std::string& path) : path_(path) {
-  int fd = ::open(path.c_str(), O_RDONLY);
-  if (fd < 0) user_error("cannot open weights file '{}': {}", path, std::strerror(errno));
-  struct stat st {};
-  ::fstat(fd, &st);
-  map_size_ = static_cast<std::size_t>(st.st_size);
+  const int fd = open_regular_file(path, "weights file", map_size_);
   if (map_size_ < 8) {
     ::close(fd);
     user_error("'{}' is not a safetensors file: it is {} bytes long, shorter than the 8-byte header length", path,
@@ -65,8 +61,9 @@ void SafetensorsFile::parse_header() {
   nlohmann::json header;
   try {
     header = nlohmann::json::parse(map_ + 8, map_ + data_offset_);
-  } catch (const nlohmann::json::exception& e) {
-    user_error("'{}' has a malformed safetensors header: {}", path, e.what());
+  } catch (const nlohmann::json::parse_error& e) {
+    user_error("'{}' has a malformed safetensors header: its {} bytes are not JSON (the fault at byte {})", path,
+               header_len, e.byte);
   }
   if (!header.is_object()) user_error("'{}' has a malformed safetensors header: not a JSON object", path);
   const std::size_t data_size = map_size_ - data_offset_;
@@ -77,23 +74,34 @@ void SafetensorsFile::parse_header() {
           if (s.is_string()) metadata_[k] = s.get<std::string>();
       continue;
     }
+    // Each field checked for its kind, so that the sentence says which is wrong.
+    const auto malformed = [&](const char* why) {
+      user_error("'{}' has a malformed header entry for tensor '{}': {}", path, name, why);
+    };
+    if (!v.is_object()) malformed("not a JSON object");
+    if (!v.contains("dtype") || !v["dtype"].is_string()) malformed("its \"dtype\" is missing or not text");
+    if (!v.contains("shape") || !v["shape"].is_array()) malformed("its \"shape\" is missing or not a list");
+    if (!v.contains("data_offsets") || !v["data_offsets"].is_array() || v["data_offsets"].size() != 2)
+      malformed("its \"data_offsets\" is missing or not two numbers");
     SafetensorsEntry e;
     e.name = name;
-    try {
-      e.dtype = v.at("dtype").get<std::string>();
-      e.shape = v.at("shape").get<Shape>();
-      auto off = v.at("data_offsets").get<std::vector<std::size_t>>();
-      if (off.size() != 2) throw std::runtime_error("data_offsets needs two numbers");
-      e.begin = off[0];
-      e.end = off[1];
-    } catch (const std::exception& ex) {
-      user_error("'{}' has a malformed header entry for tensor '{}': {}", path, name, ex.what());
-    }
+    e.dtype = v["dtype"].get<std::string>();
     const std::size_t es = safetensors_dtype_size(e.dtype);
     if (es == 0) user_error("tensor '{}' in '{}' has unknown dtype '{}'", name, path, e.dtype);
-    for (auto d : e.shape)
-      if (d < 0) user_error("tensor '{}' in '{}' has a negative dimension", name, path);
-    if (e.end < e.begin || e.end - e.begin != static_cast<std::size_t>(shape_numel(e.shape)) * es)
+    // The bytes the shape takes, counted without overflow ([2^32, 2^32] wrapped to none and was accepted).
+    std::size_t bytes = es;
+    for (const auto& d : v["shape"]) {
+      if (!d.is_number_unsigned() || d.get<std::uint64_t>() > static_cast<std::uint64_t>(INT64_MAX))
+        malformed("its \"shape\" holds something other than a whole number of at least 0");
+      e.shape.push_back(d.get<std::int64_t>());
+      if (__builtin_mul_overflow(bytes, static_cast<std::size_t>(e.shape.back()), &bytes))
+        user_error("tensor '{}' in '{}' has shape {}, more values than any file holds", name, path, v["shape"].dump());
+    }
+    for (const auto& o : v["data_offsets"])
+      if (!o.is_number_unsigned()) malformed("its \"data_offsets\" are not whole numbers of at least 0");
+    e.begin = v["data_offsets"][0].get<std::size_t>();
+    e.end = v["data_offsets"][1].get<std::size_t>();
+    if (e.end < e.begin || e.end - e.begin != bytes)
       user_error("tensor '{}' in '{}' has data_offsets [{}, {}] that do not fit its shape {} of {}", name, path,
                  e.begin, e.end, shape_str(e.shape), e.dtype);
     if (e.end > data_size)

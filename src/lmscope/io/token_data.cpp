@@ -1,13 +1,13 @@
 #include "lmscope/io/token_data.h"
 
 #include "lmscope/core/error.h"
+#include "lmscope/io/regular_file.h"
 
-#include <fcntl.h>
 #include <sys/mman.h>
-#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cerrno>
+#include <charconv>
 #include <cstring>
 
 namespace lmscope {
@@ -18,7 +18,10 @@ std::size_t parse_npy(const std::string& path, const unsigned char* p, std::size
                       std::int64_t& count) {
   if (size < 10) user_error("'{}' is truncated: too short for a .npy header", path);
   const int major = p[6];
+  if (major < 1 || major > 3)
+    user_error("'{}' is a .npy file of format version {}, and lmscope reads versions 1 to 3", path, major);
   const std::size_t len_bytes = major == 1 ? 2 : 4;
+  if (size < 8 + len_bytes) user_error("'{}' is truncated: too short for a .npy header", path);
   std::size_t header_len = 0;
   for (std::size_t i = 0; i < len_bytes; ++i) header_len |= std::size_t{p[8 + i]} << (8 * i);
   const std::size_t offset = 8 + len_bytes + header_len;
@@ -54,20 +57,20 @@ std::size_t parse_npy(const std::string& path, const unsigned char* p, std::size
   while (!dims.empty() && (dims.back() == ',' || dims.back() == ' ')) dims.pop_back();
   if (dims.empty() || dims.find_first_not_of("0123456789") != std::string::npos)
     user_error("'{}' must hold a one-dimensional token array, not shape ({})", path, dims);
-  count = std::stoll(dims);
-  if (offset + static_cast<std::size_t>(count) * static_cast<std::size_t>(elem_size) > size)
-    user_error("'{}' is truncated: its header promises {} tokens but the file holds fewer", path, count);
+  // A shape past 64 bits (10^23, which std::stoll threw at) promises more than any file holds.
+  std::uint64_t promised = 0;
+  const auto [end, ec] = std::from_chars(dims.data(), dims.data() + dims.size(), promised);
+  const std::size_t holds = (size - offset) / static_cast<std::size_t>(elem_size);
+  if (ec != std::errc() || end != dims.data() + dims.size() || promised > holds)
+    user_error("'{}' is truncated: its header promises {} tokens but the file holds {}", path, dims, holds);
+  count = static_cast<std::int64_t>(promised);
   return offset;
 }
 
 }  // namespace
 
 TokenData::TokenData(const std::string& path) : path_(path) {
-  int fd = ::open(path.c_str(), O_RDONLY);
-  if (fd < 0) user_error("cannot open token file '{}': {}", path, std::strerror(errno));
-  struct stat st {};
-  ::fstat(fd, &st);
-  map_size_ = static_cast<std::size_t>(st.st_size);
+  const int fd = open_regular_file(path, "token file", map_size_);
   if (map_size_ == 0) {
     ::close(fd);
     user_error("token file '{}' is empty", path);

@@ -62,6 +62,8 @@ void run_cell(const MemorySpec& spec, MemoryRecord& r) {
     mem.record_events(false);
   };
   mem.record_events(true);
+  RunSpec checked = spec.cell;  // the run's rules before its tokens are made (a batch past them ran the host dry)
+  validate_run(checked);
   // A rank's share of the batch: random tokens (what memory a step takes does not depend on them).
   FixedBatch batch(spec.cell.model.vocab, spec.cell.batch, spec.cell.ctx, spec.cell.seed, "memory.tokens");
   SessionOptions options;

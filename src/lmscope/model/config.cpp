@@ -1,8 +1,31 @@
 #include "lmscope/model/config.h"
 
 #include <cmath>
+#include <optional>
 
 namespace lmscope {
+namespace {
+
+// Past these no device holds the model, and the counts below overflow 64 bits on the way (info
+// --d-model 2147483648 printed negative totals) or the per-layer lists take all memory (info --layers
+// 10^9 listed 9·10^9 tensors for 20 s before running out).
+constexpr std::int64_t kMaxLayers = 10000;
+constexpr std::int64_t kMaxParameters = std::int64_t(1) << 50;
+
+// parameter_count() without overflowing: nothing when it does not fit 64 bits.
+std::optional<std::int64_t> checked_parameter_count(const ModelConfig& c) {
+  std::int64_t dd, dff, vd, layer, layers, total;
+  if (__builtin_mul_overflow(c.d_model, c.d_model, &dd) || __builtin_mul_overflow(c.d_model, c.d_ff, &dff) ||
+      __builtin_mul_overflow(c.vocab, c.d_model, &vd) || __builtin_mul_overflow(dd, 4, &dd) ||
+      __builtin_mul_overflow(dff, 3, &dff) || __builtin_add_overflow(dd, dff, &layer) ||
+      __builtin_add_overflow(layer, 2 * c.d_model, &layer) || __builtin_mul_overflow(layer, c.layers, &layers) ||
+      __builtin_mul_overflow(vd, 2, &vd) || __builtin_add_overflow(vd, layers, &total) ||
+      __builtin_add_overflow(total, c.d_model, &total))
+    return std::nullopt;
+  return total;
+}
+
+}  // namespace
 
 void ModelConfig::validate() const {
   auto positive = [](const char* what, std::int64_t v) {
@@ -14,6 +37,15 @@ void ModelConfig::validate() const {
   positive("--layers", layers);
   positive("--heads", heads);
   if (vocab > 2147483647) user_error("--vocab {} does not fit 32-bit token ids", vocab);
+  if (layers > kMaxLayers) user_error("--layers {} is more than lmscope builds (at most {})", layers, kMaxLayers);
+  if (const std::optional<std::int64_t> count = checked_parameter_count(*this); !count || *count > kMaxParameters) {
+    const double d = static_cast<double>(d_model), f = static_cast<double>(d_ff);
+    const double about = 2 * static_cast<double>(vocab) * d + static_cast<double>(layers) * (4 * d * d + 3 * d * f);
+    user_error(
+        "d_model {}, d_ff {}, layers {} and vocabulary {} make about {:.2g} parameters, more than the 2^50 "
+        "(about 1.1e15) lmscope counts",
+        d_model, d_ff, layers, vocab, about);
+  }
   if (d_model % heads != 0) user_error("--d-model {} is not divisible by --heads {}", d_model, heads);
   if (d_head() % 2 != 0) user_error("the head width d_model/heads = {} must be even for RoPE's pairs", d_head());
   if (!(rope_theta > 0) || !std::isfinite(rope_theta)) user_error("--rope-theta must be positive, got {}", rope_theta);

@@ -7,12 +7,15 @@
 #include <gloo/allreduce.h>
 #include <gloo/barrier.h>
 #include <gloo/broadcast.h>
+#include <gloo/common/logging.h>
 #include <gloo/math.h>
 #include <gloo/rendezvous/context.h>
 #include <gloo/rendezvous/prefix_store.h>
 #include <gloo/transport/tcp/device.h>
 
 #include <fmt/format.h>
+#include <netdb.h>
+#include <sys/socket.h>
 
 #include <chrono>
 #include <condition_variable>
@@ -38,13 +41,36 @@ class GlooWork final : public CollectiveWork {
 };
 
 // The address other ranks reach this one at: loopback when the ranks meet on this machine, else the
-// host's name (Gloo resolves it), as torch.distributed does unless told an interface.
+// host's name (Gloo resolves it), as torch.distributed does unless told an interface. A name that
+// resolves to nothing is said here: Gloo's device crashed on it (SIGSEGV).
 std::string own_address(const World& world) {
   if (world.rendezvous.starts_with("tcp:127.") || world.rendezvous.starts_with("tcp:localhost:")) return "127.0.0.1";
   if (world.rendezvous.empty()) return "127.0.0.1";
   char name[256] = {};
   if (gethostname(name, sizeof name - 1) != 0) return "127.0.0.1";
+  addrinfo hints{};
+  hints.ai_socktype = SOCK_STREAM;
+  addrinfo* found = nullptr;
+  if (const int rc = getaddrinfo(name, nullptr, &hints, &found); rc != 0)
+    throw RankFailure(fmt::format(
+        "rank {} has no address for the other ranks to reach: this host's name '{}' does not resolve ({}); name it "
+        "in /etc/hosts, or, with every rank on this machine, meet at tcp:127.0.0.1:PORT",
+        world.rank, name, gai_strerror(rc)));
+  freeaddrinfo(found);
   return name;
+}
+
+// Why Gloo could not connect the ranks, in words: the store's waits are ours already; Gloo's own
+// exceptions carried "[enforce fail at file:line] condition" or "[file:line] what".
+std::string connect_failure(const std::exception& e) {
+  if (dynamic_cast<const RankFailure*>(&e) != nullptr) return e.what();
+  if (dynamic_cast<const gloo::EnforceNotMet*>(&e) != nullptr)
+    return "what the other ranks left at the rendezvous does not match this rank's (ranks of different world sizes, "
+           "or of another run, meeting at the same place?)";
+  std::string why = e.what();
+  why = why.substr(0, why.find('\n'));
+  if (why.starts_with("[")) why = why.substr(why.find("] ") == std::string::npos ? 0 : why.find("] ") + 2);
+  return fmt::format("a connection to another rank failed ({})", why);
 }
 
 class GlooCommunicator final : public Communicator {
@@ -58,7 +84,7 @@ class GlooCommunicator final : public Communicator {
       context->connectFullMesh(prefixed, device);
     } catch (const std::exception& e) {
       throw RankFailure(fmt::format("rank {} could not connect to the other {} ranks through Gloo: {}", world.rank,
-                                    world.size - 1, first_line(e.what())));
+                                    world.size - 1, connect_failure(e)));
     }
     context_ = std::move(context);
     worker_ = std::thread([this] { run_queue(); });

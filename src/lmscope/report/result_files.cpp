@@ -1,16 +1,17 @@
 #include "lmscope/report/result_files.h"
 
 #include "lmscope/core/error.h"
+#include "lmscope/io/regular_file.h"
 #include "lmscope/run/mode_words.h"
 #include "lmscope/run/step_mode.h"
 
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
-#include <filesystem>
-#include <fstream>
+#include <cstdint>
 #include <sstream>
 #include <string_view>
+#include <type_traits>
 
 namespace lmscope::report {
 
@@ -18,25 +19,62 @@ namespace {
 
 using nlohmann::json;
 
+// A field of another kind than lmscope writes, in words (thrown while a row is read; the reader says
+// which file and row). The JSON library's own sentence was the message.
+struct WrongField {
+  std::string why;
+};
+
+// The row's `key`: `fallback` where the row has none (none given: the row must have it), else its value,
+// which must be of T's kind.
+template <typename T>
+T field(const json& row, const char* key, std::optional<T> fallback = std::nullopt) {
+  if (!row.contains(key)) {
+    if (fallback) return *fallback;
+    throw WrongField{fmt::format("it has no \"{}\"", key)};
+  }
+  const json& v = row[key];
+  const char* want = "a number";
+  bool ok = v.is_number();
+  if constexpr (std::is_same_v<T, std::string>) {
+    want = "text";
+    ok = v.is_string();
+  } else if constexpr (std::is_same_v<T, bool>) {
+    want = "true or false";
+    ok = v.is_boolean();
+  } else if constexpr (std::is_integral_v<T>) {
+    want = "a whole number";
+    ok = v.is_number_integer() && (!v.is_number_unsigned() || v.get<std::uint64_t>() <= INT64_MAX);
+  }
+  if (!ok)
+    throw WrongField{fmt::format("its \"{}\" is {} {}, not {}", key, v.is_array() || v.is_object() ? "an" : "a",
+                                 v.type_name(), want)};
+  return v.get<T>();
+}
+
+// The row's `key` where it is an object (or nothing: an empty one); another kind is WrongField.
+const json& object(const json& row, const char* key) {
+  static const json none = json::object();
+  if (!row.contains(key)) return none;
+  if (!row[key].is_object()) throw WrongField{fmt::format("its \"{}\" is not an object", key)};
+  return row[key];
+}
+
 // The file's rows: a JSON array of objects, each with every key of `needs` and none of `refuses`
 // (the keys that tell another kind's rows apart). Calls read(row) for each, turning a row whose
 // fields have the wrong type into the same one-sentence refusal.
 template <typename Row, typename Read>
 std::vector<Row> read_rows(const std::string& path, const char* kind, std::initializer_list<const char*> needs,
                            std::initializer_list<const char*> refuses, Read read) {
-  if (std::filesystem::is_directory(path)) user_error("'{}' is a directory, not {} results", path, kind);
-  std::ifstream in(path);
-  if (!in) user_error("cannot read the {} results '{}'", kind, path);
-  std::stringstream text;
-  text << in.rdbuf();
+  const std::string text = read_regular_file(path, fmt::format("the {} results", kind));
   const auto wrong = [&](const std::string& why) {
     const char* article = std::string_view("aeiou").find(kind[0]) != std::string_view::npos ? "an" : "a";
     user_error("'{}' is not {} {} results file (what lmscope {} --format json writes): {}", path, article, kind, kind,
                why);
   };
-  if (text.str().find_first_not_of(" \t\r\n") == std::string::npos)
+  if (text.find_first_not_of(" \t\r\n") == std::string::npos)
     user_error("'{}' is empty (did the run that writes it finish?)", path);
-  json rows = json::parse(text.str(), nullptr, false);
+  json rows = json::parse(text, nullptr, false);
   if (rows.is_discarded()) wrong("it is not JSON");
   if (!rows.is_array()) wrong("it is not a list of rows");
   if (rows.empty()) wrong("it has no rows");
@@ -49,8 +87,8 @@ std::vector<Row> read_rows(const std::string& path, const char* kind, std::initi
       if (r.contains(key)) wrong(fmt::format("its rows have \"{}\", as another command's do", key));
     try {
       out.push_back(read(r));
-    } catch (const json::exception& e) {
-      wrong(fmt::format("a row's fields are not what they should be ({})", e.what()));
+    } catch (const WrongField& e) {
+      wrong(fmt::format("row {}: {}", out.size() + 1, e.why));
     }
   }
   return out;
@@ -63,37 +101,39 @@ double number(const json& j, const char* key) {
 
 std::map<std::string, Timing> timings(const json& row) {
   std::map<std::string, Timing> out;
-  if (row.contains("ms"))
-    for (const auto& [phase, t] : row["ms"].items()) out[phase] = {t.value("median", 0.0), t.value("std", 0.0)};
+  for (const auto& [phase, t] : object(row, "ms").items()) {
+    if (!t.is_object()) throw WrongField{fmt::format("its \"ms\" of {} is not an object", phase)};
+    out[phase] = {field<double>(t, "median", 0.0), field<double>(t, "std", 0.0)};
+  }
   return out;
 }
 
 std::string mode_of_row(const json& r) {
-  const std::string mode = r.value("mode", "");
+  const std::string mode = field<std::string>(r, "mode", "");
   // Micro-batches only split a backward (a mode this build does not know, from another's file: none).
   const std::optional<StepMode> known = step_mode_named(mode);
   const bool backward = known && has_backward(*known);
-  return lmscope::mode_words(
-      ModeSettings{.mode = mode,
-                   .recompute = r.value("recompute", "none"),
-                   .grad_accum = backward ? r.value("grad_accum", 1LL) : 1,
-                   .weight_copies = r.value("weight_copies", "kept"),
-                   .grad_dtype = r.value("grad_dtype", "fp32"),
-                   .graphs_off_on_cuda = !r.value("graphs", true) && r.value("device", "") == "cuda",
-                   .fusion = r.value("fusion", true)});
+  return lmscope::mode_words(ModeSettings{
+      .mode = mode,
+      .recompute = field<std::string>(r, "recompute", "none"),
+      .grad_accum = backward ? field<long long>(r, "grad_accum", 1) : 1,
+      .weight_copies = field<std::string>(r, "weight_copies", "kept"),
+      .grad_dtype = field<std::string>(r, "grad_dtype", "fp32"),
+      .graphs_off_on_cuda = !field<bool>(r, "graphs", true) && field<std::string>(r, "device", "") == "cuda",
+      .fusion = field<bool>(r, "fusion", true)});
 }
 
 // The fields bench and memory rows share.
 void read_cell(const json& r, ModelCellRow& c) {
-  c.model = r["model"].at("name").get<std::string>();
-  c.device = r.value("device", "");
-  c.precision = r.value("precision", "");
-  c.attention = r.value("attention", "");
+  c.model = field<std::string>(object(r, "model"), "name");
+  c.device = field<std::string>(r, "device", "");
+  c.precision = field<std::string>(r, "precision", "");
+  c.attention = field<std::string>(r, "attention", "");
   c.mode = mode_of_row(r);
-  c.status = r.at("status").get<std::string>();
-  c.batch = r.at("batch").get<long long>();
-  c.ctx = r.at("ctx").get<long long>();
-  c.dry_run = r.value("dry_run", false);
+  c.status = field<std::string>(r, "status");
+  c.batch = field<long long>(r, "batch");
+  c.ctx = field<long long>(r, "ctx");
+  c.dry_run = field<bool>(r, "dry_run", false);
   c.peak_bytes = number(r, "peak_bytes");
 }
 
@@ -104,22 +144,29 @@ std::string ModelCellRow::cell() const {
 }
 
 std::vector<BenchRow> read_bench_file(const std::string& path) {
-  return read_rows<BenchRow>(path, "bench", {"model", "ctx", "batch", "mode", "status", "steps"}, {"seq"},
-                             [](const json& r) {
-                               BenchRow b;
-                               read_cell(r, b);
-                               b.parameters = r["model"].value("parameters", 0LL);
-                               b.device_name = r.value("device_name", "");
-                               b.ms = timings(r);
-                               b.tokens_per_s = number(r, "tokens_per_s");
-                               b.mfu = number(r, "mfu");
-                               if (r.contains("kernels") && r["kernels"].contains("phases"))
-                                 for (const json& ph : r["kernels"]["phases"])
-                                   if (ph.contains("categories"))
-                                     for (const json& c : ph["categories"])
-                                       b.kernel_ms[ph.value("phase", "")][c.value("category", "")] = number(c, "ms");
-                               return b;
-                             });
+  return read_rows<BenchRow>(
+      path, "bench", {"model", "ctx", "batch", "mode", "status", "steps"}, {"seq"}, [](const json& r) {
+        BenchRow b;
+        read_cell(r, b);
+        b.parameters = field<long long>(object(r, "model"), "parameters", 0);
+        b.device_name = field<std::string>(r, "device_name", "");
+        b.ms = timings(r);
+        b.tokens_per_s = number(r, "tokens_per_s");
+        b.mfu = number(r, "mfu");
+        const json& kernels = object(r, "kernels");
+        if (kernels.contains("phases") && !kernels["phases"].is_array())
+          throw WrongField{"its kernels' \"phases\" is not a list"};
+        for (const json& ph : kernels.value("phases", json::array())) {
+          if (!ph.is_object()) throw WrongField{"a kernels' phase is not an object"};
+          if (ph.contains("categories") && !ph["categories"].is_array())
+            throw WrongField{"a kernels' phase's \"categories\" is not a list"};
+          for (const json& c : ph.value("categories", json::array())) {
+            if (!c.is_object()) throw WrongField{"a kernel category is not an object"};
+            b.kernel_ms[field<std::string>(ph, "phase", "")][field<std::string>(c, "category", "")] = number(c, "ms");
+          }
+        }
+        return b;
+      });
 }
 
 std::vector<MemoryRow> read_memory_file(const std::string& path) {
@@ -128,9 +175,8 @@ std::vector<MemoryRow> read_memory_file(const std::string& path) {
                               [](const json& r) {
                                 MemoryRow m;
                                 read_cell(r, m);
-                                if (r.contains("peak_by_kind"))
-                                  for (const auto& [kind, bytes] : r["peak_by_kind"].items())
-                                    m.peak_by_kind[kind] = bytes.get<double>();
+                                for (const auto& [kind, bytes] : object(r, "peak_by_kind").items())
+                                  m.peak_by_kind[kind] = number(object(r, "peak_by_kind"), kind.c_str());
                                 return m;
                               });
 }
@@ -139,29 +185,25 @@ std::vector<AttentionRow> read_attention_file(const std::string& path) {
   return read_rows<AttentionRow>(path, "attention", {"attention", "seq", "d", "batch", "status"}, {"ctx"},
                                  [](const json& r) {
                                    AttentionRow a;
-                                   a.attention = r.at("attention").get<std::string>();
-                                   a.device = r.value("device", "");
-                                   a.precision = r.value("precision", "");
-                                   a.status = r.at("status").get<std::string>();
-                                   a.batch = r.at("batch").get<long long>();
-                                   a.heads = r.value("heads", 1LL);
-                                   a.seq = r.at("seq").get<long long>();
-                                   a.d = r.at("d").get<long long>();
-                                   a.causal = r.value("causal", true);
-                                   a.deterministic = r.value("deterministic", true);
+                                   a.attention = field<std::string>(r, "attention");
+                                   a.device = field<std::string>(r, "device", "");
+                                   a.precision = field<std::string>(r, "precision", "");
+                                   a.status = field<std::string>(r, "status");
+                                   a.batch = field<long long>(r, "batch");
+                                   a.heads = field<long long>(r, "heads", 1);
+                                   a.seq = field<long long>(r, "seq");
+                                   a.d = field<long long>(r, "d");
+                                   a.causal = field<bool>(r, "causal", true);
+                                   a.deterministic = field<bool>(r, "deterministic", true);
                                    a.ms = timings(r);
-                                   if (r.contains("bytes")) {
-                                     a.saved_bytes = number(r["bytes"], "saved_for_backward");
-                                     a.peak_bytes = number(r["bytes"], "peak");
-                                   }
+                                   a.saved_bytes = number(object(r, "bytes"), "saved_for_backward");
+                                   a.peak_bytes = number(object(r, "bytes"), "peak");
                                    return a;
                                  });
 }
 
 std::vector<TrainStep> read_train_log(const std::string& path) {
-  if (std::filesystem::is_directory(path)) user_error("'{}' is a directory, not a training log", path);
-  std::ifstream in(path);
-  if (!in) user_error("cannot read the training log '{}'", path);
+  std::istringstream in(read_regular_file(path, "the training log"));
   std::vector<TrainStep> steps;
   std::string line;
   for (long long n = 1; std::getline(in, line); ++n) {
@@ -171,17 +213,17 @@ std::vector<TrainStep> read_train_log(const std::string& path) {
       user_error("'{}' is not a training log (what lmscope train --log writes): line {} is not a step's JSON", path, n);
     try {
       TrainStep s;
-      s.step = r.at("step").get<long long>();
-      s.loss = r.at("loss").get<double>();
+      s.step = field<long long>(r, "step");
+      s.loss = field<double>(r, "loss");
       if (r.contains("val_loss") && r["val_loss"].is_number()) s.val_loss = r["val_loss"].get<double>();
       if (r.contains("grad_norm") && r["grad_norm"].is_number()) s.grad_norm = r["grad_norm"].get<double>();
-      if (r.contains("loss_scale")) s.loss_scale = r["loss_scale"].get<double>();
-      s.skipped = r.value("skipped", false);
+      if (r.contains("loss_scale")) s.loss_scale = field<double>(r, "loss_scale");
+      s.skipped = field<bool>(r, "skipped", false);
       s.tokens = number(r, "tokens");
       s.elapsed_s = number(r, "elapsed_s");
       steps.push_back(s);
-    } catch (const json::exception& e) {
-      user_error("'{}' is not a training log (what lmscope train --log writes): line {} ({})", path, n, e.what());
+    } catch (const WrongField& e) {
+      user_error("'{}' is not a training log (what lmscope train --log writes): line {}: {}", path, n, e.why);
     }
   }
   if (steps.empty()) user_error("'{}' is empty (did the run that writes it take a step?)", path);

@@ -6,7 +6,29 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
+#include <cmath>
+
 namespace lmscope {
+namespace {
+
+// No device holds a step past this, and sizes past it overflow 64 bits in the allocator's and the dry
+// run's sums; train --batch 10^12 ran out of host memory in the batch's own buffers instead.
+constexpr double kMaxStepBytes = static_cast<double>(std::int64_t(1) << 50);
+
+// About what a rank's micro-batch keeps for its backward, in fp32 (design.md's table: 8·d + 3·d_ff
+// + 2 values per token and layer, the naive attention's h·T² probabilities or flash's h·T, the head's
+// logits), in doubles so that no size overflows on the way.
+double step_activation_bytes(const RunSpec& s) {
+  const ModelConfig& m = s.model;
+  const double rows = std::ceil(static_cast<double>(s.batch) / std::max(1, s.parallel.world.size));
+  const double t = static_cast<double>(s.ctx), tokens = rows * t, heads = static_cast<double>(m.heads);
+  const double per_layer = tokens * static_cast<double>(8 * m.d_model + 3 * m.d_ff + 2) +
+                           rows * heads * t * (s.attention == AttentionKind::naive ? t : 1.0);
+  return 4 * (static_cast<double>(m.layers) * per_layer + tokens * static_cast<double>(m.d_model + m.vocab + 1));
+}
+
+}  // namespace
 
 const char* grad_dtype_name(DType grad_dtype) { return grad_dtype == DType::bf16 ? "bf16" : "fp32"; }
 
@@ -198,6 +220,11 @@ void validate_run(RunSpec& s) {
   s.model.validate();
   if (s.batch <= 0) user_error("--batch must be positive, got {}", s.batch);
   if (s.ctx <= 0) user_error("--ctx must be positive, got {}", s.ctx);
+  if (const double bytes = step_activation_bytes(s); bytes > kMaxStepBytes)
+    user_error(
+        "batch {} of ctx {} would hold about {:.2g} bytes of activations in a step of {}, more than the 2^50 "
+        "(1 PiB) lmscope plans for; lower --batch or --ctx",
+        s.batch, s.ctx, bytes, s.model.name);
   if (s.grad_accum <= 0) user_error("--grad-accum must be positive, got {}", s.grad_accum);
   check_precision(s.precision);
   check_weight_copies(s.weight_copies, s.precision);

@@ -110,11 +110,13 @@ nlohmann::json flat_config(const nlohmann::json& saved, const std::string& dir) 
 
 std::optional<RunSpec> checkpoint_run(const nlohmann::json& saved, const std::string& dir) {
   if (!saved.is_object() || !saved.contains("run")) return std::nullopt;
+  if (!saved.contains("train") || !saved.at("train").is_object())
+    user_error("the configuration in the checkpoint in '{}' holds no object \"train\" beside its run", dir);
   try {
-    if (saved.at("train").is_object()) return RunSpec::from_json(saved.at("run"));
-  } catch (const std::exception&) {
+    return RunSpec::from_json(saved.at("run"));
+  } catch (const UserError& e) {
+    user_error("the configuration in the checkpoint in '{}' cannot be read: {}", dir, e.what());
   }
-  user_error("the configuration in the checkpoint in '{}' cannot be read: its run's description is damaged", dir);
 }
 
 ModelConfig checkpoint_model(const nlohmann::json& saved, const std::string& dir) {

@@ -236,8 +236,10 @@ class Issue57(BadInputTest):
     @unittest.skipUnless(os.geteuid() == 0 and shutil.which("unshare") and shutil.which("hostname"),
                          "needs root and unshare to rename the host")
     def test_a_host_name_that_does_not_resolve_is_said(self):
-        script = (f"hostname lmscope-no-such-host.invalid && RANK=0 WORLD_SIZE=2 exec {LMSCOPE} allreduce --device "
-                  f"cpu --sizes 1KB --rendezvous file:{self.path('meet-unnamed')}")
+        # Both ranks: each compares its run with the other's in the store before Gloo is reached.
+        rank = f"{LMSCOPE} allreduce --device cpu --sizes 1KB --rendezvous file:{self.path('meet-unnamed')}"
+        script = (f"hostname lmscope-no-such-host.invalid && (RANK=1 WORLD_SIZE=2 {rank} >/dev/null 2>&1 &) && "
+                  f"RANK=0 WORLD_SIZE=2 exec {rank}")
         p = subprocess.run(["unshare", "-u", "sh", "-c", script], capture_output=True, timeout=60)
         r = Result(script, p.returncode, p.stdout.decode(errors="replace"), p.stderr.decode(errors="replace"))
         self.assertSentence(r, 1, "rank 0 has no address for the other ranks to reach: this host's name "

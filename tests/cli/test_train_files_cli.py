@@ -290,12 +290,14 @@ class TrainFiles(FilesTest):
     # --seed -1 wrapped round to 2^64 - 1; each is one sentence naming the flag and the value.
     def test_a_configuration_of_another_kind_is_said_in_our_words(self):
         ckpt, newest = self.resumable("kinds")
-        cases = [(lambda c: c.update(batch="two"), "gives --batch the value \"two\""),
-                 (lambda c: c.update(seed=-1), "gives --seed the value -1"),
-                 (lambda c: c.update(grad_accum=2**40), "gives --grad-accum the value 1099511627776"),
-                 (lambda c: c.update(lr=[1]), "gives --lr the value [1]"),
-                 (lambda c: c["model"].update(d_model="64"), "names no model"),
-                 (lambda c: c.pop("precision"), "names no precision")]
+        cases = [(lambda c: c["run"].update(batch="two"), "gives batch the value \"two\""),
+                 (lambda c: c["run"].update(seed=-1), "gives seed the value -1"),
+                 (lambda c: c["run"].update(grad_accum=2**40), "gives grad_accum the value 1099511627776"),
+                 (lambda c: c["run"]["optimizer"].update(lr=[1]), "gives optimizer.lr the value [1]"),
+                 (lambda c: c["run"]["model"].update(d_model="64"), "gives model.d_model the value \"64\""),
+                 (lambda c: c["run"].pop("precision"), "has no precision"),
+                 (lambda c: c["train"].update(steps="five"), "gives --steps the value \"five\""),
+                 (lambda c: c.pop("train"), "holds no object \"train\"")]
         with open(os.path.join(newest, "state.json")) as f:
             good = f.read()
         for change, says in cases:

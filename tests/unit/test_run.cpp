@@ -67,6 +67,34 @@ TEST(RunSpec, RefusesADescriptionItCannotRead) {
   j = tiny_run().to_json();
   j["grad_dtype"] = "fp8";
   EXPECT_THROW(RunSpec::from_json(j), UserError);
+  // Each field by its kind, named with its path and what it holds.
+  const auto says = [](nlohmann::json bad) {
+    try {
+      RunSpec::from_json(bad);
+    } catch (const UserError& e) {
+      return std::string(e.what());
+    }
+    return std::string("nothing");
+  };
+  j = tiny_run().to_json();
+  j["seed"] = -1;
+  EXPECT_EQ(says(j), "a run's description gives seed the value -1, which is not a whole number from 0 to 2^64 - 1");
+  j = tiny_run().to_json();
+  j["grad_accum"] = 1LL << 40;
+  EXPECT_EQ(says(j),
+            "a run's description gives grad_accum the value 1099511627776, which is not a whole number from "
+            "-2147483648 to 2147483647");
+  j = tiny_run().to_json();
+  j["optimizer"]["lr"] = nlohmann::json::array({1});
+  EXPECT_EQ(says(j), "a run's description gives optimizer.lr the value [1], which is not a finite number");
+  j = tiny_run().to_json();
+  j["model"]["d_model"] = "64";
+  EXPECT_EQ(says(j),
+            "a run's description gives model.d_model the value \"64\", which is not a whole number from "
+            "-9223372036854775808 to 9223372036854775807");
+  j = tiny_run().to_json();
+  j["schedule"] = 3;
+  EXPECT_EQ(says(j), "a run's description gives schedule the value 3, not an object");
 }
 
 TEST(ValidateRun, HoldsTheRulesThatTieSettingsTogether) {

@@ -62,15 +62,29 @@ std::string own_address(const World& world) {
 
 // Why Gloo could not connect the ranks, in words: the store's waits are ours already; Gloo's own
 // exceptions carried "[enforce fail at file:line] condition" or "[file:line] what".
+// Gloo's first line without the "[file:line] " it begins with.
+std::string without_source_line(const std::exception& e) {
+  std::string why = e.what();
+  why = why.substr(0, why.find('\n'));
+  if (why.starts_with("[")) why = why.substr(why.find("] ") == std::string::npos ? 0 : why.find("] ") + 2);
+  return why;
+}
+
 std::string connect_failure(const std::exception& e) {
   if (dynamic_cast<const RankFailure*>(&e) != nullptr) return e.what();
   if (dynamic_cast<const gloo::EnforceNotMet*>(&e) != nullptr)
     return "what the other ranks left at the rendezvous does not match this rank's (ranks of different world sizes, "
            "or of another run, meeting at the same place?)";
-  std::string why = e.what();
-  why = why.substr(0, why.find('\n'));
-  if (why.starts_with("[")) why = why.substr(why.find("] ") == std::string::npos ? 0 : why.find("] ") + 2);
-  return fmt::format("a connection to another rank failed ({})", why);
+  return fmt::format("a connection to another rank failed ({})", without_source_line(e));
+}
+
+// Why a collective failed, in words: most often a peer that ended (Gloo: "Connection closed by peer
+// [ADDRESS]:PORT").
+std::string collective_failure(const std::exception& e) {
+  const std::string why = without_source_line(e);
+  if (why.starts_with("Connection closed by peer"))
+    return fmt::format("another rank closed its connection ({}): it ended, or was stopped", why.substr(26));
+  return why;
 }
 
 class GlooCommunicator final : public Communicator {
@@ -184,8 +198,6 @@ class GlooCommunicator final : public Communicator {
   }
 
  private:
-  static std::string first_line(const std::string& s) { return s.substr(0, s.find('\n')); }
-
   template <typename F>
   static void with_type(const Tensor& t, F&& f) {
     if (t.dtype == DType::f32)
@@ -221,7 +233,7 @@ class GlooCommunicator final : public Communicator {
         if (timing_) spans_.push_back({ms_since_origin(start), ms_since_origin(end)});
       } catch (const std::exception& e) {
         throw RankFailure(fmt::format("the {} over Gloo failed on rank {} of {}: {}", what, world_.rank, world_.size,
-                                      first_line(e.what())));
+                                      collective_failure(e)));
       }
     });
     std::future<void> done = task->get_future();

@@ -6,6 +6,10 @@
 
 #include <fmt/format.h>
 
+#include <cmath>
+#include <limits>
+#include <type_traits>
+
 #include <algorithm>
 #include <cmath>
 
@@ -68,17 +72,72 @@ nlohmann::ordered_json model_json(const ModelConfig& m) {
           {"parameters", m.parameter_count()}};
 }
 
-ModelConfig model_from_json(const nlohmann::json& j) {
-  ModelConfig c;  // validated where a model is made of it
-  c.name = j.at("name").get<std::string>();
-  c.d_model = j.at("d_model").get<std::int64_t>();
-  c.d_ff = j.at("d_ff").get<std::int64_t>();
-  c.layers = j.at("layers").get<std::int64_t>();
-  c.heads = j.at("heads").get<std::int64_t>();
-  c.vocab = j.at("vocab").get<std::int64_t>();
-  c.rope_theta = j.at("rope_theta").get<double>();
+namespace {
+
+// A field of a run's description by its kind, or UserError naming it (its path from the top, as
+// "optimizer.lr") and what it holds: the JSON library's own words name neither.
+class Fields {
+ public:
+  Fields(const nlohmann::json& j, std::string prefix) : j_(j), prefix_(std::move(prefix)) {
+    if (!j_.is_object()) user_error("a run's description gives {} the value {}, not an object", where(), j_.dump());
+  }
+  const nlohmann::json& at(const char* key) const {
+    if (!j_.contains(key)) user_error("a run's description has no {}", path(key));
+    return j_.at(key);
+  }
+  Fields object(const char* key) const { return Fields(at(key), path(key)); }
+  template <typename T>
+  T get(const char* key) const {
+    const nlohmann::json& v = at(key);
+    if constexpr (std::is_same_v<T, bool>) {
+      if (v.is_boolean()) return v.get<bool>();
+      wrong(key, v, "true or false");
+    } else if constexpr (std::is_same_v<T, std::string>) {
+      if (v.is_string()) return v.get<std::string>();
+      wrong(key, v, "a string");
+    } else if constexpr (std::is_floating_point_v<T>) {
+      if (v.is_number() && std::isfinite(v.get<double>())) return v.get<double>();
+      wrong(key, v, "a finite number");
+    } else if constexpr (std::is_unsigned_v<T>) {
+      if (v.is_number_unsigned()) return v.get<T>();
+      wrong(key, v, "a whole number from 0 to 2^64 - 1");
+    } else {
+      if (v.is_number_integer() &&
+          !(v.is_number_unsigned() && v.get<std::uint64_t>() > std::numeric_limits<T>::max()) &&
+          v.get<std::int64_t>() >= std::numeric_limits<T>::min() &&
+          v.get<std::int64_t>() <= std::numeric_limits<T>::max())
+        return v.get<T>();
+      wrong(key, v,
+            fmt::format("a whole number from {} to {}", std::numeric_limits<T>::min(), std::numeric_limits<T>::max()));
+    }
+  }
+  bool is_null(const char* key) const { return at(key).is_null(); }
+
+ private:
+  std::string path(const char* key) const { return prefix_.empty() ? key : prefix_ + "." + key; }
+  std::string where() const { return prefix_.empty() ? "itself" : prefix_; }
+  [[noreturn]] void wrong(const char* key, const nlohmann::json& v, const std::string& kind) const {
+    user_error("a run's description gives {} the value {}, which is not {}", path(key), v.dump(), kind);
+  }
+  const nlohmann::json& j_;
+  std::string prefix_;
+};
+
+ModelConfig model_from_fields(const Fields& f) {
+  ModelConfig c;
+  c.name = f.get<std::string>("name");
+  c.d_model = f.get<std::int64_t>("d_model");
+  c.d_ff = f.get<std::int64_t>("d_ff");
+  c.layers = f.get<std::int64_t>("layers");
+  c.heads = f.get<std::int64_t>("heads");
+  c.vocab = f.get<std::int64_t>("vocab");
+  c.rope_theta = f.get<double>("rope_theta");
   return c;
 }
+
+}  // namespace
+
+ModelConfig model_from_json(const nlohmann::json& j) { return model_from_fields(Fields(j, "model")); }
 
 nlohmann::ordered_json RunSpec::to_json() const {
   nlohmann::ordered_json j{{"model", model_json(model)},
@@ -157,57 +216,53 @@ nlohmann::ordered_json RunSpec::row() const {
 }
 
 RunSpec RunSpec::from_json(const nlohmann::json& j) {
-  try {
-    RunSpec s;
-    s.model = model_from_json(j.at("model"));
-    s.mode = parse_step_mode(j.at("mode").get<std::string>());
-    s.batch = j.at("batch").get<std::int64_t>();
-    s.ctx = j.at("ctx").get<std::int64_t>();
-    s.grad_accum = j.at("grad_accum").get<int>();
-    s.device = j.at("device").get<std::string>();
-    s.precision = j.at("precision").get<std::string>();
-    check_precision(s.precision);
-    s.attention = parse_attention(j.at("attention").get<std::string>());
-    s.recompute = parse_recompute(j.at("recompute").get<std::string>());
-    s.weight_copies = parse_weight_copies(j.at("weight_copies").get<std::string>());
-    s.grad_dtype = parse_grad_dtype(j.at("grad_dtype").get<std::string>());
-    s.graphs = j.at("graphs").get<bool>();
-    s.fusion = j.at("fusion").get<bool>();
-    s.seed = j.at("seed").get<std::uint64_t>();
-    const nlohmann::json& o = j.at("optimizer");
-    s.optimizer.lr = o.at("lr").get<double>();
-    s.optimizer.beta1 = o.at("beta1").get<double>();
-    s.optimizer.beta2 = o.at("beta2").get<double>();
-    s.optimizer.eps = o.at("eps").get<double>();
-    s.optimizer.weight_decay = o.at("weight_decay").get<double>();
-    s.optimizer.clip = o.at("clip").get<double>();
-    s.optimizer.loss_scaling.initial = o.at("loss_scale").get<double>();
-    s.optimizer.loss_scaling.interval = o.at("loss_scale_interval").get<std::int64_t>();
-    const nlohmann::json& l = j.at("schedule");
-    const std::string kind = l.at("kind").get<std::string>();
-    if (kind != "constant" && kind != "cosine") user_error("unknown schedule '{}' in a run's description", kind);
-    s.schedule.cosine = kind == "cosine";
-    s.schedule.lr_max = l.at("lr_max").get<double>();
-    s.schedule.lr_min = l.at("lr_min").get<double>();
-    s.schedule.warmup_iters = l.at("warmup_iters").get<std::int64_t>();
-    s.schedule.cosine_iters = l.at("cosine_iters").get<std::int64_t>();
-    s.parallel.world.size = j.at("world_size").get<int>();
-    if (const nlohmann::json& p = j.at("data_parallel"); !p.is_null()) {
-      parallel::DataParallelSpec d;
-      d.mode = parallel::parse_ddp_mode(p.at("ddp").get<std::string>());
-      d.exchange = parallel::parse_grad_exchange(p.at("grad_exchange").get<std::string>());
-      d.bucket_mb = p.at("bucket_mb").get<double>();
-      d.zero = p.at("zero").get<int>();
-      d.symmetric_memory = p.at("symmetric_memory").get<bool>();
-      const nlohmann::json& sms = p.at("comm_sms");
-      d.comm_sms = sms.is_string() && sms.get<std::string>() == "auto" ? parallel::DataParallelSpec::kAutoCommSms
-                                                                       : sms.get<int>();
-      s.parallel.data = d;
-    }
-    return s;
-  } catch (const nlohmann::json::exception&) {
-    user_error("a run's description cannot be read: a field is missing or of the wrong kind");
+  const Fields f(j, "");
+  RunSpec s;
+  s.model = model_from_fields(f.object("model"));
+  s.mode = parse_step_mode(f.get<std::string>("mode"));
+  s.batch = f.get<std::int64_t>("batch");
+  s.ctx = f.get<std::int64_t>("ctx");
+  s.grad_accum = f.get<int>("grad_accum");
+  s.device = f.get<std::string>("device");
+  s.precision = f.get<std::string>("precision");
+  check_precision(s.precision);
+  s.attention = parse_attention(f.get<std::string>("attention"));
+  s.recompute = parse_recompute(f.get<std::string>("recompute"));
+  s.weight_copies = parse_weight_copies(f.get<std::string>("weight_copies"));
+  s.grad_dtype = parse_grad_dtype(f.get<std::string>("grad_dtype"));
+  s.graphs = f.get<bool>("graphs");
+  s.fusion = f.get<bool>("fusion");
+  s.seed = f.get<std::uint64_t>("seed");
+  const Fields o = f.object("optimizer");
+  s.optimizer.lr = o.get<double>("lr");
+  s.optimizer.beta1 = o.get<double>("beta1");
+  s.optimizer.beta2 = o.get<double>("beta2");
+  s.optimizer.eps = o.get<double>("eps");
+  s.optimizer.weight_decay = o.get<double>("weight_decay");
+  s.optimizer.clip = o.get<double>("clip");
+  s.optimizer.loss_scaling.initial = o.get<double>("loss_scale");
+  s.optimizer.loss_scaling.interval = o.get<std::int64_t>("loss_scale_interval");
+  const Fields l = f.object("schedule");
+  const std::string kind = l.get<std::string>("kind");
+  if (kind != "constant" && kind != "cosine") user_error("unknown schedule '{}' in a run's description", kind);
+  s.schedule.cosine = kind == "cosine";
+  s.schedule.lr_max = l.get<double>("lr_max");
+  s.schedule.lr_min = l.get<double>("lr_min");
+  s.schedule.warmup_iters = l.get<std::int64_t>("warmup_iters");
+  s.schedule.cosine_iters = l.get<std::int64_t>("cosine_iters");
+  s.parallel.world.size = f.get<int>("world_size");
+  if (!f.is_null("data_parallel")) {
+    const Fields p = f.object("data_parallel");
+    parallel::DataParallelSpec d;
+    d.mode = parallel::parse_ddp_mode(p.get<std::string>("ddp"));
+    d.exchange = parallel::parse_grad_exchange(p.get<std::string>("grad_exchange"));
+    d.bucket_mb = p.get<double>("bucket_mb");
+    d.zero = p.get<int>("zero");
+    d.symmetric_memory = p.get<bool>("symmetric_memory");
+    d.comm_sms = p.at("comm_sms") == "auto" ? parallel::DataParallelSpec::kAutoCommSms : p.get<int>("comm_sms");
+    s.parallel.data = d;
   }
+  return s;
 }
 
 void check_weight_copies(WeightCopies copies, const std::string& precision) {

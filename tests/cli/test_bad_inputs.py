@@ -132,7 +132,9 @@ class Issue57(BadInputTest):
                                 "lower --batch or --ctx")
             self.assertNotIn("training", r.stdout)
         # Below the limit, a step the host cannot hold either is one sentence too (a buffer of the batch).
-        self.assertSentence(self.train("--steps", "1", "--batch", "1000000000"), 2)
+        # (Not under AddressSanitizer, whose allocator ends the process where operator new would throw.)
+        if os.environ.get("LMSCOPE_SANITIZED") != "1":
+            self.assertSentence(self.train("--steps", "1", "--batch", "1000000000"), 2)
 
     # Point 12: a .npy token file whose shape is 10^23 ended in "internal error: stoll".
     def test_npy_headers_that_lie_are_refused(self):

@@ -8,6 +8,7 @@
 #include "lmscope/backend/backend.h"
 #include "lmscope/backend/devices.h"
 #include "lmscope/core/error.h"
+#include "lmscope/parallel/flight_recorder.h"
 #include "lmscope/parallel/world.h"
 
 #include <fmt/format.h>
@@ -22,6 +23,7 @@
 #include <chrono>
 #include <cstdlib>
 #include <cstring>
+#include <filesystem>
 #include <stdexcept>
 #include <string>
 #include <thread>
@@ -125,7 +127,9 @@ class LaunchCommand : public Command {
     argv.insert(argv.end(), command_.begin(), command_.end());
     const std::string exe = self_path();
     for (int restart = 0;; ++restart) {
-      const RanksOutcome outcome = ranks.run(exe, argv, environment(restart), nproc_);
+      const std::string records = flight_record_dir(restart);
+      const RanksOutcome outcome = ranks.run(exe, argv, environment(restart, records), nproc_);
+      report_flight_records(records, outcome.failed);
       if (!outcome.restartable() || restart == max_restarts_) return outcome.exit_code;
       fmt::print(stderr, "lmscope launch: starting the ranks again (restart {} of {})\n", restart + 1, max_restarts_);
     }
@@ -167,12 +171,45 @@ class LaunchCommand : public Command {
     return path;
   }
 
+  // Where the ranks of the `restart`-th start write their flight records: a directory of its own,
+  // under LMSCOPE_FLIGHT_RECORD_DIR where the user gave one, else a new one under $TMPDIR.
+  static std::string flight_record_dir(int restart) {
+    std::error_code ec;
+    if (const char* d = std::getenv("LMSCOPE_FLIGHT_RECORD_DIR"); d != nullptr && *d != '\0') {
+      const std::string dir = fmt::format("{}/launch-{}-start-{}", d, ::getpid(), restart);
+      std::filesystem::create_directories(dir, ec);
+      if (ec) user_error("cannot make the flight records' directory '{}': {}", dir, ec.message());
+      return dir;
+    }
+    const char* tmp = std::getenv("TMPDIR");
+    std::string pattern =
+        (std::filesystem::path(tmp != nullptr && *tmp != '\0' ? tmp : "/tmp") / "lmscope-launch-XXXXXX").string();
+    if (::mkdtemp(pattern.data()) == nullptr)
+      environment_failure("cannot make a directory for the ranks' flight records under '{}': {}",
+                          tmp != nullptr && *tmp != '\0' ? tmp : "/tmp", std::strerror(errno));
+    return pattern;
+  }
+
+  // After a failure, what the ranks' flight records say (a rank that never entered the collective the
+  // others waited in); the records are kept where they say something, else removed with their directory.
+  void report_flight_records(const std::string& dir, bool failed) const {
+    const std::vector<std::string> said =
+        failed ? parallel::compare_flight_records(dir, nproc_) : std::vector<std::string>{};
+    for (const std::string& line : said) fmt::print(stderr, "lmscope launch: {}\n", line);
+    std::error_code ec;
+    if (!said.empty())
+      fmt::print(stderr, "lmscope launch: the ranks' flight records are in '{}'\n", dir);
+    else
+      std::filesystem::remove_all(dir, ec);
+  }
+
   // This process's environment less what launch decides, then the common part of each rank's for
-  // its `restart`-th start ("RANK" and "LOCAL_RANK" are added per rank).
-  std::vector<std::string> environment(int restart) const {
+  // its `restart`-th start ("RANK" and "LOCAL_RANK" are added per rank), whose flight records go to
+  // `records`.
+  std::vector<std::string> environment(int restart, const std::string& records) const {
     const std::vector<std::string> ours{
-        "RANK",        "LOCAL_RANK",     "WORLD_SIZE",         "LOCAL_WORLD_SIZE",     "MASTER_ADDR",
-        "MASTER_PORT", "LMSCOPE_RUN_ID", "LMSCOPE_RENDEZVOUS", "LMSCOPE_RESTART_COUNT"};
+        "RANK",        "LOCAL_RANK",     "WORLD_SIZE",         "LOCAL_WORLD_SIZE",      "MASTER_ADDR",
+        "MASTER_PORT", "LMSCOPE_RUN_ID", "LMSCOPE_RENDEZVOUS", "LMSCOPE_RESTART_COUNT", "LMSCOPE_FLIGHT_RECORD_DIR"};
     std::vector<std::string> env;
     for (char** e = environ; *e != nullptr; ++e) {
       const std::string var = *e;
@@ -192,6 +229,7 @@ class LaunchCommand : public Command {
     env.push_back(fmt::format("LMSCOPE_RUN_ID=launch-{}-{}-{}", ::getpid(),
                               std::chrono::duration_cast<std::chrono::milliseconds>(now).count(), restart));
     env.push_back(fmt::format("LMSCOPE_RESTART_COUNT={}", restart));
+    env.push_back("LMSCOPE_FLIGHT_RECORD_DIR=" + records);
     // N ranks' OpenMP threads share the cores instead of each taking all of them.
     if (std::getenv("OMP_NUM_THREADS") == nullptr)
       env.push_back(fmt::format("OMP_NUM_THREADS={}", std::max(1, hardware_threads() / nproc_)));

@@ -86,6 +86,10 @@ void ParallelFlags::add_to(CLI::App& app, bool with_world_size) {
                  "all-reduce runs on a few SMs and leaves the backward beside it the rest; off: where the allocator "
                  "puts them (NCCL's ring, on more SMs)")
       ->capture_default_str();
+  app.add_option("--collective-timeout", collective_timeout,
+                 "Seconds a collective may take before its rank gives up: it writes its flight record, aborts its "
+                 "communicator and exits 1 naming the collective (NCCL and Gloo)")
+      ->capture_default_str();
   app.add_option("--rendezvous", rendezvous,
                  "Where the ranks meet: file:DIR (a directory every rank sees) or tcp:HOST:PORT (default: "
                  "MASTER_ADDR and MASTER_PORT)");
@@ -105,6 +109,9 @@ parallel::ParallelPlan ParallelFlags::resolve(std::int64_t global_batch, const s
     r.world.size = world_size;  // rank 0 of it: every rank's share is the same size
   else
     r.world = parallel::world_from_environment(rendezvous);
+  if (collective_timeout < 1)
+    user_error("--collective-timeout must be a positive number of seconds, got {}", collective_timeout);
+  r.world.collective_timeout = std::chrono::seconds(collective_timeout);
   if (symmetric_memory != "on" && symmetric_memory != "off")
     user_error("unknown --symmetric-memory '{}' (use on or off)", symmetric_memory);
   bool asked = taken_;

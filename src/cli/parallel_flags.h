@@ -1,5 +1,5 @@
 // The data-parallel flags train and bench share (--ddp, --grad-exchange, --bucket-mb, --zero,
-// --symmetric-memory, --comm-sms, --rendezvous), and the
+// --symmetric-memory, --comm-sms, --collective-timeout, --rendezvous), and the
 // run they ask for in the world this process finds itself in (parallel/world.h).
 #pragma once
 
@@ -19,7 +19,8 @@ struct ParallelFlags {
   double bucket_mb = 25;
   int zero = 0;
   std::string comm_sms = "auto";
-  int world_size = 0;  // --world-size: the world a dry run stands for (0: the environment's)
+  std::int64_t collective_timeout = 600;  // seconds (World::collective_timeout)
+  int world_size = 0;                     // --world-size: the world a dry run stands for (0: the environment's)
 
   // with_world_size: add --world-size (commands with a dry run).
   void add_to(CLI::App& app, bool with_world_size = false);

@@ -15,6 +15,8 @@
 #include "lmscope/io/run_log.h"
 #include "lmscope/io/safetensors.h"
 #include "lmscope/io/token_data.h"
+#include "lmscope/parallel/flight_recorder.h"
+#include "lmscope/parallel/test_fault.h"
 #include "lmscope/run/session.h"
 #include "lmscope/run/step_driver.h"
 
@@ -40,6 +42,7 @@ namespace {
 std::atomic<int> stop_signal{0};
 extern "C" void record_stop_signal(int sig) {
   stop_signal.store(sig);
+  parallel::FlightRecorder::note_signal(sig);  // the ranks' flight records are written then
   std::signal(sig, SIG_DFL);
 }
 
@@ -57,46 +60,6 @@ int agreed_stop_signal(Session& session, int own, double share_signalled) {
     if (sum == count * sig) return sig;
   return SIGTERM;
 }
-
-// How many times the ranks were started again after a failure: lmscope launch --max-restarts's
-// LMSCOPE_RESTART_COUNT, else torchrun's TORCHELASTIC_RESTART_COUNT; 0 on the first start.
-int restart_count() {
-  for (const char* var : {"LMSCOPE_RESTART_COUNT", "TORCHELASTIC_RESTART_COUNT"})
-    if (const char* v = std::getenv(var); v != nullptr && *v != '\0') return std::atoi(v);
-  return 0;
-}
-
-// Test-only fault injection (docs/distributed.md): LMSCOPE_TEST_FAULT=RANK:STEP:ACTION makes rank RANK
-// of the first start, after step STEP (its checkpoint written, where one is due), exit with code 1
-// (exit), die of SIGKILL as the out-of-memory killer kills (die), or stop answering (hang), so the
-// tests can see what the other ranks and lmscope launch do about it. Read here only.
-class TestFault {
- public:
-  explicit TestFault(int rank) {
-    const char* v = std::getenv("LMSCOPE_TEST_FAULT");
-    if (v == nullptr || *v == '\0' || restart_count() > 0) return;
-    int r = -1;
-    long long step = -1;
-    char action[8] = {};
-    if (std::sscanf(v, "%d:%lld:%7s", &r, &step, action) != 3 ||
-        (std::strcmp(action, "exit") != 0 && std::strcmp(action, "die") != 0 && std::strcmp(action, "hang") != 0))
-      user_error("LMSCOPE_TEST_FAULT must be RANK:STEP:exit|die|hang, got '{}'", v);
-    if (r == rank) rank_ = rank, step_ = step, action_ = action;
-  }
-  void after_step(std::int64_t step) const {
-    if (step != step_) return;
-    fmt::print(stderr, "lmscope: rank {}: test fault: {} after step {}\n", rank_, action_, step);
-    std::fflush(nullptr);
-    if (action_ == "exit") std::_Exit(1);
-    if (action_ == "die") std::raise(SIGKILL);
-    for (;;) ::pause();  // hang: signals are recorded, never acted on
-  }
-
- private:
-  int rank_ = 0;
-  std::int64_t step_ = -1;
-  std::string action_;
-};
 
 // Mean loss over the first `batches` windows of the held-out data (the same each time), from
 // forwards that keep nothing for a backward. With data parallelism each rank runs its rows of each
@@ -237,7 +200,7 @@ class TrainCommand : public Command {
   int run() override {
     // Started again after a failure: on from the newest complete checkpoint the first start wrote
     // (newer than any --resume gave it). None yet: a fresh start, in place of what it left half-made.
-    if (restart_count() > 0 && !s_.checkpoint_dir.empty()) {
+    if (parallel::restart_count() > 0 && !s_.checkpoint_dir.empty()) {
       try {
         find_checkpoint(s_.checkpoint_dir);
         s_.resume = s_.checkpoint_dir, s_.init.clear(), s_.overwrite = false;
@@ -361,7 +324,7 @@ class TrainCommand : public Command {
       trace = std::make_unique<TraceSession>(
           backend, TraceLabels{fmt::format("lmscope train: {} {} {} batch {} ctx {}", c.name, backend.name(),
                                            s_.precision, s_.batch, s_.ctx)});
-    const TestFault fault(parallel.world.rank);
+    const parallel::TestFault fault = parallel::TestFault::from_environment(parallel.world.rank);
     for (std::int64_t it = start; it < s_.steps; ++it) {
       const std::int64_t step = it + 1;
       driver.step(it, step);

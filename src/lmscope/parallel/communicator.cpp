@@ -50,6 +50,12 @@ class ShapeOnlyCommunicator final : public Communicator {
 
 }  // namespace
 
+std::int64_t Communicator::bytes_of(std::span<const Tensor> ts) {
+  std::int64_t n = 0;
+  for (const Tensor& t : ts) n += static_cast<std::int64_t>(t.bytes());
+  return n;
+}
+
 void Communicator::check_all_gather(std::span<const Tensor> ins, std::span<const Tensor> outs) const {
   LMSCOPE_CHECK(ins.size() == outs.size(), "all-gather of {} tensors into {}", ins.size(), outs.size());
   for (std::size_t i = 0; i < ins.size(); ++i)

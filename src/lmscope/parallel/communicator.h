@@ -5,6 +5,7 @@
 
 #include "lmscope/core/allocator.h"
 #include "lmscope/core/tensor.h"
+#include "lmscope/parallel/flight_recorder.h"
 #include "lmscope/parallel/store.h"
 #include "lmscope/parallel/world.h"
 
@@ -77,12 +78,22 @@ class Communicator {
   virtual void start_timing() = 0;
   virtual std::vector<Span> finish_timing() = 0;
 
+  // This rank's last collectives (flight_recorder.h), kept by NCCL's and Gloo's; null for the dry run's.
+  FlightRecorder* recorder() { return recorder_.get(); }
+  // The training step the collectives called from now on belong to, for the flight record.
+  void begin_step(std::int64_t step) {
+    if (recorder_) recorder_->begin_step(step);
+  }
+
   void all_reduce(const Tensor& t) { all_reduce_async(t)->wait(); }
   void reduce_scatter(const Tensor& in, const Tensor& out) { reduce_scatter_async(in, out)->wait(); }
   void all_gather(const Tensor& in, const Tensor& out) { all_gather_async(in, out)->wait(); }
   void broadcast(const Tensor& t, int root) { broadcast_async(t, root)->wait(); }
 
  protected:
+  std::unique_ptr<FlightRecorder> recorder_;
+  // The bytes of these tensors, for the flight record.
+  static std::int64_t bytes_of(std::span<const Tensor> ts);
   // all_gather_async's arguments: as many of each, each out the world's size times its in, one dtype.
   void check_all_gather(std::span<const Tensor> ins, std::span<const Tensor> outs) const;
 };

@@ -1,6 +1,7 @@
 // Collectives between CPU processes on Gloo over TCP. Gloo's calls block, so each rank runs them in
 // order on one worker thread (as PyTorch's Gloo process group does): an async op queues its call and
 // returns, and the compute goes on beside it, which is what overlapping a backward needs.
+#include "lmscope/parallel/collective_watchdog.h"
 #include "lmscope/parallel/communicator.h"
 
 #include <gloo/allgather.h>
@@ -17,6 +18,7 @@
 #include <netdb.h>
 #include <sys/socket.h>
 
+#include <atomic>
 #include <chrono>
 #include <condition_variable>
 #include <cstring>
@@ -84,6 +86,10 @@ std::string collective_failure(const std::exception& e) {
   const std::string why = without_source_line(e);
   if (why.starts_with("Connection closed by peer"))
     return fmt::format("another rank closed its connection ({}): it ended, or was stopped", why.substr(26));
+  // "Read error [ADDRESS]:PORT: Connection reset by peer": the same, seen while reading.
+  if (const auto reset = why.find(": Connection reset by peer");
+      why.starts_with("Read error ") && reset != std::string::npos)
+    return fmt::format("another rank closed its connection ({}): it ended, or was stopped", why.substr(11, reset - 11));
   return why;
 }
 
@@ -101,12 +107,15 @@ class GlooCommunicator final : public Communicator {
                                     world.size - 1, connect_failure(e)));
     }
     context_ = std::move(context);
+    recorder_ = std::make_unique<FlightRecorder>(world, "gloo");
+    watchdog_ = std::make_unique<CollectiveWatchdog>(*recorder_, world, "Gloo", CollectiveWatchdog::Hooks{});
     worker_ = std::thread([this] { run_queue(); });
   }
 
   // Collectives queued but not started are dropped (after an exception, their tensors may be gone);
   // on the normal path every one has been waited for.
   ~GlooCommunicator() override {
+    watchdog_->stop();
     {
       std::lock_guard lock(mutex_);
       stopping_ = true;
@@ -122,7 +131,7 @@ class GlooCommunicator final : public Communicator {
 
   using Communicator::all_reduce_async;
   std::unique_ptr<CollectiveWork> all_reduce_async(std::span<const Tensor> ts) override {
-    return queue("all-reduce", [this, ts = std::vector<Tensor>(ts.begin(), ts.end())] {
+    return queue("all-reduce", ts, [this, ts = std::vector<Tensor>(ts.begin(), ts.end())] {
       for (const Tensor& t : ts) with_type(t, [&](auto zero) { sum_in_place(t.as<decltype(zero)>(), t.numel()); });
     });
   }
@@ -133,7 +142,7 @@ class GlooCommunicator final : public Communicator {
   std::unique_ptr<CollectiveWork> reduce_scatter_async(const Tensor& in, const Tensor& out) override {
     LMSCOPE_CHECK(in.dtype == out.dtype && in.numel() == out.numel() * world_.size, "reduce-scatter of {} into {}",
                   in.numel(), out.numel());
-    return queue("reduce-scatter", [this, in, out] {
+    return queue("reduce-scatter", {&in, 1}, [this, in, out] {
       with_type(in, [&](auto zero) {
         using T = decltype(zero);
         sum_in_place(in.as<T>(), in.numel());
@@ -146,25 +155,27 @@ class GlooCommunicator final : public Communicator {
   using Communicator::all_gather_async;
   std::unique_ptr<CollectiveWork> all_gather_async(std::span<const Tensor> ins, std::span<const Tensor> outs) override {
     check_all_gather(ins, outs);
-    return queue("all-gather", [this, ins = std::vector<Tensor>(ins.begin(), ins.end()),
-                                outs = std::vector<Tensor>(outs.begin(), outs.end())] {
-      for (std::size_t i = 0; i < ins.size(); ++i) {
-        const Tensor &in = ins[i], &out = outs[i];
-        with_type(in, [&](auto zero) {
-          using T = decltype(zero);
-          T* mine = out.as<T>() + static_cast<std::size_t>(world_.rank) * static_cast<std::size_t>(in.numel());
-          if (mine != in.as<T>()) std::memcpy(mine, in.data, in.bytes());
-          gloo::AllgatherOptions opts(context_);
-          opts.setOutput(out.as<T>(), static_cast<std::size_t>(out.numel()));  // this rank's part is its input
-          opts.setTag(next_tag());
-          gloo::allgather(opts);
+    return queue(
+        "all-gather", ins,
+        [this, ins = std::vector<Tensor>(ins.begin(), ins.end()),
+         outs = std::vector<Tensor>(outs.begin(), outs.end())] {
+          for (std::size_t i = 0; i < ins.size(); ++i) {
+            const Tensor &in = ins[i], &out = outs[i];
+            with_type(in, [&](auto zero) {
+              using T = decltype(zero);
+              T* mine = out.as<T>() + static_cast<std::size_t>(world_.rank) * static_cast<std::size_t>(in.numel());
+              if (mine != in.as<T>()) std::memcpy(mine, in.data, in.bytes());
+              gloo::AllgatherOptions opts(context_);
+              opts.setOutput(out.as<T>(), static_cast<std::size_t>(out.numel()));  // this rank's part is its input
+              opts.setTag(next_tag());
+              gloo::allgather(opts);
+            });
+          }
         });
-      }
-    });
   }
 
   std::unique_ptr<CollectiveWork> broadcast_async(const Tensor& t, int root) override {
-    return queue("broadcast", [this, t, root] {
+    return queue("broadcast", {&t, 1}, [this, t, root] {
       with_type(t, [&](auto zero) {
         using T = decltype(zero);
         gloo::BroadcastOptions opts(context_);
@@ -190,7 +201,7 @@ class GlooCommunicator final : public Communicator {
   }
 
   void barrier() override {
-    queue("barrier", [this] {
+    queue("barrier", {}, [this] {
       gloo::BarrierOptions opts(context_);
       opts.setTag(next_tag());
       gloo::barrier(opts);
@@ -222,18 +233,32 @@ class GlooCommunicator final : public Communicator {
     return std::chrono::duration<double, std::milli>(t - origin_).count();
   }
 
-  // Runs `call` after every call queued before it; its failure, worded once, surfaces at wait().
-  std::unique_ptr<CollectiveWork> queue(const char* what, std::function<void()> call) {
-    auto task = std::make_shared<std::packaged_task<void()>>([this, what, call = std::move(call)] {
+  // Runs `call` (the collective `what` of `ts`) after every call queued before it; its failure,
+  // worded once, surfaces at wait(). The flight record and the watchdog see it from its call to its
+  // end.
+  std::unique_ptr<CollectiveWork> queue(const char* what, std::span<const Tensor> ts, std::function<void()> call) {
+    const std::uint64_t seq = recorder_->enter(what, bytes_of(ts), static_cast<int>(ts.size()));
+    auto finished = std::make_shared<std::atomic<bool>>(false);
+    auto task = std::make_shared<std::packaged_task<void()>>([this, what, seq, finished, call = std::move(call)] {
+      const auto start = std::chrono::steady_clock::now();
+      recorder_->started(seq);
       try {
-        const auto start = std::chrono::steady_clock::now();
         call();
         const auto end = std::chrono::steady_clock::now();
+        recorder_->ended(seq, true);
+        finished->store(true);
         std::lock_guard lock(mutex_);
         if (timing_) spans_.push_back({ms_since_origin(start), ms_since_origin(end)});
       } catch (const std::exception& e) {
-        throw RankFailure(fmt::format("the {} over Gloo failed on rank {} of {}: {}", what, world_.rank, world_.size,
-                                      collective_failure(e)));
+        recorder_->ended(seq, false);
+        finished->store(true);
+        const CollectiveRecord r = recorder_->record(seq);
+        const std::string path = recorder_->write("failed");
+        throw RankFailure(fmt::format(
+            "the {} #{} of step {} ({}) over Gloo failed on rank {} of {} after {:.1f} s: {}{}", what, seq, r.step,
+            size_words(r.bytes, r.tensors), world_.rank, world_.size,
+            std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count(), collective_failure(e),
+            path.empty() ? "" : fmt::format("; its last collectives are in '{}'", path)));
       }
     });
     std::future<void> done = task->get_future();
@@ -241,6 +266,7 @@ class GlooCommunicator final : public Communicator {
       std::lock_guard lock(mutex_);
       tasks_.push_back([task] { (*task)(); });
     }
+    watchdog_->watch(seq, [finished] { return finished->load(); });
     wake_.notify_one();
     return std::make_unique<GlooWork>(std::move(done));
   }
@@ -269,6 +295,7 @@ class GlooCommunicator final : public Communicator {
   bool timing_ = false;  // these three under mutex_
   std::chrono::steady_clock::time_point origin_;
   std::vector<Span> spans_;
+  std::unique_ptr<CollectiveWatchdog> watchdog_;
   std::thread worker_;
 };
 

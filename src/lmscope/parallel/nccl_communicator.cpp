@@ -1,10 +1,13 @@
 // Collectives between GPUs on NCCL. Each runs on the communicator's own stream, after the work the
 // backend's stream had enqueued when it was called (an event between the two), so a gradient's
 // all-reduce overlaps the rest of the backward; wait() makes the backend's stream wait for it, and
-// the host goes on. The ranks meet once, in the store, for NCCL's unique id.
+// the host goes on. The ranks meet once, in the store, for NCCL's unique id. The communicator is
+// non-blocking (no NCCL call holds the host), so a watchdog (collective_watchdog.h) can abort it when a
+// collective does not end or NCCL reports an error of its own.
 #include "lmscope/backend/backend.h"
 #include "lmscope/backend/cuda/cuda_check.h"
 #include "lmscope/backend/cuda/stream_pool.h"
+#include "lmscope/parallel/collective_watchdog.h"
 #include "lmscope/parallel/communicator.h"
 #include "lmscope/parallel/nccl_version.h"
 
@@ -13,8 +16,10 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cstring>
 #include <memory>
+#include <thread>
 #include <vector>
 
 namespace lmscope::parallel {
@@ -23,12 +28,33 @@ int nccl_library_version();  // below; communicator.cpp's loaded_nccl_version
 
 namespace {
 
-#define LMSCOPE_NCCL_CHECK(call, what)                                                                           \
-  do {                                                                                                           \
-    ncclResult_t r_ = (call);                                                                                    \
-    if (r_ != ncclSuccess)                                                                                       \
-      throw RankFailure(fmt::format("NCCL's {} failed on rank {}: {} ({})", what, rank_, ncclGetErrorString(r_), \
-                                    ncclGetLastError(comm_) ? ncclGetLastError(comm_) : ""));                    \
+// What NCCL said went wrong, in one line.
+std::string nccl_failure(ncclComm_t comm, ncclResult_t r) {
+  const char* last = ncclGetLastError(comm);
+  return last && *last ? fmt::format("{} ({})", ncclGetErrorString(r), last) : ncclGetErrorString(r);
+}
+
+// A non-blocking communicator's call may answer "in progress": the next call waits until NCCL has
+// finished it (its asynchronous error no longer ncclInProgress), at most `limit`.
+ncclResult_t settle(ncclComm_t comm, ncclResult_t r, std::chrono::seconds limit) {
+  if (r != ncclInProgress) return r;
+  const auto until = std::chrono::steady_clock::now() + limit;
+  for (;;) {
+    ncclResult_t state = ncclSuccess;
+    if (ncclCommGetAsyncError(comm, &state) != ncclSuccess || state != ncclInProgress) return state;
+    if (std::chrono::steady_clock::now() > until) return ncclInProgress;
+    std::this_thread::yield();
+  }
+}
+
+#define LMSCOPE_NCCL_CHECK(call, what)                                                                         \
+  do {                                                                                                         \
+    const ncclResult_t r_ = settle(comm_, (call), timeout_);                                                   \
+    if (r_ == ncclInProgress)                                                                                  \
+      throw RankFailure(                                                                                       \
+          fmt::format("NCCL's {} did not finish within {} s on rank {}", what, timeout_.count(), rank_));      \
+    if (r_ != ncclSuccess)                                                                                     \
+      throw RankFailure(fmt::format("NCCL's {} failed on rank {}: {}", what, rank_, nccl_failure(comm_, r_))); \
   } while (0)
 
 ncclDataType_t nccl_type(DType t) {
@@ -47,15 +73,20 @@ ncclDataType_t nccl_type(DType t) {
   return ncclFloat32;
 }
 
+// An event both the work and the watchdog hold: destroyed when the later lets go.
+using SharedEvent = std::shared_ptr<CUevent_st>;
+SharedEvent shared_event(cudaEvent_t e) {
+  return SharedEvent(e, [](cudaEvent_t p) { cudaEventDestroy(p); });
+}
+
 // The backend's stream waits for `done` (recorded after the collective on the communicator's).
 class NcclWork final : public CollectiveWork {
  public:
-  NcclWork(cudaEvent_t done, cudaStream_t compute) : done_(done), compute_(compute) {}
-  ~NcclWork() override { cudaEventDestroy(done_); }
-  void wait() override { LMSCOPE_CUDA_CHECK(cudaStreamWaitEvent(compute_, done_, 0)); }
+  NcclWork(SharedEvent done, cudaStream_t compute) : done_(std::move(done)), compute_(compute) {}
+  void wait() override { LMSCOPE_CUDA_CHECK(cudaStreamWaitEvent(compute_, done_.get(), 0)); }
 
  private:
-  cudaEvent_t done_;
+  SharedEvent done_;
   cudaStream_t compute_;
 };
 
@@ -71,6 +102,7 @@ struct Windows {
   ncclComm_t comm = nullptr;  // null once the communicator is gone
   int rank = 0;
   bool copy_engines = false;                               // CommunicatorOptions's (what a missing window costs)
+  std::chrono::seconds timeout{600};                       // the communicator's for a call in progress
   std::vector<std::pair<void*, ncclWindow_t>> registered;  // in the order made, the same on every rank
   std::vector<void*> given_back;
   bool registered_here(void* p) const {
@@ -85,7 +117,8 @@ class NcclCommunicator final : public Communicator {
       : compute_(static_cast<cudaStream_t>(backend.cuda_stream())),
         allocator_(backend.allocator()),
         rank_(world.rank),
-        size_(world.size) {
+        size_(world.size),
+        timeout_(world.timeout) {
     ncclUniqueId id{};
     const std::string key = "nccl.unique_id";
     if (world.rank == 0) {
@@ -98,6 +131,7 @@ class NcclCommunicator final : public Communicator {
       std::memcpy(id.internal, got.data(), got.size());
     }
     ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
+    config.blocking = 0;  // the watchdog's abort can then end any wait
     if (options.max_ctas > 0) config.maxCTAs = options.max_ctas;
     if (options.copy_engines) {
 #if NCCL_VERSION_CODE >= NCCL_VERSION(2, 28, 0)
@@ -109,20 +143,46 @@ class NcclCommunicator final : public Communicator {
                       nccl_version_text(NCCL_VERSION_CODE)));
 #endif
     }
-    LMSCOPE_NCCL_CHECK(ncclCommInitRankConfig(&comm_, world.size, id, world.rank, &config), "initialisation");
+    const ncclResult_t made =
+        settle(comm_, ncclCommInitRankConfig(&comm_, world.size, id, world.rank, &config), world.timeout);
+    if (made != ncclSuccess) {
+      const std::string why =
+          made == ncclInProgress
+              ? fmt::format("the other ranks did not join within {} s (LMSCOPE_DIST_TIMEOUT)", world.timeout.count())
+              : nccl_failure(comm_, made);
+      if (comm_) ncclCommAbort(comm_);
+      throw RankFailure(fmt::format("NCCL's initialisation failed on rank {}: {}", rank_, why));
+    }
+    timeout_ = world.collective_timeout;
     stream_ = cuda::take_stream();  // as the backend's: a sweep's later cells exchange as its first
 #if LMSCOPE_NCCL_WINDOWS
     windows_->comm = comm_;
     windows_->rank = rank_;
     windows_->copy_engines = options.copy_engines;
+    windows_->timeout = timeout_;
 #endif
+    int device = 0;
+    LMSCOPE_CUDA_CHECK(cudaGetDevice(&device));
+    recorder_ = std::make_unique<FlightRecorder>(world, "nccl");
+    ncclComm_t comm = comm_;
+    watchdog_ = std::make_unique<CollectiveWatchdog>(
+        *recorder_, world, "NCCL",
+        CollectiveWatchdog::Hooks{[device] { cudaSetDevice(device); },
+                                  [comm]() -> std::string {
+                                    ncclResult_t state = ncclSuccess;
+                                    if (ncclCommGetAsyncError(comm, &state) != ncclSuccess) return "";
+                                    return state == ncclSuccess || state == ncclInProgress ? std::string{}
+                                                                                           : nccl_failure(comm, state);
+                                  },
+                                  [comm] { ncclCommAbort(comm); }});
   }
 
   ~NcclCommunicator() override {
-    cudaStreamSynchronize(stream_);
+    cudaStreamSynchronize(stream_);  // watched still: a collective that never ends ends the rank
+    watchdog_->stop();
 #if LMSCOPE_NCCL_WINDOWS
     for (auto& [p, window] : windows_->registered)
-      if (window) ncclCommWindowDeregister(comm_, window);
+      if (window) settle(comm_, ncclCommWindowDeregister(comm_, window), timeout_);
     for (void* p : windows_->given_back) ncclMemFree(p);
     windows_->registered.clear();
     windows_->given_back.clear();
@@ -133,7 +193,12 @@ class NcclCommunicator final : public Communicator {
       cudaEventDestroy(t.second);
     }
     if (origin_) cudaEventDestroy(origin_);
-    ncclCommDestroy(comm_);
+    // A non-blocking communicator is finalised (its last operations flushed) before it is destroyed;
+    // one that cannot be, aborted.
+    if (settle(comm_, ncclCommFinalize(comm_), timeout_) == ncclSuccess)
+      ncclCommDestroy(comm_);
+    else
+      ncclCommAbort(comm_);
     cuda::give_back_stream(stream_);  // synchronised above
   }
 
@@ -147,7 +212,7 @@ class NcclCommunicator final : public Communicator {
 
   using Communicator::all_reduce_async;
   std::unique_ptr<CollectiveWork> all_reduce_async(std::span<const Tensor> ts) override {
-    return launch([&] {
+    return launch("all-reduce", ts, [&] {
       // The group is closed whatever fails inside it: an open group would defer every later NCCL call
       // of this thread (the next bench cell's too).
       LMSCOPE_NCCL_CHECK(ncclGroupStart(), "group start");
@@ -165,7 +230,7 @@ class NcclCommunicator final : public Communicator {
   std::unique_ptr<CollectiveWork> reduce_scatter_async(const Tensor& in, const Tensor& out) override {
     LMSCOPE_CHECK(in.dtype == out.dtype && in.numel() == out.numel() * size_, "reduce-scatter of {} into {}",
                   in.numel(), out.numel());
-    return launch([&] {
+    return launch("reduce-scatter", {&in, 1}, [&] {
       LMSCOPE_NCCL_CHECK(ncclReduceScatter(in.data, out.data, static_cast<std::size_t>(out.numel()),
                                            nccl_type(in.dtype), ncclSum, comm_, stream_),
                          "reduce-scatter");
@@ -175,7 +240,7 @@ class NcclCommunicator final : public Communicator {
   using Communicator::all_gather_async;
   std::unique_ptr<CollectiveWork> all_gather_async(std::span<const Tensor> ins, std::span<const Tensor> outs) override {
     check_all_gather(ins, outs);
-    return launch([&] {
+    return launch("all-gather", ins, [&] {
       LMSCOPE_NCCL_CHECK(ncclGroupStart(), "group start");  // closed whatever fails, as all-reduce's
       ncclResult_t first = ncclSuccess;
       for (std::size_t i = 0; i < ins.size() && first == ncclSuccess; ++i)
@@ -188,7 +253,7 @@ class NcclCommunicator final : public Communicator {
   }
 
   std::unique_ptr<CollectiveWork> broadcast_async(const Tensor& t, int root) override {
-    return launch([&] {
+    return launch("broadcast", {&t, 1}, [&] {
       LMSCOPE_NCCL_CHECK(
           ncclBroadcast(t.data, t.data, static_cast<std::size_t>(t.numel()), nccl_type(t.dtype), root, comm_, stream_),
           "broadcast");
@@ -214,12 +279,12 @@ class NcclCommunicator final : public Communicator {
       void* p = nullptr;
       if (ncclMemAlloc(&p, bytes) != ncclSuccess) return nullptr;
       ncclWindow_t window{};
-      const ncclResult_t r = ncclCommWindowRegister(w->comm, p, bytes, &window, NCCL_WIN_COLL_SYMMETRIC);
+      const ncclResult_t r =
+          settle(w->comm, ncclCommWindowRegister(w->comm, p, bytes, &window, NCCL_WIN_COLL_SYMMETRIC), w->timeout);
       if (r != ncclSuccess) {
         ncclMemFree(p);
-        throw RankFailure(fmt::format("NCCL's window registration failed on rank {}: {} ({})", w->rank,
-                                      ncclGetErrorString(r),
-                                      ncclGetLastError(w->comm) ? ncclGetLastError(w->comm) : ""));
+        throw RankFailure(fmt::format("NCCL's window registration failed on rank {}: {}", w->rank,
+                                      r == ncclInProgress ? "it did not finish" : nccl_failure(w->comm, r)));
       }
       // NCCL answers with no window where its symmetric kernels cannot run (GPUs without peer access,
       // NCCL_WIN_ENABLE=0): the memory still serves, the all-reduce is the ring's.
@@ -268,7 +333,8 @@ class NcclCommunicator final : public Communicator {
  private:
   // Orders `call` (an NCCL op on stream_) after the backend's work so far; its end is the work's.
   template <typename Call>
-  std::unique_ptr<CollectiveWork> launch(Call&& call) {
+  std::unique_ptr<CollectiveWork> launch(const char* kind, std::span<const Tensor> ts, Call&& call) {
+    const std::uint64_t seq = recorder_->enter(kind, bytes_of(ts), static_cast<int>(ts.size()));
     cudaEvent_t ready = nullptr, done = nullptr;
     LMSCOPE_CUDA_CHECK(cudaEventCreateWithFlags(&ready, cudaEventDisableTiming));
     LMSCOPE_CUDA_CHECK(cudaEventRecord(ready, compute_));
@@ -282,13 +348,15 @@ class NcclCommunicator final : public Communicator {
     call();
     LMSCOPE_CUDA_CHECK(cudaEventCreateWithFlags(&done, timing_ ? 0 : cudaEventDisableTiming));
     LMSCOPE_CUDA_CHECK(cudaEventRecord(done, stream_));
+    SharedEvent shared = shared_event(done);
+    watchdog_->watch(seq, [shared] { return cudaEventQuery(shared.get()) != cudaErrorNotReady; });
     if (timing_) {
       cudaEvent_t end = nullptr;  // a copy of `done` the work does not destroy
       LMSCOPE_CUDA_CHECK(cudaEventCreate(&end));
       LMSCOPE_CUDA_CHECK(cudaEventRecord(end, stream_));
       timed_.emplace_back(start, end);
     }
-    return std::make_unique<NcclWork>(done, compute_);
+    return std::make_unique<NcclWork>(std::move(shared), compute_);
   }
 
   cudaStream_t compute_ = nullptr, stream_ = nullptr;
@@ -297,7 +365,9 @@ class NcclCommunicator final : public Communicator {
   std::shared_ptr<Windows> windows_ = std::make_shared<Windows>();
 #endif
   int rank_ = 0, size_ = 1;
+  std::chrono::seconds timeout_;  // for a call NCCL finishes in the background: the rendezvous's, then a collective's
   ncclComm_t comm_ = nullptr;
+  std::unique_ptr<CollectiveWatchdog> watchdog_;
   bool timing_ = false;
   cudaEvent_t origin_ = nullptr;
   std::vector<std::pair<cudaEvent_t, cudaEvent_t>> timed_;

@@ -118,6 +118,12 @@ World world_from(const Getenv& getenv, const std::string& rendezvous_flag) {
   return w;
 }
 
+int restart_count() {
+  for (const char* var : {"LMSCOPE_RESTART_COUNT", "TORCHELASTIC_RESTART_COUNT"})
+    if (const char* v = std::getenv(var); v != nullptr && *v != '\0') return std::atoi(v);
+  return 0;
+}
+
 World world_from_environment(const std::string& rendezvous_flag) {
   return world_from([](const char* name) { return static_cast<const char*>(std::getenv(name)); }, rendezvous_flag);
 }

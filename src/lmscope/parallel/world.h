@@ -17,6 +17,10 @@ struct World {
   // A rank that waits longer than this for the others (rendezvous, a collective) gives up with an
   // error naming what it waited for. LMSCOPE_DIST_TIMEOUT (seconds), 300 by default.
   std::chrono::seconds timeout{300};
+  // A collective that has not finished this long after it was called ends the rank, with its flight
+  // record (collective_watchdog.h): --collective-timeout, 600 s by default (PyTorch's for NCCL), long
+  // enough for rank 0 to write a large checkpoint while the others wait in the next step.
+  std::chrono::seconds collective_timeout{600};
   // Names this run's keys in a store other runs may have used (a file store's directory): the
   // launcher's LMSCOPE_RUN_ID, else Slurm's job and step ids ("slurm-JOB.STEP"), else torchrun's
   // TORCHELASTIC_RUN_ID ("torchrun-ID"), else empty.
@@ -37,5 +41,9 @@ struct World {
 World world_from_environment(const std::string& rendezvous_flag = "");
 // The same from any lookup of variables (nullptr: unset), for tests.
 World world_from(const std::function<const char*(const char*)>& getenv, const std::string& rendezvous_flag);
+
+// How many times the ranks were started again after a failure: lmscope launch --max-restarts's
+// LMSCOPE_RESTART_COUNT, else torchrun's TORCHELASTIC_RESTART_COUNT; 0 on the first start.
+int restart_count();
 
 }  // namespace lmscope::parallel

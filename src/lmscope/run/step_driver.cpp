@@ -37,6 +37,7 @@ StepResult StepDriver::step(std::int64_t iteration, std::int64_t range_index) {
   StepResult result;
   result.iteration = iteration;
   result.lr = spec.schedule.at(iteration);
+  if (dp) dp->communicator().begin_step(iteration + 1);  // the flight record's step
   tell([&](StepObserver& o) { o.step_begin(iteration); });
   RangeListener* ranges = session_.backend().range_listener();
   ScopedRange whole(ranges, RangeLevel::step, "step", static_cast<int>(range_index));

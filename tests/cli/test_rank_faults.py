@@ -1,0 +1,92 @@
+"""Ranks lost in the middle of a run, on 2 and 4 Gloo CPU ranks under lmscope launch, with the test-only
+fault LMSCOPE_TEST_FAULT=RANK:STEP:ACTION:N (the N-th collective of step STEP; N=1 is the first bucket's
+all-reduce, started inside the backward): a rank killed there has every rank out within 60 s and is
+named; a rank that hangs there is caught by --collective-timeout, whose sentence names the collective,
+and the ranks' flight records say that the hung rank never entered it; a rank killed there and the
+ranks started again (--max-restarts) end with the bytes of the run never interrupted. Run by ctest with
+LMSCOPE pointing at the built program."""
+import os
+import re
+import subprocess
+import time
+import unittest
+
+from cli_support import FilesTest, write_tokens
+
+LMSCOPE = os.environ["LMSCOPE"]
+SHAPE = ["--device", "cpu", "--d-model", "64", "--d-ff", "128", "--layers", "2", "--heads", "2", "--vocab", "300",
+         "--ctx", "16"]
+
+
+class RankFaults(FilesTest):
+    @classmethod
+    def setUpClass(cls):
+        super().setUpClass()
+        cls.data = write_tokens(cls.path("tokens.bin"), 20000, vocab=300)
+
+    def launch(self, nproc, fault, *args, timeout=60, restarts=0):
+        """lmscope launch of `nproc` ranks training, with `fault`; (result, seconds taken)."""
+        env = {**os.environ, "OMP_NUM_THREADS": "1", "TMPDIR": self.path("")}
+        if fault:
+            env["LMSCOPE_TEST_FAULT"] = fault
+        start = time.monotonic()
+        r = subprocess.run([LMSCOPE, "launch", "--nproc", str(nproc), "--oversubscribe", "--max-restarts",
+                            str(restarts), "--", "train", *SHAPE,
+                            "--data", self.data, "--batch", str(nproc), "--sample", "sequential", *args],
+                           capture_output=True, text=True, timeout=timeout, env=env)
+        return r, time.monotonic() - start
+
+    def test_a_rank_killed_in_the_backwards_exchange_has_every_rank_out_and_named(self):
+        for nproc in (2, 4):
+            with self.subTest(nproc=nproc):
+                victim = nproc - 1
+                r, took = self.launch(nproc, f"{victim}:3:die:1", "--steps", "6")
+                self.assertEqual(r.returncode, 1, r.stderr)
+                self.assertLess(took, 60)
+                self.assertIn(f"lmscope launch: rank {victim} was killed by SIGKILL", r.stderr)
+                self.assertIn(f"rank {victim} left no record", r.stderr)
+                # Every other rank says in one sentence which collective of which step failed.
+                for rank in range(nproc):
+                    if rank == victim:
+                        continue
+                    said = [line for line in r.stderr.splitlines() if line.startswith(f"lmscope: rank {rank}: error:")]
+                    self.assertLessEqual(len(said), 1, r.stderr)
+                    for line in said:
+                        self.assertRegex(line, r"the all-reduce #\d+ of step 3 \(.*\) over Gloo failed on rank")
+                self.assertNotIn("internal error", r.stderr)
+
+    def test_a_hung_rank_is_caught_by_the_collective_timeout_and_named_by_the_flight_records(self):
+        for nproc in (2, 4):
+            with self.subTest(nproc=nproc):
+                r, took = self.launch(nproc, "1:3:hang:1", "--steps", "6", "--collective-timeout", "3")
+                self.assertEqual(r.returncode, 1, r.stderr)
+                self.assertLess(took, 60)
+                timed_out = re.findall(r"lmscope: rank (\d+): error: the all-reduce #(\d+) of step 3 \((.*?)\) over "
+                                       r"Gloo has not finished after \d+ s \(--collective-timeout 3\): a rank stopped "
+                                       r"before it, or never called it; its last collectives are in '(.*?)'", r.stderr)
+                self.assertTrue(timed_out, r.stderr)
+                rank, seq, size, path = timed_out[0]
+                self.assertNotEqual(rank, "1")
+                self.assertTrue(os.path.isfile(path), path)
+                self.assertRegex(r.stderr, rf"lmscope launch: rank 1 never entered all-reduce #{seq} \({re.escape(size)}"
+                                           r", step 3\), in which ranks? [\d, and]+ waited; its last collective was "
+                                           r"all-reduce #\d+ \(.*, step 2\), completed")
+                self.assertIn("lmscope launch: the ranks' flight records are in", r.stderr)
+
+    def test_a_restart_after_a_rank_died_in_the_exchange_ends_with_the_uninterrupted_runs_bytes(self):
+        whole, restarted = self.path("whole.safetensors"), self.path("restarted.safetensors")
+        common = ["--steps", "5", "--ddp", "bucketed", "--bucket-mb", "0.1"]
+        r, _ = self.launch(4, None, *common, "--save", whole, timeout=120)
+        self.assertEqual(r.returncode, 0, r.stderr)
+        r, took = self.launch(4, "2:4:die:2", *common, "--save", restarted, "--checkpoint-dir", self.path("ck"),
+                              "--save-every", "2", timeout=120, restarts=1)
+        self.assertEqual(r.returncode, 0, r.stdout + r.stderr)
+        self.assertIn("lmscope launch: rank 2 was killed by SIGKILL", r.stderr)
+        self.assertIn("starting the ranks again (restart 1 of 1)", r.stderr)
+        self.assertIn("resumed at step 2 from", r.stdout)
+        with open(whole, "rb") as a, open(restarted, "rb") as b:
+            self.assertEqual(a.read(), b.read())
+
+
+if __name__ == "__main__":
+    unittest.main()

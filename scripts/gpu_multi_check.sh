@@ -12,7 +12,10 @@
 # those of ranks started by lmscope launch), and bench --profile over two ranks (NCCL's kernels in
 # the kernel profile, beside one GPU's profile of the same cell). Full logs in $OUT (or ./gpu-out);
 # tools/ddp_table.py's short table prints last.
-# LMSCOPE_DDP_PARTS (default tests,ddptests,torchrun,profile,allreduce,bench,table) runs only those
+# The part faults: ranks lost inside a collective through NCCL (tests/cli/test_rank_faults.py: a rank
+# killed in the backward's exchange, a hung rank caught by --collective-timeout and named by the flight
+# records, a restart that ends with the uninterrupted run's bytes).
+# LMSCOPE_DDP_PARTS (default tests,ddptests,faults,torchrun,profile,allreduce,bench,table) runs only those
 # parts, so the run can be split across calls of a time limit (LMSCOPE_BUILD_DIR=build-gpu reuses
 # the first call's build; LMSCOPE_DDP_VARIANTS, lmscope's flags a ';' apart, and LMSCOPE_DDP_PT_VARIANTS,
 # bench_ddp.py's --variant, and LMSCOPE_DDP_ONE_GPU, the one-GPU cells' flags, narrow the bench part);
@@ -30,7 +33,7 @@ nvidia-smi topo -m >>"$OUT/gpus.txt" 2>&1
 date -u +%FT%TZ | tee -a "$OUT/gpus.txt"
 models=${LMSCOPE_DDP_MODELS:-xl,2.7B} ctxs=${LMSCOPE_DDP_CTXS:-512,1024}
 steps=(--warmup "${LMSCOPE_DDP_WARMUP:-3}" --steps "${LMSCOPE_DDP_MEASURED:-10}")
-parts=",${LMSCOPE_DDP_PARTS:-tests,ddptests,torchrun,profile,allreduce,bench,table},"
+parts=",${LMSCOPE_DDP_PARTS:-tests,ddptests,faults,torchrun,profile,allreduce,bench,table},"
 variants=${LMSCOPE_DDP_VARIANTS:-"--ddp naive;--ddp flat;--ddp overlap;--ddp bucketed --bucket-mb 1;\
 --ddp bucketed --bucket-mb 10;--ddp bucketed --bucket-mb 25;--ddp bucketed --bucket-mb 100;\
 --ddp bucketed --bucket-mb 1000;--zero 1;--ddp bucketed --bucket-mb 25 --grad-dtype bf16;\
@@ -52,6 +55,12 @@ if [[ $parts == *,ddptests,* ]]; then
     echo "== data-parallel tests, two GPUs, $1, $3 gradients, $2 steps: exit $?"
     grep -E "within|ok$|FAIL|Error|Ran" "$OUT/ddp-tests-$1-$3.log" | sort -u | head -20
   done
+fi
+
+if [[ $parts == *,faults,* ]]; then
+  LMSCOPE="$B/lmscope" LMSCOPE_FAULT_DEVICE=cuda $PY tests/cli/test_rank_faults.py -v >"$OUT/rank-faults.log" 2>&1
+  echo "== ranks lost inside a collective, through NCCL: exit $?"
+  grep -E "ok$|FAIL|Error|Ran" "$OUT/rank-faults.log" | head -10
 fi
 
 if [[ $parts == *,torchrun,* ]]; then

@@ -4,7 +4,9 @@ all-reduce, started inside the backward): a rank killed there has every rank out
 named; a rank that hangs there is caught by --collective-timeout, whose sentence names the collective,
 and the ranks' flight records say that the hung rank never entered it; a rank killed there and the
 ranks started again (--max-restarts) end with the bytes of the run never interrupted. Run by ctest with
-LMSCOPE pointing at the built program."""
+LMSCOPE pointing at the built program; with LMSCOPE_FAULT_DEVICE=cuda the same on two GPUs through NCCL
+(scripts/gpu_multi_check.sh), where a rank whose peer was killed waits inside NCCL until the launcher
+stops it or its watchdog's timeout ends it."""
 import os
 import re
 import subprocess
@@ -14,7 +16,10 @@ import unittest
 from cli_support import FilesTest, write_tokens
 
 LMSCOPE = os.environ["LMSCOPE"]
-SHAPE = ["--device", "cpu", "--d-model", "64", "--d-ff", "128", "--layers", "2", "--heads", "2", "--vocab", "300",
+DEVICE = os.environ.get("LMSCOPE_FAULT_DEVICE", "cpu")
+LIBRARY = "NCCL" if DEVICE == "cuda" else "Gloo"
+WORLDS = (2,) if DEVICE == "cuda" else (2, 4)  # the GPU machine's two GPUs; CPU ranks share the cores
+SHAPE = ["--device", DEVICE, "--d-model", "64", "--d-ff", "128", "--layers", "2", "--heads", "2", "--vocab", "300",
          "--ctx", "16"]
 
 
@@ -37,7 +42,7 @@ class RankFaults(FilesTest):
         return r, time.monotonic() - start
 
     def test_a_rank_killed_in_the_backwards_exchange_has_every_rank_out_and_named(self):
-        for nproc in (2, 4):
+        for nproc in WORLDS:
             with self.subTest(nproc=nproc):
                 victim = nproc - 1
                 r, took = self.launch(nproc, f"{victim}:3:die:1", "--steps", "6")
@@ -52,17 +57,18 @@ class RankFaults(FilesTest):
                     said = [line for line in r.stderr.splitlines() if line.startswith(f"lmscope: rank {rank}: error:")]
                     self.assertLessEqual(len(said), 1, r.stderr)
                     for line in said:
-                        self.assertRegex(line, r"the all-reduce #\d+ of step 3 \(.*\) over Gloo failed on rank")
+                        self.assertRegex(line, rf"the all-reduce #\d+ of step 3 \(.*\) over {LIBRARY} (failed on rank|has "
+                                               r"not finished after)")
                 self.assertNotIn("internal error", r.stderr)
 
     def test_a_hung_rank_is_caught_by_the_collective_timeout_and_named_by_the_flight_records(self):
-        for nproc in (2, 4):
+        for nproc in WORLDS:
             with self.subTest(nproc=nproc):
                 r, took = self.launch(nproc, "1:3:hang:1", "--steps", "6", "--collective-timeout", "3")
                 self.assertEqual(r.returncode, 1, r.stderr)
                 self.assertLess(took, 60)
                 timed_out = re.findall(r"lmscope: rank (\d+): error: the all-reduce #(\d+) of step 3 \((.*?)\) over "
-                                       r"Gloo has not finished after \d+ s \(--collective-timeout 3\): a rank stopped "
+                                       rf"{LIBRARY} has not finished after \d+ s \(--collective-timeout 3\): a rank stopped "
                                        r"before it, or never called it; its last collectives are in '(.*?)'", r.stderr)
                 self.assertTrue(timed_out, r.stderr)
                 rank, seq, size, path = timed_out[0]
@@ -76,12 +82,13 @@ class RankFaults(FilesTest):
     def test_a_restart_after_a_rank_died_in_the_exchange_ends_with_the_uninterrupted_runs_bytes(self):
         whole, restarted = self.path("whole.safetensors"), self.path("restarted.safetensors")
         common = ["--steps", "5", "--ddp", "bucketed", "--bucket-mb", "0.1"]
-        r, _ = self.launch(4, None, *common, "--save", whole, timeout=120)
+        nproc = WORLDS[-1]
+        r, _ = self.launch(nproc, None, *common, "--save", whole, timeout=120)
         self.assertEqual(r.returncode, 0, r.stderr)
-        r, took = self.launch(4, "2:4:die:2", *common, "--save", restarted, "--checkpoint-dir", self.path("ck"),
+        r, took = self.launch(nproc, f"{nproc - 1}:4:die:2", *common, "--save", restarted, "--checkpoint-dir", self.path("ck"),
                               "--save-every", "2", timeout=120, restarts=1)
         self.assertEqual(r.returncode, 0, r.stdout + r.stderr)
-        self.assertIn("lmscope launch: rank 2 was killed by SIGKILL", r.stderr)
+        self.assertIn(f"lmscope launch: rank {nproc - 1} was killed by SIGKILL", r.stderr)
         self.assertIn("starting the ranks again (restart 1 of 1)", r.stderr)
         self.assertIn("resumed at step 2 from", r.stdout)
         with open(whole, "rb") as a, open(restarted, "rb") as b:

@@ -35,10 +35,13 @@ class RankFaults(FilesTest):
         if fault:
             env["LMSCOPE_TEST_FAULT"] = fault
         start = time.monotonic()
-        r = subprocess.run([LMSCOPE, "launch", "--nproc", str(nproc), "--oversubscribe", "--max-restarts",
-                            str(restarts), "--", "train", *SHAPE,
-                            "--data", self.data, "--batch", str(nproc), "--sample", "sequential", *args],
-                           capture_output=True, text=True, timeout=timeout, env=env)
+        try:
+            r = subprocess.run([LMSCOPE, "launch", "--nproc", str(nproc), "--oversubscribe", "--max-restarts",
+                                str(restarts), "--", "train", *SHAPE, "--data", self.data, "--batch", str(nproc),
+                                "--sample", "sequential", *args],
+                               capture_output=True, text=True, timeout=timeout, env=env)
+        except subprocess.TimeoutExpired as e:  # what the ranks had said by then
+            self.fail(f"still running after {timeout} s:\n{e.stdout}\n{e.stderr}")
         return r, time.monotonic() - start
 
     def test_a_rank_killed_in_the_backwards_exchange_has_every_rank_out_and_named(self):

@@ -91,6 +91,16 @@ TEST_F(FlightRecorderTest, ComparisonNamesTheRankThatNeverEnteredTheCollectiveOt
     }
     rec.write("signal 15");
   }
+  {  // rank 0's host went on queueing: it called a fourth, which rank 1 never reached either
+    FlightRecorder rec(world(0, 4), "gloo");
+    rec.begin_step(5);
+    for (int i = 0; i < 4; ++i) {
+      const auto seq = rec.enter("all-reduce", 1024, 1);
+      if (i < 2) rec.ended(seq, true);
+    }
+    std::filesystem::remove(rec.path());
+    rec.write("timeout");
+  }
   const auto said = compare_flight_records(dir_.string(), 4);
   ASSERT_EQ(said.size(), 2u) << ::testing::PrintToString(said);
   EXPECT_EQ(said[0],

@@ -2,8 +2,10 @@
 
 #include <fmt/format.h>
 
+#include <atomic>
 #include <cstdio>
 #include <cstdlib>
+#include <memory>
 
 namespace lmscope::parallel {
 namespace {
@@ -11,6 +13,8 @@ namespace {
 // How often the watchdog looks: a timeout is seen within this of its end, and a rank's collectives
 // cost it nothing but a map entry.
 constexpr auto kPoll = std::chrono::milliseconds(100);
+// How long the abort may take before the process ends without it.
+constexpr auto kAbortWait = std::chrono::seconds(5);
 
 }  // namespace
 
@@ -95,7 +99,17 @@ void CollectiveWatchdog::fail(const std::string& what, const std::string& reason
                                           : fmt::format("; its last collectives are in '{}'", path);
   fmt::print(stderr, "{}error: {}{}\n", prefix(), what, record);
   std::fflush(nullptr);
-  if (hooks_.abort) hooks_.abort();
+  if (hooks_.abort) {
+    // The abort ends what the GPU waits in; should it wait on something itself, the process ends anyway.
+    auto aborted = std::make_shared<std::atomic<bool>>(false);
+    std::thread([abort = hooks_.abort, aborted] {
+      abort();
+      aborted->store(true);
+    }).detach();
+    const auto until = std::chrono::steady_clock::now() + kAbortWait;
+    while (!aborted->load() && std::chrono::steady_clock::now() < until)
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
   std::_Exit(1);
 }
 

@@ -201,39 +201,43 @@ std::vector<std::string> compare_flight_records(const std::string& dir, int size
   }
   if (ranks.empty()) return {};
   std::vector<std::string> out;
-  // The furthest collective any rank entered; a rank whose last is before it never entered it.
-  std::uint64_t furthest = 0;
-  int at = -1;
-  for (const auto& [r, rec] : ranks)
-    if (const auto* last = rec.last(); last && (*last)["seq"].get<std::uint64_t>() > furthest)
-      furthest = (*last)["seq"].get<std::uint64_t>(), at = r;
-  std::vector<int> waiting, behind;
+  // The collective the run is stuck in: the first that some rank did not see complete (a GPU rank's
+  // host goes on queueing collectives after the one it will wait in, so later ones say nothing).
+  auto seq_of = [](const nlohmann::json& c) { return c["seq"].get<std::uint64_t>(); };
+  std::uint64_t stuck = UINT64_MAX;
   for (const auto& [r, rec] : ranks) {
-    const auto* last = rec.last();
-    const std::uint64_t seq = last ? (*last)["seq"].get<std::uint64_t>() : 0;
-    (seq == furthest ? waiting : behind).push_back(r);
+    std::uint64_t first_open = rec.last() ? seq_of(*rec.last()) + 1 : 1;
+    for (const auto& c : rec.collectives)
+      if (c.value("state", std::string{}) != "completed") {
+        first_open = seq_of(c);
+        break;
+      }
+    stuck = std::min(stuck, first_open);
   }
+  std::vector<int> entered, behind;
+  for (const auto& [r, rec] : ranks) (rec.last() && seq_of(*rec.last()) >= stuck ? entered : behind).push_back(r);
+  const int at = entered.empty() || ranks.at(entered.front()).find(stuck) == nullptr ? -1 : entered.front();
   if (at >= 0) {
-    const nlohmann::json& c = *ranks.at(at).last();
-    const bool unfinished = c.value("state", std::string{}) != "completed";
+    const nlohmann::json& c = *ranks.at(at).find(stuck);
     for (int r : behind) {
       const auto* last = ranks.at(r).last();
       out.push_back(
-          fmt::format("rank {} never entered {}{}; its last collective was {}", r, collective_words(c),
-                      unfinished ? fmt::format(", in which {} waited", rank_list(waiting)) : "",
+          fmt::format("rank {} never entered {}, in which {} waited; its last collective was {}", r,
+                      collective_words(c), rank_list(entered),
                       last ? fmt::format("{}, {}", collective_words(*last), last->value("state", "?")) : "none"));
     }
-    if (behind.empty() && unfinished) {
-      // Every rank that wrote a record is in the same collective: which saw it fail, which waited how long.
+    if (behind.empty()) {
+      // Every rank that wrote a record entered it: which saw it fail, which waited how long.
       std::vector<int> failed;
       std::string waits;
-      for (int r : waiting) {
+      for (int r : entered) {
         const RankRecord& rec = ranks.at(r);
-        if (rec.last()->value("state", std::string{}) == "failed") {
+        const nlohmann::json& mine = *rec.find(stuck);
+        if (mine.value("state", std::string{}) == "failed") {
           failed.push_back(r);
           continue;
         }
-        const double s = static_cast<double>(rec.written_us - rec.last()->value("queued_us", std::int64_t{0})) / 1e6;
+        const double s = static_cast<double>(rec.written_us - mine.value("queued_us", std::int64_t{0})) / 1e6;
         waits += fmt::format("{}rank {} for {:.1f} s", waits.empty() ? "" : ", ", r, std::max(0.0, s));
       }
       if (!failed.empty()) out.push_back(fmt::format("{} saw {} fail", rank_list(failed), collective_words(c)));
@@ -241,13 +245,14 @@ std::vector<std::string> compare_flight_records(const std::string& dir, int size
     }
   }
   // The same number for different collectives: the ranks called them in different orders.
+  const int ref = at >= 0 ? at : ranks.begin()->first;
   for (const auto& [r, rec] : ranks) {
-    if (r == at || at < 0) continue;
+    if (r == ref) continue;
     for (const auto& c : rec.collectives) {
-      const auto* theirs = ranks.at(at).find(c["seq"].get<std::uint64_t>());
+      const auto* theirs = ranks.at(ref).find(c["seq"].get<std::uint64_t>());
       if (theirs && ((*theirs).value("kind", "") != c.value("kind", "") ||
                      (*theirs).value("bytes", std::int64_t{0}) != c.value("bytes", std::int64_t{0}))) {
-        out.push_back(fmt::format("ranks {} and {} called different collectives as #{}: {} and {}", at, r,
+        out.push_back(fmt::format("ranks {} and {} called different collectives as #{}: {} and {}", ref, r,
                                   c.value("seq", 0), collective_words(*theirs), collective_words(c)));
         break;
       }

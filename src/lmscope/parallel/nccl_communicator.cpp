@@ -1,9 +1,9 @@
 // Collectives between GPUs on NCCL. Each runs on the communicator's own stream, after the work the
 // backend's stream had enqueued when it was called (an event between the two), so a gradient's
 // all-reduce overlaps the rest of the backward; wait() makes the backend's stream wait for it, and
-// the host goes on. The ranks meet once, in the store, for NCCL's unique id. The communicator is
-// non-blocking (no NCCL call holds the host), so a watchdog (collective_watchdog.h) can abort it when a
-// collective does not end or NCCL reports an error of its own.
+// the host goes on. The ranks meet once, in the store, for NCCL's unique id. A watchdog
+// (collective_watchdog.h) aborts the communicator when a collective does not end or NCCL reports an
+// error of its own.
 #include "lmscope/backend/backend.h"
 #include "lmscope/backend/cuda/cuda_check.h"
 #include "lmscope/backend/cuda/stream_pool.h"
@@ -34,8 +34,8 @@ std::string nccl_failure(ncclComm_t comm, ncclResult_t r) {
   return last && *last ? fmt::format("{} ({})", ncclGetErrorString(r), last) : ncclGetErrorString(r);
 }
 
-// A non-blocking communicator's call may answer "in progress": the next call waits until NCCL has
-// finished it (its asynchronous error no longer ncclInProgress), at most `limit`.
+// A call that answers "in progress" (a non-blocking communicator's, or NCCL's initialisation under
+// NCCL_COMM_BLOCKING=0): the next call waits until NCCL has finished it, at most `limit`.
 ncclResult_t settle(ncclComm_t comm, ncclResult_t r, std::chrono::seconds limit) {
   if (r != ncclInProgress) return r;
   const auto until = std::chrono::steady_clock::now() + limit;
@@ -131,7 +131,10 @@ class NcclCommunicator final : public Communicator {
       std::memcpy(id.internal, got.data(), got.size());
     }
     ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
-    config.blocking = 0;  // the watchdog's abort can then end any wait
+    // Blocking (NCCL's default): on a non-blocking communicator NCCL 2.28.9 returned from
+    // ncclCommWindowRegister before it had filled in the window (no symmetric window, the ring's
+    // all-reduce), and one of four 2.7B runs of two ranks ended in SIGSEGV (2026-11-28, two H200s,
+    // docs/distributed.md "Timeouts"). ncclCommAbort from the watchdog's thread ends a blocked rank either way.
     if (options.max_ctas > 0) config.maxCTAs = options.max_ctas;
     if (options.copy_engines) {
 #if NCCL_VERSION_CODE >= NCCL_VERSION(2, 28, 0)
@@ -193,8 +196,7 @@ class NcclCommunicator final : public Communicator {
       cudaEventDestroy(t.second);
     }
     if (origin_) cudaEventDestroy(origin_);
-    // A non-blocking communicator is finalised (its last operations flushed) before it is destroyed;
-    // one that cannot be, aborted.
+    // Finalised (its last operations flushed) before it is destroyed; one that cannot be, aborted.
     if (settle(comm_, ncclCommFinalize(comm_), timeout_) == ncclSuccess)
       ncclCommDestroy(comm_);
     else

@@ -134,7 +134,7 @@ class NcclCommunicator final : public Communicator {
     // Blocking (NCCL's default): on a non-blocking communicator NCCL 2.28.9 returned from
     // ncclCommWindowRegister before it had filled in the window (no symmetric window, the ring's
     // all-reduce), and one of four 2.7B runs of two ranks ended in SIGSEGV (2026-11-28, two H200s,
-    // docs/distributed.md "Timeouts"). ncclCommAbort from the watchdog's thread ends a blocked rank either way.
+    // docs/failures.md "Timeouts"). ncclCommAbort from the watchdog's thread ends a blocked rank either way.
     if (options.max_ctas > 0) config.maxCTAs = options.max_ctas;
     if (options.copy_engines) {
 #if NCCL_VERSION_CODE >= NCCL_VERSION(2, 28, 0)

@@ -1,4 +1,4 @@
-// Test-only fault injection (docs/distributed.md "Faults in tests"): LMSCOPE_TEST_FAULT=RANK:STEP:ACTION
+// Test-only fault injection (docs/failures.md "Faults in tests"): LMSCOPE_TEST_FAULT=RANK:STEP:ACTION
 // makes rank RANK of the first start, after step STEP (its checkpoint written, where one is due),
 // exit with code 1 (exit), die of SIGKILL as the out-of-memory killer kills (die), or stop answering
 // (hang); RANK:STEP:ACTION:N does it as the rank calls the N-th collective of step STEP (1: the

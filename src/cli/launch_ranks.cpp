@@ -19,7 +19,9 @@ namespace lmscope::cli {
 namespace {
 
 using Clock = std::chrono::steady_clock;
-// How long the ranks have to stop after SIGTERM before SIGKILL.
+// How long the other ranks have to stop after a rank failed before SIGKILL: they cannot checkpoint
+// without it, and one waiting inside a collective with it would wait on. Ranks stopped by a signal to
+// the launcher get as long as their checkpoint takes (a second signal: SIGKILL).
 constexpr auto kGrace = std::chrono::seconds(10);
 
 // `lmscope train` stopped cleanly on a signal: its checkpoint written, it exits 128 + the signal.
@@ -77,7 +79,7 @@ RanksOutcome RankGroup::run(const std::string& exe, const std::vector<std::strin
   auto stop_all = [&](int sig) {
     for (const auto& [pid, rank] : running) ::kill(pid, sig);
     if (sig == SIGKILL) killed = true;
-    kill_at = std::min(kill_at, Clock::now() + kGrace);
+    if (out.failed) kill_at = std::min(kill_at, Clock::now() + kGrace);
   };
   auto stopping = [&] { return out.failed || out.interrupted != 0 || out.stopped_on != 0; };
   // A rank has ended: the first to fail is named, and the others are stopped.

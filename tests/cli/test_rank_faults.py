@@ -9,6 +9,7 @@ LMSCOPE pointing at the built program; with LMSCOPE_FAULT_DEVICE=cuda the same o
 stops it or its watchdog's timeout ends it."""
 import os
 import re
+import signal
 import subprocess
 import time
 import unittest
@@ -81,6 +82,28 @@ class RankFaults(FilesTest):
                                            r", step 3\), in which ranks? [\d, and]+ waited; its last collective was "
                                            r"all-reduce #\d+ \(.*, step 2\), completed")
                 self.assertIn("lmscope launch: the ranks' flight records are in", r.stderr)
+
+    @unittest.skipIf(DEVICE == "cuda", "the launcher's part, the same on every device")
+    def test_ranks_stopped_by_a_signal_to_the_launcher_get_as_long_as_they_take(self):
+        # Rank 1 hangs after step 2 and rank 0 waits in step 3's exchange: neither stops on SIGTERM.
+        # The launcher once sent SIGKILL 10 s after passing a signal on, killing a rank 0 in the middle
+        # of a large checkpoint; now only a second signal does.
+        env = {**os.environ, "OMP_NUM_THREADS": "1", "TMPDIR": self.path(""), "LMSCOPE_TEST_FAULT": "1:2:hang"}
+        p = subprocess.Popen([LMSCOPE, "launch", "--nproc", "2", "--oversubscribe", "--", "train", *SHAPE, "--data",
+                              self.data, "--batch", "2", "--steps", "6"], stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE, text=True, env=env)
+        try:
+            time.sleep(4)
+            p.send_signal(signal.SIGTERM)
+            time.sleep(12)
+            self.assertIsNone(p.poll(), "the launcher ended its ranks without a second signal")
+            p.send_signal(signal.SIGTERM)
+            out, err = p.communicate(timeout=10)
+        finally:
+            p.kill()
+            p.wait()
+        self.assertEqual(p.returncode, 128 + signal.SIGTERM, err)
+        self.assertIn("lmscope launch: got SIGTERM; stopping the ranks", err)
 
     def test_a_restart_after_a_rank_died_in_the_exchange_ends_with_the_uninterrupted_runs_bytes(self):
         whole, restarted = self.path("whole.safetensors"), self.path("restarted.safetensors")

@@ -13,7 +13,8 @@ B=build-gpu
 T=(train --device cuda --d-model 64 --d-ff 128 --layers 2 --heads 2 --vocab 300 --ctx 16 --data "$W/tok.bin" --batch 2
   --sample sequential --steps 5)
 for prec in fp32; do
-  for par in "--ddp bucketed --bucket-mb 0.1" "--ddp flat" "one GPU"; do
+  for par in ${RESUME_CASES:-"--ddp bucketed --bucket-mb 0.1" "--ddp flat" "one GPU"}; do
+    par=${par//%/ }  # RESUME_CASES spells a case's spaces as %
     tag=$prec-$(echo "$par" | tr -d ' -'); run=("$B/lmscope" launch --nproc 2 --); flags=($par)
     [[ $par == "one GPU" ]] && run=("$B/lmscope") flags=()
     "${run[@]}" "${T[@]}" --precision $prec "${flags[@]}" --save "$W/whole-$tag.st" >/dev/null 2>&1

@@ -1,13 +1,17 @@
 // lmscope's command line: one subcommand per question.
-// Exit codes: 0 success, 2 user error (one sentence on stderr), 1 internal failure.
+// Exit codes: 0 success, 2 user error (one sentence on stderr), 1 a failure of the machine or an internal
+// one, 128 + the signal for a command stopped by SIGINT, SIGTERM or SIGHUP.
 #include "commands.h"
 
 #include "lmscope/core/error.h"
 
 #include <fmt/core.h>
 
+#include <unistd.h>
+
 #include <charconv>
 #include <cmath>
+#include <csignal>
 #include <cstdio>
 #include <cstdlib>
 #include <limits>
@@ -27,6 +31,29 @@ std::string error_prefix() {
     return "lmscope: ";
   }
   return "lmscope: ";
+}
+
+// SIGINT, SIGTERM or SIGHUP end a command with one line and exit 128 + the signal (as train's clean
+// stop does), not by the signal: train, which saves a checkpoint first, takes them over once it runs;
+// launch takes them with sigtimedwait and passes them on to its ranks.
+char stop_lines[3][160];
+std::size_t stop_lengths[3];
+constexpr int kStopSignals[] = {SIGINT, SIGTERM, SIGHUP};
+
+extern "C" void stop_now(int sig) {
+  for (int i = 0; i < 3; ++i)
+    if (kStopSignals[i] == sig && ::write(STDERR_FILENO, stop_lines[i], stop_lengths[i]) < 0) break;
+  ::_exit(128 + sig);
+}
+
+void stop_on_signals(const std::string& prefix) {
+  const char* names[] = {"SIGINT", "SIGTERM", "SIGHUP"};
+  for (int i = 0; i < 3; ++i) {
+    const std::string line = fmt::format("{}stopped by {}\n", prefix, names[i]).substr(0, sizeof stop_lines[i] - 1);
+    std::copy(line.begin(), line.end(), stop_lines[i]);
+    stop_lengths[i] = line.size();
+    std::signal(kStopSignals[i], stop_now);
+  }
 }
 
 // CLI11 reads whole numbers with strtoll/strtoull: "-1" wraps to 2^64 - 1 in an unsigned flag, a value
@@ -94,6 +121,7 @@ int main(int argc, char** argv) {
   for (std::size_t i = 0; i < commands.size(); ++i)
     names += (i == 0 ? "" : i + 1 == commands.size() ? " or " : ", ") + commands[i]->app->get_name();
   const std::string prefix = error_prefix();
+  stop_on_signals(prefix);
   if (argc < 2) {
     fmt::print(stderr, "{}error: a command is required: {} (see lmscope --help)\n", prefix, names);
     return 2;

@@ -37,13 +37,19 @@
 namespace lmscope::cli {
 namespace {
 
-// The signal that asked the run to stop, 0 while none has. The handler only records it (and puts
-// the default back, so a second one stops the process at once); the loop saves at the step's end.
+// The signal that asked the run to stop, 0 while none has. The handler only records it; the loop
+// saves at the step's end. A second signal stops the process at once (exit 128 + it, no checkpoint:
+// the last complete one stays).
 std::atomic<int> stop_signal{0};
+extern "C" void stop_at_once(int sig) {
+  const char line[] = "lmscope: a second signal: stopped at once, without a checkpoint of this step\n";
+  if (::write(STDERR_FILENO, line, sizeof line - 1) < 0) ::_exit(128 + sig);
+  ::_exit(128 + sig);
+}
 extern "C" void record_stop_signal(int sig) {
   stop_signal.store(sig);
   parallel::FlightRecorder::note_signal(sig);  // the ranks' flight records are written then
-  std::signal(sig, SIG_DFL);
+  for (int s : {SIGINT, SIGTERM, SIGHUP}) std::signal(s, stop_at_once);
 }
 
 // SIGINT, SIGTERM and SIGHUP (a closed terminal, a scheduler's notice) each stop the run cleanly.
@@ -198,6 +204,9 @@ class TrainCommand : public Command {
   }
 
   int run() override {
+    // A checkpointed run stops cleanly on a signal from here on (after the step under way).
+    if (!s_.checkpoint_dir.empty())
+      for (int sig : kStopSignals) std::signal(sig, record_stop_signal);
     // Started again after a failure: on from the newest complete checkpoint the first start wrote
     // (newer than any --resume gave it). None yet: a fresh start, in place of what it left half-made.
     if (parallel::restart_count() > 0 && !s_.checkpoint_dir.empty()) {

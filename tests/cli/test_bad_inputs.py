@@ -1,8 +1,9 @@
 """Bad input to every command ends in one sentence: exit 2 for the user's mistake, 1 for the machine's
 (a full disk), 0 where the value is fine after all; never a signal, an abort, a library's text (the
 C++ library's, the JSON library's, Gloo's) or an "internal error", and within a minute.
-The first tests are the cases issue 57 named; the sweep at the end gives each command's flags empty,
-negative, zero, huge, non-finite and non-UTF-8 values, and each reader hostile files.
+The tests here are the cases issue 57 named; tests/cli/test_flag_sweep.py gives each command's flags
+empty, negative, zero, huge, non-finite and non-UTF-8 values, tests/cli/test_hostile_files.py each
+reader damaged and hostile files, and tests/cli/test_signals.py signals at random moments.
 Run by ctest with LMSCOPE pointing at the built program."""
 import json
 import os

@@ -204,9 +204,6 @@ class TrainCommand : public Command {
   }
 
   int run() override {
-    // A checkpointed run stops cleanly on a signal from here on (after the step under way).
-    if (!s_.checkpoint_dir.empty())
-      for (int sig : kStopSignals) std::signal(sig, record_stop_signal);
     // Started again after a failure: on from the newest complete checkpoint the first start wrote
     // (newer than any --resume gave it). None yet: a fresh start, in place of what it left half-made.
     if (parallel::restart_count() > 0 && !s_.checkpoint_dir.empty()) {
@@ -299,6 +296,10 @@ class TrainCommand : public Command {
       batches.sampler().restore(resumed->state.sampler);
       start = resumed->state.step;
     }
+    // From the first step on, a checkpointed run (and every rank of several, which stop after the same
+    // step) stops cleanly on a signal, after the step under way. Until then main()'s handler ends the
+    // process at once: there is nothing to save, and a rank still meeting the others must not wait for
+    // them in the rendezvous.
     if (!s_.checkpoint_dir.empty() || dp)
       for (int sig : kStopSignals) std::signal(sig, record_stop_signal);
 

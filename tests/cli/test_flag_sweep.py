@@ -90,7 +90,10 @@ class FlagSweep(FilesTest):
     def test_every_flag_at_bad_values_ends_in_one_sentence(self):
         cases = []
         for name, base in self.bases.items():
-            for i, flag in enumerate(options([name])):
+            flags = options([name])
+            # A --help whose layout the pattern no longer reads would sweep nothing, silently.
+            self.assertTrue(flags, f"no options read from `lmscope {name} --help`")
+            for i, flag in enumerate(flags):
                 values = VALUES
                 if SANITIZED:  # two values a flag, turning through the list
                     values = [VALUES[(i * 2) % len(VALUES)], VALUES[(i * 2 + 1) % len(VALUES)]]

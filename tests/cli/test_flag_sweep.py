@@ -68,6 +68,14 @@ class FlagSweep(FilesTest):
             "launch": ["launch", "--nproc", "1", "--", "info", "--model", "small"],
         }
 
+    @staticmethod
+    def utf8(data):
+        try:
+            data.decode("utf-8")
+            return True
+        except UnicodeDecodeError:
+            return False
+
     def run_case(self, base, flag, value, cwd):
         argv = [LMSCOPE, *replaced(base, flag, value)]
         try:
@@ -80,6 +88,8 @@ class FlagSweep(FilesTest):
             why = f"exit {p.returncode}"
         elif any(word in out + err for word in FOREIGN):
             why = "foreign text"
+        elif not self.utf8(p.stderr):  # a value's bytes echoed as they came are no sentence
+            why = "stderr is not UTF-8"
         elif p.returncode != 0:
             lines = err.strip().splitlines()
             if not lines or not re.match(r"^lmscope: (rank \d+: )?error: ", lines[-1]) or \

@@ -81,10 +81,13 @@ class FlagSweep(FilesTest):
         except UnicodeDecodeError:
             return False
 
-    def run_case(self, base, flag, value, cwd):
+    def run_case(self, base, flag, value):
         argv = [LMSCOPE, *replaced(base, flag, value)]
         try:
-            p = subprocess.run(argv, capture_output=True, timeout=20, cwd=cwd, env=ENV)
+            # A directory a case: in a shared one, --val-data -1 read the file that another case's --log -1
+            # was writing.
+            with tempfile.TemporaryDirectory() as cwd:
+                p = subprocess.run(argv, capture_output=True, timeout=20, cwd=cwd, env=ENV)
         except subprocess.TimeoutExpired:
             return f"{argv[1:]!r}: still running after 20 s"
         out, err = p.stdout.decode(errors="replace"), p.stderr.decode(errors="replace")
@@ -114,8 +117,8 @@ class FlagSweep(FilesTest):
                     values = [VALUES[(i * 2) % len(VALUES)], VALUES[(i * 2 + 1) % len(VALUES)]]
                 cases += [(base, flag, v) for v in values]
         self.assertGreater(len(cases), 300 if not SANITIZED else 80)
-        with tempfile.TemporaryDirectory() as cwd, concurrent.futures.ThreadPoolExecutor(2) as pool:
-            failures = [f for f in pool.map(lambda c: self.run_case(*c, cwd), cases) if f]
+        with concurrent.futures.ThreadPoolExecutor(2) as pool:
+            failures = [f for f in pool.map(lambda c: self.run_case(*c), cases) if f]
         self.assertFalse(failures, f"{len(failures)} of {len(cases)} cases:\n" + "\n".join(failures[:40]))
 
 

@@ -17,8 +17,43 @@
 #include <limits>
 #include <new>
 #include <string>
+#include <string_view>
 
 namespace {
+
+// A message as a terminal should get it: bytes that are not UTF-8 (a value given as such, echoed back)
+// and control characters (a newline in a value would split the sentence in two lines) as \xNN.
+std::string shown(std::string_view text) {
+  std::string out;
+  for (std::size_t i = 0; i < text.size();) {
+    const auto byte = [&](std::size_t k) { return static_cast<unsigned char>(text[i + k]); };
+    const unsigned char c = byte(0);
+    const std::size_t n = c < 0x80                 ? 1
+                          : c >= 0xC2 && c <= 0xDF ? 2
+                          : (c & 0xF0) == 0xE0     ? 3
+                          : c >= 0xF0 && c <= 0xF4 ? 4
+                                                   : 0;
+    bool ok = n > 0 && i + n <= text.size() && !(n == 1 && (c < 0x20 || c == 0x7F));
+    for (std::size_t k = 1; ok && k < n; ++k) ok = (byte(k) & 0xC0) == 0x80;
+    // Overlong forms, UTF-16 surrogates and code points past U+10FFFF are not UTF-8 either.
+    if (ok && n >= 3)
+      ok = !(c == 0xE0 && byte(1) < 0xA0) && !(c == 0xED && byte(1) >= 0xA0) && !(c == 0xF0 && byte(1) < 0x90) &&
+           !(c == 0xF4 && byte(1) >= 0x90);
+    if (!ok) {
+      out += fmt::format("\\x{:02x}", c);
+      ++i;
+      continue;
+    }
+    out.append(text.substr(i, n));
+    i += n;
+  }
+  return out;
+}
+
+// One line of the program's own on stderr: the prefix and the message, shown as above.
+void say(const std::string& prefix, std::string_view message) {
+  fmt::print(stderr, "{}{}\n", shown(prefix), shown(message));
+}
 
 // "lmscope: " and, in one rank of several, "rank R: ", so the lines of N ranks sharing a terminal say
 // whose they are. Read leniently: a malformed variable is the command's to report, not this prefix's.
@@ -94,6 +129,18 @@ void read_numbers_strictly(CLI::App& app) {
           },
           ""));
     }
+    // A BOOLEAN option that takes a value (not a bare flag): CLI11 takes any whole number as one
+    // (--causal -1 and --causal 1e308 ran) and answers others in its own words.
+    if (type == "BOOLEAN" && option->get_type_size() > 0) {
+      const std::string flag = option->get_name();
+      option->transform(CLI::Validator(
+          [flag](std::string& text) {
+            if (text != "true" && text != "false" && text != "1" && text != "0")
+              lmscope::user_error("{} takes true or false, got '{}'", flag, text);
+            return std::string();
+          },
+          ""));
+    }
   }
   for (CLI::App* sub : app.get_subcommands({})) read_numbers_strictly(*sub);
 }
@@ -123,14 +170,14 @@ int main(int argc, char** argv) {
   const std::string prefix = error_prefix();
   stop_on_signals(prefix);
   if (argc < 2) {
-    fmt::print(stderr, "{}error: a command is required: {} (see lmscope --help)\n", prefix, names);
+    say(prefix, fmt::format("error: a command is required: {} (see lmscope --help)", names));
     return 2;
   }
   const std::string first = argv[1];
   bool known = first[0] == '-';
   for (const auto& c : commands) known |= c->app->get_name() == first;
   if (!known) {
-    fmt::print(stderr, "{}error: unknown command '{}' (use {})\n", prefix, first, names);
+    say(prefix, fmt::format("error: unknown command '{}' (use {})", first, names));
     return 2;
   }
   // An empty value is no value: `--lr ''` would train with lr 0, `--save ''` save nothing.
@@ -140,9 +187,9 @@ int main(int argc, char** argv) {
     if (!arg.empty() && !empty_after_equals) continue;
     const std::string flag = empty_after_equals ? arg.substr(0, arg.size() - 1) : std::string(argv[i - 1]);
     if (flag.starts_with("-"))
-      fmt::print(stderr, "{}error: {} was given an empty value; give it one, or leave the flag out\n", prefix, flag);
+      say(prefix, fmt::format("error: {} was given an empty value; give it one, or leave the flag out", flag));
     else
-      fmt::print(stderr, "{}error: argument {} is empty\n", prefix, i);
+      say(prefix, fmt::format("error: argument {} is empty", i));
     return 2;
   }
   try {
@@ -154,32 +201,32 @@ int main(int argc, char** argv) {
   } catch (const CLI::CallForVersion& e) {
     return app.exit(e);
   } catch (const CLI::ParseError& e) {
-    fmt::print(stderr, "{}error: {} (see lmscope --help)\n", prefix, e.what());
+    say(prefix, fmt::format("error: {} (see lmscope --help)", e.what()));
     return 2;
   } catch (const lmscope::UserError& e) {  // a number refused as it was read (read_numbers_strictly)
-    fmt::print(stderr, "{}error: {}\n", prefix, e.what());
+    say(prefix, fmt::format("error: {}", e.what()));
     return 2;
   }
   try {
     for (auto& c : commands)
       if (c->app->parsed()) return c->run();
   } catch (const lmscope::OutOfMemory& e) {
-    fmt::print(stderr, "{}error: {}\n", prefix, e.what());
+    say(prefix, fmt::format("error: {}", e.what()));
     return 2;
   } catch (const lmscope::UserError& e) {
-    fmt::print(stderr, "{}error: {}\n", prefix, e.what());
+    say(prefix, fmt::format("error: {}", e.what()));
     return 2;
   } catch (const std::bad_alloc&) {  // a host buffer of the size asked for (the device's are OutOfMemory)
-    fmt::print(stderr, "{}error: the host's memory cannot hold what this run asked for; ask for less\n", prefix);
+    say(prefix, "error: the host's memory cannot hold what this run asked for; ask for less");
     return 2;
   } catch (const lmscope::RankFailure& e) {
-    fmt::print(stderr, "{}error: {}\n", prefix, e.what());
+    say(prefix, fmt::format("error: {}", e.what()));
     return 1;
   } catch (const lmscope::EnvironmentFailure& e) {
-    fmt::print(stderr, "{}error: {}\n", prefix, e.what());
+    say(prefix, fmt::format("error: {}", e.what()));
     return 1;
   } catch (const std::exception& e) {
-    fmt::print(stderr, "{}internal error: {}\n", prefix, e.what());
+    say(prefix, fmt::format("internal error: {}", e.what()));
     return 1;
   }
   return 1;

@@ -118,6 +118,10 @@ parallel::ParallelPlan ParallelFlags::resolve(std::int64_t global_batch, const s
   for (const char* flag : {"--ddp", "--zero", "--bucket-mb", "--symmetric-memory", "--comm-sms", "--grad-exchange"})
     asked = asked || app.count(flag) > 0;
   if (r.world.size == 1 && !asked) return r;
+  // A bucket's bytes are a size_t: --bucket-mb 1e308 (or 2^64) overflowed it and ran as some other size.
+  constexpr int kMaxBucketMb = 1 << 20;
+  if (bucket_mb > kMaxBucketMb)
+    user_error("--bucket-mb must be at most {} (a TiB, past any model's gradients), got {}", kMaxBucketMb, bucket_mb);
   parallel::DataParallelSpec spec;
   if (!ddp.empty()) spec.mode = parallel::parse_ddp_mode(ddp);
   spec.exchange = parallel::parse_grad_exchange(grad_exchange);

@@ -45,6 +45,11 @@ class PlanCommand : public Command {
   }
 
   int run() override {
+    // Checked whichever path runs: --measure-steps -1 without --recommend ran and said nothing.
+    if (measure_steps_ < 1) user_error("--measure-steps must be at least 1, got {}", measure_steps_);
+    if (ctx_multiple_ <= 0) user_error("--ctx-multiple must be positive, got {}", ctx_multiple_);
+    if (ctx_multiple_ > kPlanMaxCtx)
+      user_error("--ctx-multiple must be at most {}, got {}", kPlanMaxCtx, ctx_multiple_);
     if (measure_ && !recommend_) user_error("--measure times the candidates of --recommend; add --recommend");
     if (recommend_) return run_recommend();
     // --ctx, --batch and --mode name the reference shape: one each.
@@ -53,9 +58,6 @@ class PlanCommand : public Command {
       if (split_list(*value).size() != 1)
         user_error("plan takes one {} (the reference shape it searches from), got '{}'", flag, *value);
     const std::vector<MemorySpec> cells = cells_.resolve();
-    if (ctx_multiple_ <= 0) user_error("--ctx-multiple must be positive, got {}", ctx_multiple_);
-    if (ctx_multiple_ > kPlanMaxCtx)
-      user_error("--ctx-multiple must be at most {}, got {}", kPlanMaxCtx, ctx_multiple_);
     const ReportFormat format = parse_report_format(format_);
     if (!out_.empty()) write_file(out_, "");  // fail now, not after the search
 
@@ -82,7 +84,6 @@ class PlanCommand : public Command {
       user_error("plan --recommend takes one --batch (the sequences of each step), got '{}'", cells_.batch);
     if (cells_.recompute != "none" || cells_.grad_accum != "1" || cells_.weight_copies != "kept")
       user_error("plan --recommend chooses --recompute, --grad-accum and --weight-copies itself; leave them out");
-    if (measure_steps_ < 1) user_error("--measure-steps must be at least 1, got {}", measure_steps_);
     const std::vector<MemorySpec> cells = cells_.resolve();
     for (const MemorySpec& m : cells)
       if (!has_backward(m.cell.mode))

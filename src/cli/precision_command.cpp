@@ -131,7 +131,8 @@ class PrecisionCommand : public Command {
     if (format == ReportFormat::csv) user_error("--format csv is not offered here (use md or json)");
     const std::vector<std::string> precisions = split_list(precision_);
     for (const std::string& p : precisions) check_precision(p);
-    if (ctx_ <= 0 || batch_ <= 0) user_error("--ctx and --batch must be positive");
+    if (ctx_ <= 0) user_error("--ctx must be positive, got {}", ctx_);
+    if (batch_ <= 0) user_error("--batch must be positive, got {}", batch_);
     BenchSpec cell;
     cell.model = model_.resolve_one();
     cell.device = "cuda";

@@ -19,9 +19,11 @@ void OptimizerConfig::validate() const {
 
 void LrSchedule::validate() const {
   if (!(lr_max >= 0)) user_error("--lr must be non-negative, got {}", lr_max);
-  if (!cosine) return;
+  // Checked under the constant schedule too, which ignores them: --min-lr -1 there ran and said nothing.
   if (!(lr_min >= 0)) user_error("--min-lr must be non-negative, got {}", lr_min);
   if (warmup_iters < 0) user_error("--warmup-iters must be non-negative, got {}", warmup_iters);
+  if (cosine_iters < 0) user_error("--cosine-iters must be non-negative, got {}", cosine_iters);
+  if (!cosine) return;
   if (cosine_iters < warmup_iters)
     user_error("--cosine-iters ({}) must be at least --warmup-iters ({})", cosine_iters, warmup_iters);
 }

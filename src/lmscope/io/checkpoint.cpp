@@ -89,6 +89,11 @@ std::string read_state(const fs::path& dir, std::int64_t dir_step, CheckpointSta
   const fs::file_status st = fs::status(state_path, ec);
   if (!fs::exists(st)) return fmt::format("it has no {}", kStateFile);
   if (!fs::is_regular_file(st)) return fmt::format("its {} is not a regular file", kStateFile);
+  // A state.json is kilobytes; a larger one (a sparse file of terabytes) was read whole into memory.
+  constexpr std::uintmax_t kMaxStateBytes = std::uintmax_t{1} << 24;
+  if (const std::uintmax_t bytes = fs::file_size(state_path, ec); !ec && bytes > kMaxStateBytes)
+    return fmt::format("its {} holds {} bytes, more than a checkpoint's state ever does ({} at most)", kStateFile,
+                       bytes, kMaxStateBytes);
   std::ifstream in(state_path, std::ios::binary);
   std::ostringstream text;
   if (!in) return fmt::format("its {} cannot be read", kStateFile);

@@ -175,8 +175,8 @@ class HostileFiles(FilesTest):
 
     # Files of terabytes (sparse: no disk is used) were allocated and read whole: report said "the
     # host's memory cannot hold what this run asked for" without the file, and a 4 TiB state.json grew
-    # a buffer until the kernel killed lmscope. They are refused by their size, naming the file. (A
-    # token file of 4 TiB is read through as data would be: minutes, so not here.)
+    # a buffer until the kernel killed lmscope, as did a resumed run's --log. They are refused by their
+    # size, naming the file. (A token file of 4 TiB is read through as data would be: minutes, not here.)
     def test_files_of_terabytes_are_refused_by_their_size(self):
         huge = self.path("huge")
         os.makedirs(huge)
@@ -195,7 +195,10 @@ class HostileFiles(FilesTest):
                  (["report", "--train", sparse("log.jsonl"), "--out", "r.html"], "the training log"),
                  (["report", "--bench", self.path("bench.json"), "--timeline", sparse("t.svg"), "--out", "r.html"],
                   "the timeline"),
-                 (train + ["--data", self.tokens, "--init", sparse("w.safetensors")], None)]
+                 (train + ["--data", self.tokens, "--init", sparse("w.safetensors")], None),
+                 (["train", "--resume", self.path("ck-log"), "--steps", "4", "--log", sparse("resumed.jsonl")],
+                  "the log file to go on with")]
+        shutil.copytree(self.path("ck"), self.path("ck-log"))  # (refused before its first step)
         for argv, what in cases:
             case = f"{argv[:2]} of 4 TiB"
             failure = self.check(argv, case, huge)

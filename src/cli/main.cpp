@@ -33,6 +33,24 @@ std::string error_prefix() {
   return "lmscope: ";
 }
 
+// The one line of a failure. Names and values from files and arguments may hold newlines and
+// control bytes, which would split the sentence (or move a terminal's cursor): they are shown escaped.
+void say_error(const std::string& prefix, const std::string& message) {
+  std::string line;
+  for (const char c : message) {
+    const auto u = static_cast<unsigned char>(c);
+    if (c == '\n')
+      line += "\\n";
+    else if (c == '\r')
+      line += "\\r";
+    else if (u < 0x20 || u == 0x7f)
+      line += fmt::format("\\x{:02x}", u);
+    else
+      line += c;
+  }
+  fmt::print(stderr, "{}error: {}\n", prefix, line);
+}
+
 // SIGINT, SIGTERM or SIGHUP end a command with one line and exit 128 + the signal (as train's clean
 // stop does), not by the signal: train, which saves a checkpoint first, takes them over once it runs;
 // launch takes them with sigtimedwait and passes them on to its ranks.
@@ -130,7 +148,7 @@ int main(int argc, char** argv) {
   bool known = first[0] == '-';
   for (const auto& c : commands) known |= c->app->get_name() == first;
   if (!known) {
-    fmt::print(stderr, "{}error: unknown command '{}' (use {})\n", prefix, first, names);
+    say_error(prefix, fmt::format("unknown command '{}' (use {})", first, names));
     return 2;
   }
   // An empty value is no value: `--lr ''` would train with lr 0, `--save ''` save nothing.
@@ -140,7 +158,7 @@ int main(int argc, char** argv) {
     if (!arg.empty() && !empty_after_equals) continue;
     const std::string flag = empty_after_equals ? arg.substr(0, arg.size() - 1) : std::string(argv[i - 1]);
     if (flag.starts_with("-"))
-      fmt::print(stderr, "{}error: {} was given an empty value; give it one, or leave the flag out\n", prefix, flag);
+      say_error(prefix, fmt::format("{} was given an empty value; give it one, or leave the flag out", flag));
     else
       fmt::print(stderr, "{}error: argument {} is empty\n", prefix, i);
     return 2;
@@ -154,29 +172,29 @@ int main(int argc, char** argv) {
   } catch (const CLI::CallForVersion& e) {
     return app.exit(e);
   } catch (const CLI::ParseError& e) {
-    fmt::print(stderr, "{}error: {} (see lmscope --help)\n", prefix, e.what());
+    say_error(prefix, fmt::format("{} (see lmscope --help)", e.what()));
     return 2;
   } catch (const lmscope::UserError& e) {  // a number refused as it was read (read_numbers_strictly)
-    fmt::print(stderr, "{}error: {}\n", prefix, e.what());
+    say_error(prefix, e.what());
     return 2;
   }
   try {
     for (auto& c : commands)
       if (c->app->parsed()) return c->run();
   } catch (const lmscope::OutOfMemory& e) {
-    fmt::print(stderr, "{}error: {}\n", prefix, e.what());
+    say_error(prefix, e.what());
     return 2;
   } catch (const lmscope::UserError& e) {
-    fmt::print(stderr, "{}error: {}\n", prefix, e.what());
+    say_error(prefix, e.what());
     return 2;
   } catch (const std::bad_alloc&) {  // a host buffer of the size asked for (the device's are OutOfMemory)
     fmt::print(stderr, "{}error: the host's memory cannot hold what this run asked for; ask for less\n", prefix);
     return 2;
   } catch (const lmscope::RankFailure& e) {
-    fmt::print(stderr, "{}error: {}\n", prefix, e.what());
+    say_error(prefix, e.what());
     return 1;
   } catch (const lmscope::EnvironmentFailure& e) {
-    fmt::print(stderr, "{}error: {}\n", prefix, e.what());
+    say_error(prefix, e.what());
     return 1;
   } catch (const std::exception& e) {
     fmt::print(stderr, "{}internal error: {}\n", prefix, e.what());

@@ -3,7 +3,8 @@
 C++ library's, the JSON library's, Gloo's) or an "internal error", and within a minute.
 The tests here are the cases issue 57 named; tests/cli/test_flag_sweep.py gives each command's flags
 empty, negative, zero, huge, non-finite and non-UTF-8 values, tests/cli/test_hostile_files.py each
-reader damaged and hostile files, and tests/cli/test_signals.py signals at random moments.
+reader damaged and hostile files, tests/cli/test_crafted_files.py files whose insides lie, and
+tests/cli/test_signals.py signals at random moments.
 Run by ctest with LMSCOPE pointing at the built program."""
 import json
 import os

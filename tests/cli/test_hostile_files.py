@@ -6,8 +6,9 @@ bytes flipped, garbage in front) or replaced by hostile content (JSON of the wro
 deep, a 20 MB string, non-UTF-8 bytes, a directory, a FIFO, a symlink loop, mode 000 where not root).
 Each case ends by itself within 20 s with exit 0, 1 or 2, a failure in one "lmscope: error: ..."
 sentence, never a signal, an abort or a library's text; a damaged newest checkpoint beside an intact
-older one is passed over with a warning. Failures are collected and shown together. Run by ctest with
-LMSCOPE pointing at the built program."""
+older one is passed over with a warning. Failures are collected and shown together. Files whose
+insides lie while they still parse are in test_crafted_files.py. Run by ctest with LMSCOPE pointing at
+the built program."""
 import concurrent.futures
 import glob
 import os

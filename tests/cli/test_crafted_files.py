@@ -257,6 +257,35 @@ class CraftedFiles(FilesTest):
                          f"report --train: {'.'.join(map(str, path))} = {json.dumps(v)[:30]}"))
         self.run_all(jobs, 300)
 
+    def test_checkpoint_directories_holding_other_things(self):
+        """Each file of the newest checkpoint (and the checkpoint, and --resume's directory) a FIFO, a
+        directory, a symlink loop or unreadable."""
+        jobs = []
+        for target in ("", "state.json", "model.safetensors", "optimizer.safetensors"):
+            for kind in ("fifo", "directory", "loop", "mode 000", "file"):
+                for alone in (True, False):
+                    ck = self.path(f"odd-{target}-{kind}-{alone}")
+                    shutil.copytree(self.path("ck"), ck)
+                    if alone:
+                        shutil.rmtree(os.path.join(ck, "step-00000002"))
+                        shutil.rmtree(os.path.join(ck, "step-00000001"))
+                    place = os.path.join(ck, "step-00000003", target).rstrip("/")
+                    if kind == "mode 000":
+                        os.chmod(place, 0)
+                        if os.access(place, os.R_OK):  # root reads it all the same
+                            continue
+                    else:
+                        shutil.rmtree(place) if os.path.isdir(place) else os.remove(place)
+                        {"fifo": os.mkfifo, "directory": os.mkdir, "loop": lambda p: os.symlink(p, p),
+                         "file": lambda p: open(p, "wb").close()}[kind](place)
+                    jobs.append((["train", "--resume", ck, "--steps", "4"],
+                                 f"--resume with {target or 'the checkpoint'} {kind}{' (alone)' if alone else ''}"))
+        os.mkfifo(self.path("resume-fifo"))
+        os.symlink(self.path("resume-loop"), self.path("resume-loop"))
+        for where in ("resume-fifo", "resume-loop", "tokens.bin", "w.safetensors"):
+            jobs.append((["train", "--resume", self.path(where), "--steps", "4"], f"--resume {where}"))
+        self.run_all(jobs, 30)
+
     def test_a_resumed_runs_log_of_other_things(self):
         """--log of a resumed run is read to keep its steps up to the checkpoint's."""
         bodies = [("nested 100,000 deep", b"[" * 100000 + b"]" * 100000 + b"\n"), ("not UTF-8", b"\xff\xfe\n" * 100),

@@ -39,12 +39,18 @@ std::int64_t step_of(const std::string& name) {
   return step;
 }
 
-// The checkpoints in dir, newest first.
+// The checkpoints in dir, newest first. (With error codes: an unreadable directory, or a step-* that
+// is a symlink loop, threw the library's "filesystem error".)
 std::vector<std::pair<std::int64_t, fs::path>> checkpoints_in(const fs::path& dir) {
   std::vector<std::pair<std::int64_t, fs::path>> out;
-  for (const auto& e : fs::directory_iterator(dir))
-    if (const std::int64_t s = step_of(e.path().filename().string()); s >= 0 && e.is_directory())
-      out.emplace_back(s, e.path());
+  std::error_code ec;
+  fs::directory_iterator it(dir, ec), end;
+  for (; !ec && it != end; it.increment(ec)) {
+    std::error_code is_dir_ec;
+    if (const std::int64_t s = step_of(it->path().filename().string()); s >= 0 && it->is_directory(is_dir_ec))
+      out.emplace_back(s, it->path());
+  }
+  if (ec) user_error("cannot read the checkpoint directory '{}': {}", dir.string(), ec.message());
   std::sort(out.begin(), out.end(), [](const auto& a, const auto& b) { return a.first > b.first; });
   return out;
 }

@@ -325,5 +325,31 @@ class CraftedFiles(FilesTest):
         jobs.append((["report", "--train", b("log.jsonl"), "--out", b("r.html")], "report --train"))
         self.run_all(jobs, 10)
 
+    def test_timelines_that_would_run_or_fetch_something_are_refused(self):
+        """report inlines a --timeline in its page, which promises no scripts and nothing fetched."""
+        svg = self.read("memory.svg").decode()
+        head = svg.index(">") + 1
+        inserts = ['<SCRIPT>alert(1)</SCRIPT>', '<rect ONCLICK = "alert(1)"/>', '<rect\nonmouseover="alert(1)"/>',
+                   '<a XLink:HREF="javascript:alert(1)"><text>a</text></a>', '<image href="http://example.com/a.png"/>',
+                   '<rect style="fill:url(http://example.com/#a)"/>', '<style>@import "http://example.com/a.css";</style>',
+                   '<iframe src="http://example.com"/>', '<foreignObject><div/></foreignObject>',
+                   '<embed src="a.swf"/>', '<object data="a"/>']
+        cases = [(i, svg[:head] + text + svg[head:]) for i, text in enumerate(inserts)]
+        cases.append((len(inserts), svg.replace("<svg ", '<svg onload="alert(1)" ', 1)))
+        failures = []
+        for i, body in cases:
+            path = self.path(f"timeline{i}.svg")
+            with open(path, "w") as f:
+                f.write(body)
+            argv = ["report", "--timeline", path, "--out", self.path("t.html")]
+            failure = failure_of(argv, f"timeline {i}", self.path(""))
+            r = subprocess.run([LMSCOPE, *argv], capture_output=True, text=True, timeout=20)
+            if failure or r.returncode != 2:
+                failures.append(failure or f"timeline {i} not refused: {r.returncode} {r.stderr[-200:]!r}")
+        r = subprocess.run([LMSCOPE, "report", "--timeline", self.path("memory.svg"), "--out", self.path("t.html")],
+                           capture_output=True, text=True, timeout=20)
+        self.assertEqual(r.returncode, 0, r.stderr)
+        self.assertFalse(failures, "\n".join(failures))
+
 if __name__ == "__main__":
     unittest.main()

@@ -351,5 +351,18 @@ class CraftedFiles(FilesTest):
         self.assertEqual(r.returncode, 0, r.stderr)
         self.assertFalse(failures, "\n".join(failures))
 
+    def test_outputs_behind_links(self):
+        """A link in a loop is refused in one sentence; a dangling one is written through, as a write does."""
+        os.symlink(self.path("out-loop"), self.path("out-loop"))
+        os.symlink(self.path("out-target.json"), self.path("out-dangling"))
+        bench = ["bench", *MODEL, "--warmup", "0", "--steps", "1", "--format", "json", "--out"]
+        r = subprocess.run([LMSCOPE, *bench, self.path("out-loop")], capture_output=True, text=True, timeout=60)
+        self.assertEqual(r.returncode, 2, r.stderr)
+        self.assertIn("a symbolic link in a loop of links", r.stderr.strip().splitlines()[-1])
+        r = subprocess.run([LMSCOPE, *bench, self.path("out-dangling")], capture_output=True, text=True, timeout=60)
+        self.assertEqual(r.returncode, 0, r.stderr)
+        self.assertTrue(os.path.isfile(self.path("out-target.json")))
+
+
 if __name__ == "__main__":
     unittest.main()

@@ -111,6 +111,23 @@ class Signals(FilesTest):
                 self.assertEndedItself(code, sig, out, err, case)
                 self.check_resumes_to_the_whole_run(name, code, sig, case)
 
+    def test_training_stopped_while_it_saves_resumes_to_the_same_weights(self):
+        # A model whose checkpoint (40 MB, flushed) takes much of each step: most signals land in a save.
+        shape = [*SHAPE[:2], "--d-model", "256", "--d-ff", "1024", "--layers", "4", "--heads", "4", "--vocab", "300",
+                 "--ctx", "16", "--batch", "1"]
+        train = ["train", *shape, "--data", self.data, "--steps", "10", "--sample", "sequential", "--save-every", "1"]
+        self.whole = self.path("whole-saves.st")
+        took = self.timed([*train, "--checkpoint-dir", self.path("saves-whole"), "--save", self.whole])
+        for i in range(2 if SANITIZED else 3):
+            sig = SIGNALS[self.rng.randrange(3)]
+            second = self.rng.uniform(0.0, 0.05) if i % 2 else None  # a second one stops it inside a save
+            name = f"saves{i}"
+            code, out, err, case = self.signalled([*train, "--checkpoint-dir", self.path(name)], sig, self.delay(took),
+                                                  second)
+            with self.subTest(case=case.splitlines()[0]):
+                self.assertEndedItself(code, sig, out, err, case)
+                self.check_resumes_to_the_whole_run(name, code, sig, case)
+
     def test_two_ranks_stopped_at_a_random_moment_resume_to_the_same_weights(self):
         launch = ["launch", "--nproc", "2", "--oversubscribe", "--"]
         train = ["train", *SHAPE, "--data", self.data, "--steps", "300", "--sample", "sequential"]

@@ -11,8 +11,31 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
+#include <cctype>
+
 namespace lmscope::cli {
 namespace {
+
+// The first event attribute (onload=, onclick= ...) inside a tag of lowercase SVG text, or "".
+std::string event_attribute(const std::string& svg) {
+  for (std::size_t open = svg.find('<'); open != std::string::npos; open = svg.find('<', open + 1)) {
+    const std::size_t close = std::min(svg.find('>', open), svg.size());
+    for (std::size_t i = open + 1; i + 2 < close; ++i) {
+      const bool starts =
+          (std::isspace(static_cast<unsigned char>(svg[i])) || svg[i] == '/') && svg[i + 1] == 'o' && svg[i + 2] == 'n';
+      if (!starts) continue;
+      std::size_t j = i + 3;
+      while (j < close && std::isalpha(static_cast<unsigned char>(svg[j]))) ++j;
+      const std::size_t name_end = j;
+      while (j < close && std::isspace(static_cast<unsigned char>(svg[j]))) ++j;
+      if (name_end > i + 3 && j < close && svg[j] == '=') return svg.substr(i + 1, name_end - i - 1);
+    }
+    if (close == svg.size()) break;
+    open = close;
+  }
+  return "";
+}
 
 // An SVG file to inline in the page: its <svg> element, without an XML prolog or doctype.
 std::string svg_element(const std::string& path) {
@@ -22,9 +45,15 @@ std::string svg_element(const std::string& path) {
   const bool timeline = begin != std::string::npos && end != std::string::npos && end > begin &&
                         s.find("Active memory: ") != std::string::npos;
   if (!timeline) user_error("'{}' is not a memory timeline (what lmscope memory --svg writes)", path);
-  for (const char* active : {"<script", "javascript:", "<foreignObject", "href="})
-    if (s.find(active) != std::string::npos)
+  // Looked for in any case (HTML reads <SCRIPT> as <script>), with event attributes and CSS that fetches.
+  std::string lower(s);
+  for (char& c : lower) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  for (const char* active : {"<script", "javascript:", "<foreignobject", "href", "<iframe", "<object", "<embed",
+                             "<style", "url(", "@import"})
+    if (lower.find(active) != std::string::npos)
       user_error("'{}' holds {}, which a memory timeline never does", path, active);
+  if (const std::string handler = event_attribute(lower); !handler.empty())
+    user_error("'{}' holds an {} attribute, which a memory timeline never does", path, handler);
   return s.substr(begin, end + 6 - begin);
 }
 

@@ -3,11 +3,40 @@ files of random ids, and safetensors files written and read the way lmscope writ
 little-endian header length, a JSON header, the raw tensors)."""
 import json
 import os
+import re
 import struct
+import subprocess
 import tempfile
 import unittest
 
 import numpy as np
+
+
+# What no message may hold: the C++ runtime's, the JSON library's and Gloo's words, or our own for a bug.
+FOREIGN = ("terminate called", "what():", "json.exception", "[json.", "enforce fail", "internal error", "std::",
+           "basic_string", "stoll", "stoull", "Traceback")
+
+
+def failure_of(argv, case, cwd=None, timeout=20, env=None):
+    """None when lmscope `argv` (str or bytes) ends by itself within `timeout` s with exit 0, 1 or 2, a
+    failure in one "lmscope: error: ..." sentence as stderr's last line and no FOREIGN text; else what
+    to show, named by `case`."""
+    try:
+        p = subprocess.run([os.environ["LMSCOPE"], *argv], capture_output=True, timeout=timeout, cwd=cwd, env=env)
+    except subprocess.TimeoutExpired:
+        return f"{case}: still running after {timeout} s\n    {argv!r}"
+    out, err = p.stdout.decode(errors="replace"), p.stderr.decode(errors="replace")
+    why = None
+    if p.returncode not in (0, 1, 2):
+        why = f"exit {p.returncode}"
+    elif any(word in out + err for word in FOREIGN):
+        why = "foreign text"
+    elif p.returncode != 0:
+        lines = err.strip().splitlines()
+        if not lines or not re.match(r"^lmscope: (rank \d+: )?error: ", lines[-1]) or \
+                sum("error: " in line for line in lines) != 1:
+            why = "not one sentence"
+    return None if why is None else f"{case}: {why}\n    {argv[:1]} stderr: {err[-300:]!r}"
 
 
 class FilesTest(unittest.TestCase):

@@ -12,8 +12,7 @@ import subprocess
 import tempfile
 import unittest
 
-from cli_support import FilesTest, write_tokens
-from test_bad_inputs import FOREIGN
+from cli_support import FOREIGN, FilesTest, write_tokens
 
 LMSCOPE = os.environ["LMSCOPE"]
 SANITIZED = os.environ.get("LMSCOPE_SANITIZED") == "1"

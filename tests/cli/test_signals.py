@@ -90,8 +90,8 @@ class Signals(FilesTest):
     def check_resumes_to_the_whole_run(self, name, code, sig, case, launch=()):
         """What run `name` left in its checkpoint directory, resumed, ends with the weights of `whole`."""
         directory = self.path(name)
-        if code == 0 or not os.path.isdir(directory) or not os.listdir(directory):
-            return  # it finished, or stopped before its first step
+        if code == 0 or not os.path.isdir(directory) or not any(n.startswith("step-") for n in os.listdir(directory)):
+            return  # it finished, or stopped before its first checkpoint (a second signal: inside it)
         r = subprocess.run([LMSCOPE, *launch, "train", "--resume", directory, "--save", self.path(name + ".st")],
                            capture_output=True, text=True, timeout=120, env=self.env)
         self.assertEqual(r.returncode, 0, case + "\nresume: " + r.stdout[-500:] + r.stderr[-500:])
@@ -109,6 +109,24 @@ class Signals(FilesTest):
             name = f"ck{i}"
             code, out, err, case = self.signalled([*train, "--checkpoint-dir", self.path(name), "--save-every", "7"], sig,
                                                   self.delay(took), second)
+            with self.subTest(case=case.splitlines()[0]):
+                self.assertEndedItself(code, sig, out, err, case)
+                self.check_resumes_to_the_whole_run(name, code, sig, case)
+
+    def test_training_stopped_while_it_saves_resumes_to_the_same_weights(self):
+        # A model whose checkpoint (40 MB, flushed) takes much of each step: most signals land in a save.
+        shape = [*SHAPE[:2], "--d-model", "256", "--d-ff", "1024", "--layers", "4", "--heads", "4", "--vocab", "300",
+                 "--ctx", "16", "--batch", "1"]
+        steps = "6" if SANITIZED else "10"
+        train = ["train", *shape, "--data", self.data, "--steps", steps, "--sample", "sequential", "--save-every", "1"]
+        self.whole = self.path("whole-saves.st")
+        took = self.timed([*train, "--checkpoint-dir", self.path("saves-whole"), "--save", self.whole])
+        for i in range(2 if SANITIZED else 3):
+            sig = SIGNALS[self.rng.randrange(3)]
+            second = self.rng.uniform(0.0, 0.05) if i % 2 else None  # a second one stops it inside a save
+            name = f"saves{i}"
+            code, out, err, case = self.signalled([*train, "--checkpoint-dir", self.path(name)], sig, self.delay(took),
+                                                  second)
             with self.subTest(case=case.splitlines()[0]):
                 self.assertEndedItself(code, sig, out, err, case)
                 self.check_resumes_to_the_whole_run(name, code, sig, case)

@@ -39,12 +39,18 @@ std::int64_t step_of(const std::string& name) {
   return step;
 }
 
-// The checkpoints in dir, newest first.
+// The checkpoints in dir, newest first. (With error codes: an unreadable directory, or a step-* that
+// is a symlink loop, threw the library's "filesystem error".)
 std::vector<std::pair<std::int64_t, fs::path>> checkpoints_in(const fs::path& dir) {
   std::vector<std::pair<std::int64_t, fs::path>> out;
-  for (const auto& e : fs::directory_iterator(dir))
-    if (const std::int64_t s = step_of(e.path().filename().string()); s >= 0 && e.is_directory())
-      out.emplace_back(s, e.path());
+  std::error_code ec;
+  fs::directory_iterator it(dir, ec), end;
+  for (; !ec && it != end; it.increment(ec)) {
+    std::error_code is_dir_ec;
+    if (const std::int64_t s = step_of(it->path().filename().string()); s >= 0 && it->is_directory(is_dir_ec))
+      out.emplace_back(s, it->path());
+  }
+  if (ec) user_error("cannot read the checkpoint directory '{}': {}", dir.string(), ec.message());
   std::sort(out.begin(), out.end(), [](const auto& a, const auto& b) { return a.first > b.first; });
   return out;
 }
@@ -89,6 +95,11 @@ std::string read_state(const fs::path& dir, std::int64_t dir_step, CheckpointSta
   const fs::file_status st = fs::status(state_path, ec);
   if (!fs::exists(st)) return fmt::format("it has no {}", kStateFile);
   if (!fs::is_regular_file(st)) return fmt::format("its {} is not a regular file", kStateFile);
+  // A state.json is kilobytes; a larger one (a sparse file of terabytes) was read whole into memory.
+  constexpr std::uintmax_t kMaxStateBytes = std::uintmax_t{1} << 24;
+  if (const std::uintmax_t bytes = fs::file_size(state_path, ec); !ec && bytes > kMaxStateBytes)
+    return fmt::format("its {} holds {} bytes, more than a checkpoint's state ever does ({} at most)", kStateFile,
+                       bytes, kMaxStateBytes);
   std::ifstream in(state_path, std::ios::binary);
   std::ostringstream text;
   if (!in) return fmt::format("its {} cannot be read", kStateFile);

@@ -75,21 +75,24 @@ void check_replaceable(const std::string& path, const std::string& what) {
   user_error("{} '{}' cannot be written: {}", what, path, std::strerror(err));
 }
 
-void check_writable(const std::string& path, const std::string& what) {
+void check_writable(const std::string& path_given, const std::string& what) {
+  // The links followed first: the probe below made with O_EXCL on a link (dangling, or in a loop)
+  // failed with "File exists".
+  const std::string path = write_target(path_given);
   struct stat st {};
   if (::stat(path.c_str(), &st) == 0) {
     if (S_ISDIR(st.st_mode)) user_error("{} '{}' is a directory, not a file", what, path);
     if (!S_ISREG(st.st_mode)) return;  // a device or FIFO is written as it is (opening a FIFO would wait)
     const int fd = ::open(path.c_str(), O_WRONLY | O_CLOEXEC);  // no O_TRUNC: nothing changes yet
-    if (fd < 0) user_error("{} '{}' cannot be written: {}", what, path, std::strerror(errno));
+    if (fd < 0) user_error("{} '{}' cannot be written: {}", what, path_given, std::strerror(errno));
     ::close(fd);
     return;
   }
   const std::string dir = directory_of(path);
   if (::stat(dir.c_str(), &st) != 0)
-    user_error("{} '{}' cannot be written: its directory '{}' does not exist", what, path, dir);
+    user_error("{} '{}' cannot be written: its directory '{}' does not exist", what, path_given, dir);
   const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
-  if (fd < 0) user_error("{} '{}' cannot be written: {}", what, path, std::strerror(errno));
+  if (fd < 0) user_error("{} '{}' cannot be written: {}", what, path_given, std::strerror(errno));
   ::close(fd);
   ::unlink(path.c_str());
 }

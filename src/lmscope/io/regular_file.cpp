@@ -42,6 +42,11 @@ int open_regular_file(const std::string& path, const std::string& what, std::siz
 std::string read_regular_file(const std::string& path, const std::string& what) {
   std::size_t size = 0;
   const int fd = open_regular_file(path, what, size);
+  if (size > kMaxTextFileBytes) {
+    ::close(fd);
+    user_error("{} '{}' holds {} bytes, more than the 1 GiB such a file can be; is it the right file?", what, path,
+               size);
+  }
   std::string text(size, '\0');
   std::size_t done = 0;
   while (done < text.size()) {

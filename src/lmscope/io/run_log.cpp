@@ -2,6 +2,7 @@
 
 #include "lmscope/core/error.h"
 #include "lmscope/io/durable_file.h"
+#include "lmscope/io/regular_file.h"
 
 #include <fcntl.h>
 #include <unistd.h>
@@ -10,14 +11,15 @@
 
 #include <cerrno>
 #include <cstring>
-#include <fstream>
+#include <sstream>
 
 namespace lmscope {
 
 RunLog::RunLog(std::string path, std::optional<std::int64_t> resumed_at) : path_(std::move(path)) {
   if (resumed_at && replaceable_file_exists(path_, "--log")) {
-    std::ifstream in(path_);
-    if (!in) user_error("cannot read the log file '{}' to go on with it: {}", path_, std::strerror(errno));
+    // Read whole by read_regular_file, whose size limit names the file: a log of terabytes (sparse, or
+    // one line without an end) grew getline's buffer until the kernel killed lmscope.
+    std::istringstream in(read_regular_file(path_, "the log file to go on with"));
     std::string kept, line;
     while (std::getline(in, line)) {
       const auto j = nlohmann::json::parse(line, nullptr, false);

@@ -13,6 +13,13 @@
 namespace lmscope {
 namespace {
 
+// Header text as a message may show it: a header's newlines and binary bytes split the one sentence.
+std::string shown(const std::string& text) {
+  std::string out;
+  for (const char c : text.substr(0, 40)) out += c >= ' ' && c <= '~' ? c : '?';
+  return text.size() > 40 ? out + "..." : out;
+}
+
 // Parses the .npy header (format versions 1-3) and returns the data offset; sets element size and count.
 std::size_t parse_npy(const std::string& path, const unsigned char* p, std::size_t size, int& elem_size,
                       std::int64_t& count) {
@@ -38,7 +45,9 @@ std::size_t parse_npy(const std::string& path, const unsigned char* p, std::size
   };
   const std::string descr_field = value_of("'descr'");
   if (descr_field.size() < 2 || descr_field[0] != '\'') user_error("'{}' has a .npy header without a dtype", path);
-  const std::string descr = descr_field.substr(1, descr_field.find('\'', 1) - 1);
+  const std::size_t quote = descr_field.find('\'', 1);
+  if (quote == std::string::npos) user_error("'{}' has a .npy header without a dtype", path);
+  const std::string descr = descr_field.substr(1, quote - 1);
   if (descr == "<u2" || descr == "|u2")
     elem_size = 2;
   else if (descr == "<i4")
@@ -46,7 +55,7 @@ std::size_t parse_npy(const std::string& path, const unsigned char* p, std::size
   else if (descr == "<i8")
     elem_size = 8;
   else
-    user_error("'{}' holds dtype '{}'; token arrays must be little-endian uint16, int32 or int64", path, descr);
+    user_error("'{}' holds dtype '{}'; token arrays must be little-endian uint16, int32 or int64", path, shown(descr));
   if (value_of("'fortran_order'").rfind("True", 0) == 0)
     user_error("'{}' is stored in Fortran order; save a C-ordered one-dimensional array", path);
   const std::string shape_field = value_of("'shape'");
@@ -56,13 +65,13 @@ std::size_t parse_npy(const std::string& path, const unsigned char* p, std::size
   std::string dims = shape_field.substr(1, close - 1);  // "1000," or "2, 2"
   while (!dims.empty() && (dims.back() == ',' || dims.back() == ' ')) dims.pop_back();
   if (dims.empty() || dims.find_first_not_of("0123456789") != std::string::npos)
-    user_error("'{}' must hold a one-dimensional token array, not shape ({})", path, dims);
+    user_error("'{}' must hold a one-dimensional token array, not shape ({})", path, shown(dims));
   // A shape past 64 bits (10^23, which std::stoll threw at) promises more than any file holds.
   std::uint64_t promised = 0;
   const auto [end, ec] = std::from_chars(dims.data(), dims.data() + dims.size(), promised);
   const std::size_t holds = (size - offset) / static_cast<std::size_t>(elem_size);
   if (ec != std::errc() || end != dims.data() + dims.size() || promised > holds)
-    user_error("'{}' is truncated: its header promises {} tokens but the file holds {}", path, dims, holds);
+    user_error("'{}' is truncated: its header promises {} tokens but the file holds {}", path, shown(dims), holds);
   count = static_cast<std::int64_t>(promised);
   return offset;
 }

@@ -302,6 +302,13 @@ class TrainCommand : public Command {
     // them in the rendezvous.
     if (!s_.checkpoint_dir.empty() || dp)
       for (int sig : kStopSignals) std::signal(sig, record_stop_signal);
+    // The log's first line (and a resumed run's first) describes the run as state.json does: what ran,
+    // read back by RunSpec::from_json. It has no "step", so readers of steps pass over it.
+    if (log) {
+      nlohmann::ordered_json header{{"from_step", start}};
+      header.update(s_.to_json(session.spec()));
+      log->write_line(header.dump(-1, ' ', false, nlohmann::ordered_json::error_handler_t::replace));
+    }
 
     if (main_rank)
       fmt::print("training {} ({} parameters) on {}: {} tokens in '{}', {} steps of {}{}x{} tokens{}{}\n", c.name,

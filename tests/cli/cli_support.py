@@ -93,3 +93,19 @@ def read_safetensors(path):
         begin, end = t["data_offsets"]
         out[name] = np.frombuffer(body[begin:end], dtype=_NUMPY[t["dtype"]]).reshape(t["shape"])
     return out
+
+
+def read_train_log(path, runs=None):
+    """The step lines of a train --log file; the lines describing each run or resumption (no "step",
+    a "run" and "from_step") are appended to `runs` when given, else passed over."""
+    steps = []
+    with open(path) as f:
+        for line in f:
+            row = json.loads(line)
+            if "step" in row:
+                steps.append(row)
+            else:
+                assert "run" in row and "from_step" in row, f"{path}: a line neither a step nor a run's: {line!r}"
+                if runs is not None:
+                    runs.append(row)
+    return steps

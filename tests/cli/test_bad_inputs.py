@@ -14,7 +14,7 @@ import subprocess
 import time
 import unittest
 
-from cli_support import FOREIGN, FilesTest, write_tokens
+from cli_support import FOREIGN, FilesTest, read_train_log, write_tokens
 
 LMSCOPE = os.environ["LMSCOPE"]
 # T of issue 57: a model small enough that a step takes milliseconds.
@@ -194,8 +194,8 @@ class Issue57(BadInputTest):
             log = self.path(f"val{len(losses)}.jsonl")
             r = self.train("--steps", "1", "--val-data", val, "--log", log, *extra)
             self.assertClean(r, (0,))
-            with open(log) as f:
-                losses.append(json.loads(f.readline())["val_loss"])
+            (row,) = read_train_log(log)
+            losses.append(row["val_loss"])
         self.assertIn("holds 3 batches of 2 windows of 16 tokens: the held-out loss is over those, not 10", r.stdout)
         self.assertEqual(losses[0], losses[1])  # the default, lowered to the same 3 batches
         self.assertSentence(self.train("--steps", "1", "--val-data", val, "--batch", "7"), 2,

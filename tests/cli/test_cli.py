@@ -9,15 +9,10 @@ import unittest
 
 import numpy as np
 
-from cli_support import FilesTest, read_safetensors, write_safetensors, write_tokens
+from cli_support import FilesTest, read_safetensors, read_train_log, write_safetensors, write_tokens
 
 LMSCOPE = os.environ["LMSCOPE"]
 TINY = ["--vocab", "50", "--d-model", "16", "--d-ff", "24", "--layers", "2", "--heads", "2"]
-
-
-def read_jsonl(path):
-    with open(path) as f:
-        return [json.loads(line) for line in f]
 
 
 def run(*args):
@@ -64,7 +59,7 @@ class Cli(FilesTest):
         r = run("train", *TINY, "--data", self.data, "--steps", "12", "--batch", "4", "--ctx", "16",
                 "--lr", "1e-2", "--log", log, "--save", saved, "--print-every", "4")
         self.assertEqual(r.returncode, 0, r.stderr)
-        rows = read_jsonl(log)
+        rows = read_train_log(log)
         self.assertEqual([x["step"] for x in rows], list(range(1, 13)))
         for key in ("loss", "lr", "grad_norm"):
             self.assertTrue(all(key in x for x in rows))
@@ -85,7 +80,7 @@ class Cli(FilesTest):
             r = run("train", *TINY, "--device", "cpu", "--data", self.data, "--steps", "5", "--ctx", "16",
                     "--lr", "3e-3", "--sample", "sequential", "--log", logs[name], *extra)
             self.assertEqual(r.returncode, 0, r.stderr)
-        whole, accumulated, recomputed = (read_jsonl(logs[k]) for k in ("whole", "accumulated", "recomputed"))
+        whole, accumulated, recomputed = (read_train_log(logs[k]) for k in ("whole", "accumulated", "recomputed"))
         self.assertEqual([x["tokens"] for x in accumulated], [x["tokens"] for x in whole])
         for a, w in zip(accumulated, whole):
             self.assertAlmostEqual(a["loss"], w["loss"], delta=1e-5 * w["loss"])
@@ -102,7 +97,7 @@ class Cli(FilesTest):
         r = run("train", *TINY, "--data", npy, "--steps", "6", "--batch", "2", "--ctx", "8", "--lr-schedule", "cosine",
                 "--warmup-iters", "2", "--cosine-iters", "5", "--lr", "1e-2", "--min-lr", "1e-3", "--log", log)
         self.assertEqual(r.returncode, 0, r.stderr)
-        lrs = [x["lr"] for x in read_jsonl(log)]
+        lrs = [x["lr"] for x in read_train_log(log)]
         self.assertAlmostEqual(lrs[0], 0.0)
         self.assertAlmostEqual(lrs[1], 5e-3)
         self.assertAlmostEqual(lrs[2], 1e-2)

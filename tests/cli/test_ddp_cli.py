@@ -17,7 +17,7 @@ import unittest
 
 import numpy as np
 
-from cli_support import FilesTest, read_safetensors, write_tokens
+from cli_support import FilesTest, read_safetensors, read_train_log, write_tokens
 
 LMSCOPE = os.environ["LMSCOPE"]
 DEVICE = os.environ.get("LMSCOPE_DDP_DEVICE", "cpu")
@@ -56,8 +56,7 @@ def run(*args, env=None):
 
 
 def losses(path):
-    with open(path) as f:
-        return [json.loads(line)["loss"] for line in f]
+    return [row["loss"] for row in read_train_log(path)]
 
 
 class TwoRanks(FilesTest):
@@ -147,8 +146,7 @@ class TwoRanks(FilesTest):
         self.train("val2", *held_out, "--ddp", "flat", ranks=2)
         logs = []
         for name in ("val1", "val2"):
-            with open(self.path(name + ".jsonl")) as f:
-                logs.append([json.loads(line)["val_loss"] for line in f if "val_loss" in line])
+            logs.append([row["val_loss"] for row in read_train_log(self.path(name + ".jsonl")) if "val_loss" in row])
         self.assertEqual(len(logs[0]), STEPS // 2 + STEPS % 2)  # every second step, and the last
         np.testing.assert_allclose(logs[1], logs[0], rtol=TOLERANCE)
 

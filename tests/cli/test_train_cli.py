@@ -19,7 +19,7 @@ import unittest
 
 import numpy as np
 
-from cli_support import FilesTest
+from cli_support import FilesTest, read_train_log
 
 LMSCOPE = os.environ["LMSCOPE"]
 STEPS = 80
@@ -42,19 +42,18 @@ def start(*args):
 
 def read_log(path):
     """The log's lines without their wall-clock field, which differs between any two runs."""
-    with open(path) as f:
-        rows = [json.loads(line) for line in f]
+    rows = read_train_log(path)
     for r in rows:
         del r["elapsed_s"]
     return rows
 
 
 def logged_steps(path):
-    """The complete lines of a log (a killed run may leave its last line half written); 0 before the
-    run has made it."""
+    """The complete step lines of a log (a killed run may leave its last line half written; the run's
+    description has no step); 0 before the run has made it."""
     try:
         with open(path) as f:
-            return sum(1 for line in f if line.endswith("\n"))
+            return sum(1 for line in f if line.endswith("\n") and line.startswith('{"step":'))
     except FileNotFoundError:
         return 0
 

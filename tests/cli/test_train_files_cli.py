@@ -18,7 +18,7 @@ import zlib
 
 import numpy as np
 
-from cli_support import FilesTest, read_safetensors, write_tokens
+from cli_support import FilesTest, read_safetensors, read_train_log, write_tokens
 
 LMSCOPE = os.environ["LMSCOPE"]
 DEVICE = os.environ.get("LMSCOPE_TRAIN_DEVICE", "cpu")
@@ -96,6 +96,31 @@ class TrainFiles(FilesTest):
         self.assertTrue(os.path.islink(link))
         self.assertIn("token_embeddings.weight", read_safetensors(target))
 
+    def test_the_log_describes_each_run_as_its_checkpoint_does(self):
+        ckpt, log = self.path("described"), self.path("described.jsonl")
+        r = self.train("--steps", "4", "--checkpoint-dir", ckpt, "--save-every", "2", "--log", log)
+        self.assertEqual(r.returncode, 0, r.stderr)
+        with open(os.path.join(ckpt, "step-00000004", "state.json")) as f:
+            config = json.load(f)["config"]
+        runs = []
+        self.assertEqual([row["step"] for row in read_train_log(log, runs)], [1, 2, 3, 4])
+        self.assertEqual(runs, [{"from_step": 0, **config}])
+        with open(log) as f:
+            self.assertIn('"from_step":0', f.readline())  # the first line
+        # Resumed at step 2: the first run's description and steps up to 2 stay, the resumed run's follows.
+        shutil.rmtree(os.path.join(ckpt, "step-00000004"))
+        r = run("train", "--resume", ckpt, "--steps", "5", "--lr", "2e-3", "--log", log)
+        self.assertEqual(r.returncode, 0, r.stderr)
+        runs = []
+        with open(log) as f:
+            order = [row.get("step", f"from {row.get('from_step')}") for row in map(json.loads, f)]
+        self.assertEqual(order, ["from 0", 1, 2, "from 2", 3, 4, 5])
+        read_train_log(log, runs)
+        self.assertEqual(runs[1]["run"]["optimizer"]["lr"], 2e-3)
+        self.assertEqual(runs[1]["run"]["model"], config["run"]["model"])
+        r = run("report", "--train", log, "--out", self.path("described.html"))
+        self.assertEqual(r.returncode, 0, r.stderr)
+
     def test_a_resumed_log_is_rewritten_only_when_it_is_a_regular_file(self):
         ckpt = self.path("logged")
         r = self.train("--steps", "3", "--checkpoint-dir", ckpt, "--log", self.path("real.jsonl"))
@@ -111,8 +136,7 @@ class TrainFiles(FilesTest):
         r = run("train", "--resume", ckpt, "--steps", "5", "--log", link)
         self.assertEqual(r.returncode, 0, r.stderr)
         self.assertTrue(os.path.islink(link))
-        with open(self.path("real.jsonl")) as f:
-            self.assertEqual([json.loads(line)["step"] for line in f], [1, 2, 3, 4, 5])
+        self.assertEqual([row["step"] for row in read_train_log(self.path("real.jsonl"))], [1, 2, 3, 4, 5])
 
     # 3: a write to the log that fails ends the run, naming the file and why.
     def test_a_failed_log_write_ends_the_run_with_exit_1(self):
@@ -152,8 +176,7 @@ class TrainFiles(FilesTest):
         ckpt, log = self.path("nk1"), self.path("nk1.jsonl")
         r = self.train("--steps", "10", "--lr", "1e3", "--clip", "0", "--checkpoint-dir", ckpt, "--save-every", "1",
                        "--keep", "1", "--log", log)
-        with open(log) as f:
-            rows = [json.loads(line) for line in f]
+        rows = read_train_log(log)
         skipped = [row["step"] for row in rows if row.get("skipped")]
         self.assertTrue(skipped, r.stdout)
         for row in rows:

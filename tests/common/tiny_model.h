@@ -18,4 +18,17 @@ inline ModelConfig tiny_model() {
   return c;
 }
 
+// The GPU tests' model: tiny_model() widened so that its matrix products and attention take the GPU's
+// kernels as real models do (d_head 32: the Hopper flash kernels under bf16), over an odd vocabulary.
+inline ModelConfig gpu_model() {
+  ModelConfig c = tiny_model();
+  c.name = "tiny-gpu";
+  c.vocab = 503;
+  c.d_model = 128;
+  c.d_ff = 344;
+  c.layers = 2;
+  c.heads = 4;
+  return c;
+}
+
 }  // namespace lmscope::test

@@ -673,12 +673,7 @@ TEST_P(LowpVsCpu, AdamWRefreshesTheLowPrecisionCopy) {
 // bf16's and fp16's loss curves within 2% of fp32's over 20 steps, all on the GPU (fp16 with the
 // optimizer's dynamic loss scaling).
 TEST_P(LowpVsCpu, TrainingFollowsFp32) {
-  ModelConfig c;
-  c.vocab = 503;
-  c.d_model = 128;
-  c.d_ff = 344;
-  c.layers = 2;
-  c.heads = 4;
+  const ModelConfig c = gpu_model();
   const std::int64_t B = 4, T = 64;
   std::vector<std::int32_t> x(B * T), y(B * T);
   for (auto* v : {&x, &y})

@@ -226,11 +226,7 @@ TEST_F(FlashOnGpu, MoreTilesThanOneGridTakesAreSaidSo) {
 // The criterion: the model with flash matches the model with naive attention, fp32 losses
 // within 1e-4 over 20 steps, here on the GPU (tests/unit has the same on the CPU).
 TEST_F(FlashOnGpu, ModelTrainsLikeNaive) {
-  ModelConfig c;
-  c.vocab = 503;
-  c.d_model = 128;
-  c.d_ff = 344;
-  c.layers = 2;
+  ModelConfig c = gpu_model();
   c.heads = 2;  // head dim 64
   const std::int64_t B = 3, T = 100;
   Rng rng(5);

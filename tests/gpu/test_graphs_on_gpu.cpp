@@ -6,6 +6,8 @@
 // gradients fused and unfused; and fused against unfused in bf16. The
 // replays must have happened, or the test would compare the eager path with itself. Skipped without a
 // GPU.
+#include "../common/tiny_model.h"
+
 #include "lmscope/backend/backend.h"
 #include "lmscope/backend/devices.h"
 #include "lmscope/core/rng.h"
@@ -61,12 +63,7 @@ class DrawnTokens : public BatchSource {
 
 TrainedRun train(const Case& c, bool graphs) {
   RunSpec spec;
-  spec.model.name = "graphs";
-  spec.model.vocab = 503;
-  spec.model.d_model = 128;
-  spec.model.d_ff = 344;
-  spec.model.layers = 2;
-  spec.model.heads = 4;
+  spec.model = gpu_model();
   spec.batch = 4;
   spec.ctx = 64;
   spec.grad_accum = c.micro_batches;

@@ -19,11 +19,7 @@ namespace {
 
 OneStepSpec gpu_step(std::optional<DType> compute) {
   OneStepSpec s;
-  s.model.vocab = 503;
-  s.model.d_model = 128;
-  s.model.d_ff = 344;
-  s.model.layers = 2;
-  s.model.heads = 4;  // d_head 32: the Hopper flash kernels under bf16
+  s.model = gpu_model();
   s.compute = compute;
   s.rows = s.micro = 4;
   s.ctx = 64;

@@ -3,6 +3,8 @@
 // gets (every step's loss and gradient norm, every parameter after the steps), op by op and with
 // device graphs; each one's memory is on its own GPU, and the caller's current device is left as it
 // was. Skipped with fewer than two GPUs.
+#include "../common/tiny_model.h"
+
 #include "lmscope/backend/backend.h"
 #include "lmscope/backend/devices.h"
 #include "lmscope/core/rng.h"
@@ -22,17 +24,6 @@
 namespace lmscope::test {
 namespace {
 
-ModelConfig small_model() {
-  ModelConfig cfg;
-  cfg.name = "two-devices";
-  cfg.vocab = 503;
-  cfg.d_model = 128;
-  cfg.d_ff = 344;
-  cfg.layers = 2;
-  cfg.heads = 4;
-  return cfg;
-}
-
 struct Trained {
   std::vector<double> losses, norms;
   std::vector<std::vector<float>> params;
@@ -42,7 +33,7 @@ struct Trained {
 class Trainer {
  public:
   Trainer(const Device& device, bool graphs)
-      : be_(make_backend(device, "bf16")), model_(small_model(), *be_, DType::f32, DType::bf16), opt_(model_, {}) {
+      : be_(make_backend(device, "bf16")), model_(gpu_model(), *be_, DType::f32, DType::bf16), opt_(model_, {}) {
     model_.set_graphs(graphs);
     model_.init_parameters(7);
   }

@@ -23,8 +23,12 @@ RunLog::RunLog(std::string path, std::optional<std::int64_t> resumed_at) : path_
     std::string kept, line;
     while (std::getline(in, line)) {
       const auto j = nlohmann::json::parse(line, nullptr, false);
-      if (!j.is_discarded() && j.is_object() && j.contains("step") && j["step"].is_number_integer() &&
-          j["step"].get<std::int64_t>() <= *resumed_at)
+      if (j.is_discarded() || !j.is_object()) continue;
+      // A step's line up to the resumed step, and the description of each run that began before it.
+      const auto before = [&](const char* key, std::int64_t last) {
+        return j.contains(key) && j[key].is_number_integer() && j[key].get<std::int64_t>() <= last;
+      };
+      if (before("step", *resumed_at) || (!j.contains("step") && before("from_step", *resumed_at - 1)))
         kept += line + "\n";
     }
     write_file_durably(path_, kept);

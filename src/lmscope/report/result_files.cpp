@@ -209,6 +209,8 @@ std::vector<TrainStep> read_train_log(const std::string& path) {
   for (long long n = 1; std::getline(in, line); ++n) {
     if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
     const json r = json::parse(line, nullptr, false);
+    const bool description = !r.is_discarded() && r.is_object() && !r.contains("step") && r.contains("run");
+    if (description) continue;  // the line describing a run or resumption (train --log writes them)
     if (r.is_discarded() || !r.is_object() || !r.contains("step") || !r.contains("loss"))
       user_error("'{}' is not a training log (what lmscope train --log writes): line {} is not a step's JSON", path, n);
     try {

@@ -5,7 +5,9 @@
 #include "lmscope/model/transformer.h"
 #include "lmscope/run/run_spec.h"
 
+#include <algorithm>
 #include <charconv>
+#include <tuple>
 
 namespace lmscope::cli {
 
@@ -84,7 +86,12 @@ std::vector<ModelConfig> ModelFlags::resolve(const std::optional<ModelConfig>& b
     if (rope_theta_) c.rope_theta = *rope_theta_;
     if (reshaped) c.name = fmt::format("custom(d{},ff{},L{},h{})", c.d_model, c.d_ff, c.layers, c.heads);
     c.validate();
-    out.push_back(c);
+    // Every preset of a sweep (plan's default is all five) reshaped alike is one model, swept once.
+    const auto same = [&](const ModelConfig& o) {
+      return std::tie(o.d_model, o.d_ff, o.layers, o.heads, o.vocab, o.rope_theta) ==
+             std::tie(c.d_model, c.d_ff, c.layers, c.heads, c.vocab, c.rope_theta);
+    };
+    if (std::none_of(out.begin(), out.end(), same)) out.push_back(c);
   }
   return out;
 }

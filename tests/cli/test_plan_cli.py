@@ -111,8 +111,9 @@ class MemoryDiet(unittest.TestCase):
         self.assertEqual(full["status"], "ok")
         need = full["peak_reserved_bytes"] + full["device_memory"]["own_bytes"]
         self.assertLess(need, 80 << 30)
-        # Run for real on the H100 (docs/memory.md): 53.03 GiB allocated at the peak.
-        self.assertAlmostEqual(full["peak_bytes"] / 2**30, 53.03, delta=0.005)
+        # Run for real on the H100 (docs/memory.md): 53.03 GiB allocated at the peak, and since then
+        # cuBLASLt's 32 MiB workspace in the allocator's record.
+        self.assertAlmostEqual(full["peak_bytes"] / 2**30, 53.03 + 1 / 32, delta=0.005)
 
     def test_transient_copies_hold_at_most_one_layers_copies(self):
         r = run("memory", "--dry-run", "--model", "2.7B", "--ctx", "1024", "--precision", "bf16",
@@ -319,6 +320,21 @@ class Recommend(unittest.TestCase):
         self.assertIn("`--recompute full`", md.stdout)
         self.assertIn("nothing fits", md.stdout)
         self.assertIn("not timed", md.stdout)
+
+    def test_splits_stop_where_the_ranks_cannot_share_a_micro_batch(self):
+        # 4 sequences on 2 ranks: micro-batches of 4 and 2, never 1, which the ranks cannot share; a
+        # step that fits neither is "nothing fits", not a refusal of the split.
+        fits, none = self.recommend("--ctx", "1280,4096", "--world-size", "2", "--zero", "1")
+        self.assertEqual([(c["recompute"], c["grad_accum"], c["micro_batch"]) for c in fits["candidates"]],
+                         [("full", 2, 2)])
+        self.assertEqual((none["candidates"], none["failure"], none["chosen"]), ([], None, None))
+
+    def test_presets_reshaped_alike_are_one_model(self):
+        # plan's default --model is every preset: given every dimension, they are one model, planned once.
+        r = run("plan", "--device", "cpu", "--vocab", "50", "--d-model", "32", "--d-ff", "64", "--layers", "2",
+                "--heads", "2", "--precision", "fp32", "--attention", "flash", *LIMIT, "--ctx", "64", "--format", "json")
+        self.assertEqual(r.returncode, 0, r.stderr)
+        self.assertEqual([row["model"]["name"] for row in json.loads(r.stdout)], ["custom(d32,ff64,L2,h2)"])
 
     def test_bad_inputs_end_in_one_sentence(self):
         for args, says in ((["--measure"], "--measure times the candidates of --recommend"),

@@ -138,6 +138,41 @@ std::uintptr_t address(const Allocation& x) { return reinterpret_cast<std::uintp
 
 // Data parallelism's gradients in one region (NCCL's symmetric window on GPUs): requests of its kind
 // go there first, small or large, at offsets that depend only on the requests; others never do.
+// cuBLASLt's workspace is made this way at the first GEMM: in a segment of its own, it serves nothing
+// else, neither takes from nor leaves a block in the pools, does not change how large the later
+// segments grow, and goes back as soon as it is freed; the record holds it as any buffer.
+TEST(Allocator, ABufferApartHasASegmentOfItsOwnOutsideThePools) {
+  std::vector<std::size_t> grown;  // the reserved bytes after each large request, without and with it
+  for (int apart = 0; apart < 2; ++apart) {
+    HostAllocator a(4096 * kMiB);
+    a.record_events(true);
+    auto first = floats(a, 800 * kMiB / 4, "first");
+    Allocation ws;
+    if (apart) {
+      ws = a.allocate_apart({(32 * kMiB + 100) / 4}, DType::f32, {MemKind::workspace, "workspace", -1});
+      EXPECT_EQ(a.reserved_bytes(), 800 * kMiB + 34 * kMiB);  // rounded to the segment unit (2 MiB)
+      EXPECT_EQ(a.current_bytes(MemKind::workspace), Allocator::rounded_bytes(32 * kMiB + 100));
+      const MemEvent& made = a.events()[a.events().size() - 2];
+      EXPECT_EQ(made.action, MemAction::segment_alloc);
+      EXPECT_EQ(made.bytes, 34 * kMiB);
+      EXPECT_EQ(a.events().back().action, MemAction::alloc);
+      EXPECT_EQ(a.events().back().tag.what, std::string("workspace"));
+    }
+    auto small = floats(a, 100, "small");  // from a small segment, not the rest of the workspace's
+    EXPECT_TRUE(address(small) < address(ws) || address(small) >= address(ws) + 34 * kMiB || !apart);
+    // Grown to an eighth of what the pools hold (100 MiB), as without the workspace.
+    auto second = floats(a, 20 * kMiB / 4, "second");
+    grown.push_back(a.reserved_bytes() - (apart ? 34 * kMiB : 0));
+    if (apart) {
+      const std::size_t held = a.reserved_bytes();
+      ws.reset();  // back at once, not cached
+      EXPECT_EQ(a.reserved_bytes(), held - 34 * kMiB);
+      EXPECT_EQ(a.events().back().action, MemAction::segment_free);
+    }
+  }
+  EXPECT_EQ(grown[0], grown[1]);
+}
+
 TEST(Allocator, ARegionServesItsKindAtOffsetsTheRequestsDecide) {
   std::vector<std::vector<std::uintptr_t>> offsets;
   for (int run = 0; run < 2; ++run) {

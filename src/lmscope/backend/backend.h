@@ -92,10 +92,9 @@ std::array<double, 3> adamw_step_scalars(const AdamWArgs& a);
 // Device memory as its driver reports it (cudaMemGetInfo), beside what the allocator holds.
 struct DeviceMemory {
   std::size_t total = 0, used = 0;  // now
-  // In use when the backend was made, before its allocator held anything: the CUDA context,
-  // cuBLASLt's handle and workspace (and anything else on the device then).
+  // In use when the backend was made, before its allocator held anything: the CUDA context and
+  // cuBLASLt's handle (and anything else on the device then). cuBLASLt's workspace is the allocator's.
   std::size_t used_at_start = 0;
-  std::size_t library_workspace = 0;  // of that, cuBLASLt's workspace
 };
 
 class Backend {

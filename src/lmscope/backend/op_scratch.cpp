@@ -62,6 +62,11 @@ Allocation cuda_global_norm(Allocator& mem, std::size_t tensors) {
                       {MemKind::workspace, "global_norm.partials", -1});
 }
 
+Allocation cuda_gemm_workspace(Allocator& mem) {
+  return mem.allocate_apart({static_cast<std::int64_t>(kCublasLtWorkspaceBytes / sizeof(float))}, DType::f32,
+                            {MemKind::workspace, "cublaslt.workspace", -1});
+}
+
 std::pair<const Tensor*, bool> RopeTables::get(Allocator& mem, std::int64_t t, std::int64_t dk, double theta) {
   if (theta <= 0) return {nullptr, false};
   LMSCOPE_CHECK(dk % 2 == 0, "RoPE needs an even head dim, got {}", dk);

@@ -41,6 +41,10 @@ inline constexpr std::int64_t kGlobalNormBlocks = 256;
 // a group at a time (Backend::adamw_all).
 inline constexpr std::size_t kCudaAdamWGroup = 24;
 Allocation cuda_global_norm(Allocator& mem, std::size_t tensors);
+// cuBLASLt's workspace, made at a backend's first GEMM and held for its life (cuda/gemm.h): counted
+// as workspace in the allocator's record, on the GPU and in its dry run alike.
+inline constexpr std::size_t kCublasLtWorkspaceBytes = std::size_t(32) << 20;
+Allocation cuda_gemm_workspace(Allocator& mem);
 
 // RoPE's (cos, sin) table [t, dk/2, 2] f32 per (t, dk, theta), made on a shape's first use and kept.
 class RopeTables {

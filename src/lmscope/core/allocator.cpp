@@ -102,6 +102,14 @@ void Allocation::narrow(const Tensor& part) {
 }
 
 Allocation Allocator::allocate(Shape shape, DType dtype, AllocTag tag, std::source_location where) {
+  return make(std::move(shape), dtype, std::move(tag), where, false);
+}
+
+Allocation Allocator::allocate_apart(Shape shape, DType dtype, AllocTag tag, std::source_location where) {
+  return make(std::move(shape), dtype, std::move(tag), where, true);
+}
+
+Allocation Allocator::make(Shape shape, DType dtype, AllocTag tag, std::source_location where, bool apart) {
   for (auto d : shape) LMSCOPE_CHECK(d >= 0, "negative dimension in {}", shape_str(shape));
   if (!tag.file) {
     tag.file = where.file_name();
@@ -111,7 +119,8 @@ Allocation Allocator::allocate(Shape shape, DType dtype, AllocTag tag, std::sour
   a.tensor_ = Tensor{nullptr, dtype, std::move(shape)};
   a.bytes_ = rounded_bytes(a.tensor_.bytes());
   a.tag_ = std::move(tag);
-  a.tensor_.data = raw_allocate(a.bytes_, a.tag_, a.tensor_.shape, dtype);
+  a.tensor_.data = apart ? apart_segment(a.bytes_, a.tag_, a.tensor_.shape, dtype)
+                         : raw_allocate(a.bytes_, a.tag_, a.tensor_.shape, dtype);
   a.block_ = a.tensor_;
   a.owner_ = this;
   current_ += a.bytes_;
@@ -143,21 +152,40 @@ void* Allocator::raw_allocate(std::size_t bytes, const AllocTag& tag, const Shap
   return p;
 }
 
+void* Allocator::apart_segment(std::size_t bytes, const AllocTag& tag, const Shape& shape, DType dtype) {
+  const std::size_t size = (bytes + kSegmentUnit - 1) / kSegmentUnit * kSegmentUnit;
+  void* p = segment_allocate(size);
+  if (!p) {
+    release_cache();
+    p = segment_allocate(size);
+  }
+  if (!p) throw_oom(bytes, tag, shape, dtype);
+  const auto base = reinterpret_cast<std::uintptr_t>(p);
+  if (recording_) record(MemAction::segment_alloc, size, base, tag, {}, dtype);
+  Segment& s = segments_[base];
+  s = Segment{next_order_++, base, size, false, {{0, {size, true}}}, false, true, {}};
+  reserved_ += size;
+  reserved_apart_ += size;
+  std::set<FreeBlock>& free = pool(s);
+  return take(free, free.insert(FreeBlock{size, s.order, 0, base}).first, bytes);
+}
+
 void* Allocator::new_segment(std::size_t bytes, bool grown, const AllocTag& tag, DType dtype) {
   const bool small = bytes < kSmallRequest;
   // A large segment is at least an eighth of what is held already (up to 1 GiB) when grown: buffers
   // of neighbouring segments never merge, and few large segments let what the backward frees (the
-  // activations, the weight copies) merge into blocks the gradients it makes fit in. Near the
-  // device's end the request's own size is tried next.
+  // activations, the weight copies) merge into blocks the gradients it makes fit in (the segments
+  // apart, which serve no pool, are left out of what is held). Near the device's end the request's own
+  // size is tried next.
   const std::size_t want =
-      small ? kSegmentUnit : std::max(bytes, grown ? std::min(kLargeSegmentCap, reserved_ / 8) : 0);
+      small ? kSegmentUnit : std::max(bytes, grown ? std::min(kLargeSegmentCap, (reserved_ - reserved_apart_) / 8) : 0);
   const std::size_t size = (want + kSegmentUnit - 1) / kSegmentUnit * kSegmentUnit;
   void* p = segment_allocate(size);
   if (!p) return nullptr;
   const auto base = reinterpret_cast<std::uintptr_t>(p);
   if (recording_) record(MemAction::segment_alloc, size, base, tag, {}, dtype);
   Segment& s = segments_[base];
-  s = Segment{next_order_++, base, size, small, {{0, {size, true}}}, false, {}};
+  s = Segment{next_order_++, base, size, small, {{0, {size, true}}}, false, false, {}};
   reserved_ += size;
   std::set<FreeBlock>& free = pool(s);
   return take(free, free.insert(FreeBlock{size, s.order, 0, base}).first, bytes);
@@ -175,7 +203,7 @@ void Allocator::open_region(MemKind kind, std::size_t bytes, AllocTag tag, Regio
   const auto base = reinterpret_cast<std::uintptr_t>(p);
   if (recording_) record(MemAction::segment_alloc, size, base, tag, {}, DType::f32);
   Segment& s = segments_[base];
-  s = Segment{next_order_++, base, size, false, {{0, {size, true}}}, true, std::move(memory.free)};
+  s = Segment{next_order_++, base, size, false, {{0, {size, true}}}, true, false, std::move(memory.free)};
   reserved_ += size;
   pool(s).insert(FreeBlock{size, s.order, 0, base});
   open_region_ = base;
@@ -237,6 +265,7 @@ void Allocator::release(Allocation& a) {
   free.insert(FreeBlock{it->second.first, s.order, it->first, s.base});
   current_ -= a.bytes_;
   current_by_kind_[static_cast<int>(a.tag_.kind)] -= a.bytes_;
+  if (s.apart && !segments_held_) give_back(s);
 }
 
 std::uint64_t Allocator::state_hash() const {
@@ -268,7 +297,8 @@ void Allocator::give_back(Segment& s) {
   const std::size_t bytes = s.bytes;
   pool(s).erase(FreeBlock{bytes, s.order, 0, base});
   std::function<void(void*, std::size_t)> free = std::move(s.give_back);
-  if (s.region) region_free_.erase(base);
+  if (s.region || s.apart) region_free_.erase(base);
+  if (s.apart) reserved_apart_ -= bytes;
   segments_.erase(base);
   reserved_ -= bytes;
   if (recording_) record(MemAction::segment_free, bytes, base, {}, {}, DType::f32);

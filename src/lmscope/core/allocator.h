@@ -121,6 +121,13 @@ class Allocator {
   // `where` names the caller unless the tag already names a line (helpers pass their caller's on).
   Allocation allocate(Shape shape, DType dtype, AllocTag tag,
                       std::source_location where = std::source_location::current());
+  // A buffer in a segment of its own, outside the caching policy: the segment is the request's size
+  // (in segment units), serves nothing else, goes back to the system when the buffer is freed, and
+  // does not count towards the size later segments grow to. For a long-lived buffer made in the midst
+  // of others (cuBLASLt's workspace at the first matrix product), which in a pool would split a block
+  // and change every later segment's size. Recorded as any allocation is.
+  Allocation allocate_apart(Shape shape, DType dtype, AllocTag tag,
+                            std::source_location where = std::source_location::current());
 
   void set_phase(Phase p) { phase_ = p; }
   Phase phase() const { return phase_; }
@@ -184,7 +191,9 @@ class Allocator {
 
  private:
   friend class Allocation;
+  Allocation make(Shape shape, DType dtype, AllocTag tag, std::source_location where, bool apart);
   void* raw_allocate(std::size_t bytes, const AllocTag& tag, const Shape& shape, DType dtype);
+  void* apart_segment(std::size_t bytes, const AllocTag& tag, const Shape& shape, DType dtype);
   void release(Allocation& a);
   void record(MemAction action, std::size_t bytes, std::uintptr_t address, const AllocTag& tag, const Shape& shape,
               DType dtype);
@@ -198,6 +207,7 @@ class Allocator {
     bool small = false;
     std::map<std::size_t, std::pair<std::size_t, bool>> blocks;  // offset -> (bytes, free)
     bool region = false;                                         // open_region's: a pool of its own
+    bool apart = false;                                          // allocate_apart's (a pool of its own too)
     std::function<void(void*, std::size_t)> give_back;           // a region's RegionMemory::free
   };
   // A free block in a pool: the smallest that holds a request wins, then the oldest segment, then
@@ -212,7 +222,7 @@ class Allocator {
     }
   };
   std::set<FreeBlock>& pool(const Segment& s) {
-    return s.region ? region_free_[s.base] : s.small ? small_free_ : large_free_;
+    return s.region || s.apart ? region_free_[s.base] : s.small ? small_free_ : large_free_;
   }
   // A segment for a request of `bytes`, grown to Allocator's usual size or just the request's.
   void* new_segment(std::size_t bytes, bool grown, const AllocTag& tag, DType dtype);
@@ -227,6 +237,7 @@ class Allocator {
   MemKind region_kind_ = MemKind::gradient;
   std::uint64_t next_order_ = 0;
   std::size_t reserved_ = 0;
+  std::size_t reserved_apart_ = 0;  // of that, allocate_apart's segments
   Phase phase_ = Phase::setup;
   bool recording_ = false;
   bool segments_held_ = false;

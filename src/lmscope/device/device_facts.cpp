@@ -32,7 +32,10 @@ const DeviceFacts& h100_facts() {
   return facts;
 }
 
-std::size_t h100_device_overhead_bytes() { return 590151680; }
+// Measured as 590151680 when cuBLASLt's 32 MiB workspace was a cudaMalloc of its own beside the
+// allocator; it now comes from the allocator (scratch::cuda_gemm_workspace) and is in its record, so
+// exactly those 33554432 bytes are taken off what was measured.
+std::size_t h100_device_overhead_bytes() { return 590151680 - 33554432; }
 std::size_t h100_memory_bytes() { return 85017493504; }
 
 std::size_t driver_segment_bytes(std::size_t bytes) {
@@ -42,7 +45,7 @@ std::size_t driver_segment_bytes(std::size_t bytes) {
 
 const char* h100_device_overhead_source() {
   return "measured on an H100 80GB HBM3, driver 580, CUDA 13.0, 2026-11-23: lmscope memory --device cuda, "
-         "cudaMemGetInfo when the backend was made";
+         "cudaMemGetInfo when the backend was made, less cuBLASLt's 32 MiB workspace (now the allocator's)";
 }
 
 }  // namespace lmscope

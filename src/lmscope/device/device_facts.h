@@ -42,8 +42,9 @@ struct DeviceFacts {
 const DeviceFacts& h100_facts();
 // The CUDA backend's flash facts as read on the H100 with this build's sm_90a kernels.
 const FlashKernelFacts& h100_flash_facts();
-// Device memory in use beyond lmscope's allocator once the CUDA backend is made (the CUDA context,
-// cuBLASLt's handle and its workspace), as cudaMemGetInfo reported it; and where and when that was.
+// Device memory in use beyond lmscope's allocator once the CUDA backend is made (the CUDA context and
+// cuBLASLt's handle; its workspace is the allocator's), as cudaMemGetInfo reported it; and where and
+// when that was.
 std::size_t h100_device_overhead_bytes();
 // What cudaGetDeviceProperties calls its totalGlobalMem (less than 80 GiB).
 std::size_t h100_memory_bytes();

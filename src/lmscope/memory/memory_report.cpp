@@ -41,15 +41,15 @@ std::string markdown_device(const MemoryRow& row) {
   const double other =
       static_cast<double>(d.used) - static_cast<double>(d.used_at_start) - static_cast<double>(a.reserved_at_step_end);
   return fmt::format(
-      "\nThe whole GPU ({} of {}): {} was in use when the backend was made (the CUDA context, cuBLASLt and its {} "
-      "workspace). The allocator held at most {} (allocated plus cached), so the device's peak, in the driver's pages, "
+      "\nThe whole GPU ({} of {}): {} was in use when the backend was made (the CUDA context and cuBLASLt; "
+      "its workspace is the allocator's). The allocator held at most {} (allocated plus cached), so the device's peak, "
+      "in the driver's pages, "
       "was about {}. After "
       "the step the driver reports {} in use: {} from before, {} held by the allocator ({} of it cached and free), "
       "{} besides ({} of it the driver's rounding of each block of 1 MiB or more to 2 MiB pages).\n",
-      r.device_source, human(d.total), human(d.used_at_start), human(d.library_workspace), human(a.peak_reserved),
-      human(at_peak), human(d.used), human(d.used_at_start), human(a.reserved_at_step_end),
-      human(a.reserved_at_step_end - a.at_step_end), human_bytes(other),
-      human(a.paged_at_step_end - a.reserved_at_step_end));
+      r.device_source, human(d.total), human(d.used_at_start), human(a.peak_reserved), human(at_peak), human(d.used),
+      human(d.used_at_start), human(a.reserved_at_step_end), human(a.reserved_at_step_end - a.at_step_end),
+      human_bytes(other), human(a.paged_at_step_end - a.reserved_at_step_end));
 }
 
 std::string markdown_cell(const MemoryRow& row) {
@@ -193,7 +193,6 @@ std::string json(const std::vector<MemoryRow>& rows) {
         j["device_memory"] = {{"source", r.device_source},
                               {"total_bytes", r.device->total},
                               {"own_bytes", r.device->used_at_start},
-                              {"library_workspace_bytes", r.device->library_workspace},
                               {"used_after_step_bytes", r.spec.dry_run ? nlohmann::ordered_json(nullptr)
                                                                        : nlohmann::ordered_json(r.device->used)},
                               {"allocator_reserved_after_step_bytes", a.reserved_at_step_end},

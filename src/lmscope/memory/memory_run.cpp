@@ -14,7 +14,7 @@ std::unique_ptr<Backend> make_cell_backend(const MemorySpec& spec, MemoryRecord&
   if (spec.dry_run) {
     const DryRunTarget target = dry_run_target(spec.cell.device, spec.memory_limit);
     if (target.overhead > 0) {
-      r.device = DeviceMemory{target.memory, 0, target.overhead, 0};
+      r.device = DeviceMemory{target.memory, 0, target.overhead};
       r.device_source = target.overhead_source;
     }
     return make_meta_backend(target, spec.cell.precision);

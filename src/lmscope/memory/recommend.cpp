@@ -31,8 +31,11 @@ Recommendation recommend(const RecommendSpec& spec) {
       if (o.spec.recompute <= r && o.spec.weight_copies <= w) return true;
     return false;
   };
+  // A micro-batch of the step's sequences is split across the ranks too: the splits stop where it no
+  // longer divides evenly among them (2 sequences on 2 ranks: one micro-batch of 2, no finer).
+  const std::int64_t ranks = std::max(1, c.parallel.world.size);
   for (std::int64_t k = 1; k <= c.batch && !dominated(Recompute::none, copies.front()); k *= 2) {
-    if (c.batch % k != 0) break;
+    if (c.batch % k != 0 || (c.batch / k) % ranks != 0) break;
     for (WeightCopies w : copies)
       for (Recompute r : {Recompute::none, Recompute::selective, Recompute::full}) {
         if (dominated(r, w)) break;  // and so is every way that recomputes more

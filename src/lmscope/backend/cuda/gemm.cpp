@@ -8,9 +8,8 @@
 
 namespace lmscope::cuda {
 
-Gemm::Gemm(GemmMath math, cudaStream_t stream) : math_(math), stream_(stream) {
+Gemm::Gemm(GemmMath math, cudaStream_t stream, Allocator& mem) : math_(math), stream_(stream), mem_(mem) {
   LMSCOPE_CUBLAS_CHECK(cublasLtCreate(&handle_));
-  LMSCOPE_CUDA_CHECK(cudaMalloc(&workspace_, workspace_bytes_));
 }
 
 Gemm::~Gemm() {
@@ -20,7 +19,7 @@ Gemm::~Gemm() {
     cublasLtMatrixLayoutDestroy(p.c);
     cublasLtMatmulDescDestroy(p.desc);
   }
-  cudaFree(workspace_);
+  workspace_.reset();
   cublasLtDestroy(handle_);
 }
 
@@ -142,7 +141,7 @@ void Gemm::choose_beside_held_sms(const GemmArgs& g, Plan& p) {
   auto launch = [&](const Candidate& c) {
     set_sm_target(p.desc, c.sm_target);
     return cublasLtMatmul(handle_, p.desc, &g.alpha, g.b.data, p.a, g.a.data, p.b, &g.beta, g.c.data, p.c, g.c.data,
-                          p.c, &c.algo, workspace_, workspace_bytes_, stream_);
+                          p.c, &c.algo, workspace_.tensor().data, workspace_bytes_, stream_);
   };
   auto loop_ms = [&](const Candidate& c, int reps) {
     LMSCOPE_CUDA_CHECK(cudaEventRecord(t.start, stream_));
@@ -186,9 +185,10 @@ void Gemm::run(const GemmArgs& g) {
                 dtype_name(g.b.dtype));
   LMSCOPE_CHECK(g.a.dtype == g.c.dtype || (dtype_size(g.a.dtype) == 2 && g.c.dtype == DType::f32),
                 "GEMM of {} operands into {}", dtype_name(g.a.dtype), dtype_name(g.c.dtype));
+  take_workspace();
   Plan& p = plan(g);
   LMSCOPE_CUBLAS_CHECK(cublasLtMatmul(handle_, p.desc, &g.alpha, g.b.data, p.a, g.a.data, p.b, &g.beta, g.c.data, p.c,
-                                      g.c.data, p.c, &p.algo, workspace_, workspace_bytes_, stream_));
+                                      g.c.data, p.c, &p.algo, workspace_.tensor().data, workspace_bytes_, stream_));
 }
 
 }  // namespace lmscope::cuda

@@ -15,6 +15,7 @@
 #pragma once
 
 #include "lmscope/backend/backend.h"
+#include "lmscope/backend/op_scratch.h"
 
 #include <cublasLt.h>
 #include <cuda_runtime.h>
@@ -27,14 +28,17 @@ namespace lmscope::cuda {
 
 class Gemm {
  public:
-  Gemm(GemmMath math, cudaStream_t stream);
+  Gemm(GemmMath math, cudaStream_t stream, Allocator& mem);
   ~Gemm();
   Gemm(const Gemm&) = delete;
   Gemm& operator=(const Gemm&) = delete;
+  // The workspace, made the first time (the host side of every GEMM: a replayed one too).
+  void take_workspace() {
+    if (workspace_.empty()) workspace_ = scratch::cuda_gemm_workspace(mem_);
+  }
   void run(const GemmArgs& g);
   // SMs that collectives may hold beside the GEMMs from now on (0: none; see above).
   void set_held_sms(int sms) { held_sms_ = sms; }
-  std::size_t workspace_bytes() const { return workspace_bytes_; }
 
  private:
   struct Plan {
@@ -50,9 +54,10 @@ class Gemm {
 
   GemmMath math_;
   cudaStream_t stream_;
+  Allocator& mem_;
   cublasLtHandle_t handle_ = nullptr;
-  void* workspace_ = nullptr;
-  std::size_t workspace_bytes_ = std::size_t(32) << 20;
+  Allocation workspace_;
+  std::size_t workspace_bytes_ = scratch::kCublasLtWorkspaceBytes;
   std::map<Key, Plan> plans_;
   int held_sms_ = 0;
 };

@@ -57,7 +57,10 @@ class MetaBackend final : public Backend {
   void fill(const Tensor&, double) override {}
   void add(const Tensor&, const Tensor&, const Tensor&) override {}
   void cast(const Tensor&, const Tensor&) override {}
-  void gemm(const GemmArgs&) override {}
+  void gemm(const GemmArgs&) override {
+    // As the CUDA backend's first GEMM makes cuBLASLt's workspace (cuda/gemm.h), held from then on.
+    if (on_cuda() && gemm_workspace_.empty()) gemm_workspace_ = scratch::cuda_gemm_workspace(alloc_);
+  }
   void embedding_forward(const Tensor&, const Tensor&, const Tensor&) override {}
   void embedding_backward(const Tensor&, const Tensor&, const Tensor&, bool) override {}
   void rmsnorm_forward(const Tensor&, const Tensor&, const Tensor&, const Tensor&, double) override {}
@@ -120,6 +123,7 @@ class MetaBackend final : public Backend {
 
   DryRunTarget target_;
   MetaAllocator alloc_;
+  Allocation gemm_workspace_;
   Allocation norm_sum_;
   scratch::RopeTables rope_tables_;
 };

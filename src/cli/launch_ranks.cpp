@@ -24,42 +24,13 @@ using Clock = std::chrono::steady_clock;
 // the launcher get as long as their checkpoint takes (a second signal: SIGKILL).
 constexpr auto kGrace = std::chrono::seconds(10);
 
-// `lmscope train` stopped cleanly on a signal: its checkpoint written, it exits 128 + the signal.
-bool stop_code(int code) { return code == 128 + SIGINT || code == 128 + SIGTERM || code == 128 + SIGHUP; }
-
 }  // namespace
-
-std::string signal_name(int sig) {
-  switch (sig) {
-    case SIGINT:
-      return "SIGINT";
-    case SIGTERM:
-      return "SIGTERM";
-    case SIGKILL:
-      return "SIGKILL";
-    case SIGSEGV:
-      return "SIGSEGV";
-    case SIGABRT:
-      return "SIGABRT";
-    case SIGBUS:
-      return "SIGBUS";
-    case SIGFPE:
-      return "SIGFPE";
-    case SIGILL:
-      return "SIGILL";
-    case SIGHUP:
-      return "SIGHUP";
-    case SIGPIPE:
-      return "SIGPIPE";
-    default:
-      return fmt::format("signal {}", sig);
-  }
-}
 
 RankGroup::RankGroup() {
   ::signal(SIGCHLD, SIG_DFL);
   sigemptyset(&watched_);
-  for (int s : {SIGINT, SIGTERM, SIGHUP, SIGCHLD}) sigaddset(&watched_, s);
+  for (int s : kStopSignals) sigaddset(&watched_, s);
+  sigaddset(&watched_, SIGCHLD);
   ::pthread_sigmask(SIG_BLOCK, &watched_, &before_);
 }
 
@@ -89,10 +60,16 @@ RanksOutcome RankGroup::run(const std::string& exe, const std::vector<std::strin
     const std::string others = running.empty() ? (next < nproc ? "; started no further rank" : "")
                                : next < nproc  ? "; stopped the other ranks and started no further one"
                                                : "; stopped the other ranks";
-    if (stop_code(code)) {  // the others stop after the same step (train agrees on it): no need to stop them
+    if (is_stop_code(code)) {
+      // train's ranks agree on the step to stop after, each saving its part: no need to stop them. The
+      // other commands' ranks would wait for this one in their next collective: they are stopped.
+      const bool agreed = args.size() > 1 && args[1] == "train";
       if (!out.stopped_on)
         fmt::print(stderr, "lmscope launch: rank {} stopped on {}{}\n", rank, signal_name(code - 128),
-                   running.empty() ? "" : "; the other ranks stop after the same step");
+                   running.empty() ? ""
+                   : agreed        ? "; the other ranks stop after the same step"
+                                   : "; stopped the other ranks");
+      if (!out.stopped_on && !agreed) stop_all(code - 128);
       out.stopped_on = out.stopped_on ? out.stopped_on : code - 128;
       return;
     }
@@ -159,7 +136,7 @@ RanksOutcome RankGroup::run(const std::string& exe, const std::vector<std::strin
     const auto ms = std::max<std::int64_t>(next < nproc ? 0 : 1, left.count());
     timespec wait{static_cast<time_t>(ms / 1000), static_cast<long>(ms % 1000) * 1000000};
     const int sig = ::sigtimedwait(&watched_, nullptr, &wait);
-    if (sig == SIGINT || sig == SIGTERM || sig == SIGHUP) {
+    if (is_stop_signal(sig)) {
       if (!out.interrupted && !out.failed)
         fmt::print(stderr, "lmscope launch: got {}; stopping the ranks\n", signal_name(sig));
       // A second interrupt means now.

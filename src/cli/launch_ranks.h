@@ -4,15 +4,14 @@
 // also while they are being started.
 #pragma once
 
+#include "stop_signals.h"
+
 #include <signal.h>
 
 #include <string>
 #include <vector>
 
 namespace lmscope::cli {
-
-// "SIGINT", "SIGKILL", ... ("signal N" for one without a name here).
-std::string signal_name(int sig);
 
 // How a start of the ranks ended.
 struct RanksOutcome {

@@ -2,6 +2,7 @@
 // Exit codes: 0 success, 2 user error (one sentence on stderr), 1 a failure of the machine or an internal
 // one, 128 + the signal for a command stopped by SIGINT, SIGTERM or SIGHUP.
 #include "commands.h"
+#include "stop_signals.h"
 
 #include "lmscope/core/error.h"
 
@@ -71,20 +72,22 @@ std::string error_prefix() {
 // SIGINT, SIGTERM or SIGHUP end a command with one line and exit 128 + the signal (as train's clean
 // stop does), not by the signal: train, which saves a checkpoint first, takes them over once it runs;
 // launch takes them with sigtimedwait and passes them on to its ranks.
-char stop_lines[3][160];
-std::size_t stop_lengths[3];
-constexpr int kStopSignals[] = {SIGINT, SIGTERM, SIGHUP};
+using lmscope::cli::kStopSignals;
+using lmscope::cli::signal_name;
+constexpr std::size_t kStops = std::size(kStopSignals);
+char stop_lines[kStops][160];
+std::size_t stop_lengths[kStops];
 
 extern "C" void stop_now(int sig) {
-  for (int i = 0; i < 3; ++i)
+  for (std::size_t i = 0; i < kStops; ++i)
     if (kStopSignals[i] == sig && ::write(STDERR_FILENO, stop_lines[i], stop_lengths[i]) < 0) break;
   ::_exit(128 + sig);
 }
 
 void stop_on_signals(const std::string& prefix) {
-  const char* names[] = {"SIGINT", "SIGTERM", "SIGHUP"};
-  for (int i = 0; i < 3; ++i) {
-    const std::string line = fmt::format("{}stopped by {}\n", prefix, names[i]).substr(0, sizeof stop_lines[i] - 1);
+  for (std::size_t i = 0; i < kStops; ++i) {
+    const std::string line =
+        fmt::format("{}stopped by {}\n", prefix, signal_name(kStopSignals[i])).substr(0, sizeof stop_lines[i] - 1);
     std::copy(line.begin(), line.end(), stop_lines[i]);
     stop_lengths[i] = line.size();
     std::signal(kStopSignals[i], stop_now);

@@ -6,6 +6,7 @@
 #include "commands.h"
 #include "model_flags.h"
 #include "parallel_flags.h"
+#include "stop_signals.h"
 #include "sweep_output.h"
 #include "train_settings.h"
 
@@ -49,12 +50,8 @@ extern "C" void stop_at_once(int sig) {
 extern "C" void record_stop_signal(int sig) {
   stop_signal.store(sig);
   parallel::FlightRecorder::note_signal(sig);  // the ranks' flight records are written then
-  for (int s : {SIGINT, SIGTERM, SIGHUP}) std::signal(s, stop_at_once);
+  for (int s : kStopSignals) std::signal(s, stop_at_once);
 }
-
-// SIGINT, SIGTERM and SIGHUP (a closed terminal, a scheduler's notice) each stop the run cleanly.
-constexpr int kStopSignals[] = {SIGINT, SIGTERM, SIGHUP};
-const char* stop_signal_name(int sig) { return sig == SIGINT ? "SIGINT" : sig == SIGHUP ? "SIGHUP" : "SIGTERM"; }
 
 // The signal the ranks stop on: the one every rank that had one had (SIGTERM where they had different
 // ones), so every rank says and exits with the signal a user sent to any one of them.
@@ -364,7 +361,7 @@ class TrainCommand : public Command {
         const int sig = agreed_stop_signal(session, own, signalled);
         if (!s_.checkpoint_dir.empty() && progress.last_saved != step) save_checkpoint(step);
         if (main_rank)
-          fmt::print("stopped by {} after step {}{}\n", stop_signal_name(sig), step,
+          fmt::print("stopped by {} after step {}{}\n", signal_name(sig), step,
                      s_.checkpoint_dir.empty() ? "" : fmt::format("; resume with --resume {}", s_.checkpoint_dir));
         return 128 + sig;
       }

@@ -110,6 +110,22 @@ class Launch(unittest.TestCase):
         self.assertIn("lmscope launch: got SIGTERM; stopping the ranks\n", err)
         self.assertTrue(all(gone(k) for k in kids))
 
+    def test_a_bench_rank_stopped_by_its_own_signal_has_the_others_stopped(self):
+        # train's ranks agree on a step to stop after; bench's others would wait for the stopped one in
+        # their next collective, so the launcher stops them and ends with the signal's code.
+        p = subprocess.Popen([LMSCOPE, "launch", "--nproc", "2", "--", *LONG], stdout=subprocess.DEVNULL,
+                             stderr=subprocess.PIPE, text=True)
+        kids = ranks_of(p, 2)
+        time.sleep(0.5)
+        t0 = time.monotonic()
+        os.kill(kids[1], signal.SIGINT)
+        _, err = p.communicate(timeout=60)
+        self.assertLess(time.monotonic() - t0, 9, err)
+        self.assertEqual(p.returncode, 128 + signal.SIGINT, err)
+        self.assertIn("lmscope launch: rank 1 stopped on SIGINT; stopped the other ranks\n", err)
+        self.assertNotIn("the same step", err)
+        self.assertTrue(all(gone(k) for k in kids))
+
     def test_bad_input_is_one_sentence_and_exit_2(self):
         cases = [
             (["--nproc", "0", "--", "info"], "--nproc"),

@@ -1,7 +1,8 @@
 // lmscope launch: N ranks of an lmscope command on this machine, one process each, with the variables
 // torchrun sets (RANK, LOCAL_RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT), so a rank starts the same
-// way under launch, torchrun or Slurm. The launcher only starts and watches (launch_ranks.h), and
-// with --max-restarts starts them again after a failure.
+// way under launch, torchrun or Slurm. With --nnodes, one launch a machine starts that node's ranks of
+// one world, meeting at --master-addr:--port. The launcher only starts and watches (launch_ranks.h),
+// and with --max-restarts starts them again after a failure.
 #include "commands.h"
 #include "launch_ranks.h"
 
@@ -99,7 +100,17 @@ class LaunchCommand : public Command {
                     "Where the ranks meet: file:DIR (files under a directory every rank sees) or tcp:HOST:PORT "
                     "(rank 0 serves a store at PORT of this machine, the ranks reach it at HOST:PORT); default: "
                     "tcp:127.0.0.1 at --port");
-    app->add_option("--port", port_, "The rendezvous's TCP port on 127.0.0.1 (default: one that is free)");
+    app->add_option("--port", port_,
+                    "The rendezvous's TCP port, served by rank 0 (default: one that is free; with --nnodes, required)");
+    app->add_option("--nnodes", nnodes_,
+                    "Machines (nodes) the run spans: each runs lmscope launch with the same flags and its own "
+                    "--node-rank; ranks are numbered node by node")
+        ->capture_default_str();
+    app->add_option("--node-rank", node_rank_, "This machine's place among --nnodes, from 0 (node 0 holds rank 0)")
+        ->capture_default_str();
+    app->add_option("--master-addr", master_addr_,
+                    "The address of node 0, where rank 0 serves the rendezvous at --port (torchrun's --master-addr)")
+        ->capture_default_str();
     app->add_option("--max-restarts", max_restarts_,
                     "Start every rank again after a rank fails (not after a user error or a signal), up to this "
                     "many times; train with --checkpoint-dir goes on from its newest complete checkpoint")
@@ -121,6 +132,7 @@ class LaunchCommand : public Command {
     if (app->count("--port") > 0 && !rendezvous_.empty())
       user_error("--port is the default rendezvous's (tcp:127.0.0.1); leave it out with --rendezvous {}", rendezvous_);
     if (max_restarts_ < 0) user_error("--max-restarts must be non-negative, got {}", max_restarts_);
+    check_nodes();
     check_rank_count();
 
     std::vector<std::string> argv{"lmscope"};
@@ -128,7 +140,7 @@ class LaunchCommand : public Command {
     const std::string exe = self_path();
     for (int restart = 0;; ++restart) {
       const std::string records = flight_record_dir(restart);
-      const RanksOutcome outcome = ranks.run(exe, argv, environment(restart, records), nproc_);
+      const RanksOutcome outcome = ranks.run(exe, argv, environment(restart, records), nproc_, first_rank());
       report_flight_records(records, outcome.failed);
       if (!outcome.restartable() || restart == max_restarts_) return outcome.exit_code;
       fmt::print(stderr, "lmscope launch: starting the ranks again (restart {} of {})\n", restart + 1, max_restarts_);
@@ -136,10 +148,42 @@ class LaunchCommand : public Command {
   }
 
  private:
-  int nproc_ = 0, port_ = 0, max_restarts_ = 0;
+  int nproc_ = 0, port_ = 0, max_restarts_ = 0, nnodes_ = 1, node_rank_ = 0;
   bool oversubscribe_ = false;
-  std::string rendezvous_;
+  std::string rendezvous_, master_addr_ = "127.0.0.1";
   std::vector<std::string> command_;
+
+  int first_rank() const { return node_rank_ * nproc_; }
+
+  // Several nodes meet at node 0's TCP store, at a port every node is told (a free one cannot be
+  // agreed on); each node's launcher starts and watches its own ranks only.
+  void check_nodes() const {
+    if (nnodes_ < 1) user_error("--nnodes must be at least 1, got {}", nnodes_);
+    constexpr long long kMaxWorld = 1 << 20;
+    if (static_cast<long long>(nnodes_) * nproc_ > kMaxWorld)
+      user_error("--nnodes {} of --nproc {} is more than {} ranks", nnodes_, nproc_, kMaxWorld);
+    if (node_rank_ < 0 || node_rank_ >= nnodes_)
+      user_error("--node-rank must be from 0 to {} (--nnodes {}), got {}", nnodes_ - 1, nnodes_, node_rank_);
+    if (master_addr_.empty() || master_addr_.find_first_of(" /") != std::string::npos)
+      user_error("--master-addr takes a host name or address, got '{}'", master_addr_);
+    if (app->count("--master-addr") > 0 && !rendezvous_.empty())
+      user_error("--master-addr is the default rendezvous's host; leave it out with --rendezvous {}", rendezvous_);
+    if (nnodes_ == 1) return;
+    if (!rendezvous_.empty())
+      user_error(
+          "--nnodes {} meets at --master-addr and --port (node 0's rank 0 serves the rendezvous there); "
+          "leave out --rendezvous",
+          nnodes_);
+    if (app->count("--master-addr") == 0 || app->count("--port") == 0)
+      user_error(
+          "--nnodes {} needs --master-addr and --port, the same on every node (node 0's address, a port "
+          "free there)",
+          nnodes_);
+    if (max_restarts_ > 0)
+      user_error(
+          "--max-restarts is for one node: several nodes' launchers cannot agree on starting again (a "
+          "restart of several nodes is not built)");
+  }
 
   // One rank a GPU (a rank takes the GPU of its LOCAL_RANK), one a core for CPU ranks unless
   // --oversubscribe: beyond that the ranks only wait on each other, and an unbounded --nproc would
@@ -194,11 +238,14 @@ class LaunchCommand : public Command {
   // others waited in); the records are kept where they say something, else removed with their directory.
   void report_flight_records(const std::string& dir, bool failed) const {
     const std::vector<std::string> said =
-        failed ? parallel::compare_flight_records(dir, nproc_) : std::vector<std::string>{};
+        failed ? parallel::compare_flight_records(dir, nproc_, first_rank()) : std::vector<std::string>{};
     for (const std::string& line : said) fmt::print(stderr, "lmscope launch: {}\n", line);
     std::error_code ec;
     if (!said.empty())
-      fmt::print(stderr, "lmscope launch: the ranks' flight records are in '{}'\n", dir);
+      fmt::print(stderr, "lmscope launch: the ranks' flight records are in '{}'{}\n", dir,
+                 nnodes_ > 1 ? fmt::format(" (node {}'s ranks, {} to {}; the others' are on their nodes)", node_rank_,
+                                           first_rank(), first_rank() + nproc_ - 1)
+                             : "");
     else
       std::filesystem::remove_all(dir, ec);
   }
@@ -216,18 +263,21 @@ class LaunchCommand : public Command {
       const std::string name = var.substr(0, var.find('='));
       if (std::find(ours.begin(), ours.end(), name) == ours.end()) env.push_back(var);
     }
-    env.push_back(fmt::format("WORLD_SIZE={}", nproc_));
+    env.push_back(fmt::format("WORLD_SIZE={}", nnodes_ * nproc_));
     env.push_back(fmt::format("LOCAL_WORLD_SIZE={}", nproc_));
     if (rendezvous_.empty()) {
-      env.push_back("MASTER_ADDR=127.0.0.1");
+      env.push_back("MASTER_ADDR=" + master_addr_);
       env.push_back(fmt::format("MASTER_PORT={}", port_ > 0 ? port_ : free_port()));
     } else {
       env.push_back("LMSCOPE_RENDEZVOUS=" + rendezvous_);
     }
-    // Keys of this start apart from any earlier one's in a reused rendezvous directory.
+    // Keys of this start apart from any earlier one's in a reused rendezvous directory. Several nodes'
+    // ranks share one store, fresh in rank 0's process: their id is the same on every node.
     const auto now = std::chrono::system_clock::now().time_since_epoch();
-    env.push_back(fmt::format("LMSCOPE_RUN_ID=launch-{}-{}-{}", ::getpid(),
-                              std::chrono::duration_cast<std::chrono::milliseconds>(now).count(), restart));
+    env.push_back(nnodes_ > 1
+                      ? fmt::format("LMSCOPE_RUN_ID=launch-{}-nodes", nnodes_)
+                      : fmt::format("LMSCOPE_RUN_ID=launch-{}-{}-{}", ::getpid(),
+                                    std::chrono::duration_cast<std::chrono::milliseconds>(now).count(), restart));
     env.push_back(fmt::format("LMSCOPE_RESTART_COUNT={}", restart));
     env.push_back("LMSCOPE_FLIGHT_RECORD_DIR=" + records);
     // N ranks' OpenMP threads share the cores instead of each taking all of them.

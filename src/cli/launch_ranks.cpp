@@ -37,7 +37,7 @@ RankGroup::RankGroup() {
 RankGroup::~RankGroup() { ::pthread_sigmask(SIG_SETMASK, &before_, nullptr); }
 
 RanksOutcome RankGroup::run(const std::string& exe, const std::vector<std::string>& args,
-                            const std::vector<std::string>& common_env, int nproc) {
+                            const std::vector<std::string>& common_env, int nproc, int first_rank) {
   std::vector<char*> argv;
   for (const std::string& a : args) argv.push_back(const_cast<char*>(a.c_str()));
   argv.push_back(nullptr);
@@ -65,7 +65,7 @@ RanksOutcome RankGroup::run(const std::string& exe, const std::vector<std::strin
       // other commands' ranks would wait for this one in their next collective: they are stopped.
       const bool agreed = args.size() > 1 && args[1] == "train";
       if (!out.stopped_on)
-        fmt::print(stderr, "lmscope launch: rank {} stopped on {}{}\n", rank, signal_name(code - 128),
+        fmt::print(stderr, "lmscope launch: rank {} stopped on {}{}\n", first_rank + rank, signal_name(code - 128),
                    running.empty() ? ""
                    : agreed        ? "; the other ranks stop after the same step"
                                    : "; stopped the other ranks");
@@ -80,12 +80,12 @@ RanksOutcome RankGroup::run(const std::string& exe, const std::vector<std::strin
     // The kernel's out-of-memory killer leaves no other trace the launcher can read.
     if (WIFSIGNALED(status) && WTERMSIG(status) == SIGKILL)
       how += " (perhaps by the kernel's out-of-memory killer: see dmesg or journalctl -k, where readable)";
-    fmt::print(stderr, "lmscope launch: rank {} {}{}\n", rank, how, others);
+    fmt::print(stderr, "lmscope launch: rank {} {}{}\n", first_rank + rank, how, others);
     stop_all(SIGTERM);
   };
   auto start = [&](int rank) {
     std::vector<std::string> env = common_env;
-    env.push_back(fmt::format("RANK={}", rank));
+    env.push_back(fmt::format("RANK={}", first_rank + rank));
     env.push_back(fmt::format("LOCAL_RANK={}", rank));
     std::vector<char*> envp;
     for (const std::string& e : env) envp.push_back(const_cast<char*>(e.c_str()));
@@ -107,7 +107,7 @@ RanksOutcome RankGroup::run(const std::string& exe, const std::vector<std::strin
       const int err = errno;
       for (const auto& [p, r] : running) ::kill(p, SIGKILL);
       for (const auto& [p, r] : running) ::waitpid(p, nullptr, 0);
-      environment_failure("cannot start rank {}: {}", rank, std::strerror(err));
+      environment_failure("cannot start rank {}: {}", first_rank + rank, std::strerror(err));
     }
     // The parent sets it too (POSIX's way to close the race: whichever runs first makes it so, and the
     // other's call fails harmlessly once the child has exec'd).

@@ -37,11 +37,12 @@ class RankGroup {
   RankGroup(const RankGroup&) = delete;
   RankGroup& operator=(const RankGroup&) = delete;
 
-  // Starts rank 0 to nproc - 1 of `exe argv` with `env` and RANK and LOCAL_RANK, each in a process
-  // group of its own, and waits until all have ended. No further rank is started once one has ended
-  // or the launcher got a signal.
+  // Starts local ranks 0 to nproc - 1 of `exe argv` with `env`, LOCAL_RANK and RANK (first_rank + the
+  // local rank: this node's part of a world of several nodes), each in a process group of its own, and
+  // waits until all have ended. No further rank is started once one has ended or the launcher got a
+  // signal. Ranks are named by RANK.
   RanksOutcome run(const std::string& exe, const std::vector<std::string>& argv, const std::vector<std::string>& env,
-                   int nproc);
+                   int nproc, int first_rank = 0);
 
  private:
   sigset_t watched_{}, before_{};  // the signals taken here, and the mask the process had

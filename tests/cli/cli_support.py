@@ -4,6 +4,7 @@ little-endian header length, a JSON header, the raw tensors)."""
 import json
 import os
 import re
+import socket
 import struct
 import subprocess
 import tempfile
@@ -109,3 +110,10 @@ def read_train_log(path, runs=None):
                 if runs is not None:
                     runs.append(row)
     return steps
+
+
+def free_port():
+    """A TCP port free on 127.0.0.1 now (another process may take it before it is used)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]

@@ -1,7 +1,8 @@
 """lmscope launch end to end: N ranks of a command, each told its rank; the first rank to fail named
 in one line with the launcher's exit code following it (2 for a user error, 1 otherwise); signals to
 the launcher reaching the ranks, also while they start; a rank's own stop on a signal followed by the
-others and the launcher; no more ranks than cores or GPUs; a taken port; bad input. Run by ctest with
+others and the launcher; no more ranks than cores or GPUs; a taken port; two nodes on one host;
+bad input. Run by ctest with
 LMSCOPE pointing at the built program."""
 import array
 import os
@@ -12,6 +13,8 @@ import subprocess
 import tempfile
 import time
 import unittest
+
+from cli_support import free_port, write_tokens
 
 LMSCOPE = os.environ["LMSCOPE"]
 TINY = ["--model", "small", "--vocab", "50", "--d-model", "32", "--d-ff", "64", "--layers", "2", "--heads", "2"]
@@ -126,6 +129,30 @@ class Launch(unittest.TestCase):
         self.assertNotIn("the same step", err)
         self.assertTrue(all(gone(k) for k in kids))
 
+    def test_two_nodes_on_one_host_train_as_one_node_of_two_ranks(self):
+        # Each "node" a launch of one rank, meeting at node 0's address and port: the same weights, bit
+        # for bit, as one launch of two ranks, and only rank 0 (on node 0) speaks.
+        with tempfile.TemporaryDirectory() as d:
+            data = os.path.join(d, "tok.bin")
+            write_tokens(data, 4000, vocab=300)
+            train = ["train", "--device", "cpu", "--d-model", "32", "--d-ff", "64", "--layers", "2", "--heads", "2",
+                     "--vocab", "300", "--ctx", "16", "--batch", "4", "--data", data, "--steps", "4", "--sample",
+                     "sequential"]
+            one = run("launch", "--nproc", "2", "--oversubscribe", "--", *train, "--save", os.path.join(d, "one.st"))
+            self.assertEqual(one.returncode, 0, one.stderr)
+            port = str(free_port())
+            nodes = [subprocess.Popen([LMSCOPE, "launch", "--nproc", "1", "--nnodes", "2", "--node-rank", str(n),
+                                       "--master-addr", "127.0.0.1", "--port", port, "--", *train,
+                                       *(["--save", os.path.join(d, "two.st")] if n == 0 else [])],
+                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for n in (1, 0)]
+            outs = [p.communicate(timeout=120) for p in nodes]
+            for p, (out, err) in zip(nodes, outs):
+                self.assertEqual(p.returncode, 0, err)
+            self.assertIn("over 2 ranks", outs[1][0])
+            self.assertEqual(outs[0][0], "")  # node 1's rank 1 prints nothing
+            with open(os.path.join(d, "one.st"), "rb") as a, open(os.path.join(d, "two.st"), "rb") as b:
+                self.assertEqual(a.read(), b.read())
+
     def test_bad_input_is_one_sentence_and_exit_2(self):
         cases = [
             (["--nproc", "0", "--", "info"], "--nproc"),
@@ -146,6 +173,18 @@ class Launch(unittest.TestCase):
             (["--nproc", "2", "--port", "65536", "--", "info"], "--port"),
             (["--nproc", "2", "--port", "29500", "--rendezvous", "file:/tmp/r", "--", "info"], "--port"),
             (["--", "info"], "--nproc"),
+            # Several nodes meet at node 0's address and a port every node is told.
+            (["--nproc", "1", "--nnodes", "0", "--", "info"], "--nnodes"),
+            (["--nproc", "1", "--nnodes", "2", "--", "info"], "--master-addr and --port"),
+            (["--nproc", "1", "--nnodes", "2", "--master-addr", "127.0.0.1", "--", "info"], "--master-addr and --port"),
+            (["--nproc", "1", "--nnodes", "2", "--node-rank", "2", "--", "info"], "--node-rank"),
+            (["--nproc", "1", "--node-rank", "1", "--", "info"], "--node-rank"),
+            (["--nproc", "1", "--nnodes", "2", "--rendezvous", "file:/tmp/r", "--", "info"], "--rendezvous"),
+            (["--nproc", "1", "--master-addr", "h", "--rendezvous", "file:/tmp/r", "--", "info"], "--master-addr"),
+            (["--nproc", "1", "--master-addr", "a b", "--", "info"], "--master-addr"),
+            (["--nproc", "2", "--nnodes", "1000000", "--", "info"], "--nnodes"),
+            (["--nproc", "1", "--nnodes", "2", "--master-addr", "127.0.0.1", "--port", "29500", "--max-restarts", "1",
+              "--", "info"], "--max-restarts"),
         ]
         for args, name in cases:
             with self.subTest(args=args):

@@ -6,20 +6,13 @@ dying mid-run (LMSCOPE_TEST_FAULT) and the ranks started again from the newest c
 bytes of the run never interrupted, with DDP and with ZeRO-1. Run by ctest with LMSCOPE pointing at
 the built program."""
 import os
-import socket
 import subprocess
 import unittest
 
-from cli_support import FilesTest, write_tokens
+from cli_support import FilesTest, free_port, write_tokens
 
 LMSCOPE = os.environ["LMSCOPE"]
 SHAPE = ["--device", "cpu", "--d-model", "64", "--d-ff", "128", "--heads", "2", "--vocab", "300", "--ctx", "16"]
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def by_hand(*per_rank):

@@ -190,10 +190,10 @@ std::string flight_record_dir(const World& world) {
                      world.run_id.empty() ? "run" : world.run_id);
 }
 
-std::vector<std::string> compare_flight_records(const std::string& dir, int size) {
+std::vector<std::string> compare_flight_records(const std::string& dir, int size, int first) {
   std::map<int, RankRecord> ranks;
   std::vector<int> missing;
-  for (int r = 0; r < size; ++r) {
+  for (int r = first; r < first + size; ++r) {
     if (auto rec = read_rank_record(fmt::format("{}/rank-{}.json", dir, r)))
       ranks.emplace(r, std::move(*rec));
     else

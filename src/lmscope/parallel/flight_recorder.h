@@ -81,9 +81,10 @@ class FlightRecorder {
 // rank-R.json there.
 std::string flight_record_dir(const World& world);
 
-// What the records under `dir` of a world of `size` ranks say, in sentences: a rank that never
-// entered the collective another waits in, ranks that called different collectives under one
-// sequence number, a rank that left no record. Empty where the directory holds no record.
-std::vector<std::string> compare_flight_records(const std::string& dir, int size);
+// What the records under `dir` of ranks `first` to `first + size - 1` say (a node's of several: the
+// others' records are on their nodes), in sentences: a rank that never entered the collective another
+// waits in, ranks that called different collectives under one sequence number, a rank that left no
+// record. Empty where the directory holds no record.
+std::vector<std::string> compare_flight_records(const std::string& dir, int size, int first = 0);
 
 }  // namespace lmscope::parallel

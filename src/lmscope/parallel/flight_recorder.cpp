@@ -52,16 +52,30 @@ struct RankRecord {
   }
 };
 
+// A record's collective as we write it: every field there of its kind (the comparison reads them with
+// json::value, which throws on another kind), a damaged or foreign one is passed over.
+bool well_formed(const nlohmann::json& c) {
+  if (!c.is_object() || !c.contains("seq") || !c["seq"].is_number_unsigned()) return false;
+  for (const char* key : {"kind", "state"})
+    if (c.contains(key) && !c[key].is_string()) return false;
+  for (const char* key : {"bytes", "tensors", "step"})
+    if (c.contains(key) && !c[key].is_number_integer()) return false;
+  for (const char* key : {"queued_us", "started_us", "ended_us"})
+    if (c.contains(key) && !c[key].is_number()) return false;
+  return true;
+}
+
 std::optional<RankRecord> read_rank_record(const std::string& path) {
   std::ifstream in(path);
   if (!in) return std::nullopt;
   const nlohmann::json j = nlohmann::json::parse(in, nullptr, false);
   if (!j.is_object() || !j.contains("collectives") || !j["collectives"].is_array()) return std::nullopt;
   RankRecord r;
-  r.written_us = j.value("written_us", std::int64_t{0});
-  r.reason = j.value("reason", std::string{});
+  if (j.contains("written_us") && j["written_us"].is_number_integer())
+    r.written_us = j["written_us"].get<std::int64_t>();
+  if (j.contains("reason") && j["reason"].is_string()) r.reason = j["reason"].get<std::string>();
   for (const auto& c : j["collectives"])
-    if (c.is_object() && c.contains("seq") && c["seq"].is_number_unsigned()) r.collectives.push_back(c);
+    if (well_formed(c)) r.collectives.push_back(c);
   return r;
 }
 

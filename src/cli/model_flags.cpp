@@ -13,14 +13,15 @@ namespace lmscope::cli {
 
 void ModelFlags::add_to(CLI::App& app, bool allow_list) {
   app.add_option("--model", model_,
-                 allow_list ? "Preset(s): small, medium, large, xl, 2.7B; comma list sweeps"
-                            : "Preset: small, medium, large, xl, 2.7B")
+                 (allow_list ? "Preset(s): " : "Preset: ") + preset_list() +
+                     " (8B-leaderboard: the 2026 leaderboard's, vocabulary 151,936)" +
+                     (allow_list ? "; comma list sweeps" : ""))
       ->capture_default_str();
   app.add_option("--d-model", d_model_, "Model width d (overrides the preset)");
   app.add_option("--d-ff", d_ff_, "Feed-forward width");
   app.add_option("--layers", layers_, "Number of Transformer layers");
   app.add_option("--heads", heads_, "Number of attention heads");
-  app.add_option("--vocab", vocab_, "Vocabulary size (default 10000)");
+  app.add_option("--vocab", vocab_, "Vocabulary size (default: the preset's, 10000 but for 8B-leaderboard)");
   app.add_option("--rope-theta", rope_theta_, "RoPE theta (default 10000)");
 }
 

@@ -151,6 +151,26 @@ TEST(Model, PresetParameterCountsMatchTheAssignment) {
   EXPECT_THROW(preset("huge"), UserError);
 }
 
+// The 2026 handout's 10B and the 2026 leaderboard's 8B (its vocabulary of 151,936 with the preset):
+// their shapes as published, their counts from the tensor list, and the 2025 table as plan's default.
+TEST(Model, The2026PresetsHaveTheirPublishedShapes) {
+  const ModelConfig ten = preset("10B"), eight = preset("8B-leaderboard");
+  const auto shape = [](const ModelConfig& c) {
+    return std::vector<std::int64_t>{c.d_model, c.d_ff, c.layers, c.heads, c.vocab};
+  };
+  EXPECT_EQ(shape(ten), (std::vector<std::int64_t>{4608, 12288, 50, 36, 10000}));
+  EXPECT_EQ(shape(eight), (std::vector<std::int64_t>{4096, 11008, 34, 32, 151936}));
+  EXPECT_EQ(eight.d_head(), 128);
+  for (const ModelConfig& c : {ten, eight}) {
+    std::int64_t sum = 0;
+    for (const auto& s : parameter_specs(c)) sum += shape_numel(s.shape);
+    EXPECT_EQ(sum, c.parameter_count()) << c.name;
+  }
+  EXPECT_EQ(eight.parameter_count(), 8125698048);
+  EXPECT_EQ(preset_names(), (std::vector<std::string>{"small", "medium", "large", "xl", "2.7B"}));
+  EXPECT_EQ(all_preset_names().size(), 7u);
+}
+
 TEST(Model, InvalidShapesAreUserErrors) {
   ModelConfig c = tiny();
   c.heads = 3;  // 8 not divisible by 3

@@ -64,22 +64,47 @@ double ModelConfig::forward_flops_per_token(std::int64_t ctx) const {
          2.0 * static_cast<double>(layers) * static_cast<double>(d_model) * static_cast<double>(ctx);
 }
 
+namespace {
+
+struct PresetRow {
+  const char* name;
+  std::int64_t d, f, l, h;
+  std::int64_t vocab = 10000;
+};
+// The 2025 table first, then the 2026 handout's and leaderboard's models.
+constexpr PresetRow kPresets[] = {{"small", 768, 3072, 12, 12},
+                                  {"medium", 1024, 4096, 24, 16},
+                                  {"large", 1280, 5120, 36, 20},
+                                  {"xl", 1600, 6400, 48, 25},
+                                  {"2.7B", 2560, 10240, 32, 32},
+                                  {"10B", 4608, 12288, 50, 36},
+                                  {"8B-leaderboard", 4096, 11008, 34, 32, 151936}};
+constexpr std::size_t kTablePresets = 5;
+
+}  // namespace
+
 const std::vector<std::string>& preset_names() {
-  static const std::vector<std::string> names = {"small", "medium", "large", "xl", "2.7B"};
+  static const std::vector<std::string> names(all_preset_names().begin(), all_preset_names().begin() + kTablePresets);
   return names;
 }
 
+const std::vector<std::string>& all_preset_names() {
+  static const std::vector<std::string> names = [] {
+    std::vector<std::string> n;
+    for (const PresetRow& r : kPresets) n.emplace_back(r.name);
+    return n;
+  }();
+  return names;
+}
+
+std::string preset_list() {
+  std::string s;
+  for (const std::string& n : all_preset_names()) s += (s.empty() ? "" : ", ") + n;
+  return s;
+}
+
 ModelConfig preset(const std::string& name) {
-  struct Row {
-    const char* name;
-    std::int64_t d, f, l, h;
-  };
-  static const Row rows[] = {{"small", 768, 3072, 12, 12},
-                             {"medium", 1024, 4096, 24, 16},
-                             {"large", 1280, 5120, 36, 20},
-                             {"xl", 1600, 6400, 48, 25},
-                             {"2.7B", 2560, 10240, 32, 32}};
-  for (const Row& r : rows)
+  for (const PresetRow& r : kPresets)
     if (name == r.name) {
       ModelConfig c;
       c.name = r.name;
@@ -87,9 +112,10 @@ ModelConfig preset(const std::string& name) {
       c.d_ff = r.f;
       c.layers = r.l;
       c.heads = r.h;
+      c.vocab = r.vocab;
       return c;
     }
-  user_error("unknown model preset '{}' (known: small, medium, large, xl, 2.7B)", name);
+  user_error("unknown model preset '{}' (known: {})", name, preset_list());
 }
 
 std::vector<ParameterSpec> parameter_specs(const ModelConfig& c) {

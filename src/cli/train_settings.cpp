@@ -5,6 +5,7 @@
 #include "lmscope/backend/backend.h"
 #include "lmscope/bench/report.h"
 #include "lmscope/core/error.h"
+#include "lmscope/core/json_kind.h"
 #include "lmscope/io/checkpoint.h"
 #include "lmscope/io/durable_file.h"
 #include "lmscope/model/attention.h"
@@ -33,16 +34,7 @@ void take(const CLI::App& app, const nlohmann::json& saved, const std::string& d
     if (c == '-') c = '_';
   if (!saved.contains(key)) return;
   const nlohmann::json& v = saved.at(key);
-  bool fits = v.is_number();
-  if constexpr (std::is_same_v<T, std::string>)
-    fits = v.is_string();
-  else if constexpr (std::is_unsigned_v<T>)
-    fits = v.is_number_unsigned();
-  else if constexpr (std::is_integral_v<T>)
-    fits = v.is_number_integer() && (!v.is_number_unsigned() || v.get<std::uint64_t>() <= INT64_MAX) &&
-           v.get<std::int64_t>() >= std::numeric_limits<T>::min() &&
-           v.get<std::int64_t>() <= std::numeric_limits<T>::max();
-  if (!fits) {
+  if (!json_holds<T>(v)) {
     const std::string text = v.dump();
     user_error("the checkpoint in '{}' gives {} the value {} in its configuration, which {} cannot take", dir, flag,
                text.size() > 40 ? text.substr(0, 40) + "..." : text, flag);

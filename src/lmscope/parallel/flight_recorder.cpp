@@ -1,6 +1,7 @@
 #include "lmscope/parallel/flight_recorder.h"
 
 #include "lmscope/core/allocator.h"
+#include "lmscope/core/json_kind.h"
 #include "lmscope/parallel/world.h"
 
 #include <fmt/format.h>
@@ -55,13 +56,14 @@ struct RankRecord {
 // A record's collective as we write it: every field there of its kind (the comparison reads them with
 // json::value, which throws on another kind), a damaged or foreign one is passed over.
 bool well_formed(const nlohmann::json& c) {
-  if (!c.is_object() || !c.contains("seq") || !c["seq"].is_number_unsigned()) return false;
+  if (!c.is_object() || !c.contains("seq") || !json_holds<std::uint64_t>(c["seq"])) return false;
   for (const char* key : {"kind", "state"})
-    if (c.contains(key) && !c[key].is_string()) return false;
-  for (const char* key : {"bytes", "tensors", "step"})
-    if (c.contains(key) && !c[key].is_number_integer()) return false;
+    if (c.contains(key) && !json_holds<std::string>(c[key])) return false;
+  for (const char* key : {"bytes", "step"})
+    if (c.contains(key) && !json_holds<std::int64_t>(c[key])) return false;
+  if (c.contains("tensors") && !json_holds<int>(c["tensors"])) return false;
   for (const char* key : {"queued_us", "started_us", "ended_us"})
-    if (c.contains(key) && !c[key].is_number()) return false;
+    if (c.contains(key) && !json_holds<double>(c[key])) return false;
   return true;
 }
 

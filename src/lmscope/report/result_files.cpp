@@ -1,6 +1,7 @@
 #include "lmscope/report/result_files.h"
 
 #include "lmscope/core/error.h"
+#include "lmscope/core/json_kind.h"
 #include "lmscope/io/regular_file.h"
 #include "lmscope/run/mode_words.h"
 #include "lmscope/run/step_mode.h"
@@ -34,21 +35,9 @@ T field(const json& row, const char* key, std::optional<T> fallback = std::nullo
     throw WrongField{fmt::format("it has no \"{}\"", key)};
   }
   const json& v = row[key];
-  const char* want = "a number";
-  bool ok = v.is_number();
-  if constexpr (std::is_same_v<T, std::string>) {
-    want = "text";
-    ok = v.is_string();
-  } else if constexpr (std::is_same_v<T, bool>) {
-    want = "true or false";
-    ok = v.is_boolean();
-  } else if constexpr (std::is_integral_v<T>) {
-    want = "a whole number";
-    ok = v.is_number_integer() && (!v.is_number_unsigned() || v.get<std::uint64_t>() <= INT64_MAX);
-  }
-  if (!ok)
+  if (!json_holds<T>(v))
     throw WrongField{fmt::format("its \"{}\" is {} {}, not {}", key, v.is_array() || v.is_object() ? "an" : "a",
-                                 v.type_name(), want)};
+                                 v.type_name(), json_kind_words<T>())};
   return v.get<T>();
 }
 

@@ -2,6 +2,7 @@
 
 #include "lmscope/backend/backend.h"
 #include "lmscope/core/error.h"
+#include "lmscope/core/json_kind.h"
 #include "lmscope/run/mode_words.h"
 
 #include <fmt/format.h>
@@ -89,27 +90,8 @@ class Fields {
   template <typename T>
   T get(const char* key) const {
     const nlohmann::json& v = at(key);
-    if constexpr (std::is_same_v<T, bool>) {
-      if (v.is_boolean()) return v.get<bool>();
-      wrong(key, v, "true or false");
-    } else if constexpr (std::is_same_v<T, std::string>) {
-      if (v.is_string()) return v.get<std::string>();
-      wrong(key, v, "a string");
-    } else if constexpr (std::is_floating_point_v<T>) {
-      if (v.is_number() && std::isfinite(v.get<double>())) return v.get<double>();
-      wrong(key, v, "a finite number");
-    } else if constexpr (std::is_unsigned_v<T>) {
-      if (v.is_number_unsigned()) return v.get<T>();
-      wrong(key, v, "a whole number from 0 to 2^64 - 1");
-    } else {
-      if (v.is_number_integer() &&
-          !(v.is_number_unsigned() && v.get<std::uint64_t>() > std::numeric_limits<T>::max()) &&
-          v.get<std::int64_t>() >= std::numeric_limits<T>::min() &&
-          v.get<std::int64_t>() <= std::numeric_limits<T>::max())
-        return v.get<T>();
-      wrong(key, v,
-            fmt::format("a whole number from {} to {}", std::numeric_limits<T>::min(), std::numeric_limits<T>::max()));
-    }
+    if (!json_holds<T>(v)) wrong(key, v, json_kind_words<T>());
+    return v.get<T>();
   }
   bool is_null(const char* key) const { return at(key).is_null(); }
 

@@ -328,6 +328,10 @@ class Recommend(unittest.TestCase):
         self.assertEqual([(c["recompute"], c["grad_accum"], c["micro_batch"]) for c in fits["candidates"]],
                          [("full", 2, 2)])
         self.assertEqual((none["candidates"], none["failure"], none["chosen"]), ([], None, None))
+        # Each candidate carries its whole run as lmscope describes one, the layout over the ranks too.
+        (c,) = fits["candidates"]
+        self.assertEqual((c["run"]["recompute"], c["run"]["grad_accum"], c["run"]["batch"]), ("full", 2, 2))
+        self.assertEqual((c["run"]["world_size"], c["run"]["data_parallel"]["zero"]), (2, 1))
 
     def test_presets_reshaped_alike_are_one_model(self):
         # plan's default --model is every preset: given every dimension, they are one model, planned once.

@@ -207,7 +207,9 @@ std::string json(const std::vector<Recommendation>& rows) {
                                  {"peak_bytes", c.peak},
                                  {"device_need_bytes", c.need},
                                  {"step_ms", c.step_ms ? nlohmann::ordered_json(*c.step_ms) : nullptr},
-                                 {"status", c.status}});
+                                 {"status", c.status},
+                                 // The whole run as lmscope describes one (RunSpec::from_json reads it).
+                                 {"run", c.spec.to_json()}});
     out.push_back(j);
   }
   return out.dump(2) + "\n";

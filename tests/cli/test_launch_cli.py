@@ -245,8 +245,15 @@ class Launch(unittest.TestCase):
                               os.path.join(d, "ck"), "--log", log], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                              text=True)
         kids = ranks_of(p, 2)
+        # The log's first line describes the run and comes before the first step: wait for a step's line,
+        # by which every rank has taken the stop signals over.
         deadline = time.monotonic() + 60
-        while not (os.path.exists(log) and os.path.getsize(log) > 0) and time.monotonic() < deadline:
+        def stepped():
+            if not os.path.exists(log):
+                return False
+            with open(log) as f:
+                return '{"step":' in f.read()
+        while not stepped() and time.monotonic() < deadline:
             time.sleep(0.02)
         return p, kids
 

@@ -248,11 +248,12 @@ class CraftedFiles(FilesTest):
                 jobs.append((["report", flag, out, "--out", out + ".html"],
                              f"report {flag}: {'.'.join(map(str, path))} = {json.dumps(v)[:30]}"))
         lines = self.read("log.jsonl").decode().splitlines()
-        first = json.loads(lines[0])
+        at = next(i for i, line in enumerate(lines) if line.startswith('{"step":'))  # past the run's description
+        first = json.loads(lines[at])
         for i, (path, v) in enumerate(self.swaps(first, each=len(EXTREMES))):
             out = self.path(f"log-{i}.jsonl")
             with open(out, "w") as f:
-                f.write("\n".join([json.dumps(with_value(first, path, v))] + lines[1:]) + "\n")
+                f.write("\n".join(lines[:at] + [json.dumps(with_value(first, path, v))] + lines[at + 1:]) + "\n")
             jobs.append((["report", "--train", out, "--out", out + ".html"],
                          f"report --train: {'.'.join(map(str, path))} = {json.dumps(v)[:30]}"))
         self.run_all(jobs, 300)

@@ -18,10 +18,18 @@ FOREIGN = ("terminate called", "what():", "json.exception", "[json.", "enforce f
            "basic_string", "stoll", "stoull", "Traceback")
 
 
+def utf8(data):
+    try:
+        data.decode("utf-8")
+        return True
+    except UnicodeDecodeError:
+        return False
+
+
 def failure_of(argv, case, cwd=None, timeout=20, env=None):
     """None when lmscope `argv` (str or bytes) ends by itself within `timeout` s with exit 0, 1 or 2, a
-    failure in one "lmscope: error: ..." sentence as stderr's last line and no FOREIGN text; else what
-    to show, named by `case`."""
+    failure in one "lmscope: error: ..." sentence as stderr's last line, stderr UTF-8 (a value's bytes
+    echoed as they came are no sentence) and no FOREIGN text; else what to show, named by `case`."""
     try:
         p = subprocess.run([os.environ["LMSCOPE"], *argv], capture_output=True, timeout=timeout, cwd=cwd, env=env)
     except subprocess.TimeoutExpired:
@@ -32,6 +40,8 @@ def failure_of(argv, case, cwd=None, timeout=20, env=None):
         why = f"exit {p.returncode}"
     elif any(word in out + err for word in FOREIGN):
         why = "foreign text"
+    elif not utf8(p.stderr):
+        why = "stderr is not UTF-8"
     elif p.returncode != 0:
         lines = err.strip().splitlines()
         if not lines or not re.match(r"^lmscope: (rank \d+: )?error: ", lines[-1]) or \

@@ -3,8 +3,10 @@ torchrun: the reference model (cs336_reference.py, SDPA attention, bf16 autocast
 loss) in DistributedDataParallel (buckets of --bucket-mb, 25 by default as in DDP) with
 torch.optim.AdamW(fused=True) (variant ddp), or the same DDP with ZeroRedundancyOptimizer over that
 AdamW (variant zero1: AdamW's state sharded, each rank's updated parameters broadcast), or DDP with
-its bf16_compress_hook (variant ddp-bf16: each bucket cast to bf16, all-reduced, cast back). --batch is
-per rank. A step is zero_grad, forward, backward (DDP's all-reduces overlap it) and the optimizer
+its bf16_compress_hook (variant ddp-bf16: each bucket cast to bf16, all-reduced, cast back), or FSDP2
+(variant fsdp2: `fully_shard` on every block and then on the whole model, fp32 masters sharded, the
+parameters all-gathered in bf16 and the gradients reduce-scattered in fp32 by its MixedPrecisionPolicy,
+the same AdamW over the shards). --batch is per rank. A step is zero_grad, forward, backward (DDP's all-reduces overlap it) and the optimizer
 step, timed on the host between synchronisations after --warmup steps; one Markdown row per cell with the
 median step, the per-rank peak memory (max_memory_allocated, the largest of the ranks) and the
 status, printed by rank 0 (an OOM row by the rank out of memory, below).
@@ -38,7 +40,16 @@ def run_cell(a, model_name, ctx, variant, rank):
     torch.manual_seed(0)
     with torch.device("cuda"):
         model = ref.TransformerLM(**ref.PRESETS[model_name], attention="sdpa").cuda()
-    model = DDP(model, device_ids=[torch.cuda.current_device()], bucket_cap_mb=a.bucket_mb)
+    if variant == "fsdp2":
+        # Imported here: PyTorch's FSDP2 (2.6 on); older ones (Debian's) run the other variants.
+        from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+        policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+        for block in model.layers:
+            fully_shard(block, mp_policy=policy)
+        fully_shard(model, mp_policy=policy)
+    else:
+        model = DDP(model, device_ids=[torch.cuda.current_device()], bucket_cap_mb=a.bucket_mb)
     if variant == "ddp-bf16":
         model.register_comm_hook(None, default_hooks.bf16_compress_hook)
     adamw = dict(lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.01, fused=True)
@@ -72,7 +83,7 @@ def main():
     ap.add_argument("--model", default="xl")
     ap.add_argument("--ctx", default="512")
     ap.add_argument("--batch", type=int, default=4, help="sequences per rank")
-    ap.add_argument("--variant", default="ddp,zero1", help="ddp, zero1 and/or ddp-bf16")
+    ap.add_argument("--variant", default="ddp,zero1", help="ddp, zero1, ddp-bf16 and/or fsdp2")
     ap.add_argument("--bucket-mb", type=float, default=25)
     ap.add_argument("--warmup", type=int, default=3)
     ap.add_argument("--steps", type=int, default=10)

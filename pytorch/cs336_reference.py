@@ -133,6 +133,7 @@ PRESETS = {
     "large": dict(d_model=1280, d_ff=5120, layers=36, heads=20),
     "xl": dict(d_model=1600, d_ff=6400, layers=48, heads=25),
     "2.7B": dict(d_model=2560, d_ff=10240, layers=32, heads=32),
+    "10B": dict(d_model=4608, d_ff=12288, layers=50, heads=36),  # the 2026 handout's sharded-training model
 }
 
 

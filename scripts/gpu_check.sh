@@ -89,7 +89,7 @@ fi
 
 # --data-parallel: the data-parallel tests through NCCL (a world of one on one GPU: every --ddp mode
 # gives the bits of the run without it; two ranks where there are two GPUs), the all-reduce benchmark,
-# and bench with each --ddp mode and --zero 1 on the ranks there are (lmscope launch, one per GPU).
+# and bench with each --ddp mode, --zero 1 and --zero 2 on the ranks there are (lmscope launch, one per GPU).
 if [[ "${1:-}" == "--data-parallel" ]]; then
   grep -q "NCCL found" "$OUT/configure.log" 2>/dev/null || echo "== note: the configure log does not say NCCL was found"
   for prec in fp32 bf16; do
@@ -100,8 +100,8 @@ if [[ "${1:-}" == "--data-parallel" ]]; then
   gpus=$(nvidia-smi -L | wc -l)
   "$B/lmscope" launch --nproc "$gpus" -- allreduce --device cuda --format md >"$OUT/allreduce-cuda.md" 2>&1
   echo "== allreduce over $gpus GPU(s): exit $?"; cat "$OUT/allreduce-cuda.md"
-  for par in "--ddp naive" "--ddp flat" "--ddp overlap" "--ddp bucketed" "--zero 1"; do
-    [[ "$par" == "--zero 1" && $gpus -lt 2 ]] && continue
+  for par in "--ddp naive" "--ddp flat" "--ddp overlap" "--ddp bucketed" "--zero 1" "--zero 2"; do
+    [[ "$par" == "--zero"* && $gpus -lt 2 ]] && continue
     "$B/lmscope" launch --nproc "$gpus" -- bench --device cuda --model "${LMSCOPE_DDP_MODELS:-medium}" --ctx 512 \
       --batch $((4 * gpus)) --precision bf16 $par --warmup 3 --steps 10 >"$OUT/ddp-bench-${par// /}.md" 2>&1
     echo "== bench $par: exit $?"; grep -E "^\| (small|medium|large|xl|2.7B) " "$OUT/ddp-bench-${par// /}.md"

@@ -21,7 +21,7 @@ GiB = 2**30
 NAMES = {"ddpnaive": "naive", "ddpflat": "flat", "ddpoverlap": "overlap", "ddpbucketedbucketmb1": "bucketed 1 MB",
          "ddpbucketedbucketmb10": "bucketed 10 MB", "ddpbucketedbucketmb25": "bucketed 25 MB",
          "ddpbucketedbucketmb100": "bucketed 100 MB", "ddpbucketedbucketmb1000": "bucketed 1000 MB",
-         "zero1": "ZeRO-1", "ddpbucketedbucketmb25graddtypebf16": "bucketed 25 MB, bf16 gradients",
+         "zero1": "ZeRO-1", "zero2": "ZeRO-2", "ddpbucketedbucketmb25graddtypebf16": "bucketed 25 MB, bf16 gradients",
          "ddpbucketedbucketmb25graddtypebf16gradexchangeallgather": "the same, all-gathered"}
 BF16 = "ddpbucketedbucketmb25graddtypebf16"
 GATHERED = "ddpbucketedbucketmb25graddtypebf16gradexchangeallgather"
@@ -109,7 +109,7 @@ def main(out):
 
     for c in cells:
         steps = {v: median(two[(c, v)]) if (c, v) in two else None for v in VARIANTS}
-        ddp = [s for v, s in steps.items() if s is not None and v not in ("zero1", BF16, GATHERED)]
+        ddp = [s for v, s in steps.items() if s is not None and v not in ("zero1", "zero2", BF16, GATHERED)]
         base, base_bf16 = one.get((c, False, "fp32")), one.get((c, False, "bf16"))
         pt_ddp, pt_bf16 = pt.get((c, "ddp"), (None, None))[0], pt.get((c, "ddp-bf16"), (None, None))[0]
         text += (f"| {c[0]} | {c[1]} | {fmt(base)} | {fmt(one.get((c, True, 'fp32')))} | {fmt(base_bf16)} | "

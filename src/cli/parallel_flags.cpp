@@ -69,7 +69,7 @@ void ParallelFlags::add_to(CLI::App& app, bool with_world_size) {
                  "world's size times the gradients; on GPUs with --symmetric-memory on and NCCL 2.28.9 or later, "
                  "NCCL moves them by the copy engines, leaving every SM to the backward)")
       ->capture_default_str();
-  app.add_option("--bucket-mb", bucket_mb, "Bucket size of --ddp bucketed and of --zero 1's exchange (MiB)")
+  app.add_option("--bucket-mb", bucket_mb, "Bucket size of --ddp bucketed and of --zero's exchange (MiB)")
       ->capture_default_str();
   app.add_option("--comm-sms", comm_sms,
                  "GPUs, --ddp overlap or bucketed: the SMs the gradients' exchange may hold during the backward "
@@ -79,7 +79,8 @@ void ParallelFlags::add_to(CLI::App& app, bool with_world_size) {
       ->capture_default_str();
   app.add_option("--zero", zero,
                  "1: shard AdamW's moments across the ranks (ZeRO-1: gradients reduce-scattered, each rank updates "
-                 "its part, parameters all-gathered)")
+                 "its part, parameters all-gathered); 2: the summed gradients too (ZeRO-2: each --bucket-mb bucket "
+                 "reduce-scattered in the backward as it becomes final, and freed)")
       ->capture_default_str();
   app.add_option("--symmetric-memory", symmetric_memory,
                  "With --ddp: on: the gradients in NCCL's symmetric memory (a window every rank maps alike), whose "
@@ -137,14 +138,16 @@ parallel::ParallelPlan ParallelFlags::resolve(std::int64_t global_batch, const s
       user_error("--comm-sms takes auto, or 0 (NCCL's choice) to 64, got '{}'", comm_sms);
     }
   }
-  if (zero == 1 && !ddp.empty())
+  if (zero != 0 && !ddp.empty())
     user_error(
-        "--zero 1 exchanges the gradients its own way (reduce-scattered in --bucket-mb buckets); leave --ddp "
-        "out");
-  if (zero == 1 && app.count("--symmetric-memory") + app.count("--comm-sms") + app.count("--grad-exchange") > 0)
+        "--zero {} exchanges the gradients its own way (reduce-scattered in --bucket-mb buckets); leave --ddp "
+        "out",
+        zero);
+  if (zero != 0 && app.count("--symmetric-memory") + app.count("--comm-sms") + app.count("--grad-exchange") > 0)
     user_error(
-        "--symmetric-memory, --comm-sms and --grad-exchange shape --ddp's exchange; --zero 1 exchanges its own "
-        "way: leave them out");
+        "--symmetric-memory, --comm-sms and --grad-exchange shape --ddp's exchange; --zero {} exchanges its own "
+        "way: leave them out",
+        zero);
   if (spec.exchange == parallel::GradExchange::all_gather && app.count("--comm-sms") > 0)
     user_error(
         "--comm-sms plans the backward beside the all-reduce's blocks, and --grad-exchange all-gather is not "
@@ -180,8 +183,8 @@ void ParallelFlags::take_from_checkpoint(const parallel::ParallelPlan& theirs) {
   const bool exchange_given =
       given("--ddp") || given("--grad-exchange") || given("--symmetric-memory") || given("--comm-sms");
   if (!given("--bucket-mb")) bucket_mb = d.bucket_mb;
-  if (d.zero == 1) {
-    if (!given("--zero") && !exchange_given) zero = 1;
+  if (d.zero != 0) {
+    if (!given("--zero") && !exchange_given) zero = d.zero;
   } else if (zero == 0) {
     if (!given("--ddp")) ddp = parallel::ddp_mode_name(d.mode);
     if (!given("--grad-exchange")) grad_exchange = parallel::grad_exchange_name(d.exchange);

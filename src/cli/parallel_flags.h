@@ -26,7 +26,7 @@ struct ParallelFlags {
   void add_to(CLI::App& app, bool with_world_size = false);
   // The world from the environment and --rendezvous, and the data-parallel spec: none for a world
   // of one that asked for nothing (the plain path), else the flags' (bucketed by default). UserError,
-  // one sentence, for a bad value, flags that do not go together (--ddp beside --zero 1), or a layout
+  // one sentence, for a bad value, flags that do not go together (--ddp beside --zero), or a layout
   // ParallelPlan::validate refuses for a step with a backward and an optimizer (the run's own step is
   // checked again by validate_run). dry_run: --world-size may set the world (rank 0 of it).
   // A real run on GPUs keeps its gradients out of NCCL's symmetric memory (said once, by rank 0) where

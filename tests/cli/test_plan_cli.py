@@ -333,6 +333,28 @@ class Recommend(unittest.TestCase):
         self.assertEqual((c["run"]["recompute"], c["run"]["grad_accum"], c["run"]["batch"]), ("full", 2, 2))
         self.assertEqual((c["run"]["world_size"], c["run"]["data_parallel"]["zero"]), (2, 1))
 
+    def test_on_ranks_the_zero_stage_is_searched_too(self):
+        # Eight layers' gradients outweigh the activations at the backward's end: within 31 MiB a rank
+        # of two runs the step whole only under ZeRO-2, which frees each 0.25 MiB bucket of gradients
+        # in the backward, where DDP and ZeRO-1 hold them all (with any recomputation).
+        cell = ["--device", "cpu", "--vocab", "1000", "--d-model", "128", "--d-ff", "512", "--layers", "8", "--heads", "2",
+                "--precision", "fp32", "--attention", "naive", "--batch", "4", "--ctx", "32", "--world-size", "2",
+                "--bucket-mb", "0.25", "--memory-limit", "31MiB"]
+        r = run("plan", "--recommend", *cell, "--format", "json")
+        self.assertEqual(r.returncode, 0, r.stderr)
+        [rec] = json.loads(r.stdout)
+        best = rec["candidates"][rec["chosen"]]
+        self.assertEqual((best["zero"], best["recompute"], best["grad_accum"]), (2, "none", 1))
+        self.assertEqual(best["run"]["data_parallel"]["zero"], 2)
+        for stage in ("0", "1"):
+            for recompute in ("none", "full"):
+                row = dry_memory(*cell[:-2], "--zero", stage, "--recompute", recompute, "--memory-limit", "31MiB")
+                self.assertIn("does not fit", row["status"], (stage, recompute))
+        self.assertEqual(dry_memory(*cell, "--zero", "2")["peak_bytes"], best["peak_bytes"])
+        md = run("plan", "--recommend", *cell)
+        self.assertIn("| no recompute, ZeRO-2, one batch of 4 | `--zero 2` |", md.stdout)
+        self.assertIn("and ZeRO stage (from 0 to 2)", md.stdout)
+
     def test_presets_reshaped_alike_are_one_model(self):
         # plan's default --model is every preset: given every dimension, they are one model, planned once.
         r = run("plan", "--device", "cpu", "--vocab", "50", "--d-model", "32", "--d-ff", "64", "--layers", "2",

@@ -63,9 +63,9 @@ class Ranks(FilesTest):
         # again and go on from the checkpoint of step 2.
         train = ["train", *SHAPE, "--layers", "2", "--batch", "2", "--data", self.data, "--steps", "6",
                  "--sample", "sequential"]
-        for mode in (["--ddp", "bucketed"], ["--zero", "1", "--bucket-mb", "0.01"]):
+        for mode in (["--ddp", "bucketed"], ["--zero", "1", "--bucket-mb", "0.01"], ["--zero", "2", "--bucket-mb", "0.01"]):
             with self.subTest(mode=mode):
-                tag = mode[0].strip("-")
+                tag = mode[0].strip("-") + mode[1]
                 whole, restarted = self.path(f"whole-{tag}.safetensors"), self.path(f"restarted-{tag}.safetensors")
                 r = subprocess.run([LMSCOPE, "launch", "--nproc", "2", "--", *train, *mode, "--save", whole],
                                    capture_output=True, text=True, timeout=300)

@@ -10,6 +10,10 @@
 
 namespace lmscope {
 
+namespace {
+int zero_stage(const BenchSpec& s) { return s.parallel.data ? s.parallel.data->zero : 0; }
+}  // namespace
+
 Recommendation recommend(const RecommendSpec& spec) {
   const BenchSpec& c = spec.cell;
   LMSCOPE_CHECK(has_backward(c.mode) && c.batch >= 1, "recommendations are for steps with a backward");
@@ -24,48 +28,64 @@ Recommendation recommend(const RecommendSpec& spec) {
     if (c.graphs && c.device == "cuda" && !c.parallel.data) copies.insert(copies.begin(), WeightCopies::resident);
     copies.push_back(WeightCopies::transient);
   }
-  // A way no cheaper on either count than one already found (by a coarser split, or by this one with
-  // copies that cost less work: resident, then kept) is never faster.
-  auto dominated = [&](Recompute r, WeightCopies w) {
+  // Data parallelism: the ZeRO stages from the cell's up to 2, each sharding more (ZeRO-1 the
+  // optimizer's state, ZeRO-2 the gradients too) for communication that lies less well beside the
+  // compute; stage 0 is the cell's DDP exchange.
+  std::vector<int> stages{c.parallel.data ? c.parallel.data->zero : 0};
+  if (c.parallel.data)
+    for (int z = stages.front() + 1; z <= parallel::kMaxZeroStage; ++z) stages.push_back(z);
+  auto staged = [&](BenchSpec s, int z) {
+    if (s.parallel.data && s.parallel.data->zero != z) {
+      parallel::DataParallelSpec& d = *s.parallel.data;
+      d = parallel::DataParallelSpec{.bucket_mb = d.bucket_mb, .zero = z};  // ZeRO's exchange is its own
+    }
+    return s;
+  };
+  // A way no cheaper on any count than one already found (by a coarser split, or by this one with a
+  // lower stage or copies that cost less work: resident, then kept) is never faster.
+  auto dominated = [&](int z, Recompute r, WeightCopies w) {
     for (const Candidate& o : out.candidates)
-      if (o.spec.recompute <= r && o.spec.weight_copies <= w) return true;
+      if (zero_stage(o.spec) <= z && o.spec.recompute <= r && o.spec.weight_copies <= w) return true;
     return false;
   };
   // A micro-batch of the step's sequences is split across the ranks too: the splits stop where it no
   // longer divides evenly among them (2 sequences on 2 ranks: one micro-batch of 2, no finer).
   const std::int64_t ranks = std::max(1, c.parallel.world.size);
-  for (std::int64_t k = 1; k <= c.batch && !dominated(Recompute::none, copies.front()); k *= 2) {
+  for (std::int64_t k = 1; k <= c.batch && !dominated(stages.front(), Recompute::none, copies.front()); k *= 2) {
     if (c.batch % k != 0 || (c.batch / k) % ranks != 0) break;
-    for (WeightCopies w : copies)
-      for (Recompute r : {Recompute::none, Recompute::selective, Recompute::full}) {
-        if (dominated(r, w)) break;  // and so is every way that recomputes more
-        BenchSpec s = c;
-        s.batch = c.batch / k;
-        s.grad_accum = static_cast<int>(k);
-        s.recompute = r;
-        s.weight_copies = w;
-        const MemoryRecord rec = record_memory(MemorySpec{s, true, spec.memory_limit}, false);
-        if (out.device_name.empty()) {
-          out.device_name = rec.device_name;
-          out.limit = device_limit(rec);
+    for (int z : stages)
+      for (WeightCopies w : copies)
+        for (Recompute r : {Recompute::none, Recompute::selective, Recompute::full}) {
+          if (dominated(z, r, w)) break;  // and so is every way that recomputes more
+          BenchSpec s = staged(c, z);
+          s.batch = c.batch / k;
+          s.grad_accum = static_cast<int>(k);
+          s.recompute = r;
+          s.weight_copies = w;
+          const MemoryRecord rec = record_memory(MemorySpec{s, true, spec.memory_limit}, false);
+          if (out.device_name.empty()) {
+            out.device_name = rec.device_name;
+            out.limit = device_limit(rec);
+          }
+          if (rec.outcome == MemoryOutcome::failed) {
+            out.failure = rec.status;
+            out.candidates.clear();
+            return out;
+          }
+          if (!rec.ok()) continue;
+          const MemoryAnalysis a = analyze_memory(rec, 1);
+          out.candidates.push_back(Candidate{s, a.peak, device_need(rec, a), std::nullopt, "ok"});
+          break;
         }
-        if (rec.outcome == MemoryOutcome::failed) {
-          out.failure = rec.status;
-          out.candidates.clear();
-          return out;
-        }
-        if (!rec.ok()) continue;
-        const MemoryAnalysis a = analyze_memory(rec, 1);
-        out.candidates.push_back(Candidate{s, a.peak, device_need(rec, a), std::nullopt, "ok"});
-        break;
-      }
   }
   if (out.candidates.empty()) return out;
-  // Untimed, the coarsest split with the least recomputation is named, transient copies before more
-  // recomputation (two casts of the weights against a pass over the activations), and at one split and
-  // recomputation the copies with the least work (found first).
+  // Untimed, the coarsest split with the least recomputation is named, a higher ZeRO stage or
+  // transient copies before more recomputation (an exchange that overlaps the backward, or two casts
+  // of the weights, against a pass over the activations), and at one split and recomputation the
+  // lowest stage, then the copies with the least work (found first).
   std::stable_sort(out.candidates.begin(), out.candidates.end(), [](const Candidate& a, const Candidate& b) {
-    return std::tie(a.spec.grad_accum, a.spec.recompute) < std::tie(b.spec.grad_accum, b.spec.recompute);
+    return std::tuple(a.spec.grad_accum, a.spec.recompute, zero_stage(a.spec)) <
+           std::tuple(b.spec.grad_accum, b.spec.recompute, zero_stage(b.spec));
   });
   out.chosen = 0;
   if (!spec.measure) return out;
@@ -93,6 +113,7 @@ std::string gib(std::size_t b) { return fmt::format("{:.2f}", static_cast<double
 std::string way(const BenchSpec& s) {
   std::string r =
       s.recompute == Recompute::none ? "no recompute" : recompute_name(s.recompute) + std::string(" recompute");
+  if (zero_stage(s) != 0) r += fmt::format(", ZeRO-{}", zero_stage(s));
   if (s.weight_copies != WeightCopies::kept) r += fmt::format(", {} copies", weight_copies_name(s.weight_copies));
   if (s.grad_dtype != DType::f32) r += fmt::format(", {} gradients", grad_dtype_name(s.grad_dtype));
   return s.grad_accum == 1 ? fmt::format("{}, one batch of {}", r, s.batch)
@@ -102,6 +123,7 @@ std::string way(const BenchSpec& s) {
 // The flags that run it: "--recompute full --weight-copies transient --grad-accum 2 --batch 2".
 std::string flags(const BenchSpec& s) {
   std::vector<std::string> f;
+  if (zero_stage(s) != 0) f.push_back(fmt::format("--zero {}", zero_stage(s)));
   if (s.recompute != Recompute::none) f.push_back(fmt::format("--recompute {}", recompute_name(s.recompute)));
   if (s.weight_copies != WeightCopies::kept)
     f.push_back(fmt::format("--weight-copies {}", weight_copies_name(s.weight_copies)));
@@ -124,10 +146,12 @@ std::string markdown(const std::vector<Recommendation>& rows) {
     if (!r.device_name.empty()) budgets.emplace(r.device_name, r.limit);
   const BenchSpec& c = rows.front().spec.cell;
   std::string out = fmt::format(
-      "The fastest way to run a {} step of the sequences named, found by dry runs: per split into micro-batches, "
+      "The fastest way to run a {} step of the sequences named, found by dry runs: per split into micro-batches{}, "
       "the least recomputation that fits, with the weights' bf16 copies (under mixed precision) resident where "
       "device graphs run, kept and, where that saves recomputation, transient; {}.\n",
       step_mode_name(c.mode),
+      c.parallel.data ? fmt::format(" and ZeRO stage (from {} to {})", c.parallel.data->zero, parallel::kMaxZeroStage)
+                      : "",
       rows.front().spec.measure ? "each candidate then timed on the device, the fastest named"
                                 : "the coarsest split named (not timed: --measure times every candidate)");
   for (const auto& [name, limit] : budgets)
@@ -159,21 +183,21 @@ std::string markdown(const std::vector<Recommendation>& rows) {
 std::string csv(const std::vector<Recommendation>& rows) {
   std::string out =
       "model,device,device_name,memory_limit_bytes,precision,grad_dtype,attention,ctx,sequences_per_step,recompute,"
-      "grad_accum,micro_batch,weight_copies,peak_bytes,device_need_bytes,step_ms,status,chosen\n";
+      "grad_accum,micro_batch,weight_copies,zero,peak_bytes,device_need_bytes,step_ms,status,chosen\n";
   for (const Recommendation& r : rows) {
     const BenchSpec& s = r.spec.cell;
     if (r.candidates.empty())
-      out += fmt::format("{},{},{},{},{},{},{},{},{},,,,,,,,{},\n", csv_field(s.model.name), s.device,
+      out += fmt::format("{},{},{},{},{},{},{},{},{},,,,,,,,,{},\n", csv_field(s.model.name), s.device,
                          csv_field(r.device_name), r.limit, s.precision, grad_dtype_name(s.grad_dtype),
                          attention_name(s.attention), s.ctx, s.batch,
                          csv_field(r.failure.empty() ? "nothing fits" : r.failure));
     for (std::size_t i = 0; i < r.candidates.size(); ++i) {
       const Candidate& c = r.candidates[i];
-      out += fmt::format("{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{}\n", csv_field(s.model.name), s.device,
-                         csv_field(r.device_name), r.limit, s.precision, grad_dtype_name(s.grad_dtype),
+      out += fmt::format("{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{}\n", csv_field(s.model.name),
+                         s.device, csv_field(r.device_name), r.limit, s.precision, grad_dtype_name(s.grad_dtype),
                          attention_name(s.attention), s.ctx, s.batch, recompute_name(c.spec.recompute),
-                         c.spec.grad_accum, c.spec.batch, weight_copies_name(c.spec.weight_copies), c.peak, c.need,
-                         c.step_ms ? fmt::format("{:.3f}", *c.step_ms) : "", csv_field(c.status),
+                         c.spec.grad_accum, c.spec.batch, weight_copies_name(c.spec.weight_copies), zero_stage(c.spec),
+                         c.peak, c.need, c.step_ms ? fmt::format("{:.3f}", *c.step_ms) : "", csv_field(c.status),
                          static_cast<int>(i) == r.chosen ? 1 : 0);
     }
   }
@@ -204,6 +228,7 @@ std::string json(const std::vector<Recommendation>& rows) {
                                  {"grad_accum", c.spec.grad_accum},
                                  {"micro_batch", c.spec.batch},
                                  {"weight_copies", weight_copies_name(c.spec.weight_copies)},
+                                 {"zero", zero_stage(c.spec)},
                                  {"peak_bytes", c.peak},
                                  {"device_need_bytes", c.need},
                                  {"step_ms", c.step_ms ? nlohmann::ordered_json(*c.step_ms) : nullptr},

@@ -1,5 +1,7 @@
 #include "lmscope/model/optimizer.h"
 
+#include <algorithm>
+
 #include "lmscope/core/hash.h"
 
 #include <cmath>
@@ -69,11 +71,12 @@ AdamW::AdamW(Transformer& model, const OptimizerConfig& config, OptimizerShardin
 bool AdamW::step(double lr) {
   Backend& be = model_.backend();
   be.allocator().set_phase(Phase::optimizer);
-  std::vector<Tensor> grads;
-  for (Parameter& p : model_.parameters()) {
-    LMSCOPE_CHECK(!p.grad.empty(), "optimizer step before backward");
-    grads.push_back(p.grad);
-  }
+  std::vector<Tensor> grads;  // unsharded: every gradient (sharded, they have gone into the shard's sums)
+  if (!sharding_)
+    for (Parameter& p : model_.parameters()) {
+      LMSCOPE_CHECK(!p.grad.empty(), "optimizer step before backward");
+      grads.push_back(p.grad);
+    }
   last_scale_ = scaler_.scale();
   const double divisor = last_scale_ * static_cast<double>(ranks_);
   const AdamWArgs args{.lr = lr,
@@ -131,23 +134,46 @@ void AdamW::sharded_step(const AdamWArgs& args) {
   Backend& be = model_.backend();
   Allocator& mem = be.allocator();
   auto& params = model_.parameters();
-  Allocation grad =
-      mem.allocate({sharding_->shard_elements()}, model_.grad_dtype(), {MemKind::gradient, "zero.gradient_shard", -1});
-  sharding_->reduce_scatter_gradients(grad);
   {
-    Allocation partial = mem.allocate({1}, model_.dtype(), {MemKind::workspace, "zero.partial_norm", -1});
-    const Tensor g = grad.tensor();
-    be.global_norm(std::span(&g, 1), partial);
-    sharding_->combine_norms(partial, grad_norm_);
-  }
-  for (const ShardPiece& piece : sharding_->pieces()) {
-    const Tensor value = params[piece.param].value.tensor().view({params[piece.param].value.tensor().numel()});
-    auto part = [&](const Tensor& t, std::int64_t at) { return t.rows(at, piece.length); };
-    be.adamw(part(value, piece.offset), part(grad, piece.shard_offset), part(m_[0], piece.shard_offset),
-             part(v_[0], piece.shard_offset), args, grad_norm_, Tensor{});
-  }
-  grad.reset();
+    const GradientShard grad = sharding_->summed_gradients();
+    {
+      Allocation partial = mem.allocate({1}, model_.dtype(), {MemKind::workspace, "zero.partial_norm", -1});
+      be.global_norm(grad.parts(), partial);
+      sharding_->combine_norms(partial, grad_norm_);
+    }
+    for (const ShardPiece& piece : sharding_->pieces()) {
+      const Tensor value = params[piece.param].value.tensor().view({params[piece.param].value.tensor().numel()});
+      auto part = [&](const Tensor& t, std::int64_t at) { return t.rows(at, piece.length); };
+      be.adamw(part(value, piece.offset), grad.rows(piece.shard_offset, piece.length), part(m_[0], piece.shard_offset),
+               part(v_[0], piece.shard_offset), args, grad_norm_, Tensor{});
+    }
+  }  // the gradients' sums freed before the parameters are gathered
   sharding_->all_gather_parameters();
+}
+
+void GradientShard::add(std::int64_t shard_offset, Allocation part) {
+  // Kept in the shard's order (buckets need not become final in it).
+  const auto after = std::upper_bound(offsets_.begin(), offsets_.end(), shard_offset);
+  const std::size_t k = static_cast<std::size_t>(after - offsets_.begin());
+  LMSCOPE_CHECK(k == 0 || offsets_[k - 1] + parts_[k - 1].tensor().numel() <= shard_offset,
+                "gradient shard parts at {} and {} overlap", offsets_[k - 1], shard_offset);
+  LMSCOPE_CHECK(k == offsets_.size() || shard_offset + part.tensor().numel() <= offsets_[k],
+                "gradient shard parts at {} and {} overlap", shard_offset, offsets_[k]);
+  offsets_.insert(after, shard_offset);
+  parts_.insert(parts_.begin() + static_cast<std::ptrdiff_t>(k), std::move(part));
+}
+
+Tensor GradientShard::rows(std::int64_t shard_offset, std::int64_t length) const {
+  const auto after = std::upper_bound(offsets_.begin(), offsets_.end(), shard_offset);
+  LMSCOPE_CHECK(after != offsets_.begin(), "shard offset {} before the first part", shard_offset);
+  const std::size_t k = static_cast<std::size_t>(after - offsets_.begin()) - 1;
+  return parts_[k].tensor().rows(shard_offset - offsets_[k], length);  // rows() checks it stays inside
+}
+
+std::vector<Tensor> GradientShard::parts() const {
+  std::vector<Tensor> all;
+  for (const Allocation& a : parts_) all.push_back(a.tensor());
+  return all;
 }
 
 const Allocation& AdamW::held_moment(std::size_t i, Moment which) const {

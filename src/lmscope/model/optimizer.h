@@ -28,7 +28,7 @@ struct LrSchedule {
   void validate() const;
 };
 
-// Optimizer-state sharding (ZeRO-1): this rank updates only its part of the parameters, and keeps
+// Optimizer-state sharding (ZeRO-1 and ZeRO-2): this rank updates only its part of the parameters, and keeps
 // AdamW's moments for that part alone. The part is pieces of parameters laid side by side in a shard
 // of shard_elements(); the implementation (parallel/zero_sharding.h) moves gradients and parameters
 // between the ranks.
@@ -37,14 +37,32 @@ struct ShardPiece {
   std::int64_t offset = 0, length = 0;  // elements of that parameter (flattened)
   std::int64_t shard_offset = 0;        // where they sit in the shard
 };
+// The sums of this rank's shard of the gradients: one allocation per bucket of the exchange, each made
+// as its reduce-scatter starts, so under ZeRO-2 they grow through the backward as the gradients they
+// replace shrink (one allocation of them all would sit beside the backward's activations from its
+// first bucket on).
+class GradientShard {
+ public:
+  // A part of the shard beginning at `shard_offset` (in any order; parts do not overlap).
+  void add(std::int64_t shard_offset, Allocation part);
+  // Elements [shard_offset, shard_offset + length) of the shard: inside one part, as a ShardPiece is.
+  Tensor rows(std::int64_t shard_offset, std::int64_t length) const;
+  std::vector<Tensor> parts() const;
+  bool empty() const { return parts_.empty(); }
+
+ private:
+  std::vector<std::int64_t> offsets_;
+  std::vector<Allocation> parts_;
+};
+
 class OptimizerSharding {
  public:
   virtual ~OptimizerSharding() = default;
   virtual const std::vector<ShardPiece>& pieces() const = 0;
   virtual std::int64_t shard_elements() const = 0;
-  // shard [shard_elements()] = the sum over the ranks of this rank's part of the gradients; frees
-  // every gradient.
-  virtual void reduce_scatter_gradients(const Tensor& shard) = 0;
+  // The sum over the ranks of this rank's part of the gradients (shard_elements() in the gradients'
+  // dtype), every gradient freed (ZeRO-1 exchanges them here; ZeRO-2 began in the backward).
+  virtual GradientShard summed_gradients() = 0;
   // norm [1] = the global norm from every rank's `partial` [1] (the norm of its part).
   virtual void combine_norms(const Tensor& partial, const Tensor& norm) = 0;
   // Every rank's updated part into every parameter, and the low-precision copies AdamW would write.
@@ -56,7 +74,7 @@ class OptimizerSharding {
 
 class AdamW {
  public:
-  // sharding: ZeRO-1 (nullptr: every parameter updated here, the moments of all of them kept).
+  // sharding: ZeRO-1 or 2 (nullptr: every parameter updated here, the moments of all of them kept).
   AdamW(Transformer& model, const OptimizerConfig& config, OptimizerSharding* sharding = nullptr);
   // One update from the gradients now held by the model, at learning rate lr; frees them. With loss
   // scaling or OptimizerConfig::skip_nonfinite, the update is skipped when the gradients' norm is not
@@ -93,7 +111,7 @@ class AdamW {
   bool finish_step();
   // Moment `which` of parameter i as this rank holds it: its tensor, or (sharded) the shard.
   const Allocation& held_moment(std::size_t i, Moment which) const;
-  // The updates of ZeRO-1: this rank's part from the summed gradients, then every rank's part into
+  // The updates of ZeRO-1 and 2: this rank's part from the summed gradients, then every rank's part into
   // every parameter.
   void sharded_step(const AdamWArgs& args);
   Transformer& model_;

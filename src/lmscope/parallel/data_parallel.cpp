@@ -37,20 +37,24 @@ GradExchange parse_grad_exchange(const std::string& s) {
 
 void DataParallelSpec::validate(int world_size) const {
   if (!(bucket_mb > 0 && std::isfinite(bucket_mb))) user_error("--bucket-mb must be positive, got {}", bucket_mb);
-  if (zero != 0 && zero != 1) user_error("--zero takes 0 or 1 (optimizer-state sharding), got {}", zero);
+  static_assert(kMaxZeroStage == 2, "the words below name the stages built");
+  if (zero < 0 || zero > 3) user_error("--zero takes 0, 1 or 2 (the stage of ZeRO's sharding), got {}", zero);
+  if (zero == 3)
+    user_error(
+        "--zero 3 (the parameters sharded too) is not built yet; --zero 2 shards the gradients and AdamW's state");
   if (comm_sms != kAutoCommSms && (comm_sms < 0 || comm_sms > 64))
     user_error("--comm-sms takes auto, or 0 (NCCL's choice) to 64, got {}", comm_sms);
-  if (exchange == GradExchange::all_gather && zero == 1)
-    user_error("--grad-exchange all-gather is --ddp's; --zero 1 reduce-scatters the gradients its own way");
+  if (exchange == GradExchange::all_gather && zero != 0)
+    user_error("--grad-exchange all-gather is --ddp's; --zero {} reduce-scatters the gradients its own way", zero);
   if (exchange == GradExchange::all_gather && mode == DdpMode::flat)
     user_error(
         "--grad-exchange all-gather gathers each gradient where it lies, and --ddp flat copies them into one "
         "buffer: use it with naive, overlap or bucketed");
-  if (zero == 1 && world_size < 2)
+  if (zero != 0 && world_size < 2)
     user_error(
-        "--zero 1 shards the optimizer's state across ranks, and this is a world of {} (start several with "
-        "lmscope launch --nproc N, torchrun or Slurm)",
-        world_size);
+        "--zero {} shards {} across ranks, and this is a world of {} (start several with lmscope launch --nproc "
+        "N, torchrun or Slurm)",
+        zero, zero == 1 ? "the optimizer's state" : "the gradients and the optimizer's state", world_size);
 }
 
 int DataParallelSpec::exchange_sms() const {
@@ -63,7 +67,7 @@ int DataParallelSpec::exchange_sms() const {
 void DataParallelSpec::check_step(bool backward, bool optimizer) const {
   if (!backward)
     user_error("data parallelism exchanges gradients: --ddp and --zero take --mode train or forward-backward");
-  if (zero == 1 && !optimizer) user_error("--zero 1 shards the optimizer's state: it takes --mode train");
+  if (zero != 0 && !optimizer) user_error("--zero {} shards the optimizer's state: it takes --mode train", zero);
 }
 
 std::vector<Bucket> make_buckets(const std::vector<Parameter>& params, std::size_t bucket_bytes) {

@@ -33,11 +33,16 @@ enum class GradExchange { all_reduce, all_gather };
 const char* grad_exchange_name(GradExchange e);
 GradExchange parse_grad_exchange(const std::string& s);  // throws UserError naming the choices
 
+// The highest ZeRO stage built (--zero 0 to it).
+constexpr int kMaxZeroStage = 2;
+
 struct DataParallelSpec {
   DdpMode mode = DdpMode::bucketed;
   GradExchange exchange = GradExchange::all_reduce;
-  double bucket_mb = 25;  // bucketed's, and ZeRO-1's exchange's, bucket size (MiB of gradient)
-  int zero = 0;           // 1: AdamW's moments sharded across the ranks (optimizer/zero_sharding)
+  double bucket_mb = 25;  // bucketed's, and ZeRO's exchange's, bucket size (MiB of gradient)
+  // 1: AdamW's moments sharded across the ranks; 2: the summed gradients too, each bucket
+  // reduce-scattered in the backward (parallel/zero_sharding.h).
+  int zero = 0;
   // The gradients in one region of the communicator's symmetric memory (GradientSync), so NCCL
   // all-reduces them on a few SMs and the backward beside it keeps the rest (docs/distributed.md).
   bool symmetric_memory = true;
@@ -48,12 +53,13 @@ struct DataParallelSpec {
   int comm_sms = kAutoCommSms;
   // What comm_sms comes to: auto is 8 with symmetric memory (NCCL's symmetric all-reduce takes 7 SMs
   // on an H100 or H200, by its own cost model) and 0 without (its ring wants its 24); always 0 for
-  // ZeRO-1, the modes whose exchange follows the backward, and the all-gather (the copy engines'
+  // ZeRO, the modes whose exchange follows the backward, and the all-gather (the copy engines'
   // takes none).
   int exchange_sms() const;
-  // UserError for a bad bucket size, --zero without ranks, or the all-gather with flat or ZeRO-1.
+  // UserError for a bad bucket size, a ZeRO stage not built, --zero without ranks, or the all-gather
+  // with flat or ZeRO.
   void validate(int world_size) const;
-  // UserError unless the step has a backward (the gradients exchanged) and, for ZeRO-1, an optimizer.
+  // UserError unless the step has a backward (the gradients exchanged) and, for ZeRO, an optimizer.
   void check_step(bool backward, bool optimizer) const;
 };
 

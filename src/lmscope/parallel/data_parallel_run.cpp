@@ -35,8 +35,9 @@ void DataParallelRun::attach(Transformer& model, bool take_rank0_parameters) {
     for (Parameter& p : model.parameters()) comm_->broadcast(p.value, 0);
     model.refresh_lowp_copies();  // the copies of what rank 0 sent
   }
-  if (spec_.zero == 1)
-    zero_ = std::make_unique<ZeroSharding>(model, *comm_, static_cast<std::size_t>(spec_.bucket_mb * 1024 * 1024));
+  if (spec_.zero != 0)
+    zero_ = std::make_unique<ZeroSharding>(model, *comm_, spec_.zero,
+                                           static_cast<std::size_t>(spec_.bucket_mb * 1024 * 1024));
   else
     sync_ = std::make_unique<GradientSync>(model, *comm_, spec_, held_sms(), gradient_parts());
   model.set_hooks(this);  // last: nothing after it can throw and leave the model hooked to a half-made run
@@ -45,6 +46,7 @@ void DataParallelRun::attach(Transformer& model, bool take_rank0_parameters) {
 
 void DataParallelRun::gradient_ready(std::size_t param) {
   if (sync_) sync_->gradient_ready(param);
+  if (zero_) zero_->gradient_ready(param);
 }
 
 GradientParts DataParallelRun::gradient_parts() const {

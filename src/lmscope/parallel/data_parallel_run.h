@@ -1,6 +1,6 @@
 // What one rank of a data-parallel run holds, for the commands that step a model (train, bench, the
 // dry run of memory): its place in the world, the communicator, and the gradients' exchange
-// (GradientSync, or ZeRO-1's sharding for the optimizer), wired into the model and AdamW.
+// (GradientSync, or ZeRO's sharding for the optimizer), wired into the model and AdamW.
 #pragma once
 
 #include "lmscope/parallel/data_parallel.h"
@@ -35,12 +35,12 @@ class DataParallelRun : public StepHooks {
   void gradient_ready(std::size_t param) override;
   GradientParts gradient_parts() const override;
   bool allows_graphs() const override { return false; }
-  // The sharding AdamW takes (ZeRO-1), nullptr otherwise; valid after attach.
+  // The sharding AdamW takes (ZeRO-1 and 2), nullptr otherwise; valid after attach.
   OptimizerSharding* sharding() { return zero_.get(); }
   // Tells AdamW its gradients are the sum of the world's (it divides by the world's size).
   void configure(AdamW& optimizer) const { optimizer.set_gradient_sum_of(world_.size); }
-  // After each micro-batch's backward (see GradientSync::after_backward; nothing with ZeRO-1, whose
-  // exchange is the optimizer's).
+  // After each micro-batch's backward (see GradientSync::after_backward; nothing with ZeRO, whose
+  // exchange the optimizer's step finishes).
   void after_backward(MicroBatch micro);
   // The mean of every rank's x (a loss for the log): one small all-reduce.
   double mean_over_ranks(double x);

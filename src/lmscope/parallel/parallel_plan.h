@@ -19,11 +19,11 @@ struct ParallelPlan {
 
   bool data_parallel() const { return data.has_value(); }
   // UserError, one sentence, for a layout that cannot run: a bad bucket size or --comm-sms, a ZeRO
-  // stage other than 0 or 1, ZeRO in a world of one, the all-gather exchange with flat or ZeRO, a step
+  // stage other than 0 to 2, ZeRO in a world of one, the all-gather exchange with flat or ZeRO, a step
   // without a backward (nothing to exchange) or, for ZeRO, without an optimizer, or a global batch the
   // world's size does not split evenly.
   void validate(std::int64_t global_batch, bool backward, bool optimizer) const;
-  // The layout as tables and notes name it: "ZeRO-1 (25 MiB buckets)", "DDP bucketed 25 MiB", "DDP
+  // The layout as tables and notes name it: "ZeRO-2 (25 MiB buckets)", "DDP bucketed 25 MiB", "DDP
   // naive", with ", gradients all-gathered" and ", symmetric memory off" where so; "" without data
   // parallelism. The world's size is the caller's to add.
   std::string words() const;

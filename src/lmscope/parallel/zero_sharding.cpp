@@ -1,13 +1,16 @@
 #include "lmscope/parallel/zero_sharding.h"
 
 #include <algorithm>
+#include <utility>
 
 namespace lmscope::parallel {
 
-ZeroSharding::ZeroSharding(Transformer& model, Communicator& comm, std::size_t bucket_bytes)
-    : model_(model), comm_(comm) {
+ZeroSharding::ZeroSharding(Transformer& model, Communicator& comm, int stage, std::size_t bucket_bytes)
+    : model_(model), comm_(comm), stage_(stage) {
+  LMSCOPE_CHECK(stage == 1 || stage == 2, "ZeRO stage {} sharded as 1 or 2", stage);
   const std::int64_t n = comm.size(), rank = comm.rank();
   const std::vector<Parameter>& params = model.parameters();
+  slice_of_.resize(params.size());
   for (Bucket& b : make_buckets(params, bucket_bytes)) {
     Slice s{std::move(b)};
     s.padded = (s.bucket.elements + n - 1) / n * n;
@@ -21,9 +24,23 @@ ZeroSharding::ZeroSharding(Transformer& model, Communicator& comm, std::size_t b
       const std::int64_t from = std::max(at, lo), to = std::min(at + len, hi);
       if (from < to) pieces_.push_back({p, from - at, to - from, s.shard_offset + from - lo});
       at += len;
+      slice_of_[p] = slices_.size();
     }
     shard_elements_ += s.per_rank;
+    pending_.push_back(s.bucket.params.size());
     slices_.push_back(std::move(s));
+  }
+}
+
+ZeroSharding::~ZeroSharding() {
+  // A step that threw may leave reduce-scatters reading their buffers: the backend waits for them
+  // before the buffers go back to the allocator.
+  for (InFlight& f : in_flight_) {
+    try {
+      f.work->wait();
+    } catch (const std::exception&) {
+      // Unwinding from a failure already; the communicator synchronises as it goes.
+    }
   }
 }
 
@@ -35,21 +52,60 @@ Allocation ZeroSharding::bucket_buffer(const Slice& s, DType dtype, const char* 
   return buffer;
 }
 
-void ZeroSharding::reduce_scatter_gradients(const Tensor& shard) {
+ZeroSharding::InFlight ZeroSharding::launch(std::size_t index, GradientShard& shard) {
   Backend& be = model_.backend();
   std::vector<Parameter>& params = model_.parameters();
-  for (const Slice& s : slices_) {
-    Allocation buffer = bucket_buffer(s, model_.grad_dtype(), "zero.gradient_bucket");
+  const Slice& s = slices_[index];
+  InFlight f{index, {}, nullptr};
+  for (std::size_t p : s.bucket.params)
+    LMSCOPE_CHECK(!params[p].grad.empty(), "optimizer step before the backward made {}'s gradient", p);
+  if (s.bucket.params.size() == 1 && s.padded == s.bucket.elements) {
+    // A bucket of one gradient that needs no padding is reduce-scattered where it lies: no copy, and
+    // no second copy of the largest gradients (the embedding's and the head's) beside the first.
+    f.buffer = std::move(params[s.bucket.params.front()].grad);  // held until the reduce-scatter is waited for
+  } else {
+    f.buffer = bucket_buffer(s, model_.grad_dtype(), "zero.gradient_bucket");
     std::int64_t at = 0;
     for (std::size_t p : s.bucket.params) {
       Allocation& g = params[p].grad;
-      LMSCOPE_CHECK(!g.empty(), "optimizer step before backward");
-      be.cast(g, buffer.tensor().rows(at, g.tensor().numel()).view(g.tensor().shape));
+      be.cast(g, f.buffer.tensor().rows(at, g.tensor().numel()).view(g.tensor().shape));
       at += g.tensor().numel();
       g.reset();  // read: its memory serves what comes next
     }
-    comm_.reduce_scatter(buffer, shard.rows(s.shard_offset, s.per_rank));
   }
+  Allocation sums =
+      be.allocator().allocate({s.per_rank}, model_.grad_dtype(), {MemKind::gradient, "zero.gradient_shard", -1});
+  f.work = comm_.reduce_scatter_async(f.buffer.tensor().view({s.padded}), sums);
+  shard.add(s.shard_offset, std::move(sums));
+  return f;
+}
+
+void ZeroSharding::wait_oldest() {
+  in_flight_.front().work->wait();
+  in_flight_.erase(in_flight_.begin());  // its buffer back to the allocator, after the wait
+}
+
+void ZeroSharding::gradient_ready(std::size_t param) {
+  if (stage_ != 2) return;
+  const std::size_t s = slice_of_.at(param);
+  LMSCOPE_CHECK(pending_[s] > 0, "gradient {} reported final twice in one step", param);
+  if (--pending_[s] != 0) return;
+  while (in_flight_.size() >= kMaxInFlight) wait_oldest();
+  in_flight_.push_back(launch(s, gradient_shard_));
+}
+
+GradientShard ZeroSharding::summed_gradients() {
+  if (stage_ == 1) {
+    GradientShard shard;
+    for (std::size_t s = 0; s < slices_.size(); ++s) launch(s, shard).work->wait();
+    return shard;
+  }
+  while (!in_flight_.empty()) wait_oldest();
+  for (std::size_t s = 0; s < slices_.size(); ++s) {
+    LMSCOPE_CHECK(pending_[s] == 0, "bucket {} of ZeRO-2's exchange was never final in the backward", s);
+    pending_[s] = slices_[s].bucket.params.size();
+  }
+  return std::exchange(gradient_shard_, {});
 }
 
 void ZeroSharding::combine_norms(const Tensor& partial, const Tensor& norm) {

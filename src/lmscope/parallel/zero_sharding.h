@@ -1,27 +1,38 @@
-// ZeRO-1 as llm.c shards it: the gradients, bucket by bucket in the backward's order, are
-// reduce-scattered so each rank holds the sum of its own slice of every bucket; it updates those
-// elements with the moments of them alone (1/N of AdamW's state), and the parameters are then
-// all-gathered back into every rank's whole model. Gradients travel in their own dtype (bf16 with
-// --grad-dtype bf16), parameters in the master's.
+// ZeRO-1 and ZeRO-2 as llm.c and DeepSpeed shard them: the gradients, bucket by bucket in the
+// backward's order, are reduce-scattered so each rank holds the sum of its own slice of every bucket;
+// it updates those elements with the moments of them alone (1/N of AdamW's state), and the parameters
+// are then all-gathered back into every rank's whole model. ZeRO-1 reduce-scatters when the optimizer
+// steps, every gradient held until then; ZeRO-2 launches each bucket's reduce-scatter in the step's
+// last backward as the bucket's gradients become final and frees them there, so a rank never holds
+// more than the buckets in flight beside its 1/N shard of the summed gradients. Gradients travel in
+// their own dtype (bf16 with --grad-dtype bf16), parameters in the master's.
 #pragma once
 
 #include "lmscope/model/optimizer.h"
 #include "lmscope/parallel/communicator.h"
 #include "lmscope/parallel/data_parallel.h"
 
+#include <memory>
+
 namespace lmscope::parallel {
 
 class ZeroSharding final : public OptimizerSharding {
  public:
-  // bucket_bytes: the exchange's bucket size (each bucket's elements padded to a multiple of the
-  // world's size, so every rank's slice has the same length).
-  ZeroSharding(Transformer& model, Communicator& comm, std::size_t bucket_bytes);
+  // stage: 1 or 2. bucket_bytes: the exchange's bucket size (each bucket's elements padded to a
+  // multiple of the world's size, so every rank's slice has the same length).
+  ZeroSharding(Transformer& model, Communicator& comm, int stage, std::size_t bucket_bytes);
+  ~ZeroSharding() override;
+  ZeroSharding(const ZeroSharding&) = delete;
+  ZeroSharding& operator=(const ZeroSharding&) = delete;
   const std::vector<ShardPiece>& pieces() const override { return pieces_; }
   std::int64_t shard_elements() const override { return shard_elements_; }
-  void reduce_scatter_gradients(const Tensor& shard) override;
+  GradientShard summed_gradients() override;
   void combine_norms(const Tensor& partial, const Tensor& norm) override;
   void all_gather_parameters() override;
   Allocation whole(std::size_t param, const Tensor& shard) override;
+  // ZeRO-2, in the step's last backward, as parameter `param`'s gradient becomes final: a bucket whose
+  // gradients are all final goes into its reduce-scatter, and they are freed (ZeRO-1: nothing).
+  void gradient_ready(std::size_t param);
 
  private:
   struct Slice {
@@ -30,12 +41,31 @@ class ZeroSharding final : public OptimizerSharding {
     std::int64_t per_rank = 0;      // padded / the world's size: each rank's slice
     std::int64_t shard_offset = 0;  // where this rank's slice sits in the shard
   };
+  // A bucket's reduce-scatter under way, and what it reads until it is done: the bucket's gradients
+  // side by side (with the padding), or the bucket's one gradient itself.
+  struct InFlight {
+    std::size_t slice = 0;
+    Allocation buffer;
+    std::unique_ptr<CollectiveWork> work;
+  };
+  // ZeRO-2 holds at most this many buckets' buffers in flight: a launch first waits for the oldest
+  // beyond it (on CUDA the backend's stream waits, the host goes on), bounding the memory they take.
+  static constexpr std::size_t kMaxInFlight = 2;
   Allocation bucket_buffer(const Slice& s, DType dtype, const char* what);
+  // Slice s's gradients taken from the model (cast into a buffer and freed, or the one gradient
+  // itself), and its reduce-scatter into a new part of `shard` launched.
+  InFlight launch(std::size_t s, GradientShard& shard);
+  void wait_oldest();
   Transformer& model_;
   Communicator& comm_;
+  int stage_;
   std::vector<Slice> slices_;
   std::vector<ShardPiece> pieces_;
   std::int64_t shard_elements_ = 0;
+  std::vector<std::size_t> slice_of_;  // parameter index -> its slice
+  std::vector<std::size_t> pending_;   // per slice: gradients not yet final this step (ZeRO-2)
+  std::vector<InFlight> in_flight_;    // oldest first (ZeRO-2)
+  GradientShard gradient_shard_;       // ZeRO-2: the sums, a part made as each bucket launches
 };
 
 }  // namespace lmscope::parallel

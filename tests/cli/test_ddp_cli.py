@@ -189,7 +189,7 @@ class TwoRanks(FilesTest):
         # the RunSpec).
         flat, zero1, zero2 = ["--ddp", "flat"], ["--zero", "1", "--bucket-mb", "0.01"], ["--zero", "2", "--bucket-mb", "0.01"]
         words = {"flat": "DDP flat", "1": "ZeRO-1 (0.01 MiB buckets)", "2": "ZeRO-2 (0.01 MiB buckets)"}
-        for mode, resumed_as in ((flat, [[], flat]), (zero1, [[], zero1, flat]), (zero2, [[], zero1])):
+        for mode, resumed_as in ((flat, [[], flat]), (zero1, [[], zero1, flat, zero2]), (zero2, [[], zero1])):
             tag = mode[1]
             ref = self.train("whole" + tag, "--sample", "sequential", *mode, ranks=2)
             directory = self.path("checkpoints" + tag)

@@ -374,8 +374,10 @@ class TrainCommand : public Command {
           "went on op by op (--graphs off does so from the start)\n",
           g.recorded, g.replayed);
     if (!s_.save.empty() && main_rank) {
-      save_parameters(model, s_.save);
+      save_parameters(model, s_.save, [&opt](std::size_t i) { return opt.parameter_values(i); });
       fmt::print("saved weights to '{}'\n", s_.save);
+    } else if (!s_.save.empty()) {  // (ZeRO-3: each rank holds its pieces of the weights, sent to rank 0)
+      for (std::size_t i = 0; i < model.parameters().size(); ++i) opt.join_parameter_values(i);
     }
     return 0;
   }

@@ -1,7 +1,7 @@
 """Data parallelism end to end: two ranks started by `lmscope launch` (on the CPU, Gloo over
 loopback) with the global batch split between them give the losses and parameters of one process
 with the whole batch, within 1e-6 relative, for every --ddp mode (with either --grad-exchange) and for
---zero 1 and 2, which give DDP's bits where nothing is clipped; a world of one
+--zero 1, 2 and 3, which give DDP's bits where nothing is clipped; a world of one
 through the same code path gives that process's bits, in every mode; bad input ends in one sentence
 and exit 2. Run by ctest with LMSCOPE pointing at the built program. LMSCOPE_DDP_DEVICE=cuda runs
 them on the GPUs through NCCL (scripts/gpu_check.sh --data-parallel), with LMSCOPE_DDP_PRECISION
@@ -101,7 +101,7 @@ class TwoRanks(FilesTest):
     def test_every_mode_steps_as_one_process_with_the_whole_batch(self):
         reference = self.one_process("--sample", "sequential")
         for mode in (*MODES, ["--zero", "1", "--bucket-mb", "0.01"], ["--zero", "1"], ["--zero", "2", "--bucket-mb", "0.01"],
-                     ["--zero", "2"]):
+                     ["--zero", "2"], ["--zero", "3"], ["--zero", "3", "--recompute", "full"]):
             with self.subTest(mode=mode):
                 got = self.train("two", "--sample", "sequential", *mode, ranks=2)
                 self.assertClose(got, reference, " ".join(mode))
@@ -116,7 +116,8 @@ class TwoRanks(FilesTest):
         # Three additions a gradient, each rank's part read before the running sum can reach it.
         reference = self.one_process("--sample", "sequential")
         for mode in (["--ddp", "bucketed", "--grad-exchange", "all-gather"],
-                     ["--ddp", "bucketed", "--grad-exchange", "all-reduce"], ["--zero", "2", "--bucket-mb", "0.01"]):
+                     ["--ddp", "bucketed", "--grad-exchange", "all-reduce"], ["--zero", "2", "--bucket-mb", "0.01"],
+                     ["--zero", "3"]):
             with self.subTest(mode=mode):
                 got = self.train("four", "--sample", "sequential", *mode, ranks=4)
                 self.assertClose(got, reference, "four ranks " + " ".join(mode))
@@ -126,7 +127,7 @@ class TwoRanks(FilesTest):
         # 10 KiB buckets of an odd number of elements here and there: each padded with zeros that take
         # part in the reduce-scatter and are never read back.
         reference = self.train("three-one", "--sample", "sequential", batch=6)
-        for mode in (["--zero", "1", "--bucket-mb", "0.01"], ["--zero", "2", "--bucket-mb", "0.01"]):
+        for mode in (["--zero", "1", "--bucket-mb", "0.01"], ["--zero", "2", "--bucket-mb", "0.01"], ["--zero", "3"]):
             with self.subTest(mode=mode):
                 got = self.train("three", "--sample", "sequential", *mode, ranks=3, batch=6)
                 self.assertClose(got, reference, "three ranks " + " ".join(mode))
@@ -138,7 +139,8 @@ class TwoRanks(FilesTest):
         # global norm, which ZeRO assembles from each rank's slice (a sum in another order, so the last
         # bits of the norm may differ): with it on, ZeRO is within 1e-6 (test_every_mode_...).
         ddp = self.train("bits-ddp", "--sample", "sequential", "--clip", "0", "--ddp", "bucketed", ranks=2)
-        for mode in (["--zero", "1", "--bucket-mb", "0.01"], ["--zero", "2", "--bucket-mb", "0.01"], ["--zero", "2"]):
+        for mode in (["--zero", "1", "--bucket-mb", "0.01"], ["--zero", "2", "--bucket-mb", "0.01"], ["--zero", "2"],
+                     ["--zero", "3"], ["--zero", "3", "--recompute", "selective"]):
             with self.subTest(mode=mode):
                 got = self.train("bits-zero", "--sample", "sequential", "--clip", "0", *mode, ranks=2)
                 self.assertEqual(got[0], ddp[0], " ".join(mode))
@@ -154,7 +156,7 @@ class TwoRanks(FilesTest):
                                  reference, " ".join(extra))
                 self.assertClose(self.train("gathered", *extra, "--ddp", "bucketed", "--grad-exchange", "all-gather",
                                             ranks=2), reference, "all-gather " + " ".join(extra))
-                for stage in ("1", "2"):
+                for stage in ("1", "2", "3"):
                     self.assertClose(self.train("zero", *extra, "--zero", stage, "--bucket-mb", "0.01", ranks=2),
                                      reference, f"zero {stage} " + " ".join(extra))
 
@@ -188,8 +190,11 @@ class TwoRanks(FilesTest):
         # too. Resumed without its flags, a run takes its layout from the checkpoint (state.json keeps
         # the RunSpec).
         flat, zero1, zero2 = ["--ddp", "flat"], ["--zero", "1", "--bucket-mb", "0.01"], ["--zero", "2", "--bucket-mb", "0.01"]
-        words = {"flat": "DDP flat", "1": "ZeRO-1 (0.01 MiB buckets)", "2": "ZeRO-2 (0.01 MiB buckets)"}
-        for mode, resumed_as in ((flat, [[], flat]), (zero1, [[], zero1, flat, zero2]), (zero2, [[], zero1])):
+        zero3 = ["--zero", "3", "--bucket-mb", "0.01"]
+        words = {"flat": "DDP flat", "1": "ZeRO-1 (0.01 MiB buckets)", "2": "ZeRO-2 (0.01 MiB buckets)",
+                 "3": "ZeRO-3 (0.01 MiB buckets)"}
+        for mode, resumed_as in ((flat, [[], flat]), (zero1, [[], zero1, flat, zero2, zero3]), (zero2, [[], zero1]),
+                                 (zero3, [[], flat])):
             tag = mode[1]
             ref = self.train("whole" + tag, "--sample", "sequential", *mode, ranks=2)
             directory = self.path("checkpoints" + tag)
@@ -300,6 +305,26 @@ class TwoRanks(FilesTest):
         self.assertLess(rows["1"]["peak_bytes"], rows["0"]["peak_bytes"])
         self.assertEqual(rows["2"]["peak_by_kind"]["optimizer_state"], rows["1"]["peak_by_kind"]["optimizer_state"])
 
+    def test_zero_3_keeps_a_shard_of_the_parameters_between_steps(self):
+        # Between steps a ZeRO-3 rank of two holds half of the fp32 masters and half of the moments:
+        # 1.5 times its moments, beside cuBLASLt's workspace (32 MiB) and a few small buffers. In the
+        # step it gathers one stretch at a time, so its peak stays below ZeRO-2's by more than the
+        # half of the masters and the bf16 copies it does not keep.
+        memory = ["memory", "--dry-run", "--device", "cuda", "--model", "xl", "--ctx", "128", "--batch", "4",
+                  "--precision", "bf16", "--world-size", "2", "--format", "json"]
+        rows = {}
+        for stage in ("2", "3"):
+            r = run(*memory, "--zero", stage, "--out", self.path(f"stage{stage}.json"))
+            self.assertEqual(r.returncode, 0, r.stderr)
+            with open(self.path(f"stage{stage}.json")) as f:
+                [rows[stage]] = json.load(f)
+        moments = rows["3"]["peak_by_kind"]["optimizer_state"]
+        self.assertEqual(moments, rows["2"]["peak_by_kind"]["optimizer_state"])
+        for held in (rows["3"]["step_start_bytes"], rows["3"]["step_end_bytes"]):
+            self.assertLess(abs(held - 1.5 * moments - 32 * 2**20), 2**20, held)
+        masters = moments / 2  # a rank's half of the moments holds as many fp32 numbers as all the masters
+        self.assertLess(rows["3"]["peak_bytes"], rows["2"]["peak_bytes"] - 0.5 * masters)
+
     @TWO_RANKS
     def test_a_ranks_dry_run_is_its_record(self):
         # Rank 0's allocator record of one step on two ranks, byte for byte the dry run of a rank of two:
@@ -309,7 +334,8 @@ class TwoRanks(FilesTest):
         keys = ("peak_bytes", "phase_peak_bytes", "held_at_backward_bytes", "peak_by_kind", "peak_by_op",
                 "largest_at_peak", "peak_reached", "step_start_bytes")
         for mode in (["--ddp", "bucketed", "--bucket-mb", "0.1"], ["--zero", "1", "--bucket-mb", "0.1"],
-                     ["--zero", "2", "--bucket-mb", "0.1"], ["--zero", "2", "--bucket-mb", "0.1", "--grad-accum", "2"]):
+                     ["--zero", "2", "--bucket-mb", "0.1"], ["--zero", "2", "--bucket-mb", "0.1", "--grad-accum", "2"],
+                     ["--zero", "3"], ["--zero", "3", "--recompute", "selective", "--grad-accum", "2"]):
             with self.subTest(mode=mode):
                 real, dry = self.path("real.json"), self.path("dry.json")
                 r = run("launch", "--nproc", "2", "--", *memory, *mode, "--out", real)
@@ -329,9 +355,12 @@ class TwoRanks(FilesTest):
             (["launch", "--nproc", "2", "--", *odd], "split evenly"),
             ([*base, "--zero", "1"], "--zero 1"),
             ([*base, "--zero", "2"], "--zero 2 shards the gradients and the optimizer's state across ranks"),
-            (["launch", "--nproc", "2", "--", *base, "--zero", "3"], "--zero 3 (the parameters sharded too) is not built"),
-            (["launch", "--nproc", "2", "--", *base, "--zero", "4"], "--zero takes 0, 1 or 2"),
-            (["launch", "--nproc", "2", "--", *base, "--zero", "-1"], "--zero takes 0, 1 or 2"),
+            ([*base, "--zero", "3"], "--zero 3 shards the parameters, gradients and optimizer's state across ranks"),
+            (["launch", "--nproc", "2", "--", *base, "--zero", "4"], "--zero takes 0, 1, 2 or 3"),
+            (["launch", "--nproc", "2", "--", *base, "--zero", "-1"], "--zero takes 0, 1, 2 or 3"),
+            (["bench", "--dry-run", "--device", "cuda", "--precision", "bf16", "--vocab", "50", "--d-model", "32",
+              "--d-ff", "64", "--layers", "2", "--heads", "2", "--batch", "4", "--ctx", "16", "--steps", "1",
+              "--weight-copies", "resident", "--zero", "3", "--world-size", "2"], "use kept or transient"),
             (["launch", "--nproc", "2", "--", *base, "--zero", "2", "--ddp", "bucketed"], "leave --ddp out"),
             ([*base, "--ddp", "ring"], "unknown --ddp"),
             ([*base, "--ddp", "flat", "--symmetric-memory", "yes"], "unknown --symmetric-memory"),

@@ -353,7 +353,7 @@ class Recommend(unittest.TestCase):
         self.assertEqual(dry_memory(*cell, "--zero", "2")["peak_bytes"], best["peak_bytes"])
         md = run("plan", "--recommend", *cell)
         self.assertIn("| no recompute, ZeRO-2, one batch of 4 | `--zero 2` |", md.stdout)
-        self.assertIn("and ZeRO stage (from 0 to 2)", md.stdout)
+        self.assertIn("and ZeRO stage (from 0 to 3)", md.stdout)
 
     def test_presets_reshaped_alike_are_one_model(self):
         # plan's default --model is every preset: given every dimension, they are one model, planned once.

@@ -63,7 +63,8 @@ class Ranks(FilesTest):
         # again and go on from the checkpoint of step 2.
         train = ["train", *SHAPE, "--layers", "2", "--batch", "2", "--data", self.data, "--steps", "6",
                  "--sample", "sequential"]
-        for mode in (["--ddp", "bucketed"], ["--zero", "1", "--bucket-mb", "0.01"], ["--zero", "2", "--bucket-mb", "0.01"]):
+        for mode in (["--ddp", "bucketed"], ["--zero", "1", "--bucket-mb", "0.01"], ["--zero", "2", "--bucket-mb", "0.01"],
+                     ["--zero", "3"]):
             with self.subTest(mode=mode):
                 tag = mode[0].strip("-") + mode[1]
                 whole, restarted = self.path(f"whole-{tag}.safetensors"), self.path(f"restarted-{tag}.safetensors")

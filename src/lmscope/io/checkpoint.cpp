@@ -208,6 +208,8 @@ std::vector<TensorSource> moment_sources(Transformer& model, AdamW& opt) {
 }  // namespace
 
 void join_checkpoint_write(Transformer& model, AdamW& opt) {
+  // In the writer's order: the weights' file, then the moments'.
+  for (std::size_t i = 0; i < model.parameters().size(); ++i) opt.join_parameter_values(i);
   for (std::size_t i = 0; i < model.parameters().size(); ++i)
     for (const auto& [suffix, which] : kMoments) opt.join_moment_values(i, which);
 }
@@ -226,7 +228,8 @@ std::string write_checkpoint(const std::string& dir, Transformer& model, AdamW& 
 
   // The weights as save_parameters writes them, each tensor looked at for non-finite values on the way.
   bool finite = true;
-  std::vector<TensorSource> weight_sources = parameter_sources(model);
+  std::vector<TensorSource> weight_sources =
+      parameter_sources(model, [&opt](std::size_t i) { return opt.parameter_values(i); });
   for (TensorSource& t : weight_sources)
     t.values = [&finite, values = std::move(t.values)] {
       std::vector<float> v = values();
@@ -318,7 +321,8 @@ void remove_checkpoints(const std::string& dir) {
 }
 
 void load_checkpoint(const FoundCheckpoint& c, Transformer& model, AdamW& opt) {
-  load_parameters(model, (fs::path(c.path) / kModelFile).string());
+  load_parameters(model, (fs::path(c.path) / kModelFile).string(),
+                  [&opt](std::size_t i, std::span<const double> values) { opt.set_parameter_values(i, values); });
   const std::string path = (fs::path(c.path) / kOptimizerFile).string();
   SafetensorsFile file(path);
   auto& params = model.parameters();

@@ -186,7 +186,7 @@ FileDigest write_safetensors(const std::string& path, const std::vector<NamedTen
   return write_safetensors(path, sources, metadata);
 }
 
-void load_parameters(Transformer& model, const std::string& path) {
+void load_parameters(Transformer& model, const std::string& path, const SetParameterValues& set) {
   SafetensorsFile file(path);
   std::set<std::string> expected;
   for (const Parameter& p : model.parameters()) expected.insert(p.spec.name);
@@ -195,16 +195,21 @@ void load_parameters(Transformer& model, const std::string& path) {
     if (!expected.count(canonical(e.name)))
       user_error("'{}' holds tensor '{}', which this model (d_model {}, layers {}) does not have", path, e.name,
                  model.config().d_model, model.config().layers);
-  for (Parameter& p : model.parameters()) {
+  std::vector<Parameter>& params = model.parameters();
+  for (std::size_t i = 0; i < params.size(); ++i) {
+    Parameter& p = params[i];
     const SafetensorsEntry* e = file.find(p.spec.name);
     if (!e) e = file.find("_orig_mod." + p.spec.name);
     if (!e) user_error("'{}' lacks tensor '{}' of shape {}", path, p.spec.name, shape_str(p.spec.shape));
     if (e->shape != p.spec.shape)
       user_error("tensor '{}' in '{}' has shape {}, but the model needs {}", p.spec.name, path, shape_str(e->shape),
                  shape_str(p.spec.shape));
-    upload(model.backend(), p.value, file.read(*e));
+    if (set)
+      set(i, file.read(*e));
+    else
+      upload(model.backend(), p.value, file.read(*e));
   }
-  model.refresh_lowp_copies();
+  if (!set) model.refresh_lowp_copies();
 }
 
 std::vector<float> host_f32(Backend& backend, const Tensor& t) {
@@ -212,10 +217,16 @@ std::vector<float> host_f32(Backend& backend, const Tensor& t) {
   return std::vector<float>(v.begin(), v.end());
 }
 
-std::vector<TensorSource> parameter_sources(Transformer& model) {
+std::vector<TensorSource> parameter_sources(Transformer& model, const ParameterValues& values) {
   std::vector<TensorSource> out;
-  for (Parameter& p : model.parameters())
-    out.push_back({p.spec.name, p.spec.shape, [&model, &p] { return host_f32(model.backend(), p.value); }});
+  std::vector<Parameter>& params = model.parameters();
+  for (std::size_t i = 0; i < params.size(); ++i) {
+    Parameter& p = params[i];
+    if (values)
+      out.push_back({p.spec.name, p.spec.shape, [values, i] { return values(i); }});
+    else
+      out.push_back({p.spec.name, p.spec.shape, [&model, &p] { return host_f32(model.backend(), p.value); }});
+  }
   return out;
 }
 
@@ -230,8 +241,8 @@ std::map<std::string, std::string> model_metadata(const ModelConfig& c) {
           {"rope_theta", fmt::format("{}", c.rope_theta)}};
 }
 
-FileDigest save_parameters(Transformer& model, const std::string& path) {
-  return write_safetensors(path, parameter_sources(model), model_metadata(model.config()));
+FileDigest save_parameters(Transformer& model, const std::string& path, const ParameterValues& values) {
+  return write_safetensors(path, parameter_sources(model, values), model_metadata(model.config()));
 }
 
 }  // namespace lmscope

@@ -10,6 +10,7 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -69,12 +70,18 @@ FileDigest write_safetensors(const std::string& path, const std::vector<TensorSo
 FileDigest write_safetensors(const std::string& path, const std::vector<NamedTensorData>& tensors,
                              const std::map<std::string, std::string>& metadata = {});
 
+// Parameter i's values whole on the host, and set from whole values: the model's own tensors unless
+// given; a run whose parameters are sharded (ZeRO-3) gives AdamW's (AdamW::parameter_values and
+// set_parameter_values).
+using ParameterValues = std::function<std::vector<float>(std::size_t)>;
+using SetParameterValues = std::function<void(std::size_t, std::span<const double>)>;
+
 // The model's parameters by their PyTorch names. Loading checks that the file holds exactly the
 // model's tensors with their shapes; a name prefixed "_orig_mod." (torch.compile) is accepted.
-void load_parameters(Transformer& model, const std::string& path);
-FileDigest save_parameters(Transformer& model, const std::string& path);
+void load_parameters(Transformer& model, const std::string& path, const SetParameterValues& set = {});
+FileDigest save_parameters(Transformer& model, const std::string& path, const ParameterValues& values = {});
 // The tensors save_parameters writes, for writers of other files beside them (checkpoints).
-std::vector<TensorSource> parameter_sources(Transformer& model);
+std::vector<TensorSource> parameter_sources(Transformer& model, const ParameterValues& values = {});
 std::map<std::string, std::string> model_metadata(const ModelConfig& c);
 // A tensor's values on the host as F32, for a TensorSource.
 std::vector<float> host_f32(Backend& backend, const Tensor& t);

@@ -133,7 +133,6 @@ bool AdamW::step(double lr) {
 void AdamW::sharded_step(const AdamWArgs& args) {
   Backend& be = model_.backend();
   Allocator& mem = be.allocator();
-  auto& params = model_.parameters();
   {
     const GradientShard grad = sharding_->summed_gradients();
     {
@@ -142,9 +141,8 @@ void AdamW::sharded_step(const AdamWArgs& args) {
       sharding_->combine_norms(partial, grad_norm_);
     }
     for (const ShardPiece& piece : sharding_->pieces()) {
-      const Tensor value = params[piece.param].value.tensor().view({params[piece.param].value.tensor().numel()});
       auto part = [&](const Tensor& t, std::int64_t at) { return t.rows(at, piece.length); };
-      be.adamw(part(value, piece.offset), grad.rows(piece.shard_offset, piece.length), part(m_[0], piece.shard_offset),
+      be.adamw(sharding_->master(piece), grad.rows(piece.shard_offset, piece.length), part(m_[0], piece.shard_offset),
                part(v_[0], piece.shard_offset), args, grad_norm_, Tensor{});
     }
   }  // the gradients' sums freed before the parameters are gathered
@@ -185,6 +183,27 @@ std::vector<float> AdamW::moment_values(std::size_t i, Moment which) {
   const std::vector<double> v = sharding_ ? download(model_.backend(), sharding_->whole(i, held_moment(i, which)))
                                           : download(model_.backend(), held_moment(i, which));
   return std::vector<float>(v.begin(), v.end());
+}
+
+std::vector<float> AdamW::parameter_values(std::size_t i) {
+  const std::vector<double> v = sharding_ && sharding_->shards_parameters()
+                                    ? sharding_->parameter_values(i)
+                                    : download(model_.backend(), model_.parameters().at(i).value);
+  return std::vector<float>(v.begin(), v.end());
+}
+
+void AdamW::join_parameter_values(std::size_t i) {
+  if (sharding_ && sharding_->shards_parameters()) sharding_->parameter_values(i);
+}
+
+void AdamW::set_parameter_values(std::size_t i, std::span<const double> values) {
+  if (sharding_ && sharding_->shards_parameters()) {
+    sharding_->set_parameter_values(i, values);
+    return;
+  }
+  Parameter& p = model_.parameters().at(i);
+  upload(model_.backend(), p.value, values);
+  if (Allocation& copy = model_.lowp_copy(p); !copy.empty()) model_.backend().cast(p.value, copy);
 }
 
 void AdamW::join_moment_values(std::size_t i, Moment which) {

@@ -65,11 +65,20 @@ class OptimizerSharding {
   virtual GradientShard summed_gradients() = 0;
   // norm [1] = the global norm from every rank's `partial` [1] (the norm of its part).
   virtual void combine_norms(const Tensor& partial, const Tensor& norm) = 0;
-  // Every rank's updated part into every parameter, and the low-precision copies AdamW would write.
+  // Every rank's updated part into every parameter, and the low-precision copies AdamW would write
+  // (nothing where shards_parameters(): the next stretch to read a parameter gathers it).
   virtual void all_gather_parameters() = 0;
   // Parameter `param`'s values whole, in its shape, from every rank's pieces of it in `shard` (laid
   // out as pieces() say: AdamW's moments): a collective, every rank calling it for the same param.
   virtual Allocation whole(std::size_t param, const Tensor& shard) = 0;
+  // The master values a piece's update writes: the parameter's own, or (ZeRO-3) this rank's shard of them.
+  virtual Tensor master(const ShardPiece& piece) = 0;
+  // ZeRO-3: the parameters live in the ranks' shards, whole only while a stretch of the step reads them.
+  virtual bool shards_parameters() const { return false; }
+  // Where shards_parameters(): parameter `param`'s values whole (a collective, as whole() is), and
+  // this rank's pieces of them set from whole values.
+  virtual std::vector<double> parameter_values(std::size_t /*param*/) { return {}; }
+  virtual void set_parameter_values(std::size_t /*param*/, std::span<const double> /*values*/) {}
 };
 
 class AdamW {
@@ -97,6 +106,12 @@ class AdamW {
   std::vector<float> moment_values(std::size_t i, Moment which);
   void join_moment_values(std::size_t i, Moment which);
   void set_moment(std::size_t i, Moment which, std::span<const double> values);
+  // Parameter i's values, as a checkpoint saves and restores them: whole on the host (under ZeRO-3 a
+  // collective, as moment_values is; join_parameter_values is a rank's part that writes nothing), and
+  // set from whole values (under ZeRO-3 this rank's pieces; elsewhere the master, its copy refreshed).
+  std::vector<float> parameter_values(std::size_t i);
+  void join_parameter_values(std::size_t i);
+  void set_parameter_values(std::size_t i, std::span<const double> values);
   void set_steps_taken(std::int64_t t) { t_ = t; }
   // The global gradient norm of the last step, before clipping and without the loss scale (reads the
   // backend); not finite for a skipped step.
@@ -111,8 +126,8 @@ class AdamW {
   bool finish_step();
   // Moment `which` of parameter i as this rank holds it: its tensor, or (sharded) the shard.
   const Allocation& held_moment(std::size_t i, Moment which) const;
-  // The updates of ZeRO-1 and 2: this rank's part from the summed gradients, then every rank's part into
-  // every parameter.
+  // The updates of ZeRO: this rank's part from the summed gradients, then (ZeRO-1 and 2) every rank's
+  // part into every parameter.
   void sharded_step(const AdamWArgs& args);
   Transformer& model_;
   OptimizerConfig config_;

@@ -125,7 +125,11 @@ void Transformer::set_weight_copies(WeightCopies c) {
 // gradients can use.
 void Transformer::refresh_lowp_copies() {
   for (Parameter& p : params_)
-    if (Allocation& copy = lowp_copy(p); !copy.empty()) backend_.cast(p.value, copy);
+    if (p.value.empty()) {
+      continue;  // sharded away (ZeRO-3): a stretch that reads it gathers its copy
+    } else if (Allocation& copy = lowp_copy(p); !copy.empty()) {
+      backend_.cast(p.value, copy);
+    }
 }
 
 Allocation& Transformer::lowp_copy(Parameter& p) {
@@ -309,10 +313,10 @@ Allocation Transformer::layer_forward(int l, Allocation x, Layer& L, const Keep&
     if (!kept) a.reset();
   };
   const LayerParams& P = layer_params_[l];
-  // The layer's local shapes come from its weights (StepHooks::local_shape): this rank's heads and
+  // The layer's local shapes come from its weights' specs (StepHooks::local_shape): this rank's heads and
   // feed-forward width, the whole of them without tensor parallelism.
   const std::int64_t B = batch_, T = ctx_, N = B * T, d = config_.d_model, dk = config_.d_head(),
-                     H = P.wq->value.tensor().dim(0) / dk, f = P.w1->value.tensor().dim(0);
+                     H = P.wq->spec.shape[0] / dk, f = P.w1->spec.shape[0];
   const double theta = config_.rope_theta, eps = 1e-5;
   OpRanges op(backend_.range_listener());
   L.x = std::move(x);

@@ -115,7 +115,7 @@ void Transformer::backward(MicroBatch micro) {
     HookedStretch hooked(*hooks_, layer_parameters(l, false), Pass::backward);
     const LayerParams& P = layer_params_[l];
     // This rank's heads and feed-forward width (layer_forward says why from the weights).
-    const std::int64_t H = P.wq->value.tensor().dim(0) / dk, f = P.w1->value.tensor().dim(0);
+    const std::int64_t H = P.wq->spec.shape[0] / dk, f = P.w1->spec.shape[0];
     Layer& L = s.layers[l];
     // Full recompute: the layer's forward again from its input, keeping everything this time; its
     // output is the next layer's input, which the backward no longer needs.

@@ -37,11 +37,9 @@ GradExchange parse_grad_exchange(const std::string& s) {
 
 void DataParallelSpec::validate(int world_size) const {
   if (!(bucket_mb > 0 && std::isfinite(bucket_mb))) user_error("--bucket-mb must be positive, got {}", bucket_mb);
-  static_assert(kMaxZeroStage == 2, "the words below name the stages built");
-  if (zero < 0 || zero > 3) user_error("--zero takes 0, 1 or 2 (the stage of ZeRO's sharding), got {}", zero);
-  if (zero == 3)
-    user_error(
-        "--zero 3 (the parameters sharded too) is not built yet; --zero 2 shards the gradients and AdamW's state");
+  static_assert(kMaxZeroStage == 3, "the words below name the stages built");
+  if (zero < 0 || zero > kMaxZeroStage)
+    user_error("--zero takes 0, 1, 2 or 3 (the stage of ZeRO's sharding), got {}", zero);
   if (comm_sms != kAutoCommSms && (comm_sms < 0 || comm_sms > 64))
     user_error("--comm-sms takes auto, or 0 (NCCL's choice) to 64, got {}", comm_sms);
   if (exchange == GradExchange::all_gather && zero != 0)
@@ -54,7 +52,11 @@ void DataParallelSpec::validate(int world_size) const {
     user_error(
         "--zero {} shards {} across ranks, and this is a world of {} (start several with lmscope launch --nproc "
         "N, torchrun or Slurm)",
-        zero, zero == 1 ? "the optimizer's state" : "the gradients and the optimizer's state", world_size);
+        zero,
+        zero == 1   ? "the optimizer's state"
+        : zero == 2 ? "the gradients and the optimizer's state"
+                    : "the parameters, gradients and optimizer's state",
+        world_size);
 }
 
 int DataParallelSpec::exchange_sms() const {

@@ -34,14 +34,15 @@ const char* grad_exchange_name(GradExchange e);
 GradExchange parse_grad_exchange(const std::string& s);  // throws UserError naming the choices
 
 // The highest ZeRO stage built (--zero 0 to it).
-constexpr int kMaxZeroStage = 2;
+constexpr int kMaxZeroStage = 3;
 
 struct DataParallelSpec {
   DdpMode mode = DdpMode::bucketed;
   GradExchange exchange = GradExchange::all_reduce;
   double bucket_mb = 25;  // bucketed's, and ZeRO's exchange's, bucket size (MiB of gradient)
   // 1: AdamW's moments sharded across the ranks; 2: the summed gradients too, each bucket
-  // reduce-scattered in the backward (parallel/zero_sharding.h).
+  // reduce-scattered in the backward; 3: the parameters too, gathered per layer as the step reads
+  // them (parallel/zero_sharding.h).
   int zero = 0;
   // The gradients in one region of the communicator's symmetric memory (GradientSync), so NCCL
   // all-reduces them on a few SMs and the backward beside it keeps the rest (docs/distributed.md).
@@ -56,7 +57,7 @@ struct DataParallelSpec {
   // ZeRO, the modes whose exchange follows the backward, and the all-gather (the copy engines'
   // takes none).
   int exchange_sms() const;
-  // UserError for a bad bucket size, a ZeRO stage not built, --zero without ranks, or the all-gather
+  // UserError for a bad bucket size, a ZeRO stage outside 0-3, --zero without ranks, or the all-gather
   // with flat or ZeRO.
   void validate(int world_size) const;
   // UserError unless the step has a backward (the gradients exchanged) and, for ZeRO, an optimizer.

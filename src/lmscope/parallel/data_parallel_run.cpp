@@ -44,6 +44,14 @@ void DataParallelRun::attach(Transformer& model, bool take_rank0_parameters) {
   model_ = &model;
 }
 
+void DataParallelRun::acquire(std::span<Parameter* const> params, Pass /*pass*/) {
+  if (zero_ && zero_->shards_parameters()) zero_->gather(params);
+}
+
+void DataParallelRun::release(std::span<Parameter* const> params, Pass /*pass*/) {
+  if (zero_ && zero_->shards_parameters()) zero_->release(params);
+}
+
 void DataParallelRun::gradient_ready(std::size_t param) {
   if (sync_) sync_->gradient_ready(param);
   if (zero_) zero_->gradient_ready(param);

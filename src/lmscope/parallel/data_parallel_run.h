@@ -33,9 +33,12 @@ class DataParallelRun : public StepHooks {
   void attach(Transformer& model, bool take_rank0_parameters = true);
 
   void gradient_ready(std::size_t param) override;
+  // ZeRO-3: a stretch's parameters gathered before it reads them, and freed after.
+  void acquire(std::span<Parameter* const> params, Pass pass) override;
+  void release(std::span<Parameter* const> params, Pass pass) override;
   GradientParts gradient_parts() const override;
   bool allows_graphs() const override { return false; }
-  // The sharding AdamW takes (ZeRO-1 and 2), nullptr otherwise; valid after attach.
+  // The sharding AdamW takes (ZeRO-1, 2 and 3), nullptr otherwise; valid after attach.
   OptimizerSharding* sharding() { return zero_.get(); }
   // Tells AdamW its gradients are the sum of the world's (it divides by the world's size).
   void configure(AdamW& optimizer) const { optimizer.set_gradient_sum_of(world_.size); }

@@ -7,11 +7,11 @@ namespace lmscope::parallel {
 
 ZeroSharding::ZeroSharding(Transformer& model, Communicator& comm, int stage, std::size_t bucket_bytes)
     : model_(model), comm_(comm), stage_(stage) {
-  LMSCOPE_CHECK(stage == 1 || stage == 2, "ZeRO stage {} sharded as 1 or 2", stage);
+  LMSCOPE_CHECK(stage >= 1 && stage <= 3, "ZeRO stage {} sharded as 1, 2 or 3", stage);
   const std::int64_t n = comm.size(), rank = comm.rank();
-  const std::vector<Parameter>& params = model.parameters();
+  std::vector<Parameter>& params = model.parameters();
   slice_of_.resize(params.size());
-  for (Bucket& b : make_buckets(params, bucket_bytes)) {
+  for (Bucket& b : make_buckets(params, stage == 3 ? 0 : bucket_bytes)) {
     Slice s{std::move(b)};
     s.padded = (s.bucket.elements + n - 1) / n * n;
     s.per_rank = s.padded / n;
@@ -20,7 +20,7 @@ ZeroSharding::ZeroSharding(Transformer& model, Communicator& comm, int stage, st
     const std::int64_t lo = rank * s.per_rank, hi = lo + s.per_rank;
     std::int64_t at = 0;
     for (std::size_t p : s.bucket.params) {
-      const std::int64_t len = params[p].value.tensor().numel();
+      const std::int64_t len = shape_numel(params[p].spec.shape);
       const std::int64_t from = std::max(at, lo), to = std::min(at + len, hi);
       if (from < to) pieces_.push_back({p, from - at, to - from, s.shard_offset + from - lo});
       at += len;
@@ -30,6 +30,19 @@ ZeroSharding::ZeroSharding(Transformer& model, Communicator& comm, int stage, st
     pending_.push_back(s.bucket.params.size());
     slices_.push_back(std::move(s));
   }
+  if (stage != 3) return;
+  // This rank's pieces of the parameters as they are (every rank's alike), then the whole ones go.
+  Backend& be = model.backend();
+  master_ = be.allocator().allocate({shard_elements_}, model.dtype(), {MemKind::parameter, "zero.parameter_shard", -1});
+  for (const ShardPiece& piece : pieces_) be.cast(piece_of(params[piece.param].value, piece), master(piece));
+  for (Parameter& p : params) {
+    p.value.reset();
+    p.value_lowp.reset();
+  }
+}
+
+Tensor ZeroSharding::piece_of(const Tensor& whole, const ShardPiece& piece) {
+  return whole.view({whole.numel()}).rows(piece.offset, piece.length);
 }
 
 ZeroSharding::~ZeroSharding() {
@@ -86,7 +99,7 @@ void ZeroSharding::wait_oldest() {
 }
 
 void ZeroSharding::gradient_ready(std::size_t param) {
-  if (stage_ != 2) return;
+  if (stage_ == 1) return;
   const std::size_t s = slice_of_.at(param);
   LMSCOPE_CHECK(pending_[s] > 0, "gradient {} reported final twice in one step", param);
   if (--pending_[s] != 0) return;
@@ -102,7 +115,7 @@ GradientShard ZeroSharding::summed_gradients() {
   }
   while (!in_flight_.empty()) wait_oldest();
   for (std::size_t s = 0; s < slices_.size(); ++s) {
-    LMSCOPE_CHECK(pending_[s] == 0, "bucket {} of ZeRO-2's exchange was never final in the backward", s);
+    LMSCOPE_CHECK(pending_[s] == 0, "bucket {} of ZeRO-{}'s exchange was never final in the backward", s, stage_);
     pending_[s] = slices_[s].bucket.params.size();
   }
   return std::exchange(gradient_shard_, {});
@@ -116,7 +129,66 @@ void ZeroSharding::combine_norms(const Tensor& partial, const Tensor& norm) {
   be.global_norm(std::span(&t, 1), norm);  // √(Σ partialᵢ²): the norm of every gradient
 }
 
+Tensor ZeroSharding::master(const ShardPiece& piece) {
+  if (stage_ == 3) return master_.tensor().rows(piece.shard_offset, piece.length);
+  return piece_of(model_.parameters().at(piece.param).value, piece);
+}
+
+void ZeroSharding::gather(std::span<Parameter* const> params) {
+  LMSCOPE_CHECK(stage_ == 3, "parameters gathered under ZeRO-{}", stage_);
+  Backend& be = model_.backend();
+  std::vector<Parameter>& all = model_.parameters();
+  const bool copies = model_.compute_dtype() != model_.dtype();
+  std::vector<Allocation*> into;
+  std::vector<Tensor> mine, wholes;
+  for (Parameter* p : params) {
+    const std::size_t index = static_cast<std::size_t>(p - all.data());
+    const Slice& s = slices_.at(slice_of_.at(index));
+    // Matrix weights under mixed precision travel as their copies (half the bytes): the stretch reads
+    // the copy and never the master.
+    const bool as_copy = copies && p->spec.matmul;
+    Allocation& out = as_copy ? p->value_lowp : p->value;
+    LMSCOPE_CHECK(out.empty(), "{} gathered twice", p->spec.name);
+    out = be.allocator().allocate(
+        {s.padded}, as_copy ? model_.compute_dtype() : model_.dtype(),
+        {MemKind::parameter, p->spec.name + (as_copy ? " (gathered copy)" : " (gathered)"), p->spec.layer});
+    const Tensor own = out.tensor().rows(comm_.rank() * s.per_rank, s.per_rank);
+    std::int64_t filled = 0;
+    for (const ShardPiece& piece : pieces_)
+      if (piece.param == index) {
+        be.cast(master(piece), own.rows(0, piece.length));
+        filled = piece.length;
+      }
+    if (filled < s.per_rank) be.fill(own.rows(filled, s.per_rank - filled), 0.0);  // the padding, never read
+    mine.push_back(own);
+    wholes.push_back(out.tensor());
+    into.push_back(&out);
+  }
+  comm_.all_gather_async(mine, wholes)->wait();
+  for (std::size_t k = 0; k < params.size(); ++k)
+    into[k]->narrow(into[k]->tensor().rows(0, shape_numel(params[k]->spec.shape)).view(params[k]->spec.shape));
+}
+
+void ZeroSharding::release(std::span<Parameter* const> params) {
+  for (Parameter* p : params) {
+    p->value.reset();
+    p->value_lowp.reset();
+  }
+}
+
+std::vector<double> ZeroSharding::parameter_values(std::size_t param) {
+  return download(model_.backend(), whole(param, master_));
+}
+
+void ZeroSharding::set_parameter_values(std::size_t param, std::span<const double> values) {
+  for (const ShardPiece& piece : pieces_)
+    if (piece.param == param)
+      upload(model_.backend(), master(piece),
+             values.subspan(static_cast<std::size_t>(piece.offset), static_cast<std::size_t>(piece.length)));
+}
+
 void ZeroSharding::all_gather_parameters() {
+  if (stage_ == 3) return;  // the next forward's gathers read the updated pieces
   Backend& be = model_.backend();
   std::vector<Parameter>& params = model_.parameters();
   for (const Slice& s : slices_) {
@@ -143,10 +215,10 @@ void ZeroSharding::all_gather_parameters() {
 
 Allocation ZeroSharding::whole(std::size_t param, const Tensor& shard) {
   Backend& be = model_.backend();
-  const Tensor value = model_.parameters().at(param).value.tensor();
-  Allocation out = be.allocator().allocate(value.shape, shard.dtype, {MemKind::workspace, "zero.whole", -1});
+  const Shape& shape = model_.parameters().at(param).spec.shape;
+  Allocation out = be.allocator().allocate(shape, shard.dtype, {MemKind::workspace, "zero.whole", -1});
   be.fill(out, 0.0);
-  const Tensor flat = out.tensor().view({value.numel()});
+  const Tensor flat = out.tensor().view({shape_numel(shape)});
   for (const ShardPiece& piece : pieces_)
     if (piece.param == param)
       be.cast(shard.rows(piece.shard_offset, piece.length), flat.rows(piece.offset, piece.length));

@@ -274,6 +274,10 @@ void validate_run(RunSpec& s) {
   s.optimizer.validate();
   s.schedule.validate();
   s.parallel.validate(s.batch, has_backward(s.mode), s.mode == StepMode::train);
+  if (s.parallel.data && s.parallel.data->zero == 3 && s.weight_copies == WeightCopies::resident)
+    user_error(
+        "--weight-copies resident keeps every bf16 copy on every rank, and --zero 3 gathers each layer's "
+        "weights as its copies only while the layer runs: use kept or transient");
   if (s.parallel.data) s.graphs = false;  // the collectives are not recorded
 }
 

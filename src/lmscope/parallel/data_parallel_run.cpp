@@ -44,8 +44,8 @@ void DataParallelRun::attach(Transformer& model, bool take_rank0_parameters) {
   model_ = &model;
 }
 
-void DataParallelRun::acquire(std::span<Parameter* const> params, Pass /*pass*/) {
-  if (zero_ && zero_->shards_parameters()) zero_->gather(params);
+void DataParallelRun::acquire(std::span<Parameter* const> params, Pass pass) {
+  if (zero_ && zero_->shards_parameters()) zero_->gather(params, pass);
 }
 
 void DataParallelRun::release(std::span<Parameter* const> params, Pass /*pass*/) {

@@ -46,8 +46,13 @@ Tensor ZeroSharding::piece_of(const Tensor& whole, const ShardPiece& piece) {
 }
 
 ZeroSharding::~ZeroSharding() {
-  // A step that threw may leave reduce-scatters reading their buffers: the backend waits for them
-  // before the buffers go back to the allocator.
+  // A step that threw may leave reduce-scatters reading their buffers, or a gather writing its own:
+  // the backend waits for them before the buffers go back to the allocator.
+  try {
+    drop_prefetched();
+  } catch (const std::exception&) {
+    // Unwinding from a failure already; the communicator synchronises as it goes.
+  }
   for (InFlight& f : in_flight_) {
     try {
       f.work->wait();
@@ -134,12 +139,11 @@ Tensor ZeroSharding::master(const ShardPiece& piece) {
   return piece_of(model_.parameters().at(piece.param).value, piece);
 }
 
-void ZeroSharding::gather(std::span<Parameter* const> params) {
-  LMSCOPE_CHECK(stage_ == 3, "parameters gathered under ZeRO-{}", stage_);
+ZeroSharding::Gathered ZeroSharding::start_gather(std::span<Parameter* const> params) {
   Backend& be = model_.backend();
   std::vector<Parameter>& all = model_.parameters();
   const bool copies = model_.compute_dtype() != model_.dtype();
-  std::vector<Allocation*> into;
+  Gathered g;
   std::vector<Tensor> mine, wholes;
   for (Parameter* p : params) {
     const std::size_t index = static_cast<std::size_t>(p - all.data());
@@ -147,9 +151,7 @@ void ZeroSharding::gather(std::span<Parameter* const> params) {
     // Matrix weights under mixed precision travel as their copies (half the bytes): the stretch reads
     // the copy and never the master.
     const bool as_copy = copies && p->spec.matmul;
-    Allocation& out = as_copy ? p->value_lowp : p->value;
-    LMSCOPE_CHECK(out.empty(), "{} gathered twice", p->spec.name);
-    out = be.allocator().allocate(
+    Allocation out = be.allocator().allocate(
         {s.padded}, as_copy ? model_.compute_dtype() : model_.dtype(),
         {MemKind::parameter, p->spec.name + (as_copy ? " (gathered copy)" : " (gathered)"), p->spec.layer});
     const Tensor own = out.tensor().rows(comm_.rank() * s.per_rank, s.per_rank);
@@ -162,11 +164,52 @@ void ZeroSharding::gather(std::span<Parameter* const> params) {
     if (filled < s.per_rank) be.fill(own.rows(filled, s.per_rank - filled), 0.0);  // the padding, never read
     mine.push_back(own);
     wholes.push_back(out.tensor());
-    into.push_back(&out);
+    g.params.push_back(p);
+    g.buffers.push_back(std::move(out));
   }
-  comm_.all_gather_async(mine, wholes)->wait();
-  for (std::size_t k = 0; k < params.size(); ++k)
-    into[k]->narrow(into[k]->tensor().rows(0, shape_numel(params[k]->spec.shape)).view(params[k]->spec.shape));
+  g.work = comm_.all_gather_async(mine, wholes);
+  return g;
+}
+
+void ZeroSharding::drop_prefetched() {
+  if (!prefetched_) return;
+  prefetched_->work->wait();  // (on CUDA the backend's stream waits before the buffers are reused)
+  prefetched_.reset();
+}
+
+void ZeroSharding::gather(std::span<Parameter* const> params, Pass pass) {
+  LMSCOPE_CHECK(stage_ == 3, "parameters gathered under ZeRO-{}", stage_);
+  std::vector<Parameter>& all = model_.parameters();
+  const StretchKey key{static_cast<std::size_t>(params.front() - all.data()), pass};
+  // The stretch that followed the last one, remembered for the next time round; not across a step's
+  // end (backward to forward), where the update comes between and a prefetch would read old masters.
+  if (last_ && !(last_->second == Pass::backward && pass == Pass::forward))
+    next_[*last_].assign(params.begin(), params.end());
+  last_ = key;
+  Gathered g;
+  if (prefetched_ && std::ranges::equal(prefetched_->params, params)) {
+    g = std::move(*prefetched_);
+    prefetched_.reset();
+  } else {
+    drop_prefetched();  // another stretch came than the one that followed last time
+    g = start_gather(params);
+  }
+  g.work->wait();
+  for (std::size_t k = 0; k < params.size(); ++k) {
+    Parameter& p = *params[k];
+    const bool as_copy = g.buffers[k].tensor().dtype != model_.dtype();
+    Allocation& into = as_copy ? p.value_lowp : p.value;
+    LMSCOPE_CHECK(into.empty(), "{} gathered twice", p.spec.name);
+    into = std::move(g.buffers[k]);
+    into.narrow(into.tensor().rows(0, shape_numel(p.spec.shape)).view(p.spec.shape));
+  }
+  // The handout's bound: the stretch after this one starts gathering now, beside this one's work, and
+  // no other: at most two stretches whole at once. Not where they share a parameter.
+  if (const auto next = next_.find(key); next != next_.end()) {
+    const std::vector<Parameter*>& after = next->second;
+    const bool shared = std::ranges::any_of(after, [&](Parameter* p) { return std::ranges::count(params, p) > 0; });
+    if (!shared) prefetched_ = start_gather(after);
+  }
 }
 
 void ZeroSharding::release(std::span<Parameter* const> params) {
@@ -188,7 +231,10 @@ void ZeroSharding::set_parameter_values(std::size_t param, std::span<const doubl
 }
 
 void ZeroSharding::all_gather_parameters() {
-  if (stage_ == 3) return;  // the next forward's gathers read the updated pieces
+  if (stage_ == 3) {
+    drop_prefetched();  // gathered before the update (none is started across a step's end)
+    return;             // the next forward's gathers read the updated pieces
+  }
   Backend& be = model_.backend();
   std::vector<Parameter>& params = model_.parameters();
   for (const Slice& s : slices_) {

@@ -20,7 +20,10 @@
 #include "lmscope/parallel/communicator.h"
 #include "lmscope/parallel/data_parallel.h"
 
+#include <map>
 #include <memory>
+#include <optional>
+#include <utility>
 
 namespace lmscope::parallel {
 
@@ -46,7 +49,8 @@ class ZeroSharding final : public OptimizerSharding {
   void set_parameter_values(std::size_t param, std::span<const double> values) override;
   // ZeRO-3: these parameters whole on every rank (matrix weights under mixed precision as their
   // compute-dtype copies, the rest in the master's dtype), as one all-gather; release frees them.
-  void gather(std::span<Parameter* const> params);
+  // The stretch that came after this one last time starts gathering at once (StepHooks::acquire).
+  void gather(std::span<Parameter* const> params, Pass pass);
   void release(std::span<Parameter* const> params);
   // ZeRO-2 and 3, in the step's last backward, as parameter `param`'s gradient becomes final: a bucket
   // whose gradients are all final goes into its reduce-scatter, and they are freed (ZeRO-1: nothing).
@@ -69,6 +73,16 @@ class ZeroSharding final : public OptimizerSharding {
   // ZeRO-2 holds at most this many buckets' buffers in flight: a launch first waits for the oldest
   // beyond it (on CUDA the backend's stream waits, the host goes on), bounding the memory they take.
   static constexpr std::size_t kMaxInFlight = 2;
+  // ZeRO-3: a stretch's parameters gathering (or gathered), each into a buffer padded as its slice is.
+  struct Gathered {
+    std::vector<Parameter*> params;
+    std::vector<Allocation> buffers;
+    std::unique_ptr<CollectiveWork> work;
+  };
+  Gathered start_gather(std::span<Parameter* const> params);
+  void drop_prefetched();  // a prefetch not taken: waited for and freed
+  // A stretch by its first parameter and its pass.
+  using StretchKey = std::pair<std::size_t, Pass>;
   Allocation bucket_buffer(const Slice& s, DType dtype, const char* what);
   // The elements of `whole` (a parameter's values, any shape) a piece covers.
   static Tensor piece_of(const Tensor& whole, const ShardPiece& piece);
@@ -82,11 +96,14 @@ class ZeroSharding final : public OptimizerSharding {
   std::vector<Slice> slices_;
   std::vector<ShardPiece> pieces_;
   std::int64_t shard_elements_ = 0;
-  std::vector<std::size_t> slice_of_;  // parameter index -> its slice
-  std::vector<std::size_t> pending_;   // per slice: gradients not yet final this step (ZeRO-2)
-  std::vector<InFlight> in_flight_;    // oldest first (ZeRO-2)
-  GradientShard gradient_shard_;       // ZeRO-2 and 3: the sums, a part made as each bucket launches
-  Allocation master_;                  // ZeRO-3: this rank's pieces of every parameter, in the shard's layout
+  std::vector<std::size_t> slice_of_;   // parameter index -> its slice
+  std::vector<std::size_t> pending_;    // per slice: gradients not yet final this step (ZeRO-2)
+  std::vector<InFlight> in_flight_;     // oldest first (ZeRO-2)
+  GradientShard gradient_shard_;        // ZeRO-2 and 3: the sums, a part made as each bucket launches
+  Allocation master_;                   // ZeRO-3: this rank's pieces of every parameter, in the shard's layout
+  std::optional<Gathered> prefetched_;  // ZeRO-3: the stretch expected next
+  std::map<StretchKey, std::vector<Parameter*>> next_;  // the stretch that followed each
+  std::optional<StretchKey> last_;                      // the stretch gathered last
 };
 
 }  // namespace lmscope::parallel

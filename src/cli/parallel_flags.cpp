@@ -69,7 +69,9 @@ void ParallelFlags::add_to(CLI::App& app, bool with_world_size) {
                  "world's size times the gradients; on GPUs with --symmetric-memory on and NCCL 2.28.9 or later, "
                  "NCCL moves them by the copy engines, leaving every SM to the backward)")
       ->capture_default_str();
-  app.add_option("--bucket-mb", bucket_mb, "Bucket size of --ddp bucketed and of --zero's exchange (MiB)")
+  app.add_option("--bucket-mb", bucket_mb,
+                 "Bucket size of --ddp bucketed and of --zero 1 and 2's exchange (MiB; --zero 3 exchanges each "
+                 "parameter by itself)")
       ->capture_default_str();
   app.add_option("--comm-sms", comm_sms,
                  "GPUs, --ddp overlap or bucketed: the SMs the gradients' exchange may hold during the backward "
@@ -143,6 +145,10 @@ parallel::ParallelPlan ParallelFlags::resolve(std::int64_t global_batch, const s
         "--zero {} exchanges the gradients its own way (reduce-scattered in --bucket-mb buckets); leave --ddp "
         "out",
         zero);
+  if (zero == 3 && app.count("--bucket-mb") > 0)
+    user_error(
+        "--bucket-mb sizes the buckets of --ddp and of --zero 1 and 2; --zero 3 exchanges each parameter by "
+        "itself: leave it out");
   if (zero != 0 && app.count("--symmetric-memory") + app.count("--comm-sms") + app.count("--grad-exchange") > 0)
     user_error(
         "--symmetric-memory, --comm-sms and --grad-exchange shape --ddp's exchange; --zero {} exchanges its own "

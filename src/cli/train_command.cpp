@@ -213,14 +213,13 @@ class TrainCommand : public Command {
     }
     std::optional<FoundCheckpoint> resumed;
     std::optional<RunSpec> saved_run;  // the checkpoint's, when it keeps its description
+    std::vector<std::string> changes;  // what the checkpoint's run did otherwise: rank 0 says them
     if (!s_.resume.empty()) {
       resumed = find_checkpoint(s_.resume);
-      for (const std::string& w : resumed->warnings()) fmt::print(stderr, "lmscope: warning: {}\n", w);
       // Shape flags apply to the checkpoint's model unless --model names a preset to start from.
       const ModelConfig theirs = checkpoint_model(resumed->state.config, s_.resume);
       s_.model = model_.resolve_one(app->count("--model") > 0 ? std::nullopt : std::optional(theirs));
-      for (const std::string& change : s_.take_from_checkpoint(*app, resumed->state.config, model_given()))
-        fmt::print("note: {}\n", change);
+      changes = s_.take_from_checkpoint(*app, resumed->state.config, model_given());
       saved_run = checkpoint_run(resumed->state.config, s_.resume);
       if (saved_run) parallel_.take_from_checkpoint(saved_run->parallel);
     } else {
@@ -233,9 +232,14 @@ class TrainCommand : public Command {
     RunSpec checked = s_.run_spec(parallel);  // the run's rules before its files are read (the session's again)
     validate_run(checked);
     const bool main_rank = parallel.world.rank == 0;
-    if (saved_run && main_rank)
-      for (const std::string& change : ParallelFlags::changes(saved_run->parallel, parallel))
-        fmt::print("note: {}\n", change);
+    if (saved_run)
+      for (std::string& change : ParallelFlags::changes(saved_run->parallel, parallel))
+        changes.push_back(std::move(change));
+    if (main_rank) {
+      if (resumed)
+        for (const std::string& w : resumed->warnings()) fmt::print(stderr, "lmscope: warning: {}\n", w);
+      for (const std::string& change : changes) fmt::print("note: {}\n", change);
+    }
     if (parallel.data && s_.graphs == "on" && s_.device == "cuda") {
       if (app->count("--graphs") > 0 && main_rank)
         fmt::print("note: data parallelism runs without device graphs (its collectives are not recorded)\n");

@@ -17,7 +17,8 @@ void ParallelPlan::validate(std::int64_t global_batch, bool backward, bool optim
 std::string ParallelPlan::words() const {
   if (!data) return "";
   const DataParallelSpec& p = *data;
-  std::string words = p.zero != 0                   ? fmt::format("ZeRO-{} ({:g} MiB buckets)", p.zero, p.bucket_mb)
+  std::string words = p.zero == 3                   ? std::string("ZeRO-3")  // each parameter by itself
+                      : p.zero != 0                 ? fmt::format("ZeRO-{} ({:g} MiB buckets)", p.zero, p.bucket_mb)
                       : p.mode == DdpMode::bucketed ? fmt::format("DDP bucketed {:g} MiB", p.bucket_mb)
                                                     : fmt::format("DDP {}", ddp_mode_name(p.mode));
   if (p.zero == 0 && p.exchange == GradExchange::all_gather) words += ", gradients all-gathered";

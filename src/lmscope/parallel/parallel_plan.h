@@ -23,7 +23,7 @@ struct ParallelPlan {
   // without a backward (nothing to exchange) or, for ZeRO, without an optimizer, or a global batch the
   // world's size does not split evenly.
   void validate(std::int64_t global_batch, bool backward, bool optimizer) const;
-  // The layout as tables and notes name it: "ZeRO-2 (25 MiB buckets)", "DDP bucketed 25 MiB", "DDP
+  // The layout as tables and notes name it: "ZeRO-2 (25 MiB buckets)", "ZeRO-3", "DDP bucketed 25 MiB", "DDP
   // naive", with ", gradients all-gathered" and ", symmetric memory off" where so; "" without data
   // parallelism. The world's size is the caller's to add.
   std::string words() const;

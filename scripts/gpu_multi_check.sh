@@ -5,10 +5,10 @@
 # gradients 20 steps), lmscope allreduce
 # beside torch.distributed.all_reduce, and the train step of the models in LMSCOPE_DDP_MODELS
 # (default xl,2.7B) at LMSCOPE_DDP_CTXS (default 512,1024), bf16, flash, batch 4 per rank: lmscope on
-# one GPU, with each --ddp (bucketed at 1, 10, 25, 100 and 1000 MB), --zero 1 and --zero 2 on two, and bucketed
+# one GPU, with each --ddp (bucketed at 1, 10, 25, 100 and 1000 MB) and --zero 1, 2 and 3 on two, and bucketed
 # 25 MB with bf16 gradients (one GPU with them too), all-reduced and all-gathered, beside PyTorch DDP (25 MB buckets; also with its
 # bf16_compress_hook), ZeRO-1 (ZeroRedundancyOptimizer) and FSDP2 (fully_shard per block), and the dry
-# run's prediction of a ZeRO-1 and a ZeRO-2 rank's peak. Also: lmscope's ranks started by torchrun itself (their trained weights against
+# run's prediction of each ZeRO stage's per-rank peak. Also: lmscope's ranks started by torchrun itself (their trained weights against
 # those of ranks started by lmscope launch), and bench --profile over two ranks (NCCL's kernels in
 # the kernel profile, beside one GPU's profile of the same cell). Full logs in $OUT (or ./gpu-out);
 # tools/ddp_table.py's short table prints last.
@@ -36,7 +36,7 @@ steps=(--warmup "${LMSCOPE_DDP_WARMUP:-3}" --steps "${LMSCOPE_DDP_MEASURED:-10}"
 parts=",${LMSCOPE_DDP_PARTS:-tests,ddptests,faults,torchrun,profile,allreduce,bench,table},"
 variants=${LMSCOPE_DDP_VARIANTS:-"--ddp naive;--ddp flat;--ddp overlap;--ddp bucketed --bucket-mb 1;\
 --ddp bucketed --bucket-mb 10;--ddp bucketed --bucket-mb 25;--ddp bucketed --bucket-mb 100;\
---ddp bucketed --bucket-mb 1000;--zero 1;--zero 2;--ddp bucketed --bucket-mb 25 --grad-dtype bf16;\
+--ddp bucketed --bucket-mb 1000;--zero 1;--zero 2;--zero 3;--ddp bucketed --bucket-mb 25 --grad-dtype bf16;\
 --ddp bucketed --bucket-mb 25 --grad-dtype bf16 --grad-exchange all-gather"}
 pt_variants=${LMSCOPE_DDP_PT_VARIANTS:-ddp,zero1,ddp-bf16,fsdp2}
 one_gpu=${LMSCOPE_DDP_ONE_GPU:-"--graphs off,on --grad-dtype fp32,bf16"}
@@ -132,7 +132,7 @@ if [[ $parts == *,bench,* ]]; then
     printed=$now
   done
   echo "== PyTorch DDP and ZeRO-1: exit $status, $(grep -c '| ok |' "$OUT/ddp-pytorch.md") of $cells cells ok"
-  for z in 1 2; do
+  for z in 1 2 3; do
     "$B/lmscope" memory --dry-run --device cuda --model "$models" --ctx "$ctxs" --batch 8 --precision bf16 \
       --world-size 2 --zero $z --format json --out "$OUT/zero$([[ $z == 1 ]] || echo $z)-dry-run.json" >/dev/null 2>&1
     echo "== the dry run of a ZeRO-$z rank: exit $?"

@@ -21,7 +21,7 @@ GiB = 2**30
 NAMES = {"ddpnaive": "naive", "ddpflat": "flat", "ddpoverlap": "overlap", "ddpbucketedbucketmb1": "bucketed 1 MB",
          "ddpbucketedbucketmb10": "bucketed 10 MB", "ddpbucketedbucketmb25": "bucketed 25 MB",
          "ddpbucketedbucketmb100": "bucketed 100 MB", "ddpbucketedbucketmb1000": "bucketed 1000 MB",
-         "zero1": "ZeRO-1", "zero2": "ZeRO-2", "ddpbucketedbucketmb25graddtypebf16": "bucketed 25 MB, bf16 gradients",
+         "zero1": "ZeRO-1", "zero2": "ZeRO-2", "zero3": "ZeRO-3", "ddpbucketedbucketmb25graddtypebf16": "bucketed 25 MB, bf16 gradients",
          "ddpbucketedbucketmb25graddtypebf16gradexchangeallgather": "the same, all-gathered"}
 BF16 = "ddpbucketedbucketmb25graddtypebf16"
 GATHERED = "ddpbucketedbucketmb25graddtypebf16gradexchangeallgather"
@@ -109,7 +109,7 @@ def main(out):
 
     for c in cells:
         steps = {v: median(two[(c, v)]) if (c, v) in two else None for v in VARIANTS}
-        ddp = [s for v, s in steps.items() if s is not None and v not in ("zero1", "zero2", BF16, GATHERED)]
+        ddp = [s for v, s in steps.items() if s is not None and v not in ("zero1", "zero2", "zero3", BF16, GATHERED)]
         base, base_bf16 = one.get((c, False, "fp32")), one.get((c, False, "bf16"))
         pt_ddp, pt_bf16 = pt.get((c, "ddp"), (None, None))[0], pt.get((c, "ddp-bf16"), (None, None))[0]
         text += (f"| {c[0]} | {c[1]} | {fmt(base)} | {fmt(one.get((c, True, 'fp32')))} | {fmt(base_bf16)} | "
@@ -142,7 +142,41 @@ def main(out):
                  f"{fmt(zb / GiB if zb else None, '.4g')} | {fmt(d / GiB if d else None, '.4g')} | "
                  f"{zb - d if zb is not None and d is not None else '-'} | "
                  f"{fmt(pt.get((c, 'ddp'), (None, None))[1])} | {fmt(pt.get((c, 'zero1'), (None, None))[1])} |\n")
-    print(text, end="")
+    print(text + sharding_table(out, cells, two, pt), end="")
+
+
+def sharding_table(out, cells, two, pt):
+    """ZeRO's stages beside DDP and PyTorch's FSDP2 (bench_ddp.py --variant fsdp2): step medians, the
+    ratios the sharded-training issue sets targets for, and each stage's per-rank peak beside the dry
+    run's (zero-dry-run.json is ZeRO-1's, zeroN-dry-run.json the others')."""
+    stages = [s for s in ("zero1", "zero2", "zero3") if any((c, s) in two for c in cells)]
+    if not stages and not any((c, "fsdp2") in pt for c in cells):
+        return ""
+    dry = {s: {cell(r): r.get("peak_bytes") for r in load(os.path.join(out, ("zero" if s == "zero1" else s) + "-dry-run.json"))}
+           for s in stages}
+    text = ("\n## sharded training (two GPUs): step median ms, and ratios to DDP bucketed 25 MB\n\n| model | ctx | DDP | "
+            + " | ".join(NAMES[s] for s in stages) + " | PyTorch FSDP2 | " + " | ".join(f"{NAMES[s]} / DDP" for s in stages)
+            + " | FSDP2 / lmscope's fastest ZeRO |\n|---|---:|" + "---:|" * (2 * len(stages) + 3) + "\n")
+    for c in cells:
+        ddp = two.get((c, "ddpbucketedbucketmb25"))
+        base = median(ddp) if ddp else None
+        steps = {s: median(two[(c, s)]) if (c, s) in two else None for s in stages}
+        fsdp = pt.get((c, "fsdp2"), (None, None))[0]
+        ours = [v for v in steps.values() if v is not None]
+        text += (f"| {c[0]} | {c[1]} | {fmt(base)} | " + " | ".join(fmt(steps[s]) for s in stages) + f" | {fmt(fsdp)} | "
+                 + " | ".join(fmt(steps[s] / base if steps[s] and base else None) for s in stages)
+                 + f" | {fmt(fsdp / min(ours) if fsdp and ours else None)} |\n")
+    text += ("\n## sharded training: per-rank peak GiB, measured / dry run (bytes apart)\n\n| model | ctx | "
+             + " | ".join(NAMES[s] for s in stages) + " | PyTorch FSDP2 |\n|---|---:|" + "---|" * len(stages) + "---:|\n")
+    for c in cells:
+        parts = []
+        for s in stages:
+            r, d = two.get((c, s)), dry[s].get(c)
+            got = r["peak_bytes"] if r and median(r) is not None else None
+            parts.append(f"{fmt(got / GiB if got else None, '.4g')} / {fmt(d / GiB if d else None, '.4g')} "
+                         f"({got - d if got is not None and d is not None else '-'})")
+        text += f"| {c[0]} | {c[1]} | " + " | ".join(parts) + f" | {fmt(pt.get((c, 'fsdp2'), (None, None))[1])} |\n"
+    return text
 
 
 if __name__ == "__main__":

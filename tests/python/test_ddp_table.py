@@ -1,8 +1,9 @@
 """tools/ddp_table.py over what scripts/gpu_multi_check.sh leaves, made here on the CPU (two Gloo
-ranks of a tiny model: one process with graphs off and on, three of the --ddp variants and --zero 1,
-the dry run of a ZeRO-1 rank, lmscope allreduce) beside PyTorch rows written here: every cell a row,
-the ratios from the medians, ZeRO-1's measured peak equal to the dry run's (0 bytes apart: the CPU's
-allocator is the one the dry run replays), and its bad inputs (bench_ddp.py's too). LMSCOPE names the built program."""
+ranks of a tiny model: one process with graphs off and on, two of the --ddp variants and --zero 1, 2
+and 3, the dry run of each ZeRO stage's rank, lmscope allreduce) beside PyTorch rows written here
+(FSDP2's among them): every cell a row, the ratios from the medians, each stage's measured peak equal
+to the dry run's (0 bytes apart: the CPU's allocator is the one the dry run replays), and its bad
+inputs (bench_ddp.py's too). LMSCOPE names the built program."""
 import glob
 import json
 import os
@@ -29,10 +30,12 @@ def main():
         bench = ["bench", *TINY, "--warmup", "1", "--steps", "3"]
         lmscope(*bench, "--batch", "4", "--graphs", "off,on", "--out", path("ddp-one-gpu.json"))
         for par, tag in ((["--ddp", "naive"], "ddpnaive"), (["--ddp", "bucketed", "--bucket-mb", "25"],
-                                                             "ddpbucketedbucketmb25"), (["--zero", "1"], "zero1")):
+                                                             "ddpbucketedbucketmb25"), (["--zero", "1"], "zero1"),
+                         (["--zero", "2"], "zero2"), (["--zero", "3"], "zero3")):
             lmscope("launch", "--nproc", "2", "--", *bench, "--batch", "8", *par, "--out", path(f"ddp-{tag}.json"))
-        lmscope("memory", "--dry-run", *TINY, "--batch", "8", "--world-size", "2", "--zero", "1", "--out",
-                path("zero-dry-run.json"))
+        for stage, name in (("1", "zero"), ("2", "zero2"), ("3", "zero3")):
+            lmscope("memory", "--dry-run", *TINY, "--batch", "8", "--world-size", "2", "--zero", stage, "--out",
+                    path(f"{name}-dry-run.json"))
         lmscope("launch", "--nproc", "2", "--", "allreduce", "--device", "cpu", "--sizes", "1MB", "--iters", "3",
                 "--format", "json", "--out", path("allreduce-lmscope.json"))
         with open(path("allreduce-pytorch.md"), "w") as f:
@@ -42,7 +45,8 @@ def main():
             f.write("| framework | model | ranks | variant | bucket MB | batch per rank | ctx | step median ms | "
                     "step std ms | peak GiB per rank | status |\n|---|---|---:|---|---:|---:|---:|---:|---:|---:|---|\n"
                     "| PyTorch 2.11 | custom(d64,ff128,L2,h2) | 2 | ddp | 25 | 4 | 32 | 1000.00 | 1 | 1.50 | ok |\n"
-                    "| PyTorch 2.11 | custom(d64,ff128,L2,h2) | 2 | zero1 | 25 | 4 | 32 | - | - | - | OOM |\n")
+                    "| PyTorch 2.11 | custom(d64,ff128,L2,h2) | 2 | zero1 | 25 | 4 | 32 | - | - | - | OOM |\n"
+                    "| PyTorch 2.11 | custom(d64,ff128,L2,h2) | 2 | fsdp2 | 25 | 4 | 32 | 2000.00 | 1 | 1.25 | ok |\n")
         table = run(TOOL, out)
         check(table.returncode == 0, f"exits 0 ({table.stderr})")
         text = table.stdout
@@ -76,6 +80,27 @@ def main():
         for line in memory:
             cells = [c.strip() for c in line.strip("|").split("|")]
             check(cells[3] == cells[4] and cells[5] == "0", f"ZeRO-1 measured = dry run: {cells}")
+
+        # The sharded-training tables: ZeRO's stages over DDP from the files, FSDP2 over the fastest
+        # stage, each stage's measured peak beside its dry run's.
+        sharded = text[text.index("## sharded training (two GPUs)"):]
+        steps_of = {}
+        for tag in ("ddpbucketedbucketmb25", "zero1", "zero2", "zero3"):
+            with open(path(f"ddp-{tag}.json")) as f:
+                steps_of[tag] = {r["ctx"]: r["ms"]["step"]["median"] for r in json.load(f)}
+        cells = [c.strip() for c in
+                 next(line for line in sharded.splitlines() if line.startswith("| custom(d64,ff128,L2,h2) | 32 |"))
+                 .strip("|").split("|")]
+        check(cells[2] == f"{steps_of['ddpbucketedbucketmb25'][32]:.2f}" and cells[6] == "2000.00", f"steps: {cells}")
+        check(cells[9] == f"{steps_of['zero3'][32] / steps_of['ddpbucketedbucketmb25'][32]:.2f}", f"ZeRO-3 / DDP: {cells}")
+        fastest = min(steps_of[z][32] for z in ("zero1", "zero2", "zero3"))
+        check(cells[10] == f"{2000 / fastest:.2f}", f"FSDP2 over the fastest stage: {cells}")
+        peaks = [line for line in sharded[sharded.index("per-rank peak"):].splitlines() if line.startswith("| custom")]
+        check(len(peaks) == 2, f"two peak rows: {peaks}")
+        for line in peaks:
+            cells = [c.strip() for c in line.strip("|").split("|")]
+            check(all(c.endswith("(0)") for c in cells[2:5]), f"every stage's peak = its dry run: {cells}")
+        check(peaks[0].endswith("| 1.25 |"), f"FSDP2's peak: {peaks[0]}")
 
         empty = os.path.join(out, "empty")
         os.mkdir(empty)

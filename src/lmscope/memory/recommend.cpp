@@ -28,9 +28,9 @@ Recommendation recommend(const RecommendSpec& spec) {
     if (c.graphs && c.device == "cuda" && !c.parallel.data) copies.insert(copies.begin(), WeightCopies::resident);
     copies.push_back(WeightCopies::transient);
   }
-  // Data parallelism: the ZeRO stages from the cell's up to 2, each sharding more (ZeRO-1 the
-  // optimizer's state, ZeRO-2 the gradients too) for communication that lies less well beside the
-  // compute; stage 0 is the cell's DDP exchange.
+  // Data parallelism: the ZeRO stages from the cell's up to the highest built, each sharding more
+  // (ZeRO-1 the optimizer's state, ZeRO-2 the gradients too, ZeRO-3 the parameters as well) for
+  // communication that lies less well beside the compute; stage 0 is the cell's DDP exchange.
   std::vector<int> stages{c.parallel.data ? c.parallel.data->zero : 0};
   if (c.parallel.data)
     for (int z = stages.front() + 1; z <= parallel::kMaxZeroStage; ++z) stages.push_back(z);

@@ -4,11 +4,12 @@
 // The ways are the recompute modes (none, selective, full), times where the bf16 weight copies live
 // under mixed precision (resident: refreshed in place by AdamW, tried only under device graphs, where
 // the forward would cast kept ones; kept; or transient: cast per layer where used), times the ways of
-// splitting the step's sequences into micro-batches (1, 2, 4, ... of them, --grad-accum). Dry runs
-// say which fit. Recomputing more, copies kept rather than resident or transient rather than kept,
+// splitting the step's sequences into micro-batches (1, 2, 4, ... of them, --grad-accum), and, over
+// ranks, times the ZeRO stages from the cell's up (docs/sharding.md). Dry runs say which fit.
+// Recomputing more, copies kept rather than resident or transient rather than kept, a higher stage
 // and splitting finer each only add work, so a way is a candidate only where it fits and no candidate
-// found before it (a coarser split, or this split with copies of less work) is cheaper or equal on
-// both other counts. What the candidates then cost
+// found before it (a coarser split, or this split with a lower stage or copies of less work) is
+// cheaper or equal on every other count. What the candidates then cost
 // depends on the shape (docs/memory.md: two micro-batches cost 23% at 2.7B ctx 256 and 6% at ctx
 // 1024, full recompute 16% and 26%), so with `measure` each runs for real and the fastest is named;
 // without, the coarsest split with the least recomputation is named and the table says the choice

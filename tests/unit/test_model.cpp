@@ -261,6 +261,31 @@ TEST(Model, SweepsKeepInitialWeightsOnlyBetweenCellsOfOneModelOnAGpu) {
   EXPECT_FALSE(keeps_initial_weights(a, b));
 }
 
+TEST(Model, AGradientShardFindsEachPieceInThePartThatHoldsIt) {
+  // ZeRO-2 and 3 add a part per bucket as the bucket becomes final, not in the shard's order.
+  auto be = make_cpu_backend();
+  auto part = [&](std::int64_t n, double first) {
+    Allocation a = be->allocator().allocate({n}, DType::f32, {MemKind::gradient, "part", -1});
+    std::vector<double> v(static_cast<std::size_t>(n));
+    for (std::size_t i = 0; i < v.size(); ++i) v[i] = first + static_cast<double>(i);
+    upload(*be, a, v);
+    return a;
+  };
+  GradientShard shard;
+  shard.add(10, part(5, 100));  // elements 10-14
+  shard.add(0, part(4, 0));     // 0-3
+  shard.add(4, part(6, 40));    // 4-9
+  ASSERT_EQ(shard.parts().size(), 3u);
+  EXPECT_EQ(shard.parts()[0].numel(), 4);  // in the shard's order
+  EXPECT_EQ(download(*be, shard.rows(5, 3)), (std::vector<double>{41, 42, 43}));
+  EXPECT_EQ(download(*be, shard.rows(12, 3)), (std::vector<double>{102, 103, 104}));
+  EXPECT_EQ(download(*be, shard.rows(0, 4)), (std::vector<double>{0, 1, 2, 3}));
+  EXPECT_THROW(shard.add(8, part(3, 0)), std::exception);  // overlaps 4-9
+  EXPECT_THROW(shard.rows(8, 4), std::exception);          // crosses from one part into the next
+  shard.add(15, part(1, 7));
+  EXPECT_EQ(download(*be, shard.rows(15, 1)), (std::vector<double>{7}));
+}
+
 TEST(Model, CosineScheduleFollowsTheFormula) {
   LrSchedule s{.cosine = true, .lr_max = 1.0, .lr_min = 0.1, .warmup_iters = 10, .cosine_iters = 110};
   EXPECT_DOUBLE_EQ(s.at(0), 0.0);

@@ -165,7 +165,11 @@ Tensor GradientShard::rows(std::int64_t shard_offset, std::int64_t length) const
   const auto after = std::upper_bound(offsets_.begin(), offsets_.end(), shard_offset);
   LMSCOPE_CHECK(after != offsets_.begin(), "shard offset {} before the first part", shard_offset);
   const std::size_t k = static_cast<std::size_t>(after - offsets_.begin()) - 1;
-  return parts_[k].tensor().rows(shard_offset - offsets_[k], length);  // rows() checks it stays inside
+  const Tensor part = parts_[k].tensor();
+  LMSCOPE_CHECK(length >= 0 && shard_offset - offsets_[k] + length <= part.numel(),
+                "shard elements {}-{} cross the end of the part at {}", shard_offset, shard_offset + length,
+                offsets_[k]);
+  return part.rows(shard_offset - offsets_[k], length);
 }
 
 std::vector<Tensor> GradientShard::parts() const {

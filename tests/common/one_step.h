@@ -68,6 +68,25 @@ class MicroBatchSlices : public BatchSource {
 };
 
 // The precision whose compute dtype is `compute` (none: the masters', fp32).
+// The model's forward and backward over `micro_batches` micro-batches, each the same batch of B
+// sequences of T tokens drawn below `vocab` (seed 5): the sum of their losses, the gradients
+// accumulated in the model. The hook tests run it with hooks and without.
+inline double backward_over_micro_batches(Transformer& model, int micro_batches, std::int64_t B, std::int64_t T,
+                                          std::int64_t vocab) {
+  std::vector<std::int32_t> ids(static_cast<std::size_t>(B * T)), targets(ids.size());
+  Rng rng(5);
+  for (auto& t : ids) t = static_cast<std::int32_t>(rng.below(vocab));
+  for (auto& t : targets) t = static_cast<std::int32_t>(rng.below(vocab));
+  double loss = 0;
+  for (int k = 0; k < micro_batches; ++k) {
+    model.set_batch(B, T, ids.data(), targets.data());
+    model.forward();
+    model.backward({k, micro_batches});
+    loss += model.read_loss();
+  }
+  return loss;
+}
+
 inline std::string precision_of(std::optional<DType> compute) {
   if (compute == DType::bf16) return "bf16";
   if (compute == DType::f16) return "fp16";

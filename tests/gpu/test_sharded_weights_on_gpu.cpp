@@ -80,18 +80,7 @@ std::tuple<double, std::vector<std::vector<double>>> step(Backend& be, const Cas
     hooks.emplace(be, model);
     model.set_hooks(&*hooks);
   }
-  const std::int64_t B = 2, T = 64;
-  std::vector<std::int32_t> ids(B * T), targets(B * T);
-  Rng rng(5);
-  for (auto& t : ids) t = static_cast<std::int32_t>(rng.below(503));
-  for (auto& t : targets) t = static_cast<std::int32_t>(rng.below(503));
-  double loss = 0;
-  for (int k = 0; k < c.micro_batches; ++k) {
-    model.set_batch(B, T, ids.data(), targets.data());
-    model.forward();
-    model.backward({k, c.micro_batches});
-    loss += model.read_loss();
-  }
+  const double loss = backward_over_micro_batches(model, c.micro_batches, 2, 64, gpu_model().vocab);
   std::vector<std::vector<double>> grads;
   for (Parameter& p : model.parameters()) grads.push_back(download(be, p.grad));
   if (gathered) {

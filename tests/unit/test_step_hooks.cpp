@@ -77,18 +77,7 @@ std::tuple<double, std::vector<std::vector<float>>, std::map<std::size_t, int>> 
     model.set_hooks(&hooks);
     hooks.hide_all();
   }
-  const std::int64_t B = 2, T = 8;
-  std::vector<std::int32_t> ids(B * T), targets(B * T);
-  Rng rng(5);
-  for (auto& t : ids) t = static_cast<std::int32_t>(rng.below(37));
-  for (auto& t : targets) t = static_cast<std::int32_t>(rng.below(37));
-  double loss = 0;
-  for (int k = 0; k < c.micro_batches; ++k) {
-    model.set_batch(B, T, ids.data(), targets.data());
-    model.forward();
-    model.backward({k, c.micro_batches});
-    loss += model.read_loss();
-  }
+  const double loss = test::backward_over_micro_batches(model, c.micro_batches, 2, 8, 37);
   std::vector<std::vector<float>> grads;
   for (Parameter& p : model.parameters()) grads.push_back(test::host_floats(be, p.grad));
   EXPECT_TRUE(hooks.balanced());

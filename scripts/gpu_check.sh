@@ -87,6 +87,19 @@ if [[ "${1:-}" == "--training" ]]; then
   done
 fi
 
+# --python: the Python package installed into PyTorch's venv with the README's command, its tests on
+# the GPU (the attention Function in bf16, fp16 and fp32 against PyTorch's), and the Function's speed
+# beside `lmscope attention` and SDPA (tools/attention_through_pytorch.py).
+if [[ "${1:-}" == "--python" ]]; then
+  LMSCOPE_BUILD_DIR=$B scripts/install_python.sh "$PY" >"$OUT/install-python.log" 2>&1
+  echo "== install into $PY: exit $?"; tail -2 "$OUT/install-python.log"
+  LMSCOPE="$PWD/$B/lmscope" $PY -m pytest -q -p no:cacheprovider tests/package >"$OUT/package-tests.log" 2>&1
+  echo "== package tests: exit $?"; tail -3 "$OUT/package-tests.log"
+  $PY tools/attention_through_pytorch.py --lmscope "$B/lmscope" --out "$OUT/attention-through-pytorch.json" \
+    >"$OUT/attention-through-pytorch.md" 2>"$OUT/attention-through-pytorch.log"
+  echo "== attention through PyTorch: exit $?"; cat "$OUT/attention-through-pytorch.md"; tail -3 "$OUT/attention-through-pytorch.log"
+fi
+
 # --data-parallel: the data-parallel tests through NCCL (a world of one on one GPU: every --ddp mode
 # gives the bits of the run without it; two ranks where there are two GPUs), the all-reduce benchmark,
 # and bench with each --ddp mode, --zero 1 and --zero 2 on the ranks there are (lmscope launch, one per GPU).

@@ -12,7 +12,7 @@ NCCL=/opt/torch/.venv/lib/python3.12/site-packages/nvidia/nccl
 B=${LMSCOPE_BUILD_DIR:-build-gpu}
 if [[ -z "${LMSCOPE_BUILD_DIR:-}" ]]; then
   cmake -S . -B build-gpu -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES="90a;80" \
-    -DLMSCOPE_NCCL_ROOT="$NCCL" >"$OUT/configure.log" 2>&1 \
+    -DLMSCOPE_NCCL_ROOT="$NCCL" -DLMSCOPE_PYTHON="$PY" >"$OUT/configure.log" 2>&1 \
     || { tail -30 "$OUT/configure.log"; exit 1; }
   cmake --build build-gpu -j 16 >"$OUT/build.log" 2>&1 || { grep -E "error" -A5 "$OUT/build.log" | head -60; exit 1; }
   echo "== build ok"

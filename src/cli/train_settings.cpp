@@ -123,13 +123,7 @@ ModelConfig checkpoint_model(const nlohmann::json& saved, const std::string& dir
   }
 }
 
-void TrainSettings::add_to(CLI::App& app) {
-  app.add_option("--data", data, "Token file: raw uint16 (.bin) or .npy (uint16/int32/int64)");
-  app.add_option("--init", init, "Start from these weights (safetensors, PyTorch names)");
-  app.add_option("--save", save, "Write the trained weights here (safetensors)");
-  app.add_option("--steps", steps, "Optimizer steps (in all, counting those before a --resume)");
-  app.add_option("--batch", batch, "Sequences per micro-batch")->capture_default_str();
-  app.add_option("--ctx", ctx, "Tokens per sequence")->capture_default_str();
+void add_optimizer_flags(CLI::App& app, OptimizerConfig& optimizer, LrSchedule& schedule, std::string& lr_schedule) {
   app.add_option("--lr", optimizer.lr, "Learning rate (the maximum, with cosine)")->capture_default_str();
   app.add_option("--lr-schedule", lr_schedule, "constant or cosine")->capture_default_str();
   app.add_option("--warmup-iters", schedule.warmup_iters, "Cosine schedule: linear warm-up iterations")
@@ -147,6 +141,28 @@ void TrainSettings::add_to(CLI::App& app) {
   app.add_option("--loss-scale-interval", optimizer.loss_scaling.interval,
                  "fp16: steps in a row without overflow before the loss scale doubles")
       ->capture_default_str();
+}
+
+void settle_optimizer(OptimizerConfig& optimizer, LrSchedule& schedule, const std::string& lr_schedule,
+                      std::int64_t steps) {
+  if (lr_schedule != "constant" && lr_schedule != "cosine")
+    user_error("unknown --lr-schedule '{}' (use constant or cosine)", lr_schedule);
+  schedule.cosine = lr_schedule == "cosine";
+  schedule.lr_max = optimizer.lr;
+  if (schedule.cosine && schedule.cosine_iters == 0) schedule.cosine_iters = steps;
+  schedule.validate();
+  optimizer.validate();
+  optimizer.skip_nonfinite = true;
+}
+
+void TrainSettings::add_to(CLI::App& app) {
+  app.add_option("--data", data, "Token file: raw uint16 (.bin) or .npy (uint16/int32/int64)");
+  app.add_option("--init", init, "Start from these weights (safetensors, PyTorch names)");
+  app.add_option("--save", save, "Write the trained weights here (safetensors)");
+  app.add_option("--steps", steps, "Optimizer steps (in all, counting those before a --resume)");
+  app.add_option("--batch", batch, "Sequences per micro-batch")->capture_default_str();
+  app.add_option("--ctx", ctx, "Tokens per sequence")->capture_default_str();
+  add_optimizer_flags(app, optimizer, schedule, lr_schedule);
   app.add_option("--seed", seed, "Seed for initialisation and random batches")->capture_default_str();
   app.add_option("--sample", sample, "random (seeded offsets) or sequential (row b of step s at (s·B+b)·ctx)")
       ->capture_default_str();
@@ -206,8 +222,6 @@ void TrainSettings::validate(const CLI::App& app) {
   if (trace_steps <= 0) user_error("--trace-steps must be positive, got {}", trace_steps);
   if (sample != "random" && sample != "sequential")
     user_error("unknown --sample '{}' (use random or sequential)", sample);
-  if (lr_schedule != "constant" && lr_schedule != "cosine")
-    user_error("unknown --lr-schedule '{}' (use constant or cosine)", lr_schedule);
   check_precision(precision);
   parse_attention(attention);
   parse_recompute(recompute);
@@ -237,12 +251,7 @@ void TrainSettings::validate(const CLI::App& app) {
   if (app.count("--eval-every") > 0 && eval_every <= 0) user_error("--eval-every must be positive, got {}", eval_every);
   if (eval_batches <= 0) user_error("--eval-batches must be positive, got {}", eval_batches);
   if (device.empty()) device = default_device();
-  schedule.cosine = lr_schedule == "cosine";
-  schedule.lr_max = optimizer.lr;
-  if (schedule.cosine && schedule.cosine_iters == 0) schedule.cosine_iters = steps;
-  schedule.validate();
-  optimizer.validate();
-  optimizer.skip_nonfinite = true;
+  settle_optimizer(optimizer, schedule, lr_schedule, steps);
 }
 
 void TrainSettings::prepare_outputs(bool resumed) const {

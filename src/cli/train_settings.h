@@ -20,6 +20,16 @@
 
 namespace lmscope::cli {
 
+// The optimizer's and its schedule's flags (--lr, --lr-schedule, --warmup-iters, --cosine-iters,
+// --min-lr, --beta1, --beta2, --eps, --weight-decay, --clip, --loss-scale, --loss-scale-interval):
+// train's, and the Python package's RunSpec's.
+void add_optimizer_flags(CLI::App& app, OptimizerConfig& optimizer, LrSchedule& schedule, std::string& lr_schedule);
+// What follows from them, checked (UserError): the schedule from --lr-schedule, a cosine one without
+// --cosine-iters reaching --min-lr at the run's last step; and a step whose gradients are not finite
+// is skipped, not applied.
+void settle_optimizer(OptimizerConfig& optimizer, LrSchedule& schedule, const std::string& lr_schedule,
+                      std::int64_t steps);
+
 struct TrainSettings {
   ModelConfig model;  // set by the command from its model flags (or the checkpoint)
   std::string data, val_data, init, save, log, checkpoint_dir, resume;

@@ -9,6 +9,7 @@
 #include <cerrno>
 #include <charconv>
 #include <cstring>
+#include <utility>
 
 namespace lmscope {
 namespace {
@@ -88,6 +89,7 @@ TokenData::TokenData(const std::string& path) : path_(path) {
   ::close(fd);
   if (m == MAP_FAILED) user_error("cannot map token file '{}': {}", path, std::strerror(errno));
   map_ = static_cast<const unsigned char*>(m);
+  mapped_ = true;
   try {
     if (map_size_ >= 6 && std::memcmp(map_, "\x93NUMPY", 6) == 0) {
       offset_ = parse_npy(path, map_, map_size_, elem_size_, count_);
@@ -102,8 +104,15 @@ TokenData::TokenData(const std::string& path) : path_(path) {
   }
 }
 
+TokenData::TokenData(const void* ids, std::int64_t count, int elem_size, std::string name)
+    : path_(std::move(name)), map_(static_cast<const unsigned char*>(ids)), elem_size_(elem_size), count_(count) {
+  if (elem_size != 2 && elem_size != 4 && elem_size != 8)
+    user_error("{} holds ids of {} bytes; token ids are uint16, int32 or int64", path_, elem_size);
+  if (count <= 0) user_error("{} holds no tokens", path_);
+}
+
 TokenData::~TokenData() {
-  if (map_) ::munmap(const_cast<unsigned char*>(map_), map_size_);
+  if (mapped_) ::munmap(const_cast<unsigned char*>(map_), map_size_);
 }
 
 std::int64_t TokenData::at(std::int64_t i) const {

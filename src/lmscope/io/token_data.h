@@ -12,6 +12,9 @@ namespace lmscope {
 class TokenData {
  public:
   explicit TokenData(const std::string& path);  // throws UserError on unreadable or malformed files
+  // Ids the caller holds in memory (a NumPy array), read in place, never copied: the caller keeps them
+  // alive. elem_size: 2 (uint16), 4 (int32) or 8 (int64); `name` stands for the path in messages.
+  TokenData(const void* ids, std::int64_t count, int elem_size, std::string name);
   ~TokenData();
   TokenData(const TokenData&) = delete;
   TokenData& operator=(const TokenData&) = delete;
@@ -26,7 +29,8 @@ class TokenData {
   std::string path_;
   const unsigned char* map_ = nullptr;
   std::size_t map_size_ = 0, offset_ = 0;
-  int elem_size_ = 2;  // 2: uint16, 4: int32, 8: int64
+  bool mapped_ = false;  // map_ is a mapping of the file (else the caller's memory)
+  int elem_size_ = 2;    // 2: uint16, 4: int32, 8: int64
   std::int64_t count_ = 0;
 };
 

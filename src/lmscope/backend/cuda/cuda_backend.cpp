@@ -60,7 +60,7 @@ class CudaBackend final : public Backend {
  public:
   CudaBackend(const Device& device, GemmMath math) : device_(device), alloc_(device.index()) {
     const auto on = here();
-    stream_ = cuda::take_stream();
+    stream_ = own_stream_ = cuda::take_stream();
     gemm_ = std::make_unique<cuda::Gemm>(math, stream_, alloc_);
     graphs_ = std::make_unique<cuda::GraphCache>(stream_, alloc_);
     alloc_.on_segment_free([this] { graphs_->drop_all(); });
@@ -81,12 +81,22 @@ class CudaBackend final : public Backend {
     norm_sum_.reset();
     rope_tables_ = {};
     for (cudaEvent_t e : events_) cudaEventDestroy(e);
-    cuda::give_back_stream(stream_);  // synchronised above
+    cuda::give_back_stream(own_stream_);
   }
 
   std::string name() const override { return alloc_.device_name(); }
   Allocator& allocator() override { return alloc_; }
   void* cuda_stream() const override { return stream_; }
+  void run_on_stream(void* stream) override {
+    const auto on = here();
+    cudaStream_t next = stream != nullptr ? static_cast<cudaStream_t>(stream) : own_stream_;
+    if (next == stream_) return;
+    LMSCOPE_CHECK(!graphs_->active(), "a change of stream inside a device graph");
+    LMSCOPE_CUDA_CHECK(cudaStreamSynchronize(stream_));
+    stream_ = next;
+    gemm_->set_stream(next);
+    graphs_->set_stream(next);
+  }
   void synchronize() override {
     const auto on = here();
     LMSCOPE_CHECK(!graphs_->active(), "a wait for the device inside a device graph");
@@ -501,7 +511,8 @@ class CudaBackend final : public Backend {
   const FlashKernelFacts& flash_facts() const { return device_.facts().flash; }
   Device device_;
   CudaAllocator alloc_;
-  cudaStream_t stream_ = nullptr;
+  cudaStream_t stream_ = nullptr;      // where the ops run: own_stream_, or a caller's (run_on_stream)
+  cudaStream_t own_stream_ = nullptr;  // the backend's, from the pool
   std::unique_ptr<cuda::Gemm> gemm_;
   std::unique_ptr<cuda::GraphCache> graphs_;
   Allocation norm_sum_;

@@ -39,6 +39,7 @@ class Gemm {
   void run(const GemmArgs& g);
   // SMs that collectives may hold beside the GEMMs from now on (0: none; see above).
   void set_held_sms(int sms) { held_sms_ = sms; }
+  void set_stream(cudaStream_t stream) { stream_ = stream; }
 
  private:
   struct Plan {

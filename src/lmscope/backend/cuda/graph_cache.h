@@ -34,6 +34,8 @@ class GraphCache {
   // point into goes back to the driver.
   void drop_all();
   Backend::GraphCounts counts() const { return counts_; }
+  // Where recordings and replays run from now on (not inside one).
+  void set_stream(cudaStream_t stream) { stream_ = stream; }
 
   // `op` names the op (a string literal: its address is stable); the rest are its arguments:
   // tensors (address, size and type), pointers, numbers.

@@ -122,9 +122,11 @@ class Backend {
   // GPUs order themselves after it.
   virtual void* cuda_stream() const { return nullptr; }
   // From now on the ops run on `stream`, a cudaStream_t the caller owns (a PyTorch caller's current
-  // stream), or on the backend's own again for nullptr. The work queued before is waited for first, so
-  // memory the backend freed and hands out again stays in order. Nothing where there are no streams.
+  // stream; nullptr is CUDA's default stream), until run_on_own_stream. The work queued before is
+  // waited for first, so memory the backend freed and hands out again stays in order. Nothing where
+  // there are no streams.
   virtual void run_on_stream(void* /*stream*/) {}
+  virtual void run_on_own_stream() {}
   // The device's memory as its driver reports it, after a synchronize; none where there is no such
   // report (the CPU, the dry run).
   virtual std::optional<DeviceMemory> device_memory() { return std::nullopt; }

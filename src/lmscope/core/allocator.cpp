@@ -4,9 +4,10 @@
 #include <sys/mman.h>
 
 #include <algorithm>
+#include <charconv>
 #include <cstdlib>
 #include <fstream>
-#include <sstream>
+#include <string_view>
 
 namespace lmscope {
 
@@ -324,14 +325,17 @@ void Allocator::throw_oom(std::size_t bytes, const AllocTag& tag, const Shape& s
 }
 
 std::size_t host_available_memory() {
+  // Read without the C++ locale (a host process, such as Python's, may have set one of its own).
   std::ifstream f("/proc/meminfo");
   std::string line;
+  constexpr std::string_view kKey = "MemAvailable:";
   while (std::getline(f, line)) {
-    std::istringstream is(line);
-    std::string key;
+    if (!line.starts_with(kKey)) continue;
+    const char* p = line.data() + kKey.size();
+    const char* end = line.data() + line.size();
+    while (p < end && *p == ' ') ++p;
     std::size_t kib = 0;
-    is >> key >> kib;
-    if (key == "MemAvailable:") return kib * 1024;
+    if (std::from_chars(p, end, kib).ec == std::errc() && kib > 0) return kib * 1024;
   }
   return std::size_t(1) << 40;  // unknown: do not invent a limit
 }

@@ -87,16 +87,8 @@ class CudaBackend final : public Backend {
   std::string name() const override { return alloc_.device_name(); }
   Allocator& allocator() override { return alloc_; }
   void* cuda_stream() const override { return stream_; }
-  void run_on_stream(void* stream) override {
-    const auto on = here();
-    cudaStream_t next = stream != nullptr ? static_cast<cudaStream_t>(stream) : own_stream_;
-    if (next == stream_) return;
-    LMSCOPE_CHECK(!graphs_->active(), "a change of stream inside a device graph");
-    LMSCOPE_CUDA_CHECK(cudaStreamSynchronize(stream_));
-    stream_ = next;
-    gemm_->set_stream(next);
-    graphs_->set_stream(next);
-  }
+  void run_on_stream(void* stream) override { switch_stream(static_cast<cudaStream_t>(stream)); }
+  void run_on_own_stream() override { switch_stream(own_stream_); }
   void synchronize() override {
     const auto on = here();
     LMSCOPE_CHECK(!graphs_->active(), "a wait for the device inside a device graph");
@@ -511,6 +503,16 @@ class CudaBackend final : public Backend {
   const FlashKernelFacts& flash_facts() const { return device_.facts().flash; }
   Device device_;
   CudaAllocator alloc_;
+  void switch_stream(cudaStream_t next) {
+    const auto on = here();
+    if (next == stream_) return;
+    LMSCOPE_CHECK(!graphs_->active(), "a change of stream inside a device graph");
+    LMSCOPE_CUDA_CHECK(cudaStreamSynchronize(stream_));
+    stream_ = next;
+    gemm_->set_stream(next);
+    graphs_->set_stream(next);
+  }
+
   cudaStream_t stream_ = nullptr;      // where the ops run: own_stream_, or a caller's (run_on_stream)
   cudaStream_t own_stream_ = nullptr;  // the backend's, from the pool
   std::unique_ptr<cuda::Gemm> gemm_;

@@ -3,6 +3,7 @@
     from lmscope.torch import FlashAttention2, flash_attention
     o = FlashAttention2.apply(q, k, v, True)          # q, k, v: (batch, n, d) or (batch, heads, n, d)
     o = flash_attention(q, k, v, is_causal=True)      # the same, with keywords
+    o = flash_attn_func(q, k, v, causal=True)         # the flash-attn package's: (batch, n, heads, d)
 
 The tensors pass to lmscope's kernels and back through DLPack without copies (a tensor that is not
 contiguous is made so first), and the kernels run on the caller's current CUDA stream. Among the
@@ -105,4 +106,19 @@ def flash_attention(q, k, v, is_causal=False, scale=None, deterministic=False):
     return FlashAttention2.apply(q, k, v, is_causal, scale, deterministic)
 
 
-__all__ = ["FlashAttention2", "flash_attention"]
+def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False, deterministic=False):
+    """The flash-attn package's interface: q, k, v of shape (batch, seqlen, nheads, headdim), the output
+    likewise. lmscope's kernels take each head's rows together, so the tensors are transposed to (batch,
+    nheads, seqlen, headdim) and back (copies, which flash_attention on that layout does not make).
+    Dropout is not there: dropout_p must be 0."""
+    if dropout_p != 0.0:
+        raise ValueError(f"flash_attn_func: lmscope's kernels have no dropout, and dropout_p is {dropout_p}")
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        if not isinstance(t, torch.Tensor) or t.dim() != 4:
+            raise ValueError(f"flash_attn_func takes (batch, seqlen, nheads, headdim) tensors; {name} is not one")
+    o = FlashAttention2.apply(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), causal, softmax_scale,
+                              deterministic)
+    return o.transpose(1, 2)
+
+
+__all__ = ["FlashAttention2", "flash_attention", "flash_attn_func"]

@@ -6,7 +6,7 @@ import math
 import pytest
 
 torch = pytest.importorskip("torch")
-from lmscope.torch import FlashAttention2, flash_attention  # noqa: E402
+from lmscope.torch import FlashAttention2, flash_attention, flash_attn_func  # noqa: E402
 
 import lmscope  # noqa: E402
 
@@ -78,6 +78,19 @@ def test_keywords_scale_and_module_use():
     o = flash_attention(q, k, v, is_causal=True, scale=0.5)
     s = (q @ k.transpose(-1, -2) * 0.5).masked_fill(torch.ones(16, 16).triu(1).bool(), float("-inf"))
     assert (o - torch.softmax(s, -1) @ v).abs().max().item() < 1e-5
+
+
+def test_flash_attn_funcs_layout():
+    q, k, v = inputs((2, 21, 3, 8), (2, 21, 3, 8), torch.float32, "cpu")  # (batch, seqlen, nheads, headdim)
+    o = flash_attn_func(q, k, v, causal=True)
+    o.sum().backward()
+    qt, kt, vt = (t.detach().transpose(1, 2).double().requires_grad_() for t in (q, k, v))
+    o_ref, _ = reference(qt, kt, vt, True)
+    o_ref.sum().backward()
+    assert (o.double() - o_ref.transpose(1, 2)).abs().max().item() < 1e-5
+    assert (q.grad.double() - qt.grad.transpose(1, 2)).abs().max().item() < 1e-5
+    with pytest.raises(ValueError, match="no dropout"):
+        flash_attn_func(q, k, v, dropout_p=0.1)
 
 
 def test_shapes_and_dtypes_it_does_not_take_raise():

@@ -30,8 +30,7 @@ purelib = sysconfig.get_paths()["purelib"]
 print(purelib if os.access(purelib, os.W_OK) else site.getusersitepackages())
 PY
 )
-mkdir -p "$dest"
 rm -rf "$dest/lmscope"
-cp -r "$build/python/lmscope" "$dest/lmscope"
-rm -rf "$dest/lmscope/__pycache__"
+mkdir -p "$dest/lmscope"
+cp "$build/python/lmscope/"*.py "$build/python/lmscope/_lmscope$suffix" "$dest/lmscope/"  # this interpreter's only
 (cd / && "$python" -c 'import lmscope; print("lmscope installed for", __import__("sys").executable, "in", lmscope.__path__[0])')

@@ -22,7 +22,7 @@ COLOURS = ["#4C72B0", "#8172B2", "#C44E52", "#DD8452", "#937860", "#8C8C8C"]
 def main(out):
     spec = lmscope.RunSpec(model="2.7B", batch=4, precision="bf16")
     reports = [lmscope.dry_run(spec.replace(ctx=ctx)) for ctx in CONTEXTS]
-    budget = reports[0].row["device_memory"]["total_bytes"] / 2**30
+    budget = reports[0].budget_bytes / 2**30
 
     fig, ax = plt.subplots(figsize=(7.5, 4.5), dpi=120)
     bottoms = [0.0] * len(CONTEXTS)

@@ -25,7 +25,8 @@ class MemoryReport:
     by_kind: bytes held at the peak by kind (parameters, gradients, optimizer state, activations, ...);
     by_op: (op, bytes) of the activations held at the peak by the op that made them; largest: the
     largest buffers live at the peak; phase_peaks: each phase's peak; need_bytes: what the whole
-    device needs (its own overhead and the allocator's segments included), where known.
+    device needs (its own overhead and the allocator's segments included), where known; budget_bytes:
+    what the step must fit in (the device's memory, or the memory limit).
     """
 
     def __init__(self, row):
@@ -38,6 +39,7 @@ class MemoryReport:
         self.largest = list(row.get("largest_at_peak", []))
         self.phase_peaks = dict(row.get("phase_peak_bytes", {}))
         self.need_bytes = row.get("device_memory", {}).get("need_bytes")
+        self.budget_bytes = row.get("budget_bytes")
 
     @property
     def peak_gib(self):

@@ -33,8 +33,18 @@ def _capsule(t):
     return torch.utils.dlpack.to_dlpack(t)
 
 
+try:  # the current stream's handle without a torch.cuda.Stream made for it (a tenth of the host time)
+    from torch._C import _cuda_getCurrentRawStream as _raw_stream
+except ImportError:
+    _raw_stream = None
+
+
 def _stream(t):
-    return torch.cuda.current_stream(t.device).cuda_stream if t.is_cuda else 0
+    if not t.is_cuda:
+        return 0
+    if _raw_stream is not None:
+        return _raw_stream(t.device.index)
+    return torch.cuda.current_stream(t.device).cuda_stream
 
 
 def _check(q, k, v):
@@ -80,25 +90,26 @@ class FlashAttention2(torch.autograd.Function):
         scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else float(scale)
         q3, k3, v3 = _packed(q), _packed(k), _packed(v)
         out = torch.empty_like(q3)
-        lse_dtype = torch.float32 if q.is_cuda else q.dtype
-        lse = torch.empty(q3.shape[:2], dtype=lse_dtype, device=q.device)
+        lse = torch.empty(q3.shape[:2], dtype=torch.float32 if q.is_cuda else q.dtype, device=q.device)
         _lmscope.flash_attention_forward(_capsule(q3), _capsule(k3), _capsule(v3), _capsule(out), _capsule(lse),
                                          scale, bool(is_causal), _stream(q))
-        o = out.view(q.shape)
-        ctx.save_for_backward(q3.view(q.shape), k3.view(k.shape), v3.view(v.shape), o, lse.view(q.shape[:-1]))
+        # Kept packed for the backward, which hands them to the kernels as they are; L as (batch, n).
+        ctx.save_for_backward(q3, k3, v3, out, lse.view(q.shape[:-1]))
         ctx.scale, ctx.is_causal, ctx.deterministic = scale, bool(is_causal), bool(deterministic)
-        return o
+        ctx.shapes = q.shape, k.shape
+        return out.view(q.shape)
 
     @staticmethod
     @torch.autograd.function.once_differentiable
     def backward(ctx, do):
         q, k, v, o, lse = ctx.saved_tensors
+        q_shape, k_shape = ctx.shapes
         dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
         _lmscope.flash_attention_backward(
-            _capsule(_packed(q)), _capsule(_packed(k)), _capsule(_packed(v)), _capsule(_packed(o)),
-            _capsule(lse.reshape(-1, lse.shape[-1])), _capsule(_packed(do.to(q.dtype))), _capsule(_packed(dq)),
-            _capsule(_packed(dk)), _capsule(_packed(dv)), ctx.scale, ctx.is_causal, ctx.deterministic, _stream(q))
-        return dq, dk, dv, None, None, None
+            _capsule(q), _capsule(k), _capsule(v), _capsule(o), _capsule(lse.view(q.shape[:2])),
+            _capsule(_packed(do.to(q.dtype))), _capsule(dq), _capsule(dk), _capsule(dv), ctx.scale, ctx.is_causal,
+            ctx.deterministic, _stream(q))
+        return dq.view(q_shape), dk.view(k_shape), dv.view(k_shape), None, None, None
 
 
 def flash_attention(q, k, v, is_causal=False, scale=None, deterministic=False):

@@ -165,6 +165,9 @@ std::string json(const std::vector<MemoryRow>& rows) {
     nlohmann::ordered_json j = c.row();
     j["dry_run"] = r.spec.dry_run;
     j["device_name"] = r.device_name;
+    // What the step must fit in: the device's memory, or --memory-limit's (also where the device's
+    // own overhead is not known, as on GPUs other than the H100 in a dry run).
+    j["budget_bytes"] = device_limit(r);
     j["warmup"] = c.warmup;
     j["status"] = r.status;
     if (row.recorded) {

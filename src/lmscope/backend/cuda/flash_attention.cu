@@ -51,12 +51,18 @@
 namespace lmscope::cuda {
 namespace {
 
-// Raises a kernel's dynamic shared memory limit where a tile needs more than the default 48 KiB.
+// Raises a kernel's dynamic shared memory limit where a tile needs more than the default 48 KiB: once
+// per kernel, device and size, since the setting stays and costs microseconds of host time a launch
+// (attention called from PyTorch at seq 4096 waits on the host, not the GPU).
 template <typename Kernel>
 void allow_smem(Kernel kernel, int bytes) {
-  if (bytes > 48 * 1024)
+  if (bytes <= 48 * 1024) return;
+  static PerDevice<std::pair<const void*, int>, bool> raised;
+  raised.get({reinterpret_cast<const void*>(kernel), bytes}, [&](int) {
     if (cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes) != cudaSuccess)
       throw std::runtime_error("flash attention: the GPU refuses the shared memory a tile needs");
+    return true;
+  });
 }
 
 // Calls f(std::integral_constant<int, D>{}) for the tensor-core head dim D equal to d; false if none is.

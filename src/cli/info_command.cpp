@@ -118,7 +118,7 @@ class InfoCommand : public Command {
     if (device_ != "cpu" && device_ != "cuda") user_error("unknown --device '{}' (use cpu or cuda)", device_);
     check_precision(precision_);
     const std::size_t limit = memory_limit_.empty() ? 0 : parse_memory_size("--memory-limit", memory_limit_);
-    const Recompute recompute = parse_recompute(recompute_);
+    const RecomputePlan recompute = parse_recompute(recompute_);
     const WeightCopies weight_copies = check_weight_copies(weight_copies_, precision_);
     check_grad_dtype(grad_dtype_, precision_);
     std::vector<MemoryRow> rows;

@@ -56,7 +56,7 @@ std::vector<MemorySpec> MemoryCellFlags::resolve() const {
   for (const auto& p : precisions) check_precision(p);
   std::vector<AttentionKind> attentions;
   for (const auto& a : split_list(attention)) attentions.push_back(parse_attention(a));
-  std::vector<Recompute> recomputes;
+  std::vector<RecomputePlan> recomputes;
   for (const auto& r : split_list(recompute)) recomputes.push_back(parse_recompute(r));
   const auto accums = parse_positive_list("--grad-accum", grad_accum);
   std::vector<WeightCopies> copies;

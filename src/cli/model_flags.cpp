@@ -106,7 +106,9 @@ ModelConfig ModelFlags::resolve_one(const std::optional<ModelConfig>& base) cons
 std::string recompute_help(bool list) {
   return std::string(
              "What the forward keeps for the backward: none; selective (the RMSNorm outputs and the SwiGLU gate "
-             "are recomputed in the backward); full (each layer's forward runs again in its backward)") +
+             "are recomputed in the backward); full (each layer's forward runs again in its backward); or MODE:N+MODE, "
+             "the first N layers in one mode and the rest in another (full:20+selective; full:20 leaves the rest at "
+             "none)") +
          (list ? " (comma list sweeps)" : "");
 }
 

@@ -230,8 +230,8 @@ class BenchAndInfoDryRuns(unittest.TestCase):
 
 
 class Recommend(unittest.TestCase):
-    # A tiny model whose ctx 640 step fits 48 MiB three ways: full recompute in one batch, selective
-    # in two micro-batches, none in four.
+    # A tiny model whose ctx 640 step fits 48 MiB three ways: its first 3 layers recomputed in full and
+    # the last selective in one batch, selective in two micro-batches, none in four.
     CELL = ["--device", "cpu", "--model", "small", "--vocab", "50", "--d-model", "32", "--d-ff", "64", "--layers", "4",
             "--heads", "2", "--precision", "fp32", "--attention", "naive", "--memory-limit", "48MiB", "--batch", "4"]
 
@@ -248,10 +248,11 @@ class Recommend(unittest.TestCase):
     def test_candidates_are_the_least_recomputation_per_split(self):
         (rec,) = self.recommend("--ctx", "640")
         ways = [(c["recompute"], c["grad_accum"], c["micro_batch"]) for c in rec["candidates"]]
-        self.assertEqual(ways, [("full", 1, 4), ("selective", 2, 2), ("none", 4, 1)])
+        self.assertEqual(ways, [("full:3+selective", 1, 4), ("selective", 2, 2), ("none", 4, 1)])
         self.assertEqual(rec["chosen"], 0)  # not timed: the coarsest split
         self.assertFalse(rec["measured"])
-        order = ["none", "selective", "full"]
+        # The ladder of recomputation the planner climbs over the 4 layers, least first.
+        order = ["none", "selective", "full:1+selective", "full:2+selective", "full:3+selective", "full"]
         for c in rec["candidates"]:
             ok, row = self.fits(640, c["recompute"], c["grad_accum"], c["micro_batch"])
             self.assertTrue(ok)
@@ -317,7 +318,7 @@ class Recommend(unittest.TestCase):
         md = run("plan", "--recommend", *self.CELL, "--ctx", "64,640,4096")
         self.assertEqual(md.returncode, 0, md.stderr)
         self.assertIn("`(as is)`", md.stdout)
-        self.assertIn("`--recompute full`", md.stdout)
+        self.assertIn("`--recompute full:3+selective`", md.stdout)
         self.assertIn("nothing fits", md.stdout)
         self.assertIn("not timed", md.stdout)
 
@@ -326,11 +327,11 @@ class Recommend(unittest.TestCase):
         # step that fits neither is "nothing fits", not a refusal of the split.
         fits, none = self.recommend("--ctx", "1280,4096", "--world-size", "2", "--zero", "1")
         self.assertEqual([(c["recompute"], c["grad_accum"], c["micro_batch"]) for c in fits["candidates"]],
-                         [("full", 2, 2)])
+                         [("full:2+selective", 2, 2)])
         self.assertEqual((none["candidates"], none["failure"], none["chosen"]), ([], None, None))
         # Each candidate carries its whole run as lmscope describes one, the layout over the ranks too.
         (c,) = fits["candidates"]
-        self.assertEqual((c["run"]["recompute"], c["run"]["grad_accum"], c["run"]["batch"]), ("full", 2, 2))
+        self.assertEqual((c["run"]["recompute"], c["run"]["grad_accum"], c["run"]["batch"]), ("full:2+selective", 2, 2))
         self.assertEqual((c["run"]["world_size"], c["run"]["data_parallel"]["zero"]), (2, 1))
 
     def test_on_ranks_the_zero_stage_is_searched_too(self):

@@ -27,7 +27,7 @@ struct OneStepSpec {
   ModelConfig model;
   std::optional<DType> compute;
   AttentionKind attention = AttentionKind::flash;
-  Recompute recompute = Recompute::none;
+  RecomputePlan recompute;
   WeightCopies weight_copies = WeightCopies::kept;
   int steps = 1;  // on the same batch; a second step reads the copies the first one's AdamW wrote
   std::int64_t rows = 4, micro = 4, ctx = 32;  // rows sequences in micro-batches of micro

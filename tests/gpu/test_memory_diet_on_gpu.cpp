@@ -50,13 +50,14 @@ TEST(MemoryDietOnGpu, RecomputationGivesThePlainStepsGradients) {
     const std::optional<DType> compute = std::string(precision) == "bf16" ? std::optional(DType::bf16) : std::nullopt;
     const OneStep none = one_step(*be, gpu_step(compute)), again = one_step(*be, gpu_step(compute));
     const double noise = largest_relative_difference(again.grads, none.grads);
-    for (Recompute r : {Recompute::selective, Recompute::full}) {
+    for (const RecomputePlan& r : {RecomputePlan(Recompute::selective), RecomputePlan(Recompute::full),
+                                   RecomputePlan(Recompute::full, 1, Recompute::selective)}) {
       OneStepSpec spec = gpu_step(compute);
       spec.recompute = r;
       const OneStep other = one_step(*be, spec);
       const double diff = largest_relative_difference(other.grads, none.grads);
-      std::printf("%s %s: gradients within %.3g of none (the same step twice: %.3g)\n", precision, recompute_name(r),
-                  diff, noise);
+      std::printf("%s %s: gradients within %.3g of none (the same step twice: %.3g)\n", precision,
+                  recompute_name(r).c_str(), diff, noise);
       EXPECT_LT(diff, std::string(precision) == "bf16" ? 1e-2 : 1e-5) << precision << " " << recompute_name(r);
       EXPECT_NEAR(other.loss, none.loss, 1e-6 * none.loss) << precision << " " << recompute_name(r);
       EXPECT_LT(other.saved_bytes, none.saved_bytes);

@@ -119,8 +119,8 @@ TEST(MemoryOnGpu, DryRunRecordsWhatTheGpuRecordsAndTheDriverAgrees) {
   EXPECT_GT(compared, 50);
 }
 
-// Recomputation, gradient accumulation and transient weight copies allocate differently; the dry
-// run follows each.
+// Recomputation (by mode and per layer), gradient accumulation and transient weight copies allocate
+// differently; the dry run follows each.
 TEST(MemoryOnGpu, DryRunRecordsEveryRecomputeAccumulationAndCopiesMode) {
   if (list_gpus().empty()) GTEST_SKIP() << "no CUDA GPU visible";
   int compared = 0;
@@ -129,7 +129,7 @@ TEST(MemoryOnGpu, DryRunRecordsEveryRecomputeAccumulationAndCopiesMode) {
     std::int64_t ctx;
     const char* precision;
     AttentionKind attention;
-    Recompute recompute;
+    RecomputePlan recompute;
     int grad_accum;
     WeightCopies weight_copies = WeightCopies::kept;
   };
@@ -146,6 +146,11 @@ TEST(MemoryOnGpu, DryRunRecordsEveryRecomputeAccumulationAndCopiesMode) {
   cells.push_back({"xl", 4096, "bf16", AttentionKind::flash, Recompute::none, 1, WeightCopies::transient});
   cells.push_back({"large", 2048, "bf16", AttentionKind::naive, Recompute::selective, 2, WeightCopies::transient});
   cells.push_back({"medium", 512, "bf16", AttentionKind::flash, Recompute::none, 2, WeightCopies::resident});
+  // Modes per layer: the first layers in full and the rest selective, or the rest as they are.
+  cells.push_back(
+      {"2.7B", 4096, "bf16", AttentionKind::flash, RecomputePlan(Recompute::full, 12, Recompute::selective), 1});
+  cells.push_back({"large", 2048, "bf16", AttentionKind::flash, RecomputePlan(Recompute::full, 20, Recompute::none), 2,
+                   WeightCopies::transient});
   for (const Cell& c : cells) {
     MemorySpec spec;
     spec.cell = train_cell(preset(c.model), c.precision, c.attention, c.ctx);

@@ -1,6 +1,7 @@
 // The memory diet's modes change memory, not results. Activation recomputation (--recompute): every
-// mode gives the gradients of `none` bit for bit (fp32 on the CPU: the recomputation runs the
-// forward's own ops on the same inputs) and keeps less for the backward. Gradient accumulation
+// mode, and every mix of modes over the layers, gives the gradients of `none` bit for bit (fp32 on the
+// CPU: the recomputation runs the forward's own ops on the same inputs) and keeps less for the backward. Gradient
+// accumulation
 // (--grad-accum): K micro-batches give the loss, gradients and AdamW step of one batch of them all.
 // The logits in chunks: the loss, gradients and step of the logits whole, and none kept. Resident
 // weight copies (--weight-copies resident): a graphed step's keys repeat, at the memory they hold.
@@ -35,9 +36,15 @@ class DietWith : public ::testing::TestWithParam<AttentionKind> {};
 INSTANTIATE_TEST_SUITE_P(Attention, DietWith, ::testing::Values(AttentionKind::naive, AttentionKind::flash),
                          [](const auto& info) { return std::string(attention_name(info.param)); });
 
+// The modes, and mixes of them over the tiny model's 3 layers.
+std::vector<RecomputePlan> recomputing_plans() {
+  return {Recompute::selective, Recompute::full, RecomputePlan(Recompute::full, 1, Recompute::selective),
+          RecomputePlan(Recompute::full, 2, Recompute::none), RecomputePlan(Recompute::selective, 1, Recompute::full)};
+}
+
 TEST_P(DietWith, EveryRecomputeModeGivesTheSameGradientsBitForBit) {
   const OneStep none = cpu_step(small_step(GetParam()));
-  for (Recompute r : {Recompute::selective, Recompute::full}) {
+  for (const RecomputePlan& r : recomputing_plans()) {
     OneStepSpec spec = small_step(GetParam());
     spec.recompute = r;
     const OneStep other = cpu_step(spec);
@@ -49,15 +56,21 @@ TEST_P(DietWith, EveryRecomputeModeGivesTheSameGradientsBitForBit) {
   }
 }
 
+// Up the planner's ladder (none, selective, the first layers in full and the rest selective, full)
+// each way keeps less than the one before.
 TEST_P(DietWith, RecomputationKeepsLessForTheBackward) {
-  std::size_t saved[3];
-  for (Recompute r : {Recompute::none, Recompute::selective, Recompute::full}) {
+  std::vector<std::size_t> saved;
+  for (const RecomputePlan& r :
+       {RecomputePlan(Recompute::none), RecomputePlan(Recompute::selective),
+        RecomputePlan(Recompute::full, 1, Recompute::selective),
+        RecomputePlan(Recompute::full, 2, Recompute::selective), RecomputePlan(Recompute::full)}) {
     OneStepSpec spec = small_step(GetParam());
     spec.recompute = r;
-    saved[static_cast<int>(r)] = cpu_step(spec).saved_bytes;
+    saved.push_back(cpu_step(spec).saved_bytes);
+    if (saved.size() > 1) {
+      EXPECT_LT(saved.back(), saved[saved.size() - 2]) << recompute_name(r);
+    }
   }
-  EXPECT_LT(saved[1], saved[0]);
-  EXPECT_LT(saved[2], saved[1]);
 }
 
 // Within 1e-6 relative (per tensor, in norm): the micro-batches sum their gradients in another
@@ -98,7 +111,7 @@ TEST_P(DietWith, RecomputationAndAccumulationTogether) {
   OneStepSpec spec = small_step(GetParam());
   spec.rows = spec.micro = 4;
   const OneStep whole = cpu_step(spec);
-  for (Recompute r : {Recompute::selective, Recompute::full}) {
+  for (const RecomputePlan& r : recomputing_plans()) {
     spec.recompute = r;
     spec.micro = 2;
     const OneStep parts = cpu_step(spec);
@@ -110,7 +123,20 @@ TEST_P(DietWith, RecomputationAndAccumulationTogether) {
 TEST(Recompute, NamesParseAndBadOnesAreUserErrors) {
   for (Recompute r : {Recompute::none, Recompute::selective, Recompute::full})
     EXPECT_EQ(parse_recompute(recompute_name(r)), r);
-  EXPECT_THROW(parse_recompute("some"), UserError);
+  for (const RecomputePlan& r : recomputing_plans()) EXPECT_EQ(parse_recompute(recompute_name(r)), r);
+  EXPECT_EQ(recompute_name(parse_recompute("full:20+selective")), "full:20+selective");
+  EXPECT_EQ(recompute_name(parse_recompute("full:20+none")), "full:20");
+  const RecomputePlan mix = parse_recompute("full:2+selective");
+  EXPECT_EQ(mix.at(0), Recompute::full);
+  EXPECT_EQ(mix.at(1), Recompute::full);
+  EXPECT_EQ(mix.at(2), Recompute::selective);
+  EXPECT_EQ(mix.work(3), 5);
+  EXPECT_TRUE(RecomputePlan(Recompute::selective).no_more_than(mix, 3));
+  EXPECT_FALSE(mix.no_more_than(RecomputePlan(Recompute::selective), 3));
+  EXPECT_NO_THROW(mix.validate(2));
+  EXPECT_THROW(mix.validate(1), UserError);
+  for (const char* bad : {"some", "full:", "full:0", "full:x+selective", "full:2+some", "full:2+full", "full:2x"})
+    EXPECT_THROW(parse_recompute(bad), UserError) << bad;
 }
 
 TEST(WeightCopies, NamesParseAndBadOnesAreUserErrors) {

@@ -43,10 +43,69 @@ Recommendation recommend(const RecommendSpec& spec) {
   };
   // A way no cheaper on any count than one already found (by a coarser split, or by this one with a
   // lower stage or copies that cost less work: resident, then kept) is never faster.
-  auto dominated = [&](int z, Recompute r, WeightCopies w) {
+  const int layers = c.model.layers;
+  auto dominated = [&](int z, const RecomputePlan& r, WeightCopies w) {
     for (const Candidate& o : out.candidates)
-      if (zero_stage(o.spec) <= z && o.spec.recompute <= r && o.spec.weight_copies <= w) return true;
+      if (zero_stage(o.spec) <= z && o.spec.recompute.no_more_than(r, layers) && o.spec.weight_copies <= w) return true;
     return false;
+  };
+  // The ladder of recomputation, least first: none, selective, then the first j layers in full and the
+  // rest selective (j from 1 up), and full. The first way up it that fits is the candidate; j is found
+  // by bisection, since a layer more in full never holds more at the peak (recompute.h says why the
+  // first layers).
+  auto ladder_mix = [&](int j) {
+    return j >= layers ? RecomputePlan(Recompute::full) : RecomputePlan(Recompute::full, j, Recompute::selective);
+  };
+  // Adds the least recomputation of this split, stage and copies that fits (nothing where none does, or
+  // where a way found before is as cheap); false when a dry run failed other than by memory.
+  auto climb = [&](BenchSpec s) {
+    const int z = zero_stage(s);
+    const WeightCopies w = s.weight_copies;
+    std::optional<MemoryRecord> fitting;
+    auto fits = [&](const RecomputePlan& r) -> std::optional<bool> {  // nullopt: the dry run failed
+      s.recompute = r;
+      MemoryRecord rec = record_memory(MemorySpec{s, true, spec.memory_limit}, false);
+      if (out.device_name.empty()) {
+        out.device_name = rec.device_name;
+        out.limit = device_limit(rec);
+      }
+      if (rec.outcome == MemoryOutcome::failed) {
+        out.failure = rec.status;
+        return std::nullopt;
+      }
+      if (!rec.ok()) return false;
+      fitting = std::move(rec);
+      return true;
+    };
+    auto add = [&](const RecomputePlan& r, const MemoryRecord& rec) {
+      s.recompute = r;
+      const MemoryAnalysis a = analyze_memory(rec, 1);
+      out.candidates.push_back(Candidate{s, a.peak, device_need(rec, a), std::nullopt, "ok"});
+      return true;
+    };
+    for (Recompute r : {Recompute::none, Recompute::selective}) {
+      if (dominated(z, r, w)) return true;  // and so is every way that recomputes more
+      const std::optional<bool> f = fits(r);
+      if (!f) return false;
+      if (*f) return add(r, *fitting);
+    }
+    if (dominated(z, ladder_mix(1), w)) return true;
+    int lo = 1, hi = layers;  // the least j that fits lies in [lo, hi] once full fits
+    const std::optional<bool> whole = fits(ladder_mix(hi));
+    if (!whole || !*whole) return whole.has_value();
+    MemoryRecord best = std::move(*fitting);
+    while (lo < hi) {
+      const int mid = lo + (hi - lo) / 2;
+      const std::optional<bool> f = fits(ladder_mix(mid));
+      if (!f) return false;
+      if (*f) {
+        hi = mid;
+        best = std::move(*fitting);
+      } else {
+        lo = mid + 1;
+      }
+    }
+    return dominated(z, ladder_mix(hi), w) || add(ladder_mix(hi), best);
   };
   // A micro-batch of the step's sequences is split across the ranks too: the splits stop where it no
   // longer divides evenly among them (2 sequences on 2 ranks: one micro-batch of 2, no finer).
@@ -54,38 +113,25 @@ Recommendation recommend(const RecommendSpec& spec) {
   for (std::int64_t k = 1; k <= c.batch && !dominated(stages.front(), Recompute::none, copies.front()); k *= 2) {
     if (c.batch % k != 0 || (c.batch / k) % ranks != 0) break;
     for (int z : stages)
-      for (WeightCopies w : copies)
-        for (Recompute r : {Recompute::none, Recompute::selective, Recompute::full}) {
-          if (dominated(z, r, w)) break;  // and so is every way that recomputes more
-          BenchSpec s = staged(c, z);
-          s.batch = c.batch / k;
-          s.grad_accum = static_cast<int>(k);
-          s.recompute = r;
-          s.weight_copies = w;
-          const MemoryRecord rec = record_memory(MemorySpec{s, true, spec.memory_limit}, false);
-          if (out.device_name.empty()) {
-            out.device_name = rec.device_name;
-            out.limit = device_limit(rec);
-          }
-          if (rec.outcome == MemoryOutcome::failed) {
-            out.failure = rec.status;
-            out.candidates.clear();
-            return out;
-          }
-          if (!rec.ok()) continue;
-          const MemoryAnalysis a = analyze_memory(rec, 1);
-          out.candidates.push_back(Candidate{s, a.peak, device_need(rec, a), std::nullopt, "ok"});
-          break;
+      for (WeightCopies w : copies) {
+        BenchSpec s = staged(c, z);
+        s.batch = c.batch / k;
+        s.grad_accum = static_cast<int>(k);
+        s.weight_copies = w;
+        if (!climb(s)) {
+          out.candidates.clear();
+          return out;
         }
+      }
   }
   if (out.candidates.empty()) return out;
   // Untimed, the coarsest split with the least recomputation is named, a higher ZeRO stage or
   // transient copies before more recomputation (an exchange that overlaps the backward, or two casts
   // of the weights, against a pass over the activations), and at one split and recomputation the
   // lowest stage, then the copies with the least work (found first).
-  std::stable_sort(out.candidates.begin(), out.candidates.end(), [](const Candidate& a, const Candidate& b) {
-    return std::tuple(a.spec.grad_accum, a.spec.recompute, zero_stage(a.spec)) <
-           std::tuple(b.spec.grad_accum, b.spec.recompute, zero_stage(b.spec));
+  std::stable_sort(out.candidates.begin(), out.candidates.end(), [layers](const Candidate& a, const Candidate& b) {
+    return std::tuple(a.spec.grad_accum, a.spec.recompute.work(layers), zero_stage(a.spec)) <
+           std::tuple(b.spec.grad_accum, b.spec.recompute.work(layers), zero_stage(b.spec));
   });
   out.chosen = 0;
   if (!spec.measure) return out;

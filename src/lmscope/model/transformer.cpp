@@ -10,24 +10,6 @@
 
 namespace lmscope {
 
-const char* recompute_name(Recompute r) {
-  switch (r) {
-    case Recompute::none:
-      return "none";
-    case Recompute::selective:
-      return "selective";
-    case Recompute::full:
-      return "full";
-  }
-  return "?";
-}
-
-Recompute parse_recompute(const std::string& s) {
-  for (Recompute r : {Recompute::none, Recompute::selective, Recompute::full})
-    if (s == recompute_name(r)) return r;
-  user_error("unknown --recompute '{}' (use none, selective or full)", s);
-}
-
 const char* weight_copies_name(WeightCopies c) {
   switch (c) {
     case WeightCopies::resident:
@@ -112,6 +94,11 @@ void Transformer::init_parameters(std::uint64_t seed, KeptInitialValues* kept) {
   else
     fill_initial_values<float>(seed);
   refresh_lowp_copies();
+}
+
+void Transformer::set_recompute(const RecomputePlan& r) {
+  r.validate(config_.layers);
+  recompute_ = r;
 }
 
 void Transformer::set_weight_copies(WeightCopies c) {
@@ -423,9 +410,10 @@ Allocation Transformer::layer_forward(int l, Allocation x, Layer& L, const Keep&
 
 std::uint64_t Transformer::graph_key(const char* phase) const {
   std::uint64_t h = hash_mix(reinterpret_cast<std::uintptr_t>(this), reinterpret_cast<std::uintptr_t>(phase));
-  for (std::uint64_t w :
-       {std::uint64_t(batch_), std::uint64_t(ctx_), std::uint64_t(recompute_), std::uint64_t(weight_copies_),
-        std::uint64_t(logit_chunk_bytes_), std::uint64_t(fusion_), std::uint64_t(grad_dtype_)})
+  for (std::uint64_t w : {std::uint64_t(batch_), std::uint64_t(ctx_), std::uint64_t(recompute_.at(0)),
+                          std::uint64_t(recompute_.at(config_.layers - 1)), std::uint64_t(recompute_.first_layers()),
+                          std::uint64_t(weight_copies_), std::uint64_t(logit_chunk_bytes_), std::uint64_t(fusion_),
+                          std::uint64_t(grad_dtype_)})
     h = hash_mix(h, w);
   for (const Parameter& p : params_)
     for (const Allocation* a : {&p.value, &p.value_lowp, &p.grad})
@@ -441,7 +429,6 @@ void Transformer::forward(bool for_backward) {
   GraphScope graph(backend_, graphs(), hash_mix(graph_key("forward"), std::uint64_t{for_backward}));
   // Without a backward to come, each buffer goes as soon as it has been read, as under PyTorch's
   // no_grad; the layer's record then holds nothing once its output is made.
-  const Keep keep = Keep::for_forward(for_backward, recompute_, weight_copies_);
   auto done = [&](Allocation& a) {
     if (!for_backward) a.reset();
   };
@@ -463,6 +450,7 @@ void Transformer::forward(bool for_backward) {
     ScopedRange r(ranges, RangeLevel::layer, "layer", l);
     HookedStretch hooked(*hooks_, layer_parameters(l, fusion_), Pass::forward);
     Layer L;
+    const Keep keep = Keep::for_forward(for_backward, recompute_.at(l), weight_copies_);
     x = layer_forward(l, std::move(x), L, keep, l > 0 && fusion_ ? &normed : nullptr, fusion_ ? &normed : nullptr);
     if (for_backward) s.layers.push_back(std::move(L));
   }
@@ -498,7 +486,7 @@ void Transformer::forward(bool for_backward) {
                                      1.0 / static_cast<double>(N), r > 0);
     }
   }
-  drop_lowp_copies_after_forward(keep.weight_copies, {lm_head_});
+  drop_lowp_copies_after_forward(weight_copies_ != WeightCopies::transient, {lm_head_});
   head.reset();
   done(s.n_final);
   done(s.lse);

@@ -6,6 +6,7 @@
 #include "lmscope/backend/backend.h"
 #include "lmscope/model/attention.h"
 #include "lmscope/model/config.h"
+#include "lmscope/model/recompute.h"
 #include "lmscope/model/step_hooks.h"
 
 #include <cstdint>
@@ -18,16 +19,6 @@
 #include <vector>
 
 namespace lmscope {
-
-// What the forward keeps for the backward (--recompute). none: every activation the backward reads.
-// selective: not the RMSNorm outputs nor the SwiGLU gate, which the backward recomputes from what
-// is kept (the residuals, the statistics, the w1 and w3 products; attention under flash recomputes
-// its probabilities anyway). full: each layer's input only; the backward reruns the layer's forward
-// before its own backward. The gradients are the same in every mode: the recomputation is the
-// forward's own ops on the same inputs.
-enum class Recompute { none, selective, full };
-const char* recompute_name(Recompute r);
-Recompute parse_recompute(const std::string& s);  // throws UserError
 
 // Where the low-precision (bf16 or fp16) copies of the matmul weights live under mixed precision
 // (--weight-copies), in the order of the memory they hold, most first. resident: allocated once
@@ -90,8 +81,8 @@ class Transformer {
   DType dtype() const { return dtype_; }
   DType compute_dtype() const { return compute_; }
   AttentionKind attention() const { return attention_; }
-  Recompute recompute() const { return recompute_; }
-  void set_recompute(Recompute r) { recompute_ = r; }
+  const RecomputePlan& recompute() const { return recompute_; }
+  void set_recompute(const RecomputePlan& r);  // throws UserError where r names more layers than there are
   WeightCopies weight_copies() const { return weight_copies_; }
   // Device graphs (--graphs): forward, backward and AdamW's step each run as one recorded graph where
   // the backend records them (CUDA), replayed while the allocator is in the state it was recorded in
@@ -254,7 +245,7 @@ class Transformer {
   Backend& backend_;
   DType dtype_, compute_, grad_dtype_;
   AttentionKind attention_;
-  Recompute recompute_ = Recompute::none;
+  RecomputePlan recompute_;
   WeightCopies weight_copies_ = WeightCopies::kept;
   std::size_t logit_chunk_bytes_ = kLogitChunkBytes;
   bool graphs_ = false;

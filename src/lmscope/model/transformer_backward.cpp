@@ -119,7 +119,7 @@ void Transformer::backward(MicroBatch micro) {
     Layer& L = s.layers[l];
     // Full recompute: the layer's forward again from its input, keeping everything this time; its
     // output is the next layer's input, which the backward no longer needs.
-    if (recompute_ == Recompute::full) layer_forward(l, std::move(L.x), L, Keep{}).reset();
+    if (recompute_.at(l) == Recompute::full) layer_forward(l, std::move(L.x), L, Keep{}).reset();
     OpRanges op(ranges);
     op.next("w2");
     // x_out = h + w2·(silu(w1·n2) ∘ w3·n2), n2 = ln2(h); dx holds d x_out.

@@ -263,6 +263,7 @@ void validate_run(RunSpec& s) {
         "(1 PiB) lmscope plans for; lower --batch or --ctx",
         s.batch, s.ctx, bytes, s.model.name);
   if (s.grad_accum <= 0) user_error("--grad-accum must be positive, got {}", s.grad_accum);
+  s.recompute.validate(s.model.layers);
   check_precision(s.precision);
   check_weight_copies(s.weight_copies, s.precision);
   // Only a backward accumulates, and only it has gradients to keep in another dtype.

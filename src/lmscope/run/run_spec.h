@@ -41,7 +41,7 @@ struct RunSpec {
   std::string device = "cpu";
   std::string precision = "fp32";
   AttentionKind attention = AttentionKind::flash;
-  Recompute recompute = Recompute::none;
+  RecomputePlan recompute;
   WeightCopies weight_copies = WeightCopies::kept;  // matters under mixed precision only
   DType grad_dtype = DType::f32;                    // f32, or bf16 under bf16 precision
   // Each phase as one device graph, recorded once and replayed (Transformer::set_graphs), where the

@@ -74,7 +74,9 @@ def _check(q, k, v):
 
 
 def _packed(t):
-    """(…, n, d) as [prod(…), n, d], contiguous."""
+    """(…, n, d) as [prod(…), n, d], contiguous (a packed (batch, n, d) tensor as it is: no view made)."""
+    if t.dim() == 3 and t.is_contiguous():
+        return t
     t = t.contiguous()
     return t.view(-1, t.shape[-2], t.shape[-1])
 

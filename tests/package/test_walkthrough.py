@@ -21,7 +21,10 @@ def test_walkthrough_draws_the_memory_by_context(tmp_path):
     walkthrough = runpy.run_path(str(SCRIPT))
     out = tmp_path / "memory.png"
     reports = walkthrough["main"](str(out))
-    assert [r.fits for r in reports] == [True, True, False, False]
+    fits = [r.fits for r in reports]
+    assert fits == sorted(fits, reverse=True), fits  # past a context that does not fit, none does
+    if "H100 80GB" in reports[0].row["device_name"]:  # the page's budget (where no GPU is visible, the stand-in)
+        assert fits == [True, True, False, False]
     assert [r.peak_bytes for r in reports] == sorted(r.peak_bytes for r in reports)
     image = matplotlib.image.imread(out)
     assert image.shape[:2] == (540, 900)

@@ -23,9 +23,6 @@ class RecomputePlan {
   // The first `first_layers` layers in mode `first`, the others in `rest` (first_layers >= 1).
   RecomputePlan(Recompute first, int first_layers, Recompute rest);
   Recompute at(int layer) const { return layer < first_layers_ ? first_ : rest_; }
-  // One mode for every layer of a model of `layers`.
-  bool uniform(int layers) const { return first_ == rest_ || first_layers_ >= layers; }
-  bool any() const { return first_ != Recompute::none || rest_ != Recompute::none; }
   int first_layers() const { return first_layers_; }
   // Throws UserError where the plan names more layers than the model has.
   void validate(int layers) const;

@@ -102,6 +102,26 @@ class Plan(unittest.TestCase):
 
 
 class MemoryDiet(unittest.TestCase):
+    def test_recompute_per_layer_and_its_bad_spellings(self):
+        # The first layer in full and the second selective peaks below selective, and here below full
+        # too: full reruns the last layer first, holding its whole activations beside the first's input,
+        # where the mix kept only its selective set (why plan --recommend tries full last).
+        rows = [dry_memory("--device", "cpu", *TINY, "--ctx", "64", "--recompute", r)
+                for r in ("selective", "full:1+selective", "full")]
+        self.assertEqual([row["recompute"] for row in rows], ["selective", "full:1+selective", "full"])
+        peaks = [row["peak_bytes"] for row in rows]
+        self.assertLess(peaks[1], peaks[0])
+        self.assertLess(peaks[1], peaks[2])
+        for bad, says in (("full:3+selective", "names the first 3 layers; the model has 2"),
+                          ("full:0", "is not a number of layers from 1"), ("full:1+some", "unknown mode 'some'"),
+                          ("full:1+full", "say 'full'"), ("most", "unknown --recompute 'most'")):
+            for command in ("memory", "bench"):
+                r = run(command, "--device", "cpu", *TINY, "--ctx", "64", "--recompute", bad,
+                        *(["--dry-run"] if command == "memory" else ["--steps", "1"]))
+                self.assertEqual(r.returncode, 2, (command, bad, r.stderr))
+                self.assertEqual(len(r.stderr.strip().splitlines()), 1, (command, bad, r.stderr))
+                self.assertIn(says, r.stderr, (command, bad))
+
     def test_2_7b_trains_at_ctx_4096_within_80_gib_with_full_recompute(self):
         r = run("memory", "--dry-run", "--model", "2.7B", "--ctx", "4096", "--precision", "bf16",
                 "--recompute", "none,full", "--memory-limit", "80GiB", "--format", "json")

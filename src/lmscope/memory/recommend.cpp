@@ -49,13 +49,13 @@ Recommendation recommend(const RecommendSpec& spec) {
       if (zero_stage(o.spec) <= z && o.spec.recompute.no_more_than(r, layers) && o.spec.weight_copies <= w) return true;
     return false;
   };
-  // The ladder of recomputation, least first: none, selective, then the first j layers in full and the
-  // rest selective (j from 1 up), and full. The first way up it that fits is the candidate; j is found
-  // by bisection, since a layer more in full never holds more at the peak (recompute.h says why the
-  // first layers).
-  auto ladder_mix = [&](int j) {
-    return j >= layers ? RecomputePlan(Recompute::full) : RecomputePlan(Recompute::full, j, Recompute::selective);
-  };
+  // The ladder of recomputation, least first: none, selective, the first j layers in full and the rest
+  // selective (j = 1 .. layers - 1), full. The first way up it that fits is the candidate. Over the
+  // mixes j is found by bisection, one layer more in full keeping less for the backward (the dry run of
+  // the j named is what says it fits). Full is the last rung, not the mixes' end: its last layer, rerun
+  // first, holds its whole activations beside every earlier layer's input, more than that layer kept
+  // selective, so full can peak above the mix with one layer fewer in full.
+  auto mix = [](int j) { return RecomputePlan(Recompute::full, j, Recompute::selective); };
   // Adds the least recomputation of this split, stage and copies that fits (nothing where none does, or
   // where a way found before is as cheap); false when a dry run failed other than by memory.
   auto climb = [&](BenchSpec s) {
@@ -89,23 +89,30 @@ Recommendation recommend(const RecommendSpec& spec) {
       if (!f) return false;
       if (*f) return add(r, *fitting);
     }
-    if (dominated(z, ladder_mix(1), w)) return true;
-    int lo = 1, hi = layers;  // the least j that fits lies in [lo, hi] once full fits
-    const std::optional<bool> whole = fits(ladder_mix(hi));
-    if (!whole || !*whole) return whole.has_value();
-    MemoryRecord best = std::move(*fitting);
-    while (lo < hi) {
-      const int mid = lo + (hi - lo) / 2;
-      const std::optional<bool> f = fits(ladder_mix(mid));
-      if (!f) return false;
-      if (*f) {
-        hi = mid;
-        best = std::move(*fitting);
-      } else {
-        lo = mid + 1;
+    if (layers > 1 && !dominated(z, mix(1), w)) {
+      const std::optional<bool> most = fits(mix(layers - 1));
+      if (!most) return false;
+      if (*most) {
+        int lo = 1, hi = layers - 1;  // the least j that fits lies in [lo, hi]
+        MemoryRecord best = std::move(*fitting);
+        while (lo < hi) {
+          const int mid = lo + (hi - lo) / 2;
+          const std::optional<bool> f = fits(mix(mid));
+          if (!f) return false;
+          if (*f) {
+            hi = mid;
+            best = std::move(*fitting);
+          } else {
+            lo = mid + 1;
+          }
+        }
+        return dominated(z, mix(hi), w) || add(mix(hi), best);
       }
     }
-    return dominated(z, ladder_mix(hi), w) || add(ladder_mix(hi), best);
+    if (dominated(z, Recompute::full, w)) return true;
+    const std::optional<bool> f = fits(Recompute::full);
+    if (!f) return false;
+    return !*f || add(Recompute::full, *fitting);
   };
   // A micro-batch of the step's sequences is split across the ranks too: the splits stop where it no
   // longer divides evenly among them (2 sequences on 2 ranks: one micro-batch of 2, no finer).

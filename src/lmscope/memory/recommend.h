@@ -2,7 +2,7 @@
 // sequences per optimizer step, the fastest way to train it within the memory budget.
 //
 // The ways are the recomputations (none, selective, the first j layers in full and the rest selective
-// for j = 1, 2, ..., full: model/recompute.h), times where the bf16 weight copies live
+// for j = 1 .. layers - 1, full: model/recompute.h), times where the bf16 weight copies live
 // under mixed precision (resident: refreshed in place by AdamW, tried only under device graphs, where
 // the forward would cast kept ones; kept; or transient: cast per layer where used), times the ways of
 // splitting the step's sequences into micro-batches (1, 2, 4, ... of them, --grad-accum), and, over

@@ -75,6 +75,9 @@ if [[ "${LMSCOPE_SKIP_GPU_TESTS:-}" != 1 ]]; then
   compute-sanitizer --tool memcheck --error-exitcode 9 "$B/tests/lmscope_gpu_tests" \
     --gtest_filter='-*Training*:*OutOfMemory*:*Model*:*KernelTracer*:*CudaProfile*:*TraceOnGpu*:*MemoryOnGpu*' >"$OUT/sanitizer.log" 2>&1
   echo "== compute-sanitizer memcheck exit $? ($(grep -c 'OK \]' "$OUT/sanitizer.log") tests ok): $(tail -1 "$OUT/sanitizer.log")"
+  # --master-dtype bf16 against PyTorch's bf16 model with torch.optim.AdamW, 5 steps.
+  LMSCOPE="$B/lmscope" $PY tests/gpu/test_master_bf16_parity.py -v >"$OUT/master-bf16-parity.log" 2>&1
+  echo "== bf16 masters against PyTorch bf16: exit $?"; grep -E "ok$|FAIL|Error|Ran|losses|PyTorch bf16 \[|fp32 masters \[|largest" "$OUT/master-bf16-parity.log"
 fi
 
 # --training: the training-run tests (checkpoints, kill and resume, held-out loss) on the GPU: a run
@@ -292,8 +295,8 @@ fi
 # --curves [STEPS]: one training run in fp32, bf16 and fp16 (dynamic loss scaling) on the same
 # byte-level text (the repository's docs and sources, vocab 256; a tenth held out), small model,
 # batch 8, ctx 256, STEPS (default 600) steps: the logs and lmscope report's page of their curves.
-if [[ "${1:-}" == "--curves" ]]; then
-  steps=${2:-600}
+# The byte-level text of --curves and --masters: $OUT/train.bin and a tenth held out, $OUT/val.bin.
+byte_text() {
   cat docs/*.md docs/log/*.md src/lmscope/*/*.{cpp,h} src/lmscope/backend/cuda/*.{cu,cuh} src/lmscope/backend/cuda/flash/*.cuh \
     >"$OUT/text.txt"
   $PY -c "
@@ -301,6 +304,10 @@ import numpy as np
 b = np.frombuffer(open('$OUT/text.txt', 'rb').read(), dtype=np.uint8).astype(np.uint16)
 n = len(b) * 9 // 10
 b[:n].tofile('$OUT/train.bin'); b[n:].tofile('$OUT/val.bin')"
+}
+if [[ "${1:-}" == "--curves" ]]; then
+  steps=${2:-600}
+  byte_text
   logs=()
   for prec in fp32 bf16 fp16; do
     "$B/lmscope" train --device cuda --model small --vocab 256 --precision $prec --data "$OUT/train.bin" \
@@ -312,6 +319,30 @@ b[:n].tofile('$OUT/train.bin'); b[n:].tofile('$OUT/val.bin')"
   done
   rm -f "$OUT/text.txt" "$OUT/train.bin" "$OUT/val.bin"
   (IFS=,; "$B/lmscope" report --train "${logs[*]}" --title "small on bytes: fp32, bf16, fp16" --out "$OUT/curves.html")
+fi
+
+# --masters [STEPS]: what bf16 masters cost in loss: small and 2.7B trained in bf16 with fp32 masters
+# and with --master-dtype bf16 on the same byte-level text as --curves, the same batches and initial
+# weights, batch 8, ctx 256, STEPS (default 500) steps of cosine schedule (small from lr 1e-3, 2.7B
+# from 3e-4): the logs and lmscope report's page of their curves.
+if [[ "${1:-}" == "--masters" ]]; then
+  steps=${2:-500}
+  byte_text
+  logs=()
+  for model in small 2.7B; do
+    [[ $model == small ]] && lr=1e-3 || lr=3e-4
+    for masters in fp32 bf16; do
+      "$B/lmscope" train --device cuda --model $model --vocab 256 --precision bf16 --master-dtype $masters \
+        --data "$OUT/train.bin" --val-data "$OUT/val.bin" --eval-every 100 --eval-batches 20 --steps "$steps" \
+        --batch 8 --ctx 256 --lr $lr --lr-schedule cosine --warmup-iters 50 --print-every 100 \
+        --log "$OUT/$model-$masters-masters.jsonl" >"$OUT/$model-$masters-masters.txt" 2>&1
+      echo "== $model, $masters masters: $(tail -1 "$OUT/$model-$masters-masters.txt")"
+      logs+=("$OUT/$model-$masters-masters.jsonl")
+    done
+  done
+  rm -f "$OUT/text.txt" "$OUT/train.bin" "$OUT/val.bin"
+  (IFS=,; "$B/lmscope" report --train "${logs[*]}" --title "fp32 and bf16 masters: small and 2.7B on bytes" \
+    --out "$OUT/masters.html")
 fi
 
 # --profile PRECISION MODELS CTXS [MODES] [ATTENTION]: lmscope's kernel profile of those cells (CUPTI:

@@ -24,6 +24,7 @@ void MemoryCellFlags::add_to(CLI::App& app, bool with_dry_run_flags) {
   app.add_option("--grad-accum", grad_accum, grad_accum_help(true))->capture_default_str();
   app.add_option("--weight-copies", weight_copies, weight_copies_help(true))->capture_default_str();
   app.add_option("--grad-dtype", grad_dtype, grad_dtype_help(true))->capture_default_str();
+  app.add_option("--master-dtype", master_dtype, master_dtype_help(true))->capture_default_str();
   app.add_option("--warmup", warmup, warmup_help)->capture_default_str();
   app.add_option("--seed", seed_, seed_help)->capture_default_str();
   parallel_.add_to(app, with_dry_run_flags);
@@ -63,6 +64,8 @@ std::vector<MemorySpec> MemoryCellFlags::resolve() const {
   for (const auto& c : split_list(weight_copies)) copies.push_back(parse_weight_copies(c));
   const auto grad_dtypes = split_list(grad_dtype);
   for (const auto& g : grad_dtypes) check_grad_dtype(g, "bf16");  // the names; whether they fit, per cell
+  std::vector<DType> masters;
+  for (const auto& m : split_list(master_dtype)) masters.push_back(parse_master_dtype(m));
   if (warmup < 0) user_error("--warmup must be non-negative, got {}", warmup);
   const std::size_t limit = memory_limit();
   if (always_dry_ && !dry_run_) user_error("this command always runs dry; --dry-run=false is not possible");
@@ -76,43 +79,52 @@ std::vector<MemorySpec> MemoryCellFlags::resolve() const {
             for (auto rc : recomputes)
               for (auto wc : copies)
                 for (const auto& gd : grad_dtypes)
-                  for (auto k : accums) {
-                    // Only a backward accumulates: a mode without one runs once, as one micro-batch.
-                    // Nor are there gradients to keep in another dtype.
-                    if (!has_backward(md) && (k != accums.front() || gd != grad_dtypes.front())) continue;
-                    // Only mixed precision has copies to place otherwise.
-                    if (wc != WeightCopies::kept && compute_dtype(p) == DType::f32) continue;
-                    // Only bf16 computes the gradients it can keep in bf16.
-                    if (has_backward(md) && !grad_dtype_fits(gd, p)) continue;
-                    for (auto b : batches)
-                      for (auto t : ctxs) {
-                        MemorySpec s;
-                        s.cell.model = m;
-                        s.cell.device = d;
-                        s.cell.precision = p;
-                        s.cell.attention = a;
-                        s.cell.mode = md;
-                        s.cell.batch = b;
-                        s.cell.ctx = t;
-                        s.cell.warmup = warmup;
-                        s.cell.steps = 1;
-                        s.cell.seed = seed_;
-                        s.cell.recompute = rc;
-                        s.cell.grad_accum = has_backward(md) ? static_cast<int>(k) : 1;
-                        s.cell.weight_copies = wc;
-                        s.cell.grad_dtype = cell_grad_dtype(md, parse_grad_dtype(gd));
-                        s.cell.parallel = parallel_.resolve(b, d, dry_run_);
-                        RunSpec checked = s.cell;  // before any cell runs
-                        validate_run(checked);
-                        s.dry_run = dry_run_;
-                        s.memory_limit = limit;
-                        cells.push_back(s);
-                      }
-                  }
+                  for (auto ms : masters)
+                    for (auto k : accums) {
+                      // Only a backward accumulates: a mode without one runs once, as one micro-batch.
+                      // Nor are there gradients to keep in another dtype.
+                      if (!has_backward(md) && (k != accums.front() || gd != grad_dtypes.front())) continue;
+                      // Only mixed precision has copies to place otherwise.
+                      if (wc != WeightCopies::kept && compute_dtype(p) == DType::f32) continue;
+                      // Only bf16 computes the gradients it can keep in bf16.
+                      if (has_backward(md) && !grad_dtype_fits(gd, p)) continue;
+                      // bf16 masters: bf16 compute on CUDA, their gradients bf16 whatever --grad-dtype says, no copies.
+                      if (ms == DType::bf16 &&
+                          (p != "bf16" || d != "cuda" || gd != grad_dtypes.front() || wc != WeightCopies::kept))
+                        continue;
+                      for (auto b : batches)
+                        for (auto t : ctxs) {
+                          MemorySpec s;
+                          s.cell.model = m;
+                          s.cell.device = d;
+                          s.cell.precision = p;
+                          s.cell.attention = a;
+                          s.cell.mode = md;
+                          s.cell.batch = b;
+                          s.cell.ctx = t;
+                          s.cell.warmup = warmup;
+                          s.cell.steps = 1;
+                          s.cell.seed = seed_;
+                          s.cell.recompute = rc;
+                          s.cell.grad_accum = has_backward(md) ? static_cast<int>(k) : 1;
+                          s.cell.weight_copies = wc;
+                          s.cell.grad_dtype = cell_grad_dtype(md, parse_grad_dtype(gd));
+                          s.cell.master_dtype = ms;
+                          if (ms == DType::bf16 && has_backward(md)) s.cell.grad_dtype = DType::bf16;
+                          s.cell.parallel = parallel_.resolve(b, d, dry_run_);
+                          RunSpec checked = s.cell;  // before any cell runs
+                          validate_run(checked);
+                          s.dry_run = dry_run_;
+                          s.memory_limit = limit;
+                          cells.push_back(s);
+                        }
+                    }
   if (cells.empty()) {
     if (std::find(grad_dtypes.begin(), grad_dtypes.end(), "fp32") == grad_dtypes.end())
       check_grad_dtype(grad_dtypes.front(), precisions.front());  // --grad-dtype bf16 without bf16
     for (const auto& c : split_list(weight_copies)) check_weight_copies(c, precisions.front());
+    if (std::find(masters.begin(), masters.end(), DType::f32) == masters.end())
+      user_error("no cell is left to run: --master-dtype bf16 needs --precision bf16 on --device cuda");
     user_error("no cell is left to run: what --weight-copies and --grad-dtype ask for needs --precision bf16");
   }
   return cells;

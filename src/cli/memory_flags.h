@@ -29,7 +29,7 @@ class MemoryCellFlags {
   std::size_t memory_limit() const;  // 0: the device's
 
   std::string ctx = "256", batch = "4", mode = "train", device, precision = "fp32", attention = "flash",
-              recompute = "none", grad_accum = "1", weight_copies = "kept", grad_dtype = "fp32";
+              recompute = "none", grad_accum = "1", weight_copies = "kept", grad_dtype = "fp32", master_dtype = "fp32";
   int warmup = 1;
   std::string warmup_help = "Steps before the one recorded", seed_help = "Seed for the tokens",
               dry_run_help =

@@ -136,6 +136,14 @@ std::string grad_dtype_help(bool list) {
          (list ? " (comma list sweeps)" : "");
 }
 
+std::string master_dtype_help(bool list) {
+  return std::string(
+             "The parameters' and AdamW state's type: fp32 (the default), or bf16 under --precision bf16 on CUDA, "
+             "one process: a bf16 model as PyTorch's torch_dtype=bfloat16 makes it, its residual stream, gradients "
+             "and moments in bf16 too, for half the static memory (docs/precision.md says what it costs in loss)") +
+         (list ? " (comma list sweeps)" : "");
+}
+
 std::string grad_accum_help(bool list) {
   return std::string(
              "Micro-batches of --batch sequences per optimizer step, their gradients summed (the step's batch is "

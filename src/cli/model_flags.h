@@ -41,6 +41,8 @@ std::string weight_copies_help(bool list);
 WeightCopies check_weight_copies(const std::string& weight_copies, const std::string& precision);
 // --grad-dtype's help (a comma list sweeps where `list`).
 std::string grad_dtype_help(bool list);
+// --master-dtype's help (a comma list sweeps where `list`).
+std::string master_dtype_help(bool list);
 // --grad-accum's help (a comma list sweeps where `list`).
 std::string grad_accum_help(bool list);
 // "80GiB", "81920MiB", "80GB" (10^9), "85899345920" (bytes) -> bytes; UserError otherwise.

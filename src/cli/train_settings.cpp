@@ -77,6 +77,7 @@ nlohmann::json flat_config(const nlohmann::json& saved, const std::string& dir) 
                {"recompute", recompute_name(r.recompute)},
                {"weight_copies", weight_copies_name(r.weight_copies)},
                {"grad_dtype", grad_dtype_name(r.grad_dtype)},
+               {"master_dtype", master_dtype_name(r.master_dtype)},
                {"graphs", on_off(r.graphs)},
                {"fusion", on_off(r.fusion)},
                {"batch", r.batch},
@@ -183,6 +184,7 @@ void TrainSettings::add_to(CLI::App& app) {
   app.add_option("--grad-accum", grad_accum, grad_accum_help(false))->capture_default_str();
   app.add_option("--weight-copies", weight_copies, weight_copies_help(false))->capture_default_str();
   app.add_option("--grad-dtype", grad_dtype, grad_dtype_help(false))->capture_default_str();
+  app.add_option("--master-dtype", master_dtype, master_dtype_help(false))->capture_default_str();
   app.add_option("--graphs", graphs,
                  "on: forward, backward and optimizer each run as one CUDA graph, recorded once and replayed (the "
                  "same bits as off, fewer launches); off: op by op (no effect on the CPU)")
@@ -229,6 +231,7 @@ void TrainSettings::validate(const CLI::App& app) {
     if (*value != "on" && *value != "off") user_error("unknown {} '{}' (use on or off)", flag, *value);
   check_weight_copies(weight_copies, precision);
   check_grad_dtype(grad_dtype, precision);
+  parse_master_dtype(master_dtype);  // how it fits the rest: validate_run
   if (checkpoint_dir.empty() && (app.count("--save-every") > 0 || app.count("--keep") > 0))
     user_error("--save-every and --keep need --checkpoint-dir");
   if (app.count("--save-every") > 0 && save_every <= 0)
@@ -342,6 +345,7 @@ RunSpec TrainSettings::run_spec(const parallel::ParallelPlan& parallel) const {
   r.recompute = parse_recompute(recompute);
   r.weight_copies = parse_weight_copies(weight_copies);
   r.grad_dtype = parse_grad_dtype(grad_dtype);
+  r.master_dtype = parse_master_dtype(master_dtype);
   r.graphs = graphs == "on";
   r.fusion = fusion == "on";
   r.seed = seed;
@@ -370,6 +374,15 @@ std::vector<std::string> TrainSettings::take_from_checkpoint(const CLI::App& app
       user_error("the checkpoint in '{}' was trained in {}, and a run cannot go on from it in {}", resume,
                  their_precision, precision);
     precision = their_precision;
+    // A checkpoint of fp32 masters holds values bf16 cannot keep, and one of bf16 masters was trained
+    // as a bf16 model: neither goes on as the other. Those written before the choice were fp32.
+    const std::string their_masters = saved.contains("master_dtype") && saved["master_dtype"].is_string()
+                                          ? saved["master_dtype"].get<std::string>()
+                                          : "fp32";
+    if (app.count("--master-dtype") > 0 && master_dtype != their_masters)
+      user_error("the checkpoint in '{}' was trained with {} masters, and a run cannot go on from it with {}", resume,
+                 their_masters, master_dtype);
+    master_dtype = their_masters;
     std::vector<std::string> changes;
     take(app, saved, resume, "--device", device, changes);
     take(app, saved, resume, "--attention", attention, changes);

@@ -1,8 +1,8 @@
 // Everything `lmscope train` is told: its flags, their checks, the configuration a checkpoint keeps
 // (to_json: the run's RunSpec and train's own settings), and how a resumed run takes that
 // configuration back: a flag not given takes the checkpoint's value; one given with another value
-// goes on and is reported, except the model's shape, vocabulary and precision, which a checkpoint
-// cannot change (UserError). The data-parallel layout is taken back by ParallelFlags.
+// goes on and is reported, except the model's shape, vocabulary, precision and master dtype, which a
+// checkpoint cannot change (UserError). The data-parallel layout is taken back by ParallelFlags.
 #pragma once
 
 #include "lmscope/io/token_data.h"
@@ -44,7 +44,8 @@ struct TrainSettings {
   int grad_accum = 1;
   std::uint64_t seed = 0;
   std::string sample = "random", device, precision = "fp32", attention = "flash", recompute = "none",
-              weight_copies = "kept", grad_dtype = "fp32", lr_schedule = "constant", graphs = "on", fusion = "on";
+              weight_copies = "kept", grad_dtype = "fp32", master_dtype = "fp32", lr_schedule = "constant",
+              graphs = "on", fusion = "on";
   OptimizerConfig optimizer;
   LrSchedule schedule;
 

@@ -122,6 +122,39 @@ class MemoryDiet(unittest.TestCase):
                 self.assertEqual(len(r.stderr.strip().splitlines()), 1, (command, bad, r.stderr))
                 self.assertIn(says, r.stderr, (command, bad))
 
+    def test_bf16_masters_halve_the_static_memory_and_their_bad_settings(self):
+        r = run("memory", "--dry-run", "--model", "small", "--precision", "bf16", "--master-dtype", "fp32,bf16",
+                "--ctx", "512", "--batch", "4", "--format", "json")
+        self.assertEqual(r.returncode, 0, r.stderr)
+        fp32, bf16 = json.loads(r.stdout)
+        self.assertEqual((fp32["master_dtype"], bf16["master_dtype"]), ("fp32", "bf16"))
+        self.assertEqual(bf16["grad_dtype"], "bf16")  # a bf16 model's gradients
+        info = run("info", "--model", "small", "--format", "json")
+        self.assertEqual(info.returncode, 0, info.stderr)
+        params = json.loads(info.stdout)["parameters"]
+        # 2 bytes a weight and 4 for its moments, each tensor rounded up to 256 bytes (one per tensor
+        # at most: 3 + 9 * 12 tensors), where fp32 masters hold 4 and 8, and 2 for the copies.
+        tensors = 3 + 9 * 12
+        self.assertGreaterEqual(bf16["peak_by_kind"]["parameter"], 2 * params)
+        self.assertLess(bf16["peak_by_kind"]["parameter"], 2 * params + 256 * tensors)
+        self.assertGreaterEqual(bf16["peak_by_kind"]["optimizer_state"], 4 * params)
+        self.assertLess(bf16["peak_by_kind"]["optimizer_state"], 4 * params + 512 * tensors)
+        self.assertGreaterEqual(fp32["peak_by_kind"]["optimizer_state"], 8 * params)
+        self.assertLess(bf16["peak_bytes"], fp32["peak_bytes"])
+        for args, says in ((["memory", "--dry-run", "--master-dtype", "bf16"],
+                            "--master-dtype bf16 needs --precision bf16 on --device cuda"),
+                           (["bench", "--device", "cpu", "--precision", "bf16", "--master-dtype", "bf16"],
+                            "--master-dtype bf16 needs --precision bf16 on --device cuda"),
+                           (["memory", "--dry-run", "--master-dtype", "fp8"], "unknown --master-dtype 'fp8'"),
+                           (["memory", "--dry-run", "--precision", "bf16", "--master-dtype", "bf16", "--world-size",
+                             "2"], "with data parallelism or ZeRO it is not yet built"),
+                           (["train", "--device", "cpu", "--master-dtype", "bf16", "--precision", "bf16", "--data",
+                             "none.bin", "--steps", "1"], "runs on CUDA only")):
+            r = run(*args, "--model", "small")
+            self.assertEqual(r.returncode, 2, (args, r.stderr))
+            self.assertEqual(len(r.stderr.strip().splitlines()), 1, (args, r.stderr))
+            self.assertIn(says, r.stderr, args)
+
     def test_2_7b_trains_at_ctx_4096_within_80_gib_with_full_recompute(self):
         r = run("memory", "--dry-run", "--model", "2.7B", "--ctx", "4096", "--precision", "bf16",
                 "--recompute", "none,full", "--memory-limit", "80GiB", "--format", "json")

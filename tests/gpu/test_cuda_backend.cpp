@@ -211,11 +211,11 @@ TEST_F(CudaVsCpu, RmsNormForwardSameBitsWhateverAlignment) {
   const auto [ky, y_off] = shifted_copy(y.gpu);
   const auto fused = launched("add_rmsnorm_forward_kernel",
                               [&] { gpu->add_rmsnorm_forward(x_off, y_off, h.gpu, w.gpu, out.gpu, r.gpu, 1e-5); });
-  EXPECT_TRUE(!fused || *fused == "add_rmsnorm_forward_kernel<float, float, 4, false>") << *fused;
+  EXPECT_TRUE(!fused || *fused == "add_rmsnorm_forward_kernel<float, float, float, 4, false>") << *fused;
   gpu->add(x.gpu, y.gpu, h2.gpu);
   const auto plain =
       launched("rmsnorm_forward_kernel", [&] { gpu->rmsnorm_forward(h2.gpu, w.gpu, out2.gpu, r2.gpu, 1e-5); });
-  EXPECT_TRUE(!plain || *plain == "rmsnorm_forward_kernel<float, 4, true>") << *plain;
+  EXPECT_TRUE(!plain || *plain == "rmsnorm_forward_kernel<float, float, 4, true>") << *plain;
   for (auto [a, b] : {std::pair{&h, &h2}, {&out, &out2}, {&r, &r2}})
     EXPECT_EQ(download(*gpu, a->gpu), download(*gpu, b->gpu));
   cpu->add(x.cpu, y.cpu, h.cpu);

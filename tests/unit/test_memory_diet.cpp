@@ -4,7 +4,8 @@
 // accumulation
 // (--grad-accum): K micro-batches give the loss, gradients and AdamW step of one batch of them all.
 // The logits in chunks: the loss, gradients and step of the logits whole, and none kept. Resident
-// weight copies (--weight-copies resident): a graphed step's keys repeat, at the memory they hold.
+// weight copies (--weight-copies resident): a graphed step's keys repeat, at the memory they hold. bf16
+// masters (--master-dtype bf16) hold 2 bytes a weight and a moment, and no copies.
 #include "../common/one_step.h"
 
 #include "lmscope/backend/backend.h"
@@ -236,6 +237,59 @@ TEST(WeightCopies, AForwardCastsALayersKeptCopiesAtOnce) {
   for (int step = 0; step < steps; ++step) want.insert(want.end(), step_runs.begin(), step_runs.end());
   EXPECT_EQ(kept.copy_runs, want);
   EXPECT_TRUE(graphed_steps(WeightCopies::resident, steps).copy_runs.empty());
+}
+
+// bf16 masters on the dry run (the shapes the CUDA run allocates): parameters and AdamW's moments of
+// 2 bytes, none of the copies mixed precision keeps, and a lower peak than fp32 masters'.
+TEST(Bf16Masters, HoldTheWeightsAndMomentsInTwoBytesAndNoCopies) {
+  struct Held {
+    std::size_t parameters = 0, moments = 0, expected_parameters = 0, peak = 0;
+    int copies = 0;
+  };
+  const auto train_step = [](DType masters) {
+    RunSpec spec;
+    spec.model = tiny_model();
+    spec.batch = 4;
+    spec.ctx = 24;
+    spec.device = "cuda";
+    spec.precision = "bf16";
+    spec.master_dtype = masters;
+    const std::int64_t n = spec.batch * spec.ctx;
+    std::vector<std::int32_t> ids(static_cast<std::size_t>(n)), targets(ids.size());
+    for (std::size_t i = 0; i < ids.size(); ++i) {
+      ids[i] = static_cast<std::int32_t>(i % 37);
+      targets[i] = static_cast<std::int32_t>((i * 7) % 37);
+    }
+    MicroBatchSlices batch(std::move(ids), std::move(targets), n);
+    SessionOptions options;
+    options.backend = make_meta_backend(dry_run_target("cuda"), "bf16");
+    options.weights = InitialWeights::constant;
+    options.first_batch = &batch;
+    Session session(spec, std::move(options));
+    Allocator& mem = session.backend().allocator();
+    mem.record_events(true);
+    StepDriver driver(session, batch, false);
+    driver.step(0, 0);
+    Held h;
+    h.parameters = mem.current_bytes(MemKind::parameter);
+    h.moments = mem.current_bytes(MemKind::optimizer_state);
+    h.peak = mem.peak_bytes();
+    for (const Parameter& p : session.model().parameters()) {
+      EXPECT_EQ(p.value.tensor().dtype, masters) << p.spec.name;
+      h.expected_parameters += Allocator::rounded_bytes(static_cast<std::size_t>(p.value.tensor().numel()) * 2);
+    }
+    for (const MemEvent& e : mem.events())
+      if (e.action == MemAction::alloc && e.tag.what.ends_with("(bf16 copy)")) ++h.copies;
+    return h;
+  };
+  const Held bf16 = train_step(DType::bf16), fp32 = train_step(DType::f32);
+  EXPECT_EQ(bf16.parameters, bf16.expected_parameters);
+  EXPECT_EQ(bf16.moments, 2 * bf16.expected_parameters);
+  EXPECT_EQ(bf16.copies, 0);
+  EXPECT_GT(fp32.copies, 0);  // the mixed-precision run makes copies, so the count above can see them
+  EXPECT_GT(fp32.parameters, bf16.parameters);
+  EXPECT_GT(fp32.moments, bf16.moments);
+  EXPECT_LT(bf16.peak, fp32.peak);
 }
 
 }  // namespace

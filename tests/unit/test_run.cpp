@@ -120,6 +120,55 @@ TEST(ValidateRun, HoldsTheRulesThatTieSettingsTogether) {
   EXPECT_THROW(validate_run(s), UserError);  // nothing to exchange without a backward
 }
 
+// bf16 masters: bf16 compute on CUDA in one process, with no copies to place; their gradients are
+// bf16; the description keeps them, and one written before them reads as fp32 masters.
+TEST(ValidateRun, Bf16MastersRunWhereTheyCan) {
+  const auto says = [](RunSpec s) {
+    try {
+      validate_run(s);
+    } catch (const UserError& e) {
+      return std::string(e.what());
+    }
+    return std::string("nothing");
+  };
+  RunSpec s = tiny_run();
+  s.master_dtype = DType::bf16;
+  s.device = "cuda";
+  s.precision = "fp32";
+  EXPECT_EQ(says(s), "--master-dtype bf16 needs --precision bf16 (a bf16 model computes in bf16), not fp32");
+  s.precision = "bf16";
+  s.device = "cpu";
+  EXPECT_EQ(says(s), "--master-dtype bf16 runs on CUDA only: the CPU backend keeps its parameters in fp32");
+  s.device = "cuda";
+  s.weight_copies = WeightCopies::transient;
+  EXPECT_EQ(says(s),
+            "--weight-copies transient has nothing to place under --master-dtype bf16: the bf16 weights are the "
+            "masters");
+  s.weight_copies = WeightCopies::kept;
+  s.parallel.data = parallel::DataParallelSpec{};
+  s.parallel.world.size = 2;
+  EXPECT_EQ(says(s),
+            "--master-dtype bf16 runs in one process for now: with data parallelism or ZeRO it is not yet built and "
+            "checked");
+  s.parallel = {};
+  validate_run(s);
+  EXPECT_EQ(s.grad_dtype, DType::bf16);
+  EXPECT_EQ(s.label(), "train, bf16 masters");
+  const nlohmann::ordered_json j = s.to_json();
+  EXPECT_EQ(j.at("master_dtype"), "bf16");
+  EXPECT_EQ(RunSpec::from_json(nlohmann::json::parse(j.dump())).master_dtype, DType::bf16);
+  nlohmann::json old = j;
+  old.erase("master_dtype");
+  EXPECT_EQ(RunSpec::from_json(old).master_dtype, DType::f32);
+  old["master_dtype"] = "fp16";
+  EXPECT_THROW(RunSpec::from_json(old), UserError);
+  s.mode = StepMode::forward;
+  s.grad_dtype = DType::f32;
+  validate_run(s);
+  EXPECT_EQ(s.grad_dtype, DType::f32);  // no backward, no gradients
+  EXPECT_EQ(s.label(), "forward, bf16 masters");
+}
+
 // A cell's failure in words of ours: the C++ library's own for a host allocation were "std::bad_alloc".
 TEST(FailureStatus, SaysAHostThatCannotHoldACellInOurWords) {
   EXPECT_EQ(failure_status(std::make_exception_ptr(std::bad_alloc())),

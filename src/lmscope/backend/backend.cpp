@@ -3,24 +3,59 @@
 #include "lmscope/backend/devices.h"
 #include "lmscope/core/hash.h"
 
+#include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <utility>
 
 namespace lmscope {
+
+namespace {
+
+// IEEE bf16 from float and back on the host: round to nearest even, as the device's conversions do
+// (a NaN stays a NaN).
+std::uint16_t bf16_bits(float f) {
+  std::uint32_t u;
+  std::memcpy(&u, &f, 4);
+  if ((u & 0x7fffffffu) > 0x7f800000u) return static_cast<std::uint16_t>((u >> 16) | 0x40u);
+  u += 0x7fffu + ((u >> 16) & 1u);
+  return static_cast<std::uint16_t>(u >> 16);
+}
+float bf16_value(std::uint16_t h) {
+  const std::uint32_t u = std::uint32_t{h} << 16;
+  float f;
+  std::memcpy(&f, &u, 4);
+  return f;
+}
+
+}  // namespace
 
 void upload(Backend& backend, const Tensor& t, std::span<const double> values) {
   LMSCOPE_CHECK(static_cast<std::int64_t>(values.size()) == t.numel(), "upload of {} values into {}", values.size(),
                 shape_str(t.shape));
   if (t.dtype == DType::f64) return backend.copy_from_host(t, values.data());
-  LMSCOPE_CHECK(t.dtype == DType::f32, "upload into a {} tensor", dtype_name(t.dtype));
-  std::vector<float> f(values.begin(), values.end());
-  backend.copy_from_host(t, f.data());
+  const std::vector<float> f(values.begin(), values.end());
+  upload_host(backend, t, f.data());
+}
+
+void upload_host(Backend& backend, const Tensor& t, const float* values) {
+  if (t.dtype == DType::f32) return backend.copy_from_host(t, values);
+  LMSCOPE_CHECK(t.dtype == DType::bf16, "upload into a {} tensor", dtype_name(t.dtype));
+  std::vector<std::uint16_t> h(static_cast<std::size_t>(t.numel()));
+  for (std::size_t i = 0; i < h.size(); ++i) h[i] = bf16_bits(values[i]);
+  backend.copy_from_host(t, h.data());
 }
 
 std::vector<double> download(Backend& backend, const Tensor& t) {
   std::vector<double> out(static_cast<std::size_t>(t.numel()));
   if (t.dtype == DType::f64) {
     backend.copy_to_host(out.data(), t);
+    return out;
+  }
+  if (t.dtype == DType::bf16) {
+    std::vector<std::uint16_t> h(out.size());
+    backend.copy_to_host(h.data(), t);
+    std::transform(h.begin(), h.end(), out.begin(), bf16_value);
     return out;
   }
   LMSCOPE_CHECK(t.dtype == DType::f32, "download of a {} tensor", dtype_name(t.dtype));

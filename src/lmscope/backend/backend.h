@@ -364,9 +364,12 @@ struct AttentionShape {
 };
 AttentionShape attention_shape(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out, const Tensor& lse);
 
-// Host values to and from an f32 or f64 tensor, converting to and from double.
+// Host values to and from an f32, f64 or bf16 tensor, converting to and from double (into bf16
+// rounded to nearest even).
 void upload(Backend& backend, const Tensor& t, std::span<const double> values);
 std::vector<double> download(Backend& backend, const Tensor& t);
+// t.numel() floats into an f32 tensor, or rounded (to nearest even) into a bf16 one.
+void upload_host(Backend& backend, const Tensor& t, const float* values);
 // Element 0 of an f32 or f64 tensor, read to the host (synchronises with the backend).
 double read_scalar(Backend& backend, const Tensor& t);
 

@@ -164,7 +164,7 @@ std::string markdown(const std::vector<BenchResult>& rows) {
 std::string csv(const std::vector<BenchResult>& rows) {
   std::string out =
       "model,d_model,d_ff,layers,heads,vocab,device,precision,attention,mode,recompute,grad_accum,weight_copies,"
-      "grad_dtype,graphs,fusion,batch,ctx,warmup,steps";
+      "grad_dtype,master_dtype,graphs,fusion,batch,ctx,warmup,steps";
   for (const char* p : kPhases)
     for (const char* f : {"mean_ms", "std_ms", "median_ms", "min_ms", "max_ms"}) out += fmt::format(",{}_{}", p, f);
   out += ",tokens_per_s,model_tflops,mfu,peak_bytes,device_name,dry_run,status";
@@ -173,11 +173,12 @@ std::string csv(const std::vector<BenchResult>& rows) {
       "collectives_library,grad_exchange\n";
   for (const BenchResult& r : rows) {
     const BenchSpec& s = r.spec;
-    out += fmt::format("{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{}", csv_field(s.model.name),
+    out += fmt::format("{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{}", csv_field(s.model.name),
                        s.model.d_model, s.model.d_ff, s.model.layers, s.model.heads, s.model.vocab, s.device,
                        s.precision, attention_name(s.attention), step_mode_name(s.mode), recompute_name(s.recompute),
                        s.grad_accum, weight_copies_name(s.weight_copies), grad_dtype_name(s.grad_dtype),
-                       s.graphs ? "on" : "off", s.fusion ? "on" : "off", s.batch, s.ctx, s.warmup, s.steps);
+                       master_dtype_name(s.master_dtype), s.graphs ? "on" : "off", s.fusion ? "on" : "off", s.batch,
+                       s.ctx, s.warmup, s.steps);
     for (int i = 0; i < 4; ++i) {
       const PhaseStats& p = phase(r, i);
       if (p.n)

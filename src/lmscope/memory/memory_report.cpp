@@ -114,7 +114,8 @@ std::string opt_bytes(const std::optional<std::size_t>& b) { return b ? std::to_
 
 std::string csv(const std::vector<MemoryRow>& rows) {
   std::string out =
-      "model,device,dry_run,precision,attention,mode,recompute,grad_accum,weight_copies,grad_dtype,batch,ctx,"
+      "model,device,dry_run,precision,attention,mode,recompute,grad_accum,weight_copies,grad_dtype,master_dtype,batch,"
+      "ctx,"
       "peak_bytes,"
       "peak_phase,"
       "peak_buffer,"
@@ -126,10 +127,10 @@ std::string csv(const std::vector<MemoryRow>& rows) {
     const MemoryRecord& r = row.record;
     const MemoryAnalysis& a = row.analysis;
     const BenchSpec& c = r.spec.cell;
-    out +=
-        fmt::format("{},{},{},{},{},{},{},{},{},{},{},{}", csv_field(c.model.name), c.device, r.spec.dry_run ? 1 : 0,
-                    c.precision, attention_name(c.attention), step_mode_name(c.mode), recompute_name(c.recompute),
-                    c.grad_accum, weight_copies_name(c.weight_copies), grad_dtype_name(c.grad_dtype), c.batch, c.ctx);
+    out += fmt::format("{},{},{},{},{},{},{},{},{},{},{},{},{}", csv_field(c.model.name), c.device,
+                       r.spec.dry_run ? 1 : 0, c.precision, attention_name(c.attention), step_mode_name(c.mode),
+                       recompute_name(c.recompute), c.grad_accum, weight_copies_name(c.weight_copies),
+                       grad_dtype_name(c.grad_dtype), master_dtype_name(c.master_dtype), c.batch, c.ctx);
     if (!row.recorded) {
       out +=
           std::string(9 + kMemKinds + 3, ',') + fmt::format(",{},{}\n", csv_field(r.device_name), csv_field(r.status));

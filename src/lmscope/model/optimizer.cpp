@@ -63,7 +63,7 @@ AdamW::AdamW(Transformer& model, const OptimizerConfig& config, OptimizerShardin
     be.fill(v_.back(), 0.0);
   }
   // The norm and, behind it in the same 256 bytes, the step's scalars (AdamWArgs::step_scalars).
-  norm_and_scalars_ = be.allocator().allocate({4}, model_.dtype(), {MemKind::workspace, "adamw.grad_norm", -1});
+  norm_and_scalars_ = be.allocator().allocate({4}, model_.stats_dtype(), {MemKind::workspace, "adamw.grad_norm", -1});
   grad_norm_ = norm_and_scalars_.tensor().rows(0, 1);
   step_scalars_ = norm_and_scalars_.tensor().rows(1, 3);
 }
@@ -136,7 +136,7 @@ void AdamW::sharded_step(const AdamWArgs& args) {
   {
     const GradientShard grad = sharding_->summed_gradients();
     {
-      Allocation partial = mem.allocate({1}, model_.dtype(), {MemKind::workspace, "zero.partial_norm", -1});
+      Allocation partial = mem.allocate({1}, model_.stats_dtype(), {MemKind::workspace, "zero.partial_norm", -1});
       be.global_norm(grad.parts(), partial);
       sharding_->combine_norms(partial, grad_norm_);
     }

@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <type_traits>
 #include <unordered_map>
 
 namespace lmscope {
@@ -48,6 +49,9 @@ Transformer::Transformer(const ModelConfig& config, Backend& backend, DType dtyp
       attention_(attention),
       hooks_(hooks ? hooks : &no_hooks()) {
   config_.validate();
+  LMSCOPE_CHECK(dtype_ != DType::bf16 || compute_ == DType::bf16, "bf16 masters compute in bf16, not {}",
+                dtype_name(compute_));
+  LMSCOPE_CHECK(dtype_ != DType::f16, "f16 masters");
   std::unordered_map<std::string, Parameter*> by_name;
   for (ParameterSpec& s : parameter_specs(config_)) {
     s.shape = hooks_->local_shape(s);
@@ -75,7 +79,7 @@ Transformer::Transformer(const ModelConfig& config, Backend& backend, DType dtyp
   }
   embedding_stretch_ = {embedding_};
   head_stretch_ = {ln_final_, lm_head_};
-  loss_ = wide("loss", -1, {1}, MemKind::workspace);
+  loss_ = stat("loss", -1, {1}, MemKind::workspace);
 }
 
 Transformer::~Transformer() = default;
@@ -231,7 +235,10 @@ void Transformer::fill_initial_values(std::uint64_t seed) {
   std::vector<T> host(static_cast<std::size_t>(largest));  // one staging buffer for every tensor
   for (Parameter& p : params_) {
     draw_initial_values(seed, p.spec.name, p.spec.init_std, p.value.tensor().numel(), host.data());
-    backend_.copy_from_host(p.value, host.data());
+    if constexpr (std::is_same_v<T, float>)
+      upload_host(backend_, p.value, host.data());  // rounded into bf16 masters
+    else
+      backend_.copy_from_host(p.value, host.data());
   }
 }
 
@@ -254,7 +261,7 @@ void Transformer::fill_kept_initial_values(std::uint64_t seed, KeptInitialValues
     kept.tensors = std::move(drawn);
     kept.seed = seed;
   }
-  for (Parameter& p : params_) backend_.copy_from_host(p.value, kept.tensors.at(p.spec.name).values.get());
+  for (Parameter& p : params_) upload_host(backend_, p.value, kept.tensors.at(p.spec.name).values.get());
 }
 
 Allocation Transformer::act(const char* what, int layer, Shape shape, std::source_location where) {
@@ -263,6 +270,10 @@ Allocation Transformer::act(const char* what, int layer, Shape shape, std::sourc
 
 Allocation Transformer::wide(const char* what, int layer, Shape shape, MemKind kind, std::source_location where) {
   return backend_.allocator().allocate(std::move(shape), dtype_, {kind, what, layer}, where);
+}
+
+Allocation Transformer::stat(const char* what, int layer, Shape shape, MemKind kind, std::source_location where) {
+  return backend_.allocator().allocate(std::move(shape), stats_dtype(), {kind, what, layer}, where);
 }
 
 const Tensor& Transformer::as_compute(const Tensor& t, Allocation& scratch, const char* what, int layer,
@@ -292,7 +303,7 @@ void Transformer::linear(const Tensor& x, const Tensor& w, const Tensor& y) {
 }
 
 AttentionCall Transformer::attention_call(int layer) const {
-  return {.kind = attention_, .causal = true, .dq = FlashDq::deterministic, .stats = dtype_, .layer = layer};
+  return {.kind = attention_, .causal = true, .dq = FlashDq::deterministic, .stats = stats_dtype(), .layer = layer};
 }
 
 Allocation Transformer::layer_forward(int l, Allocation x, Layer& L, const Keep& keep, Normed* ln1, Normed* next) {
@@ -312,7 +323,7 @@ Allocation Transformer::layer_forward(int l, Allocation x, Layer& L, const Keep&
     L.n1 = std::move(ln1->out);
   } else {
     op.next("ln1");
-    L.rstd1 = wide("ln1.rstd", l, {N});
+    L.rstd1 = stat("ln1.rstd", l, {N});
     L.n1 = act("ln1.out", l, {N, d});
     backend_.rmsnorm_forward(L.x, P.ln1->value, L.n1, L.rstd1, eps);
   }
@@ -359,7 +370,7 @@ Allocation Transformer::layer_forward(int l, Allocation x, Layer& L, const Keep&
   L.h = wide("attn.residual", l, {N, d});
   if (fusion_) {  // the residual add and ln2 in one pass
     op.next("residual and ln2");
-    L.rstd2 = wide("ln2.rstd", l, {N});
+    L.rstd2 = stat("ln2.rstd", l, {N});
     L.n2 = act("ln2.out", l, {N, d});
     backend_.add_rmsnorm_forward(L.x, attn_out, L.h, P.ln2->value, L.n2, L.rstd2, eps);
     attn_out.reset();
@@ -369,7 +380,7 @@ Allocation Transformer::layer_forward(int l, Allocation x, Layer& L, const Keep&
     attn_out.reset();
     drop_unless(keep.input, L.x);
     op.next("ln2");
-    L.rstd2 = wide("ln2.rstd", l, {N});
+    L.rstd2 = stat("ln2.rstd", l, {N});
     L.n2 = act("ln2.out", l, {N, d});
     backend_.rmsnorm_forward(L.h, P.ln2->value, L.n2, L.rstd2, eps);
   }
@@ -396,7 +407,7 @@ Allocation Transformer::layer_forward(int l, Allocation x, Layer& L, const Keep&
   if (next) {  // the residual add and the norm after it in one pass
     const bool last = l + 1 == config_.layers;
     op.next(last ? "residual and ln_final" : "residual and next ln1");
-    next->rstd = wide(last ? "ln_final.rstd" : "ln1.rstd", last ? -1 : l + 1, {N});
+    next->rstd = stat(last ? "ln_final.rstd" : "ln1.rstd", last ? -1 : l + 1, {N});
     next->out = act(last ? "ln_final.out" : "ln1.out", last ? -1 : l + 1, {N, d});
     const Parameter& norm = last ? *ln_final_ : *layer_params_[l + 1].ln1;
     backend_.add_rmsnorm_forward(L.h, ffn_out, out, norm.value, next->out, next->rstd, eps);
@@ -463,14 +474,14 @@ void Transformer::forward(bool for_backward) {
     s.n_final = std::move(normed.out);
   } else {
     op.next("ln_final");
-    s.rstd_final = wide("ln_final.rstd", -1, {N});
+    s.rstd_final = stat("ln_final.rstd", -1, {N});
     s.n_final = act("ln_final.out", -1, {N, d});
     backend_.rmsnorm_forward(s.x_final, ln_final_->value, s.n_final, s.rstd_final, eps);
   }
   done(s.x_final);
   done(s.rstd_final);
   op.next("lm_head and loss");
-  s.lse = wide("loss.lse", -1, {N});
+  s.lse = stat("loss.lse", -1, {N});
   const std::int64_t rows = for_backward ? logit_chunk_rows() : N;
   if (rows >= N) {
     s.logits = act("lm_head.logits", -1, {N, config_.vocab});

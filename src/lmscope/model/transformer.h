@@ -65,8 +65,9 @@ struct Parameter {
 class Transformer {
  public:
   // dtype: parameters, gradients (unless set_grad_dtype says otherwise), optimizer state and the
-  // residual stream (f32; f64 on the CPU for gradient checks). compute: GEMM operands and the activations between
-  // GEMMs: the same as dtype, or bf16 or f16 for mixed precision (docs/precision.md); none means the same as dtype.
+  // residual stream (f32; f64 on the CPU for gradient checks; bf16 with compute bf16 for
+  // --master-dtype bf16, on CUDA). compute: GEMM operands and the activations between GEMMs: the same
+  // as dtype, or bf16 or f16 for mixed precision (docs/precision.md); none means the same as dtype.
   // attention: flash (FlashAttention-2, the default) or naive (scores and probabilities in memory).
   // hooks: a parallelism that gives the parameters their local shapes (StepHooks::local_shape); one that
   // keeps the shapes may come later (set_hooks).
@@ -79,6 +80,9 @@ class Transformer {
 
   const ModelConfig& config() const { return config_; }
   DType dtype() const { return dtype_; }
+  // The row statistics' dtype (RMSNorm's rstd, attention's and the loss's log-sum-exps, the loss, the
+  // gradient norm): f32, or f64 where the model computes in f64; never bf16, whatever the masters.
+  DType stats_dtype() const { return dtype_ == DType::f64 ? DType::f64 : DType::f32; }
   DType compute_dtype() const { return compute_; }
   AttentionKind attention() const { return attention_; }
   const RecomputePlan& recompute() const { return recompute_; }
@@ -192,11 +196,13 @@ class Transformer {
   void fill_initial_values(std::uint64_t seed);
   void fill_kept_initial_values(std::uint64_t seed, KeptInitialValues& kept);
   // act: compute dtype (GEMM operands and what lies between GEMMs); wide: the master dtype (the
-  // residual stream, its gradient and the statistics).
+  // residual stream and its gradient); stat: stats_dtype (row statistics, the loss).
   // Each passes its caller's line on to the allocation's tag.
   Allocation act(const char* what, int layer, Shape shape,
                  std::source_location where = std::source_location::current());
   Allocation wide(const char* what, int layer, Shape shape, MemKind kind = MemKind::activation,
+                  std::source_location where = std::source_location::current());
+  Allocation stat(const char* what, int layer, Shape shape, MemKind kind = MemKind::activation,
                   std::source_location where = std::source_location::current());
   // t itself when it already has the compute dtype, else a cast of it into scratch.
   const Tensor& as_compute(const Tensor& t, Allocation& scratch, const char* what, int layer,
@@ -226,9 +232,10 @@ class Transformer {
   // Rows of logits per chunk in a forward for a backward: all of them while they take at most
   // kLogitChunksBeforeChunking chunks.
   std::int64_t logit_chunk_rows() const;
-  // A parameter gradient from an op that overwrites its output (in the master dtype): into the
-  // gradient itself, or, when accumulating or when gradients have another dtype, into scratch that is
-  // then added to it or cast into it.
+  // A parameter gradient from an op that overwrites its output (in f32 or f64: the norms' and the
+  // embedding's): into the gradient itself, or, when accumulating or when gradients have another dtype
+  // (bf16, under bf16 gradients or bf16 masters), into scratch of stats_dtype that is then added to it
+  // or cast into it.
   template <typename Op>
   void parameter_gradient(Parameter* p, Op&& op);
   AttentionCall attention_call(int layer) const;

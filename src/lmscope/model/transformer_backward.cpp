@@ -21,12 +21,13 @@ void Transformer::linear_backward_weight(const Tensor& dy, const Tensor& x, cons
 
 template <typename Op>
 void Transformer::parameter_gradient(Parameter* p, Op&& op) {
-  if (!accumulating_ && grad_dtype_ == dtype_) {
+  if (!accumulating_ && grad_dtype_ == stats_dtype()) {
     op(gradient(*p));
     return;
   }
   Allocation part = backend_.allocator().allocate(
-      p->spec.shape, dtype_, {MemKind::workspace, accumulating_ ? "grad.accumulate" : "grad.wide", p->spec.layer});
+      p->spec.shape, stats_dtype(),
+      {MemKind::workspace, accumulating_ ? "grad.accumulate" : "grad.wide", p->spec.layer});
   op(part.tensor());
   if (accumulating_)
     backend_.add(p->grad, part, p->grad);
@@ -247,7 +248,7 @@ void Transformer::backward(MicroBatch micro) {
   {
     HookedStretch hooked(*hooks_, embedding_stretch_, Pass::backward);
     ScopedRange r(ranges, RangeLevel::op, "embedding");
-    if (grad_dtype_ == dtype_)
+    if (grad_dtype_ == stats_dtype())
       backend_.embedding_backward(ids_, dx, gradient(*embedding_), accumulating_);  // adds in place: no scratch
     else
       parameter_gradient(embedding_, [&](const Tensor& dw) { backend_.embedding_backward(ids_, dx, dw, false); });

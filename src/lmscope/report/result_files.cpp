@@ -108,6 +108,7 @@ std::string mode_of_row(const json& r) {
       .grad_accum = backward ? field<long long>(r, "grad_accum", 1) : 1,
       .weight_copies = field<std::string>(r, "weight_copies", "kept"),
       .grad_dtype = field<std::string>(r, "grad_dtype", "fp32"),
+      .master_dtype = field<std::string>(r, "master_dtype", "fp32"),
       .graphs_off_on_cuda = !field<bool>(r, "graphs", true) && field<std::string>(r, "device", "") == "cuda",
       .fusion = field<bool>(r, "fusion", true)});
 }

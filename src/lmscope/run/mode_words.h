@@ -14,6 +14,7 @@ struct ModeSettings {
   long long grad_accum = 1;  // shown only above 1
   std::string weight_copies = "kept";
   std::string grad_dtype = "fp32";
+  std::string master_dtype = "fp32";  // their gradients are of their dtype, which goes unsaid
   bool graphs_off_on_cuda = false;
   bool fusion = true;
 };

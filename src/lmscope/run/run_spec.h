@@ -25,6 +25,11 @@ const char* grad_dtype_name(DType grad_dtype);
 // "fp32" or "bf16"; UserError naming the choices otherwise.
 DType parse_grad_dtype(const std::string& name);
 
+// The parameters' and optimizer state's dtype (--master-dtype) as tables and files name it: "fp32"
+// or "bf16"; and back (UserError naming the choices otherwise).
+const char* master_dtype_name(DType master_dtype);
+DType parse_master_dtype(const std::string& name);
+
 // UserError for copies other than kept under a precision whose weights have none (fp32, tf32).
 void check_weight_copies(WeightCopies copies, const std::string& precision);
 
@@ -44,6 +49,9 @@ struct RunSpec {
   RecomputePlan recompute;
   WeightCopies weight_copies = WeightCopies::kept;  // matters under mixed precision only
   DType grad_dtype = DType::f32;                    // f32, or bf16 under bf16 precision
+  // The parameters, AdamW's moments and the residual stream: f32, or bf16 (--master-dtype bf16, on
+  // CUDA under bf16 precision, with bf16 gradients; the reference model of the 2026 leaderboard).
+  DType master_dtype = DType::f32;
   // Each phase as one device graph, recorded once and replayed (Transformer::set_graphs), where the
   // backend has them (CUDA); never with data parallelism (its collectives are not recorded).
   bool graphs = true;
@@ -62,15 +70,15 @@ struct RunSpec {
   int exchange_sms() const;
   // The mode as tables show it: "train", with ", selective recompute" where something is recomputed,
   // ", 4 micro-batches" where gradients are accumulated, ", transient copies" or ", resident copies"
-  // where the bf16 weight copies are not kept, ", bf16 gradients", ", graphs off" where a CUDA run
-  // goes without device graphs, ", fusion off", and ", DDP bucketed 25 MiB, 2 ranks" or ", ZeRO-1, 2
-  // ranks" with data parallelism (", symmetric memory off", ", exchange on 8 SMs" where so).
+  // where the bf16 weight copies are not kept, ", bf16 masters", ", bf16 gradients" (unless the masters are), ", graphs
+  // off" where a CUDA run goes without device graphs, ", fusion off", and ", DDP bucketed 25 MiB, 2 ranks" or ",
+  // ZeRO-1, 2 ranks" with data parallelism (", symmetric memory off", ", exchange on 8 SMs" where so).
   std::string label() const;
   // Every field but the world's rendezvous and timeout (where a run meets is not what it is).
   nlohmann::ordered_json to_json() const;
   // The run as a result file's row names it (bench, memory and plan write it first, then their own
   // fields; report/result_files.cpp reads it back): model, device, precision, attention, mode,
-  // recompute, grad_accum, weight_copies, grad_dtype, graphs, fusion, batch, ctx, and data_parallel
+  // recompute, grad_accum, weight_copies, grad_dtype, master_dtype, graphs, fusion, batch, ctx, and data_parallel
   // where there is a layout, as it runs (world_size, ddp and grad_exchange null under ZeRO, zero,
   // bucket_mb, symmetric_memory, comm_sms: the SMs the exchange holds).
   nlohmann::ordered_json row() const;
@@ -80,7 +88,8 @@ struct RunSpec {
 
 // The rules that tie a run's settings together, in one place: UserError (one sentence) for a run
 // that cannot be; what follows from the others is filled in (a mode without a backward has one
-// micro-batch and fp32 gradients; data parallelism runs without device graphs).
+// micro-batch and fp32 gradients; bf16 masters have bf16 gradients; data parallelism runs without
+// device graphs).
 void validate_run(RunSpec& spec);
 
 }  // namespace lmscope

@@ -29,7 +29,7 @@ void Session::build(SessionOptions& options) {
     }
     backend_ = own_backend_.get();
   }
-  model_.emplace(s.model, *backend_, DType::f32, compute_dtype(s.precision), s.attention);
+  model_.emplace(s.model, *backend_, s.master_dtype, compute_dtype(s.precision), s.attention);
   Transformer& model = *model_;
   model.set_recompute(s.recompute);
   model.set_weight_copies(s.weight_copies);

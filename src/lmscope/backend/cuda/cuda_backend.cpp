@@ -32,6 +32,13 @@ float* dw_partials(const Allocation& a) {
   static_assert(scratch::kRmsNormDwBlocks == cuda::kRmsNormDwBlocks);
   return a.empty() ? nullptr : f32(a);
 }
+// A tensor of the master dtype (the residual stream, a norm's weight, a parameter or its moments):
+// f32, or bf16 (--master-dtype bf16).
+void* master_data(const Tensor& t) {
+  LMSCOPE_CHECK(t.dtype == DType::f32 || t.dtype == DType::bf16, "the master dtype is f32 or bf16 here, got {}",
+                dtype_name(t.dtype));
+  return t.data;
+}
 // A gradient, or a tensor the global norm reads: f32, or bf16 (--grad-dtype bf16).
 const void* grad_data(const Tensor& t) {
   LMSCOPE_CHECK(t.dtype == DType::f32 || t.dtype == DType::bf16, "gradients are f32 or bf16 here, got {}",
@@ -235,21 +242,24 @@ class CudaBackend final : public Backend {
   void embedding_forward(const Tensor& ids, const Tensor& table, const Tensor& out) override {
     const auto on = here();
     if (graphs_->skip("embedding_forward", ids, table, out)) return;
-    cuda::embedding_forward(i32(ids), f32(table), f32(out), ids.numel(), table.dim(1), stream_);
+    same_dtype(table, out, "embedding_forward out");
+    cuda::embedding_forward(i32(ids), master_data(table), master_data(out), elem(table), ids.numel(), table.dim(1),
+                            stream_);
   }
   void embedding_backward(const Tensor& ids, const Tensor& dout, const Tensor& dtable, bool accumulate) override {
     const auto on = here();
     if (graphs_->skip("embedding_backward", ids, dout, dtable, accumulate)) return;
-    cuda::embedding_backward(i32(ids), f32(dout), f32(dtable), ids.numel(), dtable.dim(0), dtable.dim(1), accumulate,
-                             stream_);
+    cuda::embedding_backward(i32(ids), master_data(dout), elem(dout), f32(dtable), ids.numel(), dtable.dim(0),
+                             dtable.dim(1), accumulate, stream_);
   }
 
   void rmsnorm_forward(const Tensor& x, const Tensor& w, const Tensor& out, const Tensor& rstd, double eps) override {
     const auto on = here();
     if (graphs_->skip("rmsnorm_forward", x, w, out, rstd, eps)) return;
     const std::int64_t d = x.dim(-1);
-    cuda::rmsnorm_forward(f32(x), f32(w), out.data, elem(out), f32(rstd), x.numel() / d, d, static_cast<float>(eps),
-                          stream_);
+    same_dtype(x, w, "rmsnorm_forward weight");
+    cuda::rmsnorm_forward(master_data(x), master_data(w), elem(x), out.data, elem(out), f32(rstd), x.numel() / d, d,
+                          static_cast<float>(eps), stream_);
   }
   void rmsnorm_backward(const Tensor& dout, const Tensor& x, const Tensor& w, const Tensor& rstd, const Tensor& dx,
                         const Tensor& dw) override {
@@ -257,8 +267,10 @@ class CudaBackend final : public Backend {
     const std::int64_t d = x.dim(-1), n = x.numel() / d;
     const Allocation partials = scratch::cuda_rmsnorm_backward(alloc_, n, d);
     if (graphs_->skip("rmsnorm_backward", dout, x, w, rstd, dx, dw, partials.tensor())) return;
-    cuda::rmsnorm_backward(dout.data, elem(dout), f32(x), f32(w), f32(rstd), nullptr, f32(dx), nullptr, f32(dw),
-                           dw_partials(partials), n, d, stream_);
+    same_dtype(x, w, "rmsnorm_backward weight");
+    same_dtype(x, dx, "rmsnorm_backward dx");
+    cuda::rmsnorm_backward(dout.data, elem(dout), master_data(x), master_data(w), elem(x), f32(rstd), nullptr,
+                           master_data(dx), nullptr, f32(dw), dw_partials(partials), n, d, stream_);
   }
   void add_rmsnorm_forward(const Tensor& x, const Tensor& y, const Tensor& h, const Tensor& w, const Tensor& out,
                            const Tensor& rstd, double eps) override {
@@ -267,8 +279,10 @@ class CudaBackend final : public Backend {
     same_shape(x, h, "add_rmsnorm h");
     if (graphs_->skip("add_rmsnorm_forward", x, y, h, w, out, rstd, eps)) return;
     const std::int64_t d = x.dim(-1);
-    cuda::add_rmsnorm_forward(f32(x), y.data, elem(y), f32(h), f32(w), out.data, elem(out), f32(rstd), x.numel() / d, d,
-                              static_cast<float>(eps), stream_);
+    same_dtype(x, h, "add_rmsnorm h");
+    same_dtype(x, w, "add_rmsnorm weight");
+    cuda::add_rmsnorm_forward(master_data(x), y.data, elem(y), master_data(h), master_data(w), elem(x), out.data,
+                              elem(out), f32(rstd), x.numel() / d, d, static_cast<float>(eps), stream_);
   }
   void rmsnorm_backward_add(const Tensor& dout, const Tensor& x, const Tensor& w, const Tensor& rstd,
                             const Tensor& dresidual, const Tensor& dx, const Tensor& dw,
@@ -282,8 +296,10 @@ class CudaBackend final : public Backend {
     const std::int64_t d = x.dim(-1), n = x.numel() / d;
     const Allocation partials = scratch::cuda_rmsnorm_backward(alloc_, n, d);
     if (graphs_->skip("rmsnorm_backward_add", dout, x, w, rstd, dresidual, dx, dw, partials.tensor(), dx_lowp)) return;
-    cuda::rmsnorm_backward(dout.data, elem(dout), f32(x), f32(w), f32(rstd), f32(dresidual), f32(dx), dx_lowp.data,
-                           f32(dw), dw_partials(partials), n, d, stream_);
+    for (const Tensor* t : {&w, &dresidual, &dx}) same_dtype(x, *t, "rmsnorm_backward_add weight or residual");
+    cuda::rmsnorm_backward(dout.data, elem(dout), master_data(x), master_data(w), elem(x), f32(rstd),
+                           master_data(dresidual), master_data(dx), dx_lowp.data, f32(dw), dw_partials(partials), n, d,
+                           stream_);
   }
 
   void split_heads(const Tensor& in, const Tensor& out, double theta) override {
@@ -450,8 +466,11 @@ class CudaBackend final : public Backend {
         const Tensor& c = copies[i - first];
         check_lowp_copy(c, params[i]);
         graphs_->note("adamw_all copy", c);
-        ts.push_back({f32(params[i]), grad_data(grads[i]), f32(m[i]), f32(v[i]), params[i].numel(), c.data,
-                      c.empty() ? Elem::bf16 : elem(c), eg});
+        same_dtype(params[0], params[i], "adamw_all parameters");
+        same_dtype(params[i], m[i], "adamw_all moment");
+        same_dtype(params[i], v[i], "adamw_all moment");
+        ts.push_back({master_data(params[i]), grad_data(grads[i]), master_data(m[i]), master_data(v[i]),
+                      params[i].numel(), c.data, c.empty() ? Elem::bf16 : elem(c), eg, elem(params[i])});
       }
       if (!graphs_->replaying())
         cuda::adamw_many(ts.data(), static_cast<std::int64_t>(ts.size()), consts,
@@ -473,7 +492,9 @@ class CudaBackend final : public Backend {
                       a.skip_nonfinite, read_norm ? grad_norm.data : nullptr))
       return;
     same_shape(p, g, "adamw gradient");
-    cuda::adamw(f32(p), grad_data(g), elem(g), f32(m), f32(v), p.numel(), consts,
+    same_dtype(p, m, "adamw moment");
+    same_dtype(p, v, "adamw moment");
+    cuda::adamw(master_data(p), elem(p), grad_data(g), elem(g), master_data(m), master_data(v), p.numel(), consts,
                 a.step_scalars.empty() ? nullptr : f32(a.step_scalars), read_norm ? f32(grad_norm) : nullptr,
                 lowp_copy.data, lowp_copy.empty() ? Elem::bf16 : elem(lowp_copy), stream_);
   }

@@ -2,13 +2,16 @@
 // per group of table rows, deterministic (no atomics).
 #include "lmscope/backend/cuda/kernels.h"
 #include "lmscope/backend/cuda/launch_check.cuh"
+#include "lmscope/backend/cuda/storage.cuh"
 
 #include <cstdint>
 
 namespace lmscope::cuda {
 namespace {
 
-__global__ void embedding_forward_kernel(const std::int32_t* ids, const float* table, float* out, std::int64_t d) {
+// The table and the rows it gives are of the master dtype, T (f32, or bf16 with --master-dtype bf16).
+template <typename T>
+__global__ void embedding_forward_kernel(const std::int32_t* ids, const T* table, T* out, std::int64_t d) {
   const std::int64_t row = blockIdx.x, src = std::int64_t{ids[row]} * d;
   for (std::int64_t j = threadIdx.x; j < d; j += blockDim.x) out[row * d + j] = table[src + j];
 }
@@ -18,10 +21,12 @@ __global__ void embedding_forward_kernel(const std::int32_t* ids, const float* t
 // and adds the tokens that land in them in token order, its threads over the columns; no row is
 // written by two blocks, and no atomics. The block reads the ids a tile at a time, one per thread
 // (coalesced, from L2), and lists the tile's hits in order in shared memory (ballot and prefix
-// count), so no thread walks the ids one dependent load after another.
+// count), so no thread walks the ids one dependent load after another. dout is of the master dtype
+// (T); dtable is f32 whatever it is, so each row's sum is rounded once, where the caller casts it.
 constexpr int kEmbeddingThreads = 256, kEmbeddingWarps = kEmbeddingThreads / 32;
+template <typename T>
 __global__ void __launch_bounds__(kEmbeddingThreads)
-    embedding_backward_kernel(const std::int32_t* ids, const float* dout, float* dtable, std::int64_t n, std::int64_t v,
+    embedding_backward_kernel(const std::int32_t* ids, const T* dout, float* dtable, std::int64_t n, std::int64_t v,
                               std::int64_t d, std::int64_t rows, bool accumulate) {
   __shared__ std::int32_t hits[kEmbeddingThreads];
   __shared__ int warp_hits[kEmbeddingWarps];
@@ -48,7 +53,7 @@ __global__ void __launch_bounds__(kEmbeddingThreads)
     __syncthreads();
     for (int k = 0; k < total; ++k) {
       const std::int64_t tk = tile + hits[k], row = ids[tk];
-      for (std::int64_t j = threadIdx.x; j < d; j += blockDim.x) dtable[row * d + j] += dout[tk * d + j];
+      for (std::int64_t j = threadIdx.x; j < d; j += blockDim.x) dtable[row * d + j] += ld(dout[tk * d + j]);
     }
     __syncthreads();
   }
@@ -56,18 +61,25 @@ __global__ void __launch_bounds__(kEmbeddingThreads)
 
 }  // namespace
 
-void embedding_forward(const std::int32_t* ids, const float* table, float* out, std::int64_t n, std::int64_t d,
+void embedding_forward(const std::int32_t* ids, const void* table, void* out, Elem e, std::int64_t n, std::int64_t d,
                        cudaStream_t s) {
-  embedding_forward_kernel<<<static_cast<unsigned>(n), 256, 0, s>>>(ids, table, out, d);
+  with_elem<false>(e, [&](auto t) {
+    using T = typename decltype(t)::type;
+    embedding_forward_kernel<<<static_cast<unsigned>(n), 256, 0, s>>>(ids, static_cast<const T*>(table),
+                                                                      static_cast<T*>(out), d);
+  });
   check_launch("embedding_forward_kernel");
 }
 
-void embedding_backward(const std::int32_t* ids, const float* dout, float* dtable, std::int64_t n, std::int64_t v,
-                        std::int64_t d, bool accumulate, cudaStream_t s) {
+void embedding_backward(const std::int32_t* ids, const void* dout, Elem e, float* dtable, std::int64_t n,
+                        std::int64_t v, std::int64_t d, bool accumulate, cudaStream_t s) {
   constexpr std::int64_t kBlocks = 1024;  // several per SM; each reads all n ids
   const std::int64_t rows = (v + kBlocks - 1) / kBlocks;
-  embedding_backward_kernel<<<static_cast<unsigned>((v + rows - 1) / rows), kEmbeddingThreads, 0, s>>>(
-      ids, dout, dtable, n, v, d, rows, accumulate);
+  with_elem<false>(e, [&](auto t) {
+    using T = typename decltype(t)::type;
+    embedding_backward_kernel<<<static_cast<unsigned>((v + rows - 1) / rows), kEmbeddingThreads, 0, s>>>(
+        ids, static_cast<const T*>(dout), dtable, n, v, d, rows, accumulate);
+  });
   check_launch("embedding_backward_kernel");
 }
 

@@ -31,10 +31,11 @@ struct AdamWConsts {
   float max_norm;
   bool skip_nonfinite;
 };
-// fp32 p, m, v; g in eg (f32, or bf16 with --grad-dtype bf16). grad_norm: device pointer to the
-// global norm (nullptr when neither clipping nor skipping reads it); lowp: a copy of p in elow (bf16
-// or f16) to refresh in the same pass, or nullptr.
-void adamw(float* p, const void* g, Elem eg, float* m, float* v, std::int64_t n, const AdamWConsts& c,
+// p, m, v in ep: f32, with g in eg (f32, or bf16 with --grad-dtype bf16); or bf16 (--master-dtype
+// bf16), with g bf16 and no copy. grad_norm: device pointer to the global norm (nullptr when neither
+// clipping nor skipping reads it); lowp: a copy of p in elow (bf16 or f16) to refresh in the same
+// pass, or nullptr.
+void adamw(void* p, Elem ep, const void* g, Elem eg, void* m, void* v, std::int64_t n, const AdamWConsts& c,
            const float* step_scalars, const float* grad_norm, void* lowp, Elem elow, cudaStream_t s);
 // The global norm, deterministic: sum_squares writes kNormBlocks partial sums of x² (one per block)
 // at `partials`; sum_partials_sqrt adds `count` of them in a fixed order into √Σ. x in ex (f32 or bf16).
@@ -47,14 +48,15 @@ void sum_partials_sqrt(const double* partials, std::int64_t count, float* out, c
 // partials + i·kNormBlocks.
 inline constexpr int kTensorsPerLaunch = 24;
 struct AdamWTensor {
-  float* p;
+  void* p;        // p, m and v in ep, the same for every tensor of a launch
   const void* g;  // in eg, the same for every tensor of a launch
-  float* m;
-  float* v;
+  void* m;
+  void* v;
   std::int64_t n;
   void* lowp = nullptr;  // as adamw's lowp
   Elem elow = Elem::bf16;
   Elem eg = Elem::f32;
+  Elem ep = Elem::f32;
 };
 void sum_squares_many(const void* const* x, Elem ex, const std::int64_t* n, std::int64_t count, double* partials,
                       cudaStream_t s);
@@ -78,23 +80,26 @@ struct AddTriple {
 };
 void add_many(const AddTriple* triples, std::int64_t count, Elem e, cudaStream_t s);
 
-// rowwise.cu (x, weights, rstd, lse and the losses are fp32; the rest has the storage named)
-void embedding_forward(const std::int32_t* ids, const float* table, float* out, std::int64_t n, std::int64_t d,
+// rowwise.cu and embedding.cu. The residual stream's tensors (x, h, dx, dresidual), the norms' weights, the embedding's
+// table and its rows are of the master dtype, ew: f32, or bf16 (--master-dtype bf16), which takes the
+// rest in bf16 too. rstd, lse, the losses and the weight gradients written here (dtable, dw) are f32;
+// the rest has the storage named.
+void embedding_forward(const std::int32_t* ids, const void* table, void* out, Elem ew, std::int64_t n, std::int64_t d,
                        cudaStream_t s);
-void embedding_backward(const std::int32_t* ids, const float* dout, float* dtable, std::int64_t n, std::int64_t v,
-                        std::int64_t d, bool accumulate, cudaStream_t s);
-void rmsnorm_forward(const float* x, const float* w, void* out, Elem eout, float* rstd, std::int64_t n, std::int64_t d,
-                     float eps, cudaStream_t s);
+void embedding_backward(const std::int32_t* ids, const void* dout, Elem ew, float* dtable, std::int64_t n,
+                        std::int64_t v, std::int64_t d, bool accumulate, cudaStream_t s);
+void rmsnorm_forward(const void* x, const void* w, Elem ew, void* out, Elem eout, float* rstd, std::int64_t n,
+                     std::int64_t d, float eps, cudaStream_t s);
 // h = x + y (y stored as ey), then the RMSNorm of h: add and rmsnorm_forward's values in one pass.
-void add_rmsnorm_forward(const float* x, const void* y, Elem ey, float* h, const float* w, void* out, Elem eout,
+void add_rmsnorm_forward(const void* x, const void* y, Elem ey, void* h, const void* w, Elem ew, void* out, Elem eout,
                          float* rstd, std::int64_t n, std::int64_t d, float eps, cudaStream_t s);
 // dresidual (nullable): added to dx in the same pass, as add after the backward would. dw_partials
 // (nullable, [kRmsNormDwBlocks, d]): the dx kernel also sums dy·x·r over its rows, a block's sums a row
 // of them, then dw adds the rows; without, a second kernel reads dy and x again for dw. dx_lowp
 // (nullable, stored as edout): dx rounded as a cast to that type would round it, from the same pass.
 inline constexpr int kRmsNormDwBlocks = 1024;
-void rmsnorm_backward(const void* dout, Elem edout, const float* x, const float* w, const float* rstd,
-                      const float* dresidual, float* dx, void* dx_lowp, float* dw, float* dw_partials, std::int64_t n,
+void rmsnorm_backward(const void* dout, Elem edout, const void* x, const void* w, Elem ew, const float* rstd,
+                      const void* dresidual, void* dx, void* dx_lowp, float* dw, float* dw_partials, std::int64_t n,
                       std::int64_t d, cudaStream_t s);
 void softmax_forward(const void* scores, void* probs, Elem e, std::int64_t rows, std::int64_t tq, std::int64_t tk,
                      float scale, bool causal, cudaStream_t s);

@@ -18,7 +18,9 @@ namespace {
 // AdamW and the gradient norm are bound by memory (AdamW moves 30 bytes per parameter: p, g, m, v
 // read, p, m, v and the bf16 copy written; 28 with bf16 gradients), so they load and store four
 // elements at a time wherever the pointers are 16-byte aligned, which the allocator's blocks are; a
-// tail goes one by one. Gradients are fp32 or bf16 (G), read into fp32 exactly either way.
+// tail goes one by one. Gradients are fp32 or bf16 (G), read into fp32 exactly either way. p, m and v
+// are fp32, or bf16 under bf16 masters (P; 14 bytes a parameter then, no copy), computed in fp32 and
+// each rounded once as it is stored.
 
 // Every operation here and in the norm is rounded as written, never contracted into a fused
 // multiply-add: the compiler chooses contractions per call site, so the per-tensor kernel, the
@@ -50,56 +52,56 @@ __device__ __forceinline__ bool adamw_step(AdamWConsts& c, const float* step_sca
 // its elements one by one.
 __host__ __device__ __forceinline__ std::int64_t adamw_units(std::int64_t n, std::int64_t n4) { return n - 3 * n4; }
 
-// A tensor's 16-byte vectors: n / 4 where every pointer allows them (the copy's 8-byte stores of four
-// 16-bit values), else 0.
-std::int64_t adamw_vectors(const float* p, const void* g, const float* m, const float* v, const void* lowp,
+// A tensor's vectors of four: n / 4 where every pointer is 16-byte aligned (8-byte loads and stores
+// of four 16-bit values need less, the copy's included), else 0.
+std::int64_t adamw_vectors(const void* p, const void* g, const void* m, const void* v, const void* lowp,
                            std::int64_t n) {
   return aligned16({p, g, m, v}) && reinterpret_cast<std::uintptr_t>(lowp) % 8 == 0 ? n / 4 : 0;
 }
 
 // Unit j of one tensor's update (j < adamw_units).
-template <typename G, typename L>
-__device__ __forceinline__ void adamw_unit(std::int64_t j, float* p, const G* g, float* m, float* v, std::int64_t n4,
+template <typename P, typename G, typename L>
+__device__ __forceinline__ void adamw_unit(std::int64_t j, P* p, const G* g, P* m, P* v, std::int64_t n4,
                                            const AdamWConsts& c, float clip, L* lowp) {
   if (j < n4) {
-    float4 pi = reinterpret_cast<float4*>(p)[j], mi = reinterpret_cast<float4*>(m)[j],
-           vi = reinterpret_cast<float4*>(v)[j];
-    float gi[4];
+    float pi[4], mi[4], vi[4], gi[4];
+    load<4>(p + 4 * j, pi);
+    load<4>(m + 4 * j, mi);
+    load<4>(v + 4 * j, vi);
     load<4>(g + 4 * j, gi);
-    adamw_update(pi.x, __fmul_rn(gi[0], clip), mi.x, vi.x, c);
-    adamw_update(pi.y, __fmul_rn(gi[1], clip), mi.y, vi.y, c);
-    adamw_update(pi.z, __fmul_rn(gi[2], clip), mi.z, vi.z, c);
-    adamw_update(pi.w, __fmul_rn(gi[3], clip), mi.w, vi.w, c);
-    reinterpret_cast<float4*>(p)[j] = pi;
-    reinterpret_cast<float4*>(m)[j] = mi;
-    reinterpret_cast<float4*>(v)[j] = vi;
-    if (lowp) store<4>(lowp + 4 * j, {pi.x, pi.y, pi.z, pi.w});
+#pragma unroll
+    for (int k = 0; k < 4; ++k) adamw_update(pi[k], __fmul_rn(gi[k], clip), mi[k], vi[k], c);
+    store<4>(p + 4 * j, pi);
+    store<4>(m + 4 * j, mi);
+    store<4>(v + 4 * j, vi);
+    if (lowp) store<4>(lowp + 4 * j, pi);
   } else {
     const std::int64_t i = 3 * n4 + j;
-    float pi = p[i], mi = m[i], vi = v[i];
+    float pi = ld(p[i]), mi = ld(m[i]), vi = ld(v[i]);
     adamw_update(pi, __fmul_rn(ld(g[i]), clip), mi, vi, c);
-    p[i] = pi;
-    m[i] = mi;
-    v[i] = vi;
+    p[i] = st<P>(pi);
+    m[i] = st<P>(mi);
+    v[i] = st<P>(vi);
     if (lowp) lowp[i] = st<L>(pi);
   }
 }
 
 // Unit j after an overflow (the norm not finite, skip_nonfinite): the parameter left as it is and
 // only its copy written.
-template <typename L>
-__device__ __forceinline__ void keep_unit(std::int64_t j, const float* p, std::int64_t n4, L* lowp) {
+template <typename P, typename L>
+__device__ __forceinline__ void keep_unit(std::int64_t j, const P* p, std::int64_t n4, L* lowp) {
   if (!lowp) return;
   if (j < n4) {
-    const float4 pi = reinterpret_cast<const float4*>(p)[j];
-    store<4>(lowp + 4 * j, {pi.x, pi.y, pi.z, pi.w});
+    float pi[4];
+    load<4>(p + 4 * j, pi);
+    store<4>(lowp + 4 * j, pi);
   } else {
-    lowp[3 * n4 + j] = st<L>(p[3 * n4 + j]);
+    lowp[3 * n4 + j] = st<L>(ld(p[3 * n4 + j]));
   }
 }
 
-template <typename G, typename L>
-__global__ void adamw_kernel(float* p, const G* g, float* m, float* v, std::int64_t n, std::int64_t n4, AdamWConsts c,
+template <typename P, typename G, typename L>
+__global__ void adamw_kernel(P* p, const G* g, P* m, P* v, std::int64_t n, std::int64_t n4, AdamWConsts c,
                              const float* step_scalars, const float* grad_norm, L* lowp) {
   float clip = 1.0f;
   const bool update = adamw_step(c, step_scalars, grad_norm, clip);
@@ -113,22 +115,24 @@ __global__ void adamw_kernel(float* p, const G* g, float* m, float* v, std::int6
 
 // Up to kTensorsPerLaunch tensors, their pointers in the kernel's arguments (a launch's arguments
 // may take 4 KiB); each block takes a chunk of one tensor (multi_tensor.cuh).
-template <typename G, typename L>
+template <typename P, typename G, typename L>
 struct AdamWList {
+  using Param = P;
   using Grad = G;
   using Copy = L;
-  float* p[kTensorsPerLaunch];
+  P* p[kTensorsPerLaunch];
   const G* g[kTensorsPerLaunch];
-  float* m[kTensorsPerLaunch];
-  float* v[kTensorsPerLaunch];
+  P* m[kTensorsPerLaunch];
+  P* v[kTensorsPerLaunch];
   L* lowp[kTensorsPerLaunch];
   std::int64_t n[kTensorsPerLaunch], n4[kTensorsPerLaunch];
   ChunkEnds chunks;
   int count;
 };
 
-template <typename G, typename L>
-__global__ void adamw_many_kernel(AdamWList<G, L> t, AdamWConsts c, const float* step_scalars, const float* grad_norm) {
+template <typename P, typename G, typename L>
+__global__ void adamw_many_kernel(AdamWList<P, G, L> t, AdamWConsts c, const float* step_scalars,
+                                  const float* grad_norm) {
   const auto [k, j] = chunk_place(t.chunks, t.count);
   if (j >= adamw_units(t.n[k], t.n4[k])) return;
   float clip = 1.0f;
@@ -187,21 +191,37 @@ __global__ void sum_partials_sqrt_kernel(const double* partials, std::int64_t co
   if (threadIdx.x == 0) *out = static_cast<float>(sqrt(sums[0]));
 }
 
+// Calls f(Tag<P>{}, Tag<G>{}, Tag<L>{}) for the types that run together: fp32 p with gradients in
+// eg and copies in elow (bf16 where there are none), or bf16 p with bf16 gradients and no copies.
+template <typename F>
+void with_adamw_types(Elem ep, Elem eg, Elem elow, bool copies, F&& f) {
+  if (ep == Elem::bf16) {
+    if (eg != Elem::bf16 || copies)
+      throw std::invalid_argument("AdamW on bf16 parameters takes bf16 gradients, no copy");
+    f(Tag<__nv_bfloat16>{}, Tag<__nv_bfloat16>{}, Tag<__nv_bfloat16>{});
+    return;
+  }
+  if (ep != Elem::f32) throw std::invalid_argument("AdamW's parameters are f32 or bf16");
+  with_elem<false>(eg, [&](auto g) {
+    if (copies && elow == Elem::f16)
+      f(Tag<float>{}, g, Tag<__half>{});
+    else
+      f(Tag<float>{}, g, Tag<__nv_bfloat16>{});
+  });
+}
+
 }  // namespace
 
-void adamw(float* p, const void* g, Elem eg, float* m, float* v, std::int64_t n, const AdamWConsts& c,
+void adamw(void* p, Elem ep, const void* g, Elem eg, void* m, void* v, std::int64_t n, const AdamWConsts& c,
            const float* step_scalars, const float* grad_norm, void* lowp, Elem elow, cudaStream_t s) {
   const std::int64_t n4 = adamw_vectors(p, g, m, v, lowp, n);
-  with_elem<false>(eg, [&](auto gt) {
+  with_adamw_types(ep, eg, elow, lowp != nullptr, [&](auto pt, auto gt, auto lt) {
+    using P = typename decltype(pt)::type;
     using G = typename decltype(gt)::type;
-    auto launch = [&](auto* copy) {
-      adamw_kernel<<<grid_for(adamw_units(n, n4), kBlock), kBlock, 0, s>>>(p, static_cast<const G*>(g), m, v, n, n4, c,
-                                                                           step_scalars, grad_norm, copy);
-    };
-    if (elow == Elem::f16)
-      launch(static_cast<__half*>(lowp));
-    else
-      launch(static_cast<__nv_bfloat16*>(lowp));
+    using L = typename decltype(lt)::type;
+    adamw_kernel<<<grid_for(adamw_units(n, n4), kBlock), kBlock, 0, s>>>(
+        static_cast<P*>(p), static_cast<const G*>(g), static_cast<P*>(m), static_cast<P*>(v), n, n4, c, step_scalars,
+        grad_norm, static_cast<L*>(lowp));
   });
   check_launch("adamw_kernel");
 }
@@ -212,20 +232,27 @@ void adamw_many(const AdamWTensor* tensors, std::int64_t count, const AdamWConst
     const int k = static_cast<int>(std::min<std::int64_t>(kTensorsPerLaunch, count - first));
     const AdamWTensor* group = tensors + first;
     Elem elow = Elem::bf16;
+    bool copies = false;
     for (int i = 0; i < k; ++i)
-      if (group[i].lowp) elow = group[i].elow;
-    auto launch = [&](auto list) {
-      using G = typename decltype(list)::Grad;
-      using L = typename decltype(list)::Copy;
+      if (group[i].lowp) {
+        elow = group[i].elow;
+        copies = true;
+      }
+    with_adamw_types(group[0].ep, group[0].eg, elow, copies, [&](auto pt, auto gt, auto lt) {
+      using P = typename decltype(pt)::type;
+      using G = typename decltype(gt)::type;
+      using L = typename decltype(lt)::type;
+      AdamWList<P, G, L> list{};
       std::int64_t units[kTensorsPerLaunch];
       for (int i = 0; i < k; ++i) {
         const AdamWTensor& t = group[i];
         if (t.lowp && t.elow != elow) throw std::invalid_argument("adamw_many: copies of two types in one launch");
         if (t.eg != group[0].eg) throw std::invalid_argument("adamw_many: gradients of two types in one launch");
-        list.p[i] = t.p;
+        if (t.ep != group[0].ep) throw std::invalid_argument("adamw_many: parameters of two types in one launch");
+        list.p[i] = static_cast<P*>(t.p);
         list.g[i] = static_cast<const G*>(t.g);
-        list.m[i] = t.m;
-        list.v[i] = t.v;
+        list.m[i] = static_cast<P*>(t.m);
+        list.v[i] = static_cast<P*>(t.v);
         list.lowp[i] = static_cast<L*>(t.lowp);
         list.n[i] = t.n;
         list.n4[i] = adamw_vectors(t.p, t.g, t.m, t.v, t.lowp, t.n);
@@ -233,13 +260,6 @@ void adamw_many(const AdamWTensor* tensors, std::int64_t count, const AdamWConst
       }
       list.count = k;
       adamw_many_kernel<<<chunk_ends(units, k, list.chunks), kBlock, 0, s>>>(list, c, step_scalars, grad_norm);
-    };
-    with_elem<false>(group[0].eg, [&](auto gt) {
-      using G = typename decltype(gt)::type;
-      if (elow == Elem::f16)
-        launch(AdamWList<G, __half>{});
-      else
-        launch(AdamWList<G, __nv_bfloat16>{});
     });
     check_launch("adamw_many_kernel");
   }

@@ -25,8 +25,8 @@ namespace {
 // order whatever their buffers' alignment, and give the same bits (a recomputed layer reruns this
 // one on the sum the fused one made).
 // out = src·r·w over a row, N elements a thread: both forward kernels' second pass.
-template <int N, bool PACKED, typename TO>
-__device__ __forceinline__ void scale_row(const float* src, const float* w, TO* out, float r, std::int64_t d) {
+template <int N, bool PACKED, typename TW, typename TO>
+__device__ __forceinline__ void scale_row(const TW* src, const TW* w, TO* out, float r, std::int64_t d) {
   for (std::int64_t j = threadIdx.x * std::int64_t{N}; j < d; j += std::int64_t{blockDim.x} * N) {
     float v[N], wv[N], o[N];
     load_as<PACKED>(src + j, v);
@@ -37,9 +37,8 @@ __device__ __forceinline__ void scale_row(const float* src, const float* w, TO* 
   }
 }
 
-template <typename TO, int N, bool PACKED>
-__global__ void rmsnorm_forward_kernel(const float* x, const float* w, TO* out, float* rstd, std::int64_t d,
-                                       float eps) {
+template <typename TW, typename TO, int N, bool PACKED>
+__global__ void rmsnorm_forward_kernel(const TW* x, const TW* w, TO* out, float* rstd, std::int64_t d, float eps) {
   const std::int64_t base = blockIdx.x * d;
   float ss = 0;
   for (std::int64_t j = threadIdx.x * std::int64_t{N}; j < d; j += std::int64_t{blockDim.x} * N) {
@@ -54,9 +53,10 @@ __global__ void rmsnorm_forward_kernel(const float* x, const float* w, TO* out, 
 }
 
 // The residual add before it in the same pass: h = x + y, written, then normalised as above. Each
-// thread reads back only what it wrote itself.
-template <typename TO, typename TY, int N, bool PACKED>
-__global__ void add_rmsnorm_forward_kernel(const float* x, const TY* y, float* h, const float* w, TO* out, float* rstd,
+// thread reads back only what it wrote itself. The statistics are of h as stored (rounded to bf16
+// under bf16 masters), as the unfused norm reads it.
+template <typename TW, typename TO, typename TY, int N, bool PACKED>
+__global__ void add_rmsnorm_forward_kernel(const TW* x, const TY* y, TW* h, const TW* w, TO* out, float* rstd,
                                            std::int64_t d, float eps) {
   const std::int64_t base = blockIdx.x * d;
   float ss = 0;
@@ -66,7 +66,7 @@ __global__ void add_rmsnorm_forward_kernel(const float* x, const TY* y, float* h
     load_as<PACKED>(y + base + j, yv);
 #pragma unroll
     for (int k = 0; k < N; ++k) {
-      v[k] = xv[k] + yv[k];
+      v[k] = ld(st<TW>(xv[k] + yv[k]));
       ss += v[k] * v[k];
     }
     store_as<PACKED>(h + base + j, v);
@@ -95,10 +95,10 @@ void with_row_elements(std::int64_t d, std::initializer_list<std::pair<const voi
 // would read dx again). With PARTIALS the second pass also adds dy·x·r of each element it loads into
 // its column's sum in column_sums (a thread loads the same columns in every row, so no two threads
 // add to one column and no barrier guards them).
-template <typename TD, int N, bool PARTIALS>
-__device__ __forceinline__ void rmsnorm_dx_row(const TD* gr, const float* xr, const float* w, float r,
-                                               const float* dresidual_row, float* dx_row, TD* dx_lowp_row,
-                                               float* column_sums, int d) {
+template <typename TD, typename TW, int N, bool PARTIALS>
+__device__ __forceinline__ void rmsnorm_dx_row(const TD* gr, const TW* xr, const TW* w, float r,
+                                               const TW* dresidual_row, TW* dx_row, TD* dx_lowp_row, float* column_sums,
+                                               int d) {
   const int first = threadIdx.x * N, step = blockDim.x * N;
   float dot = 0;
   for (int j = first; j < d; j += step) {
@@ -135,12 +135,12 @@ __device__ __forceinline__ void rmsnorm_dx_row(const TD* gr, const float* xr, co
 }
 
 // dx alone, a block a row.
-template <typename TD, int N>
-__global__ void rmsnorm_backward_dx_kernel(const TD* dout, const float* x, const float* w, const float* rstd,
-                                           const float* dresidual, float* dx, TD* dx_lowp, int d) {
+template <typename TD, typename TW, int N>
+__global__ void rmsnorm_backward_dx_kernel(const TD* dout, const TW* x, const TW* w, const float* rstd,
+                                           const TW* dresidual, TW* dx, TD* dx_lowp, int d) {
   const std::int64_t base = blockIdx.x * std::int64_t{d};
-  rmsnorm_dx_row<TD, N, false>(dout + base, x + base, w, rstd[blockIdx.x], dresidual ? dresidual + base : nullptr,
-                               dx + base, dx_lowp ? dx_lowp + base : nullptr, nullptr, d);
+  rmsnorm_dx_row<TD, TW, N, false>(dout + base, x + base, w, rstd[blockIdx.x], dresidual ? dresidual + base : nullptr,
+                                   dx + base, dx_lowp ? dx_lowp + base : nullptr, nullptr, d);
 }
 
 // The dx kernel's values, and dw's sums a block at a time: block b takes rows b, b + G, b + 2G, ...
@@ -150,19 +150,19 @@ __global__ void rmsnorm_backward_dx_kernel(const TD* dout, const float* x, const
 // 6. The 1024 blocks are one wave on 132 SMs only at 8 blocks an SM, so at most 32 registers a
 // thread: with the 40 the compiler chose it made 6 an SM and two waves (H100, large ctx 1024: 35.4 µs
 // a call against the dx kernel's 26.9, where the partials' bytes add 1.7).
-template <typename TD, int N>
+template <typename TD, typename TW, int N>
 __global__ void __launch_bounds__(256, 8)
-    rmsnorm_backward_dx_dw_kernel(const TD* dout, const float* x, const float* w, const float* rstd,
-                                  const float* dresidual, float* dx, TD* dx_lowp, float* partials, std::int64_t n,
-                                  int d) {
+    rmsnorm_backward_dx_dw_kernel(const TD* dout, const TW* x, const TW* w, const float* rstd, const TW* dresidual,
+                                  TW* dx, TD* dx_lowp, float* partials, std::int64_t n, int d) {
   extern __shared__ float column_sums[];
   const int first = threadIdx.x * N, step = blockDim.x * N;
   for (int j = first; j < d; j += step)
 #pragma unroll
     for (int k = 0; k < N; ++k) column_sums[j + k] = 0;
   for (std::int64_t row = blockIdx.x; row < n; row += gridDim.x)
-    rmsnorm_dx_row<TD, N, true>(dout + row * d, x + row * d, w, rstd[row], dresidual ? dresidual + row * d : nullptr,
-                                dx + row * d, dx_lowp ? dx_lowp + row * d : nullptr, column_sums, d);
+    rmsnorm_dx_row<TD, TW, N, true>(dout + row * d, x + row * d, w, rstd[row],
+                                    dresidual ? dresidual + row * d : nullptr, dx + row * d,
+                                    dx_lowp ? dx_lowp + row * d : nullptr, column_sums, d);
   for (int j = first; j < d; j += step) {
     float sums[N];
 #pragma unroll
@@ -182,9 +182,9 @@ __global__ void __launch_bounds__(256, 8)
 // loads in flight left the kernel at 35% of its memory floor; the shape kept was timed against
 // others (docs/speed.md, "RMSNorm's weight gradient").
 constexpr int kDwLanes = 32, kDwRowGroups = 16, kDwClusterRanks = 8, kDwUnroll = 4;
-template <typename TD, int RANKS, int V, bool SCALED>
+template <typename TD, typename TX, int RANKS, int V, bool SCALED>
 __global__ void __launch_bounds__(kDwLanes* kDwRowGroups)
-    rmsnorm_backward_dw_kernel(const TD* dout, const float* x, const float* rstd, float* dw, std::int64_t n,
+    rmsnorm_backward_dw_kernel(const TD* dout, const TX* x, const float* rstd, float* dw, std::int64_t n,
                                std::int64_t d) {
   constexpr int kColumns = kDwLanes * V;
   __shared__ float sums[kDwRowGroups][kColumns + 1];
@@ -253,28 +253,29 @@ bool dw_clusters() {
     int major = 0;
     cudaFuncAttributes attr{};
     return cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device) == cudaSuccess && major >= 9 &&
-           cudaFuncGetAttributes(&attr, rmsnorm_backward_dw_kernel<float, kDwClusterRanks, 1, true>) == cudaSuccess &&
+           cudaFuncGetAttributes(&attr, rmsnorm_backward_dw_kernel<float, float, kDwClusterRanks, 1, true>) ==
+               cudaSuccess &&
            attr.ptxVersion >= 90;
   });
 }
 
 // Columns a thread of the dw kernel takes: 2 where d and the rows' bases allow pairs, else 1 (the
 // same bits either way).
-int dw_columns_per_thread(std::int64_t d, const void* dy, std::size_t dy_bytes, const float* x) {
-  return packs_fit(d, 2, {{dy, dy_bytes}, {x, sizeof(float)}}) ? 2 : 1;
+int dw_columns_per_thread(std::int64_t d, const void* dy, std::size_t dy_bytes, const void* x, std::size_t x_bytes) {
+  return packs_fit(d, 2, {{dy, dy_bytes}, {x, x_bytes}}) ? 2 : 1;
 }
 
 // dw from the n rows of dy (and x and rstd where SCALED; else dy's rows are sums to add).
-template <typename TD, bool SCALED>
-void launch_dw(const TD* dy, const float* x, const float* rstd, float* dw, std::int64_t n, std::int64_t d,
+template <typename TD, typename TX, bool SCALED>
+void launch_dw(const TD* dy, const TX* x, const float* rstd, float* dw, std::int64_t n, std::int64_t d,
                cudaStream_t s) {
   const int ranks = dw_clusters() ? kDwClusterRanks : 1;
-  const int v = dw_columns_per_thread(d, dy, sizeof(TD), x);
+  const int v = dw_columns_per_thread(d, dy, sizeof(TD), x, sizeof(TX));
   const auto tiles = static_cast<unsigned>((d + kDwLanes * v - 1) / (kDwLanes * v));
   auto launch = [&](auto columns) {
     constexpr int V = decltype(columns)::value;
     if (ranks == 1) {
-      rmsnorm_backward_dw_kernel<TD, 1, V, SCALED>
+      rmsnorm_backward_dw_kernel<TD, TX, 1, V, SCALED>
           <<<tiles, dim3(kDwLanes, kDwRowGroups), 0, s>>>(dy, x, rstd, dw, n, d);
       return;
     }
@@ -289,8 +290,8 @@ void launch_dw(const TD* dy, const float* x, const float* rstd, float* dw, std::
     config.stream = s;
     config.attrs = &cluster;
     config.numAttrs = 1;
-    const cudaError_t err =
-        cudaLaunchKernelEx(&config, rmsnorm_backward_dw_kernel<TD, kDwClusterRanks, V, SCALED>, dy, x, rstd, dw, n, d);
+    const cudaError_t err = cudaLaunchKernelEx(&config, rmsnorm_backward_dw_kernel<TD, TX, kDwClusterRanks, V, SCALED>,
+                                               dy, x, rstd, dw, n, d);
     if (err != cudaSuccess)
       throw std::runtime_error(std::string("CUDA launch of rmsnorm_backward_dw_kernel failed: ") +
                                cudaGetErrorString(err));
@@ -412,46 +413,53 @@ __global__ void cross_entropy_backward_kernel(const T* logits, const std::int32_
 
 }  // namespace
 
-void rmsnorm_forward(const float* x, const float* w, void* out, Elem eout, float* rstd, std::int64_t n, std::int64_t d,
-                     float eps, cudaStream_t s) {
-  with_elem(eout, [&](auto t) {
-    using T = typename decltype(t)::type;
-    with_row_elements(d, {{x, sizeof(float)}, {w, sizeof(float)}, {out, sizeof(T)}}, [&](auto elems, auto packed) {
-      rmsnorm_forward_kernel<T, decltype(elems)::value, decltype(packed)::value>
-          <<<static_cast<unsigned>(n), 256, 0, s>>>(x, w, static_cast<T*>(out), rstd, d, eps);
+void rmsnorm_forward(const void* x, const void* w, Elem ew, void* out, Elem eout, float* rstd, std::int64_t n,
+                     std::int64_t d, float eps, cudaStream_t s) {
+  with_wide(ew, eout, [&](auto tw, auto to) {
+    using TW = typename decltype(tw)::type;
+    using TO = typename decltype(to)::type;
+    with_row_elements(d, {{x, sizeof(TW)}, {w, sizeof(TW)}, {out, sizeof(TO)}}, [&](auto elems, auto packed) {
+      rmsnorm_forward_kernel<TW, TO, decltype(elems)::value, decltype(packed)::value>
+          <<<static_cast<unsigned>(n), 256, 0, s>>>(static_cast<const TW*>(x), static_cast<const TW*>(w),
+                                                    static_cast<TO*>(out), rstd, d, eps);
     });
   });
   check_launch("rmsnorm_forward_kernel");
 }
 
-void add_rmsnorm_forward(const float* x, const void* y, Elem ey, float* h, const float* w, void* out, Elem eout,
+void add_rmsnorm_forward(const void* x, const void* y, Elem ey, void* h, const void* w, Elem ew, void* out, Elem eout,
                          float* rstd, std::int64_t n, std::int64_t d, float eps, cudaStream_t s) {
-  with_elem(ey, [&](auto ty) {
-    with_elem(eout, [&](auto to) {
+  with_wide(ew, ey, [&](auto tw, auto ty) {
+    with_wide(ew, eout, [&](auto, auto to) {
+      using TW = typename decltype(tw)::type;
       using TY = typename decltype(ty)::type;
       using TO = typename decltype(to)::type;
-      with_row_elements(
-          d, {{x, sizeof(float)}, {y, sizeof(TY)}, {h, sizeof(float)}, {w, sizeof(float)}, {out, sizeof(TO)}},
-          [&](auto elems, auto packed) {
-            add_rmsnorm_forward_kernel<TO, TY, decltype(elems)::value, decltype(packed)::value>
-                <<<static_cast<unsigned>(n), 256, 0, s>>>(x, static_cast<const TY*>(y), h, w, static_cast<TO*>(out),
-                                                          rstd, d, eps);
-          });
+      with_row_elements(d, {{x, sizeof(TW)}, {y, sizeof(TY)}, {h, sizeof(TW)}, {w, sizeof(TW)}, {out, sizeof(TO)}},
+                        [&](auto elems, auto packed) {
+                          add_rmsnorm_forward_kernel<TW, TO, TY, decltype(elems)::value, decltype(packed)::value>
+                              <<<static_cast<unsigned>(n), 256, 0, s>>>(
+                                  static_cast<const TW*>(x), static_cast<const TY*>(y), static_cast<TW*>(h),
+                                  static_cast<const TW*>(w), static_cast<TO*>(out), rstd, d, eps);
+                        });
     });
   });
   check_launch("add_rmsnorm_forward_kernel");
 }
 
-void rmsnorm_backward(const void* dout, Elem edout, const float* x, const float* w, const float* rstd,
-                      const float* dresidual, float* dx, void* dx_lowp, float* dw, float* dw_partials, std::int64_t n,
+void rmsnorm_backward(const void* dout, Elem edout, const void* x_, const void* w_, Elem ew, const float* rstd,
+                      const void* dresidual_, void* dx_, void* dx_lowp, float* dw, float* dw_partials, std::int64_t n,
                       std::int64_t d, cudaStream_t s) {
   if (d > std::numeric_limits<int>::max())
     throw std::logic_error("rmsnorm backward: rows of " + std::to_string(d) + " columns");
   const int columns = static_cast<int>(d);
-  with_elem(edout, [&](auto t) {
+  with_wide(ew, edout, [&](auto tw, auto t) {
+    using TW = typename decltype(tw)::type;
     using T = typename decltype(t)::type;
     const T* dy = static_cast<const T*>(dout);
     T* lowp = static_cast<T*>(dx_lowp);
+    const TW *x = static_cast<const TW*>(x_), *w = static_cast<const TW*>(w_),
+             *dresidual = static_cast<const TW*>(dresidual_);
+    TW* dx = static_cast<TW*>(dx_);
     const bool packed = d % 4 == 0 && aligned16({dy, x, w, dx, dw_partials}) &&
                         (!dresidual || aligned16({dresidual})) && (!lowp || aligned16({lowp}));
     if (dw_partials) {
@@ -460,23 +468,23 @@ void rmsnorm_backward(const void* dout, Elem edout, const float* x, const float*
         throw std::logic_error("rmsnorm backward: partial sums of " + std::to_string(d) +
                                " columns exceed shared memory");
       if (packed)
-        rmsnorm_backward_dx_dw_kernel<T, 4>
+        rmsnorm_backward_dx_dw_kernel<T, TW, 4>
             <<<kRmsNormDwBlocks, 256, bytes, s>>>(dy, x, w, rstd, dresidual, dx, lowp, dw_partials, n, columns);
       else
-        rmsnorm_backward_dx_dw_kernel<T, 1>
+        rmsnorm_backward_dx_dw_kernel<T, TW, 1>
             <<<kRmsNormDwBlocks, 256, bytes, s>>>(dy, x, w, rstd, dresidual, dx, lowp, dw_partials, n, columns);
       check_launch("rmsnorm_backward_dx_dw_kernel");
-      launch_dw<float, false>(dw_partials, nullptr, nullptr, dw, kRmsNormDwBlocks, d, s);
+      launch_dw<float, float, false>(dw_partials, nullptr, nullptr, dw, kRmsNormDwBlocks, d, s);
       return;
     }
     if (packed)
-      rmsnorm_backward_dx_kernel<T, 4>
+      rmsnorm_backward_dx_kernel<T, TW, 4>
           <<<static_cast<unsigned>(n), 256, 0, s>>>(dy, x, w, rstd, dresidual, dx, lowp, columns);
     else
-      rmsnorm_backward_dx_kernel<T, 1>
+      rmsnorm_backward_dx_kernel<T, TW, 1>
           <<<static_cast<unsigned>(n), 256, 0, s>>>(dy, x, w, rstd, dresidual, dx, lowp, columns);
     check_launch("rmsnorm_backward_dx_kernel");
-    launch_dw<T, true>(dy, x, rstd, dw, n, d, s);
+    launch_dw<T, TW, true>(dy, x, rstd, dw, n, d, s);
   });
 }
 

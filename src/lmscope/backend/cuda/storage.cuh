@@ -111,4 +111,17 @@ void with_elem(Elem e, F&& f) {
   }
 }
 
+// Calls f(Tag<TW>{}, Tag<T>{}) with TW the master dtype ew (f32 or bf16) and T the type of e, which
+// under bf16 masters is bf16 too (a bf16 model computes in bf16): the pairs that run, and no others.
+template <typename F>
+void with_wide(Elem ew, Elem e, F&& f) {
+  if (ew == Elem::f32) {
+    with_elem(e, [&](auto t) { f(Tag<float>{}, t); });
+  } else if (ew == Elem::bf16 && e == Elem::bf16) {
+    f(Tag<__nv_bfloat16>{}, Tag<__nv_bfloat16>{});
+  } else {
+    throw std::logic_error("under bf16 masters every operand is bf16");
+  }
+}
+
 }  // namespace lmscope::cuda

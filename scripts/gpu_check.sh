@@ -321,12 +321,12 @@ if [[ "${1:-}" == "--curves" ]]; then
   (IFS=,; "$B/lmscope" report --train "${logs[*]}" --title "small on bytes: fp32, bf16, fp16" --out "$OUT/curves.html")
 fi
 
-# --masters [STEPS]: what bf16 masters cost in loss: small and 2.7B trained in bf16 with fp32 masters
-# and with --master-dtype bf16 on the same byte-level text as --curves, the same batches and initial
-# weights, batch 8, ctx 256, STEPS (default 500) steps of cosine schedule (small from lr 1e-3, 2.7B
-# from 3e-4): the logs and lmscope report's page of their curves.
+# --masters [STEPS] [SEED]: what bf16 masters cost in loss: small and 2.7B trained in bf16 with fp32
+# masters and with --master-dtype bf16 on the same byte-level text as --curves, the same batches and
+# initial weights (--seed SEED, default 0), batch 8, ctx 256, STEPS (default 500) steps of cosine
+# schedule (small from lr 1e-3, 2.7B from 3e-4): the logs and lmscope report's page of their curves.
 if [[ "${1:-}" == "--masters" ]]; then
-  steps=${2:-500}
+  steps=${2:-500} seed=${3:-0}
   byte_text
   logs=()
   for model in small 2.7B; do
@@ -334,15 +334,15 @@ if [[ "${1:-}" == "--masters" ]]; then
     for masters in fp32 bf16; do
       "$B/lmscope" train --device cuda --model $model --vocab 256 --precision bf16 --master-dtype $masters \
         --data "$OUT/train.bin" --val-data "$OUT/val.bin" --eval-every 100 --eval-batches 20 --steps "$steps" \
-        --batch 8 --ctx 256 --lr $lr --lr-schedule cosine --warmup-iters 50 --print-every 100 \
-        --log "$OUT/$model-$masters-masters.jsonl" >"$OUT/$model-$masters-masters.txt" 2>&1
-      echo "== $model, $masters masters: $(tail -1 "$OUT/$model-$masters-masters.txt")"
-      logs+=("$OUT/$model-$masters-masters.jsonl")
+        --batch 8 --ctx 256 --lr $lr --lr-schedule cosine --warmup-iters 50 --print-every 100 --seed "$seed" \
+        --log "$OUT/$model-$masters-masters-seed$seed.jsonl" >"$OUT/$model-$masters-masters-seed$seed.txt" 2>&1
+      echo "== $model, $masters masters, seed $seed: $(tail -1 "$OUT/$model-$masters-masters-seed$seed.txt")"
+      logs+=("$OUT/$model-$masters-masters-seed$seed.jsonl")
     done
   done
   rm -f "$OUT/text.txt" "$OUT/train.bin" "$OUT/val.bin"
-  (IFS=,; "$B/lmscope" report --train "${logs[*]}" --title "fp32 and bf16 masters: small and 2.7B on bytes" \
-    --out "$OUT/masters.html")
+  (IFS=,; "$B/lmscope" report --train "${logs[*]}" --title "fp32 and bf16 masters: small and 2.7B on bytes, seed $seed" \
+    --out "$OUT/masters-seed$seed.html")
 fi
 
 # --profile PRECISION MODELS CTXS [MODES] [ATTENTION]: lmscope's kernel profile of those cells (CUPTI:

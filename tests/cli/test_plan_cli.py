@@ -141,6 +141,19 @@ class MemoryDiet(unittest.TestCase):
         self.assertLess(bf16["peak_by_kind"]["optimizer_state"], 4 * params + 512 * tensors)
         self.assertGreaterEqual(fp32["peak_by_kind"]["optimizer_state"], 8 * params)
         self.assertLess(bf16["peak_bytes"], fp32["peak_bytes"])
+        # The planner keeps them, and tries no copies (there are none to place).
+        r = run("plan", "--recommend", "--model", "small", "--ctx", "1024", "--batch", "4", "--precision", "bf16",
+                "--attention", "flash", "--master-dtype", "bf16", "--format", "json")
+        self.assertEqual(r.returncode, 0, r.stderr)
+        plan = json.loads(r.stdout)[0]
+        self.assertEqual(plan["master_dtype"], "bf16")
+        self.assertTrue(plan["candidates"])
+        for c in plan["candidates"]:
+            self.assertEqual((c["weight_copies"], c["run"]["master_dtype"]), ("kept", "bf16"))
+        md = run("plan", "--recommend", "--model", "small", "--ctx", "1024", "--batch", "4", "--precision", "bf16",
+                 "--attention", "flash", "--master-dtype", "bf16")
+        self.assertIn("bf16 masters", md.stdout)
+        self.assertIn("--master-dtype bf16", md.stdout)
         for args, says in ((["memory", "--dry-run", "--master-dtype", "bf16"],
                             "--master-dtype bf16 needs --precision bf16 on --device cuda"),
                            (["bench", "--device", "cpu", "--precision", "bf16", "--master-dtype", "bf16"],

@@ -86,7 +86,7 @@ class MasterBf16Parity(unittest.TestCase):
             loss.backward()
             torch.nn.utils.clip_grad_norm_(model.parameters(), CLIP)
             opt.step()
-            losses.append(float(loss))
+            losses.append(float(loss.detach()))
         for name, p in model.named_parameters():
             self.assertEqual(p.dtype, torch.bfloat16, name)
             self.assertEqual(opt.state[p]["exp_avg"].dtype, torch.bfloat16, name)

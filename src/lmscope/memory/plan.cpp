@@ -123,16 +123,18 @@ std::string markdown(const std::vector<PlanRow>& rows) {
 std::string csv(const std::vector<PlanRow>& rows) {
   std::string out =
       "model,parameters,device,device_name,memory_limit_bytes,precision,attention,mode,recompute,grad_accum,"
-      "weight_copies,grad_dtype,warmup,batch,ctx,ctx_multiple,peak_bytes,device_need_bytes,flops_per_token,"
+      "weight_copies,grad_dtype,master_dtype,warmup,batch,ctx,ctx_multiple,peak_bytes,device_need_bytes,flops_per_"
+      "token,"
       "largest_ctx,largest_batch,status,failed_probe\n";
   for (const PlanRow& r : rows) {
     const BenchSpec& s = r.spec.reference;
     const bool measured = r.reference_outcome != MemoryOutcome::failed;
-    out += fmt::format("{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{:.6g},{},{},{},{}\n",
+    out += fmt::format("{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{:.6g},{},{},{},{}\n",
                        csv_field(s.model.name), s.model.parameter_count(), s.device, csv_field(r.device_name), r.limit,
                        s.precision, attention_name(s.attention), step_mode_name(s.mode), recompute_name(s.recompute),
-                       s.grad_accum, weight_copies_name(s.weight_copies), grad_dtype_name(s.grad_dtype), s.warmup,
-                       s.batch, s.ctx, r.spec.ctx_multiple, measured ? std::to_string(r.reference_peak) : "",
+                       s.grad_accum, weight_copies_name(s.weight_copies), grad_dtype_name(s.grad_dtype),
+                       master_dtype_name(s.master_dtype), s.warmup, s.batch, s.ctx, r.spec.ctx_multiple,
+                       measured ? std::to_string(r.reference_peak) : "",
                        measured ? std::to_string(r.reference_need) : "", r.flops_per_token, r.largest_ctx,
                        r.largest_batch, csv_field(r.reference_status), csv_field(r.failed_probe));
   }

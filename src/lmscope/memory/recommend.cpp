@@ -19,12 +19,12 @@ Recommendation recommend(const RecommendSpec& spec) {
   LMSCOPE_CHECK(has_backward(c.mode) && c.batch >= 1, "recommendations are for steps with a backward");
   Recommendation out;
   out.spec = spec;
-  // Copies exist only under mixed precision. Resident ones save work only where device graphs run
-  // (the forward casts kept copies there, AdamW writes resident ones in place): on CUDA, without data
+  // Copies exist only under mixed precision (fp32 masters, 16-bit compute). Resident ones save work only where device
+  // graphs run (the forward casts kept copies there, AdamW writes resident ones in place): on CUDA, without data
   // parallelism (which turns graphs off); elsewhere AdamW writes kept copies as it would resident
   // ones, so resident would only add memory.
   std::vector<WeightCopies> copies{WeightCopies::kept};
-  if (compute_dtype(c.precision) != DType::f32) {
+  if (compute_dtype(c.precision) != DType::f32 && c.master_dtype == DType::f32) {
     if (c.graphs && c.device == "cuda" && !c.parallel.data) copies.insert(copies.begin(), WeightCopies::resident);
     copies.push_back(WeightCopies::transient);
   }
@@ -168,7 +168,10 @@ std::string way(const BenchSpec& s) {
       s.recompute == Recompute::none ? "no recompute" : recompute_name(s.recompute) + std::string(" recompute");
   if (zero_stage(s) != 0) r += fmt::format(", ZeRO-{}", zero_stage(s));
   if (s.weight_copies != WeightCopies::kept) r += fmt::format(", {} copies", weight_copies_name(s.weight_copies));
-  if (s.grad_dtype != DType::f32) r += fmt::format(", {} gradients", grad_dtype_name(s.grad_dtype));
+  if (s.master_dtype != DType::f32)
+    r += fmt::format(", {} masters", master_dtype_name(s.master_dtype));  // their gradients are of their dtype
+  else if (s.grad_dtype != DType::f32)
+    r += fmt::format(", {} gradients", grad_dtype_name(s.grad_dtype));
   return s.grad_accum == 1 ? fmt::format("{}, one batch of {}", r, s.batch)
                            : fmt::format("{}, {} micro-batches of {}", r, s.grad_accum, s.batch);
 }
@@ -180,7 +183,10 @@ std::string flags(const BenchSpec& s) {
   if (s.recompute != Recompute::none) f.push_back(fmt::format("--recompute {}", recompute_name(s.recompute)));
   if (s.weight_copies != WeightCopies::kept)
     f.push_back(fmt::format("--weight-copies {}", weight_copies_name(s.weight_copies)));
-  if (s.grad_dtype != DType::f32) f.push_back(fmt::format("--grad-dtype {}", grad_dtype_name(s.grad_dtype)));
+  if (s.master_dtype != DType::f32)
+    f.push_back(fmt::format("--master-dtype {}", master_dtype_name(s.master_dtype)));
+  else if (s.grad_dtype != DType::f32)
+    f.push_back(fmt::format("--grad-dtype {}", grad_dtype_name(s.grad_dtype)));
   if (s.grad_accum > 1) f.push_back(fmt::format("--grad-accum {} --batch {}", s.grad_accum, s.batch));
   std::string joined;
   for (const std::string& part : f) joined += (joined.empty() ? "" : " ") + part;
@@ -235,22 +241,24 @@ std::string markdown(const std::vector<Recommendation>& rows) {
 
 std::string csv(const std::vector<Recommendation>& rows) {
   std::string out =
-      "model,device,device_name,memory_limit_bytes,precision,grad_dtype,attention,ctx,sequences_per_step,recompute,"
+      "model,device,device_name,memory_limit_bytes,precision,grad_dtype,master_dtype,attention,ctx,sequences_per_step,"
+      "recompute,"
       "grad_accum,micro_batch,weight_copies,zero,peak_bytes,device_need_bytes,step_ms,status,chosen\n";
   for (const Recommendation& r : rows) {
     const BenchSpec& s = r.spec.cell;
     if (r.candidates.empty())
-      out += fmt::format("{},{},{},{},{},{},{},{},{},,,,,,,,,{},\n", csv_field(s.model.name), s.device,
+      out += fmt::format("{},{},{},{},{},{},{},{},{},{},,,,,,,,,{},\n", csv_field(s.model.name), s.device,
                          csv_field(r.device_name), r.limit, s.precision, grad_dtype_name(s.grad_dtype),
-                         attention_name(s.attention), s.ctx, s.batch,
+                         master_dtype_name(s.master_dtype), attention_name(s.attention), s.ctx, s.batch,
                          csv_field(r.failure.empty() ? "nothing fits" : r.failure));
     for (std::size_t i = 0; i < r.candidates.size(); ++i) {
       const Candidate& c = r.candidates[i];
-      out += fmt::format("{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{}\n", csv_field(s.model.name),
+      out += fmt::format("{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{}\n", csv_field(s.model.name),
                          s.device, csv_field(r.device_name), r.limit, s.precision, grad_dtype_name(s.grad_dtype),
-                         attention_name(s.attention), s.ctx, s.batch, recompute_name(c.spec.recompute),
-                         c.spec.grad_accum, c.spec.batch, weight_copies_name(c.spec.weight_copies), zero_stage(c.spec),
-                         c.peak, c.need, c.step_ms ? fmt::format("{:.3f}", *c.step_ms) : "", csv_field(c.status),
+                         master_dtype_name(s.master_dtype), attention_name(s.attention), s.ctx, s.batch,
+                         recompute_name(c.spec.recompute), c.spec.grad_accum, c.spec.batch,
+                         weight_copies_name(c.spec.weight_copies), zero_stage(c.spec), c.peak, c.need,
+                         c.step_ms ? fmt::format("{:.3f}", *c.step_ms) : "", csv_field(c.status),
                          static_cast<int>(i) == r.chosen ? 1 : 0);
     }
   }
@@ -268,6 +276,7 @@ std::string json(const std::vector<Recommendation>& rows) {
     j["memory_limit_bytes"] = r.limit;
     j["precision"] = s.precision;
     j["grad_dtype"] = grad_dtype_name(s.grad_dtype);
+    j["master_dtype"] = master_dtype_name(s.master_dtype);
     j["attention"] = attention_name(s.attention);
     j["mode"] = step_mode_name(s.mode);
     j["ctx"] = s.ctx;

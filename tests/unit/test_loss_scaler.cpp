@@ -1,15 +1,20 @@
 // Dynamic loss scaling: the scale's rules (GradScaler's), a scaled run equal bit for bit to the run
 // without it (powers of two scale and unscale exactly, the clipping included), and a step whose
-// gradients overflow skipped without touching the weights, the moments or AdamW's step count. On the
-// CPU in fp32 with scaling forced on; fp16 itself runs on CUDA (tests/gpu).
+// gradients overflow skipped without touching the weights, the moments or AdamW's step count; the
+// same under ZeRO-2 and ZeRO-3 on two Gloo ranks, where every rank skips the same steps. On the CPU
+// in fp32 with scaling forced on; fp16 itself runs on CUDA (tests/gpu).
 #include "../common/tiny_model.h"
 
 #include "lmscope/model/optimizer.h"
 #include "lmscope/run/step_driver.h"
 
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <cmath>
+#include <filesystem>
+#include <string>
+#include <thread>
 #include <vector>
 
 namespace lmscope {
@@ -106,6 +111,91 @@ TEST(LossScaler, AnOverflowingStepChangesNothingButTheScale) {
   EXPECT_GT(later.adamw_steps, 0);
   EXPECT_LT(later.losses.back(), later.losses.front());
 }
+
+#if LMSCOPE_HAVE_GLOO  // (a build without Gloo, the GPU machine's, has no CPU ranks)
+// `steps` steps as train() takes them, on 2 Gloo ranks (threads of this process, each with its own
+// CPU backend) under ZeRO `zero`, each rank a row of the batch: each rank's run, the parameters whole.
+std::vector<TrainedRun> zero_train(int zero, const LossScaling& scaling, int steps) {
+  // A place of its own each call: the process keeps the store it opened for a rendezvous.
+  static int calls = 0;
+  const std::filesystem::path dir =
+      std::filesystem::temp_directory_path() /
+      ("lmscope-zero-scaling-" + std::to_string(getpid()) + "-" + std::to_string(calls++));
+  std::filesystem::remove_all(dir);
+  constexpr int kRanks = 2;
+  std::vector<TrainedRun> runs(kRanks);
+  std::vector<std::string> failures(kRanks);
+  std::vector<std::thread> ranks;
+  for (int r = 0; r < kRanks; ++r)
+    ranks.emplace_back([&, r] {
+      try {
+        RunSpec spec = TinyRun::spec_of({.lr = 1e-2, .clip = 0.5, .loss_scaling = scaling});
+        spec.parallel.world.rank = spec.parallel.world.local_rank = r;
+        spec.parallel.world.size = kRanks;
+        spec.parallel.world.rendezvous = "file:" + dir.string();
+        spec.parallel.world.timeout = std::chrono::seconds(60);
+        spec.parallel.data = parallel::DataParallelSpec{.zero = zero};
+        SessionOptions options;
+        options.backend = make_cpu_backend();
+        Session session(spec, std::move(options));
+        FixedBatch batch(37, 2, 9, 5, "test");
+        StepDriver driver(session, batch, true);
+        TrainedRun& run = runs[static_cast<std::size_t>(r)];
+        for (int i = 0; i < steps; ++i) run.losses.push_back(driver.step(i, i).loss);
+        AdamW& opt = *session.optimizer();
+        for (std::size_t i = 0; i < session.model().parameters().size(); ++i) {  // a collective each
+          const std::vector<float> v = opt.parameter_values(i);
+          run.params.emplace_back(v.begin(), v.end());
+        }
+        run.adamw_steps = opt.steps_taken();
+        run.skipped = opt.loss_scaler().skipped();
+      } catch (const std::exception& e) {
+        failures[static_cast<std::size_t>(r)] = e.what();
+      }
+    });
+  for (std::thread& t : ranks) t.join();
+  std::filesystem::remove_all(dir);
+  for (int r = 0; r < kRanks; ++r) EXPECT_EQ(failures[static_cast<std::size_t>(r)], "") << "rank " << r;
+  return runs;
+}
+
+// The ranks agree on every loss, parameter and skipped step.
+void expect_ranks_agree(const std::vector<TrainedRun>& runs, int zero) {
+  for (std::size_t r = 1; r < runs.size(); ++r) {
+    EXPECT_EQ(runs[r].losses, runs[0].losses) << "ZeRO-" << zero << ", rank " << r;
+    EXPECT_EQ(runs[r].params, runs[0].params) << "ZeRO-" << zero << ", rank " << r;
+    EXPECT_EQ(runs[r].skipped, runs[0].skipped) << "ZeRO-" << zero << ", rank " << r;
+  }
+}
+
+TEST(LossScalerUnderZero, AScaledRunEqualsTheUnscaledOneBitForBit) {
+  for (int zero : {2, 3}) {
+    const std::vector<TrainedRun> plain = zero_train(zero, {}, 6);
+    const std::vector<TrainedRun> scaled = zero_train(zero, {.force = true, .initial = 4096, .interval = 2}, 6);
+    ASSERT_EQ(scaled.size(), 2u);
+    expect_ranks_agree(scaled, zero);
+    EXPECT_EQ(scaled[0].skipped, 0) << "ZeRO-" << zero;
+    EXPECT_EQ(scaled[0].losses, plain[0].losses) << "ZeRO-" << zero;
+    EXPECT_EQ(scaled[0].params, plain[0].params) << "ZeRO-" << zero;
+  }
+}
+
+TEST(LossScalerUnderZero, EveryRankSkipsAnOverflowingStepAndTrainingGoesOn) {
+  for (int zero : {2, 3}) {
+    const std::vector<TrainedRun> start = zero_train(zero, {}, 0);
+    const std::vector<TrainedRun> first = zero_train(zero, {.force = true, .initial = std::ldexp(1.0, 135)}, 1);
+    expect_ranks_agree(first, zero);
+    EXPECT_EQ(first[0].skipped, 1) << "ZeRO-" << zero;
+    EXPECT_EQ(first[0].adamw_steps, 0) << "ZeRO-" << zero;
+    EXPECT_EQ(first[0].params, start[0].params) << "ZeRO-" << zero;
+    const std::vector<TrainedRun> later = zero_train(zero, {.force = true, .initial = std::ldexp(1.0, 135)}, 40);
+    expect_ranks_agree(later, zero);
+    EXPECT_GT(later[0].skipped, 0) << "ZeRO-" << zero;
+    EXPECT_EQ(later[0].adamw_steps, 40 - later[0].skipped) << "ZeRO-" << zero;
+    EXPECT_LT(later[0].losses.back(), later[0].losses.front()) << "ZeRO-" << zero;
+  }
+}
+#endif
 
 // Without loss scaling (train's skip_nonfinite): a step whose gradients hold a NaN is skipped, the
 // weights, the moments and the step count as they were; with finite gradients the run is the run

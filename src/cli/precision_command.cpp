@@ -70,8 +70,10 @@ nlohmann::ordered_json json_number(double x) {
   return std::isnan(x) ? "nan" : x > 0 ? "inf" : "-inf";
 }
 
-std::string dtypes_markdown(const std::vector<TensorDtypeRow>& rows, const std::vector<std::string>& precisions,
+std::string dtypes_markdown(const std::vector<TensorDtypeRow>& rows, const std::vector<DtypeColumn>& columns,
                             const BenchSpec& cell) {
+  std::vector<std::string> precisions;
+  for (const DtypeColumn& c : columns) precisions.push_back(c.name());
   std::string s = fmt::format(
       "## The dtype of every tensor of a train step ({}, {} attention; from a dry run of the CUDA backend)\n\n",
       cell.model.name, attention_name(cell.attention));
@@ -107,6 +109,9 @@ class PrecisionCommand : public Command {
     model_.add_to(*app, false);
     app->add_option("--precision", precision_, "Dtypes: the precisions compared (comma list of fp32, tf32, bf16, fp16)")
         ->capture_default_str();
+    app->add_option("--master-dtype", master_dtype_,
+                    "Dtypes: the masters compared (comma list of fp32, bf16; bf16 masters under bf16 only)")
+        ->capture_default_str();
     app->add_option("--attention", attention_, "Dtypes: flash or naive")->capture_default_str();
     app->add_option("--ctx", ctx_, "Dtypes: tokens per sequence of the step")->capture_default_str();
     app->add_option("--batch", batch_, "Dtypes: sequences of the step")->capture_default_str();
@@ -131,6 +136,9 @@ class PrecisionCommand : public Command {
     if (format == ReportFormat::csv) user_error("--format csv is not offered here (use md or json)");
     const std::vector<std::string> precisions = split_list(precision_);
     for (const std::string& p : precisions) check_precision(p);
+    std::vector<DType> masters;
+    for (const std::string& m : split_list(master_dtype_)) masters.push_back(parse_master_dtype(m));
+    const std::vector<DtypeColumn> columns = dtype_columns(precisions, masters);
     if (ctx_ <= 0) user_error("--ctx must be positive, got {}", ctx_);
     if (batch_ <= 0) user_error("--batch must be positive, got {}", batch_);
     BenchSpec cell;
@@ -162,7 +170,7 @@ class PrecisionCommand : public Command {
       md += accumulation_markdown(results, addend_, count_);
     }
     if (dtypes) {
-      const std::vector<TensorDtypeRow> rows = tensor_dtypes(cell, precisions);
+      const std::vector<TensorDtypeRow> rows = tensor_dtypes(cell, columns);
       nlohmann::ordered_json list = nlohmann::ordered_json::array();
       for (const TensorDtypeRow& r : rows) list.push_back({{"kind", r.kind}, {"tensor", r.what}, {"dtype", r.dtype}});
       j["dtypes"] = {{"model", cell.model.name},
@@ -170,7 +178,7 @@ class PrecisionCommand : public Command {
                      {"batch", batch_},
                      {"ctx", ctx_},
                      {"tensors", list}};
-      md += dtypes_markdown(rows, precisions, cell);
+      md += dtypes_markdown(rows, columns, cell);
     }
     const std::string json = j.dump(2) + "\n";
     if (!out_.empty()) write_file(out_, format == ReportFormat::json ? json : md);
@@ -180,8 +188,8 @@ class PrecisionCommand : public Command {
 
  private:
   ModelFlags model_;
-  std::string study_ = "accumulation,dtypes", precision_ = "fp32,tf32,bf16,fp16", attention_ = "flash", format_ = "md",
-              out_;
+  std::string study_ = "accumulation,dtypes", precision_ = "fp32,tf32,bf16,fp16", master_dtype_ = "fp32",
+              attention_ = "flash", format_ = "md", out_;
   double addend_ = 0.01;
   int count_ = 1000;
   std::int64_t ctx_ = 128, batch_ = 1;

@@ -67,6 +67,22 @@ class Dtypes(unittest.TestCase):
         for t in tensors:
             self.assertNotIn("16", t["dtype"].get("fp32", ""), t)
 
+    def test_bf16_masters_hold_the_model_in_bf16_and_the_statistics_in_fp32(self):
+        r = run("--study", "dtypes", "--d-model", "64", "--d-ff", "128", "--layers", "2", "--heads", "2",
+                "--ctx", "32", "--precision", "fp32,bf16", "--master-dtype", "fp32,bf16", "--format", "json")
+        self.assertEqual(r.returncode, 0, r.stderr)
+        tensors = json.loads(r.stdout)["dtypes"]["tensors"]
+        by = {(t["kind"], t["tensor"]): t["dtype"] for t in tensors}
+        masters = "bf16, bf16 masters"  # fp32 has no column with bf16 masters: they need bf16 compute
+        for key in (("parameter", "layers.{i}.ffn.w1.weight"), ("gradient", "layers.{i}.ffn.w1.weight"),
+                    ("optimizer_state", "adamw.m.layers.{i}.ffn.w1.weight"), ("activation", "attn.residual")):
+            self.assertEqual(by[key], {"fp32": "f32", "bf16": "f32", masters: "bf16"}, key)
+        for key in (("workspace", "loss"), ("activation", "ln1.rstd"), ("activation", "attn.lse"),
+                    ("workspace", "adamw.grad_norm")):
+            self.assertEqual(by[key][masters], "f32", key)
+        # No copies: the bf16 weights are the masters.
+        self.assertNotIn(masters, by[("parameter", "layers.{i}.ffn.w1.weight (bf16 copy)")])
+
     def test_markdown_and_out_file(self):
         with tempfile.TemporaryDirectory() as tmp:
             out = os.path.join(tmp, "p.md")
@@ -85,6 +101,8 @@ class BadInput(unittest.TestCase):
             (["--addend", "1e400"], "--addend takes a finite number"),
             (["--count", "0"], "--count must be between"),
             (["--precision", "fp8"], "unknown --precision 'fp8'"),
+            (["--master-dtype", "bf16", "--precision", "fp32,fp16"], "--master-dtype bf16 needs bf16 among --precision"),
+            (["--master-dtype", "fp8"], "unknown --master-dtype 'fp8'"),
             (["--format", "csv"], "--format csv is not offered"),
             (["--out", "/nonexistent-dir/p.md"], "/nonexistent-dir/p.md"),
             (["--model", "huge"], "huge"),

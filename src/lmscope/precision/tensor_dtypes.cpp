@@ -4,16 +4,36 @@
 #include "lmscope/memory/memory_analysis.h"
 #include "lmscope/memory/memory_run.h"
 
+#include <fmt/format.h>
+
+#include <algorithm>
 #include <set>
 
 namespace lmscope {
 
-std::vector<TensorDtypeRow> tensor_dtypes(const BenchSpec& cell, const std::vector<std::string>& precisions) {
+std::string DtypeColumn::name() const {
+  return masters == DType::f32 ? precision : fmt::format("{}, {} masters", precision, master_dtype_name(masters));
+}
+
+std::vector<DtypeColumn> dtype_columns(const std::vector<std::string>& precisions, const std::vector<DType>& masters) {
+  std::vector<DtypeColumn> columns;
+  for (const std::string& p : precisions)
+    for (DType m : masters)
+      if (m == DType::f32 || p == "bf16") columns.push_back({p, m});
+  if (columns.empty() || (std::ranges::count(masters, DType::bf16) > 0 &&
+                          std::ranges::none_of(columns, [](const DtypeColumn& c) { return c.masters == DType::bf16; })))
+    user_error("--master-dtype bf16 needs bf16 among --precision");
+  return columns;
+}
+
+std::vector<TensorDtypeRow> tensor_dtypes(const BenchSpec& cell, const std::vector<DtypeColumn>& columns) {
   std::vector<TensorDtypeRow> rows;
   std::map<std::pair<std::string, std::string>, std::size_t> index;
-  for (const std::string& precision : precisions) {
+  for (const DtypeColumn& column : columns) {
+    const std::string precision = column.name();
     MemorySpec spec{cell, true, 0};
-    spec.cell.precision = precision;
+    spec.cell.precision = column.precision;
+    spec.cell.master_dtype = column.masters;
     spec.cell.mode = StepMode::train;
     spec.cell.warmup = 1;  // the step as it repeats: what AdamW leaves for the next one included
     const MemoryRecord record = record_memory(spec);

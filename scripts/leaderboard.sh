@@ -8,10 +8,15 @@
 #              launch --nproc 2 -- bench with ZeRO-1 and full recomputation, the layout that fits an H200
 #              today (plan --recommend --model 8B-leaderboard --world-size 2 --zero 1 --batch 2 --ctx
 #              32768 --memory-limit 139GiB names it), LMSCOPE_LEADERBOARD_STEPS (default 5) after 2.
-# Usage: scripts/leaderboard.sh [attention|step|all] (default all). The JSON of each goes to $OUT.
+#   attention8b  not a leaderboard: the 2026 step's attention, 32 heads of d 128 at ctx 32768, bf16,
+#              causal, forward and backward with TFLOP/s (lmscope attention: 20 passes after 3, its
+#              32 heads as 32 sequences of one, the same work), beside PyTorch's SDPA in the same call.
+# Usage: scripts/leaderboard.sh [attention|step|attention8b|all] (default all: the two leaderboards).
+# The JSON of each goes to $OUT.
 set -uo pipefail
 which=${1:-all}
-[[ "$which" =~ ^(attention|step|all)$ ]] || { echo "usage: scripts/leaderboard.sh [attention|step|all]"; exit 2; }
+[[ "$which" =~ ^(attention|step|attention8b|all)$ ]] ||
+  { echo "usage: scripts/leaderboard.sh [attention|step|attention8b|all]"; exit 2; }
 source "$(dirname "$0")/gpu_env.sh"
 nvidia-smi --query-gpu=index,name,driver_version --format=csv,noheader | tee "$OUT/leaderboard-gpus.txt"
 # "NAME: mean M ms, median D ms over N after W" from a result file's PHASE timing.
@@ -28,14 +33,30 @@ print(f"{name}: mean {t['mean']:.3f} ms, median {t['median']:.3f} ms over {t['n'
 PY
 }
 status=0
-if [[ "$which" != step ]]; then
+if [[ "$which" == attention || "$which" == all ]]; then
   "$B/lmscope" attention --device cuda --attention flash --precision bf16 --causal true --batch 16 --heads 1 \
     --seq 16384 --d 64 --warmup 10 --iters 100 --format json --out "$OUT/leaderboard-attention.json" \
     >"$OUT/leaderboard-attention.md" 2>&1 || status=1
   said "$OUT/leaderboard-attention.json" forward_backward \
     "2025 attention, (16, 16384, 64) bf16 causal forward+backward" 10 || status=1
 fi
-if [[ "$which" != attention ]]; then
+if [[ "$which" == attention8b ]]; then
+  "$B/lmscope" attention --device cuda --attention flash --precision bf16 --causal true --batch 32 --heads 1 \
+    --seq 32768 --d 128 --warmup 3 --iters 20 --format json --out "$OUT/attention-8b.json" \
+    >"$OUT/attention-8b.md" 2>&1 || status=1
+  said "$OUT/attention-8b.json" forward_backward "8B attention, 32 x 32768 x 128 bf16 causal forward+backward" 3 ||
+    status=1
+  $PY - "$OUT/attention-8b.json" <<'PY' || status=1
+import json, sys
+row = json.load(open(sys.argv[1]))[0]
+t, f = row["ms"], row["tflops"]
+print(f"lmscope: forward {t['forward']['mean']:.2f} ms ({f['forward']:.0f} TFLOP/s), "
+      f"backward {t['backward']['mean']:.2f} ms ({f['backward']:.0f} TFLOP/s)")
+PY
+  $PY pytorch/bench_attention.py --impl sdpa --precision bf16 --batch 32 --seq 32768 --d 128 --warmup 3 --iters 20 \
+    | tee "$OUT/attention-8b-sdpa.md" || status=1
+fi
+if [[ "$which" == step || "$which" == all ]]; then
   if (($(nvidia-smi -L | wc -l) < 2)); then
     echo "2026 step: needs two GPUs; this machine has $(nvidia-smi -L | wc -l)"
     status=1

@@ -51,11 +51,13 @@ class BenchCommand : public Command {
     for (const MemorySpec& cell : cells_.resolve())
       for (bool fusion : on_off_list("--fusion", fusion_))
         for (bool graphs : graph_modes) {
-          // Data parallelism runs op by op (its collectives are not recorded): its cells say so, once.
-          if (cell.cell.parallel.data && graphs && graph_modes.size() > 1) continue;
+          // Data and tensor parallelism run op by op (their collectives are not recorded): their cells
+          // say so, once.
+          const bool ranks = cell.cell.parallel.data || cell.cell.parallel.tp > 1;
+          if (ranks && graphs && graph_modes.size() > 1) continue;
           planned.push_back(cell);
           planned.back().cell.fusion = fusion;
-          planned.back().cell.graphs = graphs && !cell.cell.parallel.data;
+          planned.back().cell.graphs = graphs && !ranks;
         }
     if (steps_ <= 0) user_error("--steps must be positive, got {}", steps_);
     if (profile_ && cells_.dry_run()) user_error("--profile traces kernels, and a dry run runs none");

@@ -59,6 +59,11 @@ void ParallelFlags::add_to(CLI::App& app, bool with_world_size) {
     app.add_option("--world-size", world_size,
                    "With --dry-run: the number of ranks the run is one of (a real run's comes from lmscope launch, "
                    "torchrun or Slurm)");
+  app.add_option("--tp", tp,
+                 "Tensor parallelism over the ranks (lmscope launch --nproc N, torchrun or Slurm start them; N of "
+                 "them): each layer's q, k, v, w1 and w3 split by their outputs, output_proj and w2 by their inputs, "
+                 "one all-reduce after each of those; every rank reads the whole batch (docs/tensor-parallel.md)")
+      ->capture_default_str();
   app.add_option("--ddp", ddp,
                  "Data parallelism over the ranks (lmscope launch, torchrun or Slurm start them): naive (each "
                  "gradient all-reduced after the backward), flat (one buffer), overlap (each gradient's all-reduce "
@@ -118,8 +123,20 @@ parallel::ParallelPlan ParallelFlags::resolve(std::int64_t global_batch, const s
   if (symmetric_memory != "on" && symmetric_memory != "off")
     user_error("unknown --symmetric-memory '{}' (use on or off)", symmetric_memory);
   bool asked = taken_;
+  const char* data_flag = nullptr;  // the first data-parallel flag given
   for (const char* flag : {"--ddp", "--zero", "--bucket-mb", "--symmetric-memory", "--comm-sms", "--grad-exchange"})
-    asked = asked || app.count(flag) > 0;
+    if (app.count(flag) > 0 && !data_flag) data_flag = flag;
+  asked = asked || data_flag != nullptr;
+  r.tp = tp;
+  if (tp != 1) {
+    if (asked)
+      user_error(
+          "--tp {} runs over the whole world for now: {} and the rest of data parallelism beside it are not "
+          "built yet",
+          tp, data_flag ? data_flag : "a checkpoint's data-parallel layout");
+    r.validate(global_batch, true, true);
+    return r;
+  }
   if (r.world.size == 1 && !asked) return r;
   // A bucket's bytes are a size_t: --bucket-mb 1e308 (or 2^64) overflowed it and ran as some other size.
   constexpr int kMaxBucketMb = 1 << 20;

@@ -21,6 +21,7 @@ struct ParallelFlags {
   std::string comm_sms = "auto";
   std::int64_t collective_timeout = 600;  // seconds (World::collective_timeout)
   int world_size = 0;                     // --world-size: the world a dry run stands for (0: the environment's)
+  int tp = 1;                             // --tp: tensor parallelism's degree
 
   // with_world_size: add --world-size (commands with a dry run).
   void add_to(CLI::App& app, bool with_world_size = false);

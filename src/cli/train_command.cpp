@@ -229,6 +229,11 @@ class TrainCommand : public Command {
     // Data parallelism: this process is one rank of the world the environment names; --batch is the
     // global batch, each rank running its share of the rows one process would.
     const parallel::ParallelPlan parallel = parallel_.resolve(s_.batch, s_.device);
+    if (parallel.tp > 1 && !(s_.checkpoint_dir.empty() && s_.resume.empty()))
+      user_error(
+          "--tp {} keeps a block of each split weight and of its moments on each rank, and checkpoints of them "
+          "(--checkpoint-dir, --resume) are not built yet (--save writes the weights whole)",
+          parallel.tp);
     RunSpec checked = s_.run_spec(parallel);  // the run's rules before its files are read (the session's again)
     validate_run(checked);
     const bool main_rank = parallel.world.rank == 0;
@@ -380,7 +385,7 @@ class TrainCommand : public Command {
     if (!s_.save.empty() && main_rank) {
       save_parameters(model, s_.save, [&opt](std::size_t i) { return opt.parameter_values(i); });
       fmt::print("saved weights to '{}'\n", s_.save);
-    } else if (!s_.save.empty()) {  // (ZeRO-3: each rank holds its pieces of the weights, sent to rank 0)
+    } else if (!s_.save.empty()) {  // (ZeRO-3 and tensor parallelism: each rank's pieces sent to rank 0)
       for (std::size_t i = 0; i < model.parameters().size(); ++i) opt.join_parameter_values(i);
     }
     return 0;

@@ -111,6 +111,18 @@ class TwoRanks(FilesTest):
         moved = max(np.abs(reference[1][n] - start[n]).max() for n in start)
         self.assertGreater(moved, 1e-3)
 
+    @TWO_RANKS
+    def test_tensor_parallel_steps_as_one_process(self):
+        # --tp 2: each rank the whole batch with half the heads and half of d_ff, one all-reduce after
+        # each row-split product; clipping on (the norm over the ranks' blocks and the whole weights).
+        for mode, like in ((["--tp", "2"], []), (["--tp", "2", "--recompute", "full"], []),
+                           (["--tp", "2", "--grad-accum", "2"], ["--grad-accum", "2"]),
+                           (["--tp", "2", "--attention", "naive"], ["--attention", "naive"])):
+            with self.subTest(mode=mode):
+                reference = self.one_process("--sample", "sequential", *like)
+                got = self.train("tp", "--sample", "sequential", *mode, ranks=2)
+                self.assertClose(got, reference, " ".join(mode))
+
     @unittest.skipUnless(ranks_possible() >= 4, "four ranks need four GPUs")
     def test_four_ranks_sum_the_gathered_gradients_in_rank_order(self):
         # Three additions a gradient, each rank's part read before the running sum can reach it.
@@ -339,7 +351,8 @@ class TwoRanks(FilesTest):
                 "largest_at_peak", "peak_reached", "step_start_bytes")
         for mode in (["--ddp", "bucketed", "--bucket-mb", "0.1"], ["--zero", "1", "--bucket-mb", "0.1"],
                      ["--zero", "2", "--bucket-mb", "0.1"], ["--zero", "2", "--bucket-mb", "0.1", "--grad-accum", "2"],
-                     ["--zero", "3"], ["--zero", "3", "--recompute", "selective", "--grad-accum", "2"]):
+                     ["--zero", "3"], ["--zero", "3", "--recompute", "selective", "--grad-accum", "2"],
+                     ["--tp", "2"], ["--tp", "2", "--recompute", "full"]):
             with self.subTest(mode=mode):
                 real, dry = self.path("real.json"), self.path("dry.json")
                 r = run("launch", "--nproc", "2", "--", *memory, *mode, "--out", real)
@@ -382,6 +395,13 @@ class TwoRanks(FilesTest):
              "--mode train or forward-backward"),
             (["bench", *MODEL[:MODEL.index("--lr")], "--steps", "1", "--mode", "forward-backward", "--zero", "1",
               "--world-size", "2", "--dry-run"], "it takes --mode train"),
+            ([*base, "--tp", "2"], "--tp 2 splits each projection over 2 ranks, and the world has 1"),
+            ([*base, "--tp", "0"], "--tp must be at least 1"),
+            (["launch", "--nproc", "2", "--", *base, "--tp", "2", "--zero", "1"], "--tp 2 runs over the whole world"),
+            (["launch", "--nproc", "2", "--", *base, "--tp", "2", "--checkpoint-dir", self.path("tp-ckpt")],
+             "checkpoints of them (--checkpoint-dir, --resume) are not built yet"),
+            (["memory", *MODEL[:MODEL.index("--lr")], "--dry-run", "--world-size", "3", "--tp", "3"],
+             "--tp 3 must divide the model's 2 heads"),
         ]
         for args, words in cases:
             if args[0] == "launch" and ranks_possible() < 2:

@@ -160,7 +160,7 @@ class MemoryDiet(unittest.TestCase):
                             "--master-dtype bf16 needs --precision bf16 on --device cuda"),
                            (["memory", "--dry-run", "--master-dtype", "fp8"], "unknown --master-dtype 'fp8'"),
                            (["memory", "--dry-run", "--precision", "bf16", "--master-dtype", "bf16", "--world-size",
-                             "2"], "with data parallelism or ZeRO it is not yet built"),
+                             "2"], "with data parallelism, ZeRO or tensor parallelism it is not yet built"),
                            (["train", "--device", "cpu", "--master-dtype", "bf16", "--precision", "bf16", "--data",
                              "none.bin", "--steps", "1"], "runs on CUDA only")):
             r = run(*args, "--model", "small")

@@ -148,8 +148,8 @@ TEST(ValidateRun, Bf16MastersRunWhereTheyCan) {
   s.parallel.data = parallel::DataParallelSpec{};
   s.parallel.world.size = 2;
   EXPECT_EQ(says(s),
-            "--master-dtype bf16 runs in one process for now: with data parallelism or ZeRO it is not yet built and "
-            "checked");
+            "--master-dtype bf16 runs in one process for now: with data parallelism, ZeRO or tensor parallelism it is "
+            "not yet built and checked");
   s.parallel = {};
   validate_run(s);
   EXPECT_EQ(s.grad_dtype, DType::bf16);

@@ -201,13 +201,13 @@ void load_parameters(Transformer& model, const std::string& path, const SetParam
     const SafetensorsEntry* e = file.find(p.spec.name);
     if (!e) e = file.find("_orig_mod." + p.spec.name);
     if (!e) user_error("'{}' lacks tensor '{}' of shape {}", path, p.spec.name, shape_str(p.spec.shape));
-    if (e->shape != p.spec.shape)
+    if (e->shape != model.whole_shape(i))
       user_error("tensor '{}' in '{}' has shape {}, but the model needs {}", p.spec.name, path, shape_str(e->shape),
-                 shape_str(p.spec.shape));
+                 shape_str(model.whole_shape(i)));
     if (set)
       set(i, file.read(*e));
     else
-      upload(model.backend(), p.value, file.read(*e));
+      upload(model.backend(), p.value, model.local_values(i, file.read(*e)));  // this rank's block where split
   }
   if (!set) model.refresh_lowp_copies();
 }
@@ -222,8 +222,8 @@ std::vector<TensorSource> parameter_sources(Transformer& model, const ParameterV
   std::vector<Parameter>& params = model.parameters();
   for (std::size_t i = 0; i < params.size(); ++i) {
     Parameter& p = params[i];
-    if (values)
-      out.push_back({p.spec.name, p.spec.shape, [values, i] { return values(i); }});
+    if (values)  // whole values, in the whole shape (tensor parallelism's blocks gathered)
+      out.push_back({p.spec.name, model.whole_shape(i), [values, i] { return values(i); }});
     else
       out.push_back({p.spec.name, p.spec.shape, [&model, &p] { return host_f32(model.backend(), p.value); }});
   }

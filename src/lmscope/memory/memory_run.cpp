@@ -19,7 +19,8 @@ std::unique_ptr<Backend> make_cell_backend(const MemorySpec& spec, MemoryRecord&
     }
     return make_meta_backend(target, spec.cell.precision);
   }
-  if (spec.cell.parallel.data) parallel::use_rank_gpu(spec.cell.parallel.world, spec.cell.device);
+  if (spec.cell.parallel.data || spec.cell.parallel.tp > 1)
+    parallel::use_rank_gpu(spec.cell.parallel.world, spec.cell.device);
   std::unique_ptr<Backend> backend = make_backend(spec.cell.device, spec.cell.precision);
   if (spec.memory_limit > 0 && spec.memory_limit < backend->allocator().capacity())
     throw Unsupported("--memory-limit holds only dry runs (--dry-run) to a smaller memory than the device's");

@@ -45,6 +45,8 @@ AdamW::AdamW(Transformer& model, const OptimizerConfig& config, OptimizerShardin
       scaler_(config.loss_scaling, config.loss_scaling.force || model.compute_dtype() == DType::f16) {
   config_.validate();
   model_.set_loss_scale(scaler_.scale());
+  for (std::size_t i = 0; i < model_.parameters().size(); ++i) split_ = split_ || model_.split(i);
+  LMSCOPE_CHECK(!split_ || !sharding_, "ZeRO over parameters split across ranks");
   Backend& be = model_.backend();
   if (sharding_) {  // the moments of this rank's part only, side by side as the shard lays it out
     const Shape shard{sharding_->shard_elements()};
@@ -108,7 +110,13 @@ bool AdamW::step(double lr) {
     // written in place). Where steps are skipped (loss scaling, skip_nonfinite), one whose norm is not
     // finite changes nothing but the copies (written from the unchanged masters); the device
     // decides, so the host need not wait for the norm first.
-    if (model_.fusion()) {  // the norm and every update in a few launches
+    if (split_) {  // tensor parallelism: the norm over the ranks' blocks, then each update
+      split_norm(grads);
+      for (std::size_t i = 0; i < params.size(); ++i) {
+        be.adamw(params[i].value, params[i].grad, m_[i], v_[i], args, grad_norm_, model_.lowp_copy(params[i]));
+        params[i].grad.reset();
+      }
+    } else if (model_.fusion()) {  // the norm and every update in a few launches
       std::vector<Tensor> values, ms, vs;
       for (std::size_t i = 0; i < params.size(); ++i) {
         values.push_back(params[i].value);
@@ -128,6 +136,19 @@ bool AdamW::step(double lr) {
     graph.end();
   }
   return finish_step();
+}
+
+void AdamW::split_norm(const std::vector<Tensor>& grads) {
+  Backend& be = model_.backend();
+  std::vector<Tensor> blocks, wholes;
+  for (std::size_t i = 0; i < grads.size(); ++i) (model_.split(i) ? blocks : wholes).push_back(grads[i]);
+  Allocation norms = be.allocator().allocate({2}, model_.stats_dtype(), {MemKind::workspace, "tp.norm_parts", -1});
+  const Tensor split = norms.tensor().rows(0, 1), whole = norms.tensor().rows(1, 1);
+  be.global_norm(blocks, split);
+  model_.hooks().norm_over_ranks(split);
+  be.global_norm(wholes, whole);
+  const Tensor both = norms.tensor();
+  be.global_norm(std::span(&both, 1), grad_norm_);  // √(split² + whole²)
 }
 
 void AdamW::sharded_step(const AdamWArgs& args) {
@@ -190,14 +211,14 @@ std::vector<float> AdamW::moment_values(std::size_t i, Moment which) {
 }
 
 std::vector<float> AdamW::parameter_values(std::size_t i) {
-  const std::vector<double> v = sharding_ && sharding_->shards_parameters()
-                                    ? sharding_->parameter_values(i)
-                                    : download(model_.backend(), model_.parameters().at(i).value);
+  const std::vector<double> v =
+      sharding_ && sharding_->shards_parameters() ? sharding_->parameter_values(i) : model_.whole_values(i);
   return std::vector<float>(v.begin(), v.end());
 }
 
 void AdamW::join_parameter_values(std::size_t i) {
   if (sharding_ && sharding_->shards_parameters()) sharding_->parameter_values(i);
+  if (model_.split(i)) model_.whole_values(i);
 }
 
 void AdamW::set_parameter_values(std::size_t i, std::span<const double> values) {

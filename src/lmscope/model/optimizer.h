@@ -106,8 +106,9 @@ class AdamW {
   std::vector<float> moment_values(std::size_t i, Moment which);
   void join_moment_values(std::size_t i, Moment which);
   void set_moment(std::size_t i, Moment which, std::span<const double> values);
-  // Parameter i's values, as a checkpoint saves and restores them: whole on the host (under ZeRO-3 a
-  // collective, as moment_values is; join_parameter_values is a rank's part that writes nothing), and
+  // Parameter i's values, as a checkpoint saves and restores them: whole on the host (under ZeRO-3, and
+  // where tensor parallelism splits it, a collective, as moment_values is; join_parameter_values is a
+  // rank's part that writes nothing), and
   // set from whole values (under ZeRO-3 this rank's pieces; elsewhere the master, its copy refreshed).
   std::vector<float> parameter_values(std::size_t i);
   void join_parameter_values(std::size_t i);
@@ -129,10 +130,14 @@ class AdamW {
   // The updates of ZeRO: this rank's part from the summed gradients, then (ZeRO-1 and 2) every rank's
   // part into every parameter.
   void sharded_step(const AdamWArgs& args);
+  // Tensor parallelism: the gradients' norm into grad_norm_, the split parameters' blocks summed over
+  // the ranks (StepHooks::norm_over_ranks) beside the whole parameters' own.
+  void split_norm(const std::vector<Tensor>& grads);
   Transformer& model_;
   OptimizerConfig config_;
   OptimizerSharding* sharding_ = nullptr;
   int ranks_ = 1;
+  bool split_ = false;  // some parameter is split across ranks (tensor parallelism)
   std::vector<Allocation> m_, v_;
   Allocation norm_and_scalars_;
   Tensor grad_norm_, step_scalars_;  // [1] and [3] of it (AdamWArgs::step_scalars)

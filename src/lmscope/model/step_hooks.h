@@ -10,7 +10,9 @@
 #include "lmscope/model/config.h"
 
 #include <cstddef>
+#include <cstdint>
 #include <span>
+#include <vector>
 
 namespace lmscope {
 
@@ -35,6 +37,20 @@ class StepHooks {
   // The shape parameter `spec` has on this rank; asked as the model allocates its parameters, so hooks
   // that change shapes are given to the model's constructor.
   virtual Shape local_shape(const ParameterSpec& spec) const { return spec.shape; }
+  // Where this rank's block of parameter `spec` (its whole shape) starts: the first row and column of
+  // the whole [out, in] matrix (0 for the first of a vector); its extent is local_shape. Initial and
+  // loaded values are the whole tensor's, cut to the block.
+  struct Block {
+    std::int64_t row = 0, col = 0;
+  };
+  virtual Block local_block(const ParameterSpec& /*spec*/) const { return {}; }
+  // A norm over the gradients of the parameters split across the ranks (their blocks, as
+  // local_shape makes them): `norm` [1] holds this rank's; after the call, the norm over every
+  // rank's blocks (AdamW's clipping). Nothing splits them by default.
+  virtual void norm_over_ranks(const Tensor& /*norm*/) {}
+  // A split parameter's whole values (`whole` has its whole shape) from every rank's block, `local`
+  // being this rank's: a collective, every rank calling it for the same parameter.
+  virtual std::vector<double> whole_values(const ParameterSpec& /*whole*/, const Tensor& /*local*/) { return {}; }
   // Before the first read of these parameters in a stretch of a pass (the embedding; one layer, with
   // the norm after it that a fused residual add makes; the head) and after the last: a sharded
   // parallelism gathers their values into Parameter::value at acquire and frees them at release.

@@ -47,13 +47,16 @@ Transformer::Transformer(const ModelConfig& config, Backend& backend, DType dtyp
       compute_(compute.value_or(dtype)),
       grad_dtype_(dtype),
       attention_(attention),
-      hooks_(hooks ? hooks : &no_hooks()) {
+      hooks_(hooks ? hooks : &no_hooks()),
+      construction_hooks_(hooks_) {
   config_.validate();
   LMSCOPE_CHECK(dtype_ != DType::bf16 || compute_ == DType::bf16, "bf16 masters compute in bf16, not {}",
                 dtype_name(compute_));
   LMSCOPE_CHECK(dtype_ != DType::f16, "f16 masters");
   std::unordered_map<std::string, Parameter*> by_name;
   for (ParameterSpec& s : parameter_specs(config_)) {
+    whole_shapes_.push_back(s.shape);
+    blocks_.push_back(hooks_->local_block(s));
     s.shape = hooks_->local_shape(s);
     params_.push_back(Parameter{std::move(s), {}, {}, {}});
   }
@@ -158,7 +161,7 @@ void Transformer::set_grad_dtype(DType t) {
         dtype_name(t), dtype_name(compute_));
   for (const Parameter& p : params_)
     LMSCOPE_CHECK(p.grad.empty(), "the gradients' dtype set while {} has a gradient", p.spec.name);
-  LMSCOPE_CHECK(hooks_ == &no_hooks(), "the gradients' dtype set after a parallelism sized its buffers");
+  LMSCOPE_CHECK(hooks_ == construction_hooks_, "the gradients' dtype set after a parallelism sized its buffers");
   grad_dtype_ = t;
 }
 
@@ -228,32 +231,76 @@ void draw_initial_values(std::uint64_t seed, const std::string& name, double ini
 
 }  // namespace
 
+bool Transformer::split(std::size_t i) const { return params_.at(i).spec.shape != whole_shapes_.at(i); }
+
+template <typename T>
+void Transformer::local_part(std::size_t i, const T* whole, T* local) const {
+  const Shape& w = whole_shapes_.at(i);
+  const Shape& l = params_.at(i).spec.shape;
+  LMSCOPE_CHECK(w.size() == 2 && l.size() == 2, "a split parameter of {} dimensions", w.size());
+  const StepHooks::Block b = blocks_.at(i);
+  for (std::int64_t r = 0; r < l[0]; ++r) std::copy_n(whole + (b.row + r) * w[1] + b.col, l[1], local + r * l[1]);
+}
+
+std::vector<double> Transformer::local_values(std::size_t i, std::span<const double> whole) const {
+  LMSCOPE_CHECK(static_cast<std::int64_t>(whole.size()) == shape_numel(whole_shapes_.at(i)), "values of {}",
+                params_.at(i).spec.name);
+  if (!split(i)) return {whole.begin(), whole.end()};
+  std::vector<double> local(static_cast<std::size_t>(shape_numel(params_[i].spec.shape)));
+  local_part(i, whole.data(), local.data());
+  return local;
+}
+
+std::vector<double> Transformer::whole_values(std::size_t i) {
+  Parameter& p = params_.at(i);
+  if (!split(i)) return download(backend_, p.value);
+  ParameterSpec whole = p.spec;
+  whole.shape = whole_shapes_[i];
+  return hooks_->whole_values(whole, p.value);
+}
+
+template <typename T>
+void Transformer::upload_whole(std::size_t i, const T* whole, std::vector<T>& scratch) {
+  Parameter& p = params_[i];
+  const T* values = whole;
+  if (split(i)) {
+    scratch.resize(static_cast<std::size_t>(shape_numel(p.spec.shape)));
+    local_part(i, whole, scratch.data());
+    values = scratch.data();
+  }
+  if constexpr (std::is_same_v<T, float>)
+    upload_host(backend_, p.value, values);  // rounded into bf16 masters
+  else
+    backend_.copy_from_host(p.value, values);
+}
+
 template <typename T>
 void Transformer::fill_initial_values(std::uint64_t seed) {
   std::int64_t largest = 0;
-  for (const Parameter& p : params_) largest = std::max(largest, p.value.tensor().numel());
-  std::vector<T> host(static_cast<std::size_t>(largest));  // one staging buffer for every tensor
-  for (Parameter& p : params_) {
-    draw_initial_values(seed, p.spec.name, p.spec.init_std, p.value.tensor().numel(), host.data());
-    if constexpr (std::is_same_v<T, float>)
-      upload_host(backend_, p.value, host.data());  // rounded into bf16 masters
-    else
-      backend_.copy_from_host(p.value, host.data());
+  for (const Shape& s : whole_shapes_) largest = std::max(largest, shape_numel(s));
+  std::vector<T> host(static_cast<std::size_t>(largest)), local;  // one staging buffer for every tensor
+  for (std::size_t i = 0; i < params_.size(); ++i) {
+    const Parameter& p = params_[i];
+    draw_initial_values(seed, p.spec.name, p.spec.init_std, shape_numel(whole_shapes_[i]), host.data());
+    upload_whole(i, host.data(), local);
   }
 }
 
 void Transformer::fill_kept_initial_values(std::uint64_t seed, KeptInitialValues& kept) {
-  const auto same = [&](const Parameter& p) {
-    const auto it = kept.tensors.find(p.spec.name);
-    return it != kept.tensors.end() && it->second.numel == p.value.tensor().numel() &&
-           it->second.init_std == p.spec.init_std;
+  const auto same = [&](std::size_t i) {
+    const auto it = kept.tensors.find(params_[i].spec.name);
+    return it != kept.tensors.end() && it->second.numel == shape_numel(whole_shapes_[i]) &&
+           it->second.init_std == params_[i].spec.init_std;
   };
-  if (kept.seed != seed || kept.tensors.size() != params_.size() || !std::ranges::all_of(params_, same)) {
+  bool all_same = kept.seed == seed && kept.tensors.size() == params_.size();
+  for (std::size_t i = 0; all_same && i < params_.size(); ++i) all_same = same(i);
+  if (!all_same) {
     kept.tensors.clear();  // another model or seed: one model's values at a time
     // Drawn aside and moved in whole, so a draw that fails (out of host memory) leaves nothing kept.
     std::unordered_map<std::string, KeptInitialValues::Drawn> drawn;
-    for (const Parameter& p : params_) {
-      KeptInitialValues::Drawn t{p.value.tensor().numel(), p.spec.init_std, nullptr};
+    for (std::size_t i = 0; i < params_.size(); ++i) {
+      const Parameter& p = params_[i];
+      KeptInitialValues::Drawn t{shape_numel(whole_shapes_[i]), p.spec.init_std, nullptr};
       t.values = std::make_unique_for_overwrite<float[]>(static_cast<std::size_t>(t.numel));
       draw_initial_values(seed, p.spec.name, t.init_std, t.numel, t.values.get());
       drawn.emplace(p.spec.name, std::move(t));
@@ -261,7 +308,9 @@ void Transformer::fill_kept_initial_values(std::uint64_t seed, KeptInitialValues
     kept.tensors = std::move(drawn);
     kept.seed = seed;
   }
-  for (Parameter& p : params_) upload_host(backend_, p.value, kept.tensors.at(p.spec.name).values.get());
+  std::vector<float> local;
+  for (std::size_t i = 0; i < params_.size(); ++i)
+    upload_whole(i, kept.tensors.at(params_[i].spec.name).values.get(), local);
 }
 
 Allocation Transformer::act(const char* what, int layer, Shape shape, std::source_location where) {

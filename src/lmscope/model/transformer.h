@@ -146,6 +146,13 @@ class Transformer {
   StepHooks& hooks() { return *hooks_; }
   Backend& backend() { return backend_; }
   std::vector<Parameter>& parameters() { return params_; }
+  // Parameter i's whole shape, and whether this rank holds only a block of it (tensor parallelism:
+  // StepHooks::local_shape); local_values: the block of whole values (row-major in the whole shape).
+  const Shape& whole_shape(std::size_t i) const { return whole_shapes_.at(i); }
+  bool split(std::size_t i) const;
+  std::vector<double> local_values(std::size_t i, std::span<const double> whole) const;
+  // Parameter i's whole values on the host: where split, from every rank's block (a collective).
+  std::vector<double> whole_values(std::size_t i);
   Parameter& parameter(const std::string& name);  // throws UserError if unknown
 
   // Seeded truncated-normal initialisation (MODEL.md); each tensor draws from its own streams
@@ -194,6 +201,11 @@ class Transformer {
                            Normed* next = nullptr);
   template <typename T>
   void fill_initial_values(std::uint64_t seed);
+  template <typename T>
+  void local_part(std::size_t i, const T* whole, T* local) const;
+  // Parameter i set from its whole values (its block of them where split; scratch holds the block).
+  template <typename T>
+  void upload_whole(std::size_t i, const T* whole, std::vector<T>& scratch);
   void fill_kept_initial_values(std::uint64_t seed, KeptInitialValues& kept);
   // act: compute dtype (GEMM operands and what lies between GEMMs); wide: the master dtype (the
   // residual stream and its gradient); stat: stats_dtype (row statistics, the loss).
@@ -258,6 +270,8 @@ class Transformer {
   bool graphs_ = false;
   bool fusion_ = false;
   std::vector<Parameter> params_;
+  std::vector<Shape> whole_shapes_;       // per parameter: its shape in the whole model
+  std::vector<StepHooks::Block> blocks_;  // per parameter: where this rank's block of it starts
   struct LayerParams {
     Parameter *wq, *wk, *wv, *wo, *ln1, *w1, *w2, *w3, *ln2;
   };
@@ -293,6 +307,9 @@ class Transformer {
   bool accumulating_ = false;  // the backward under way adds into the gradients
   bool last_micro_batch_ = true;
   StepHooks* hooks_;  // never null: the default hooks when none are set
+  // The hooks the model was made with (the default, or tensor parallelism's shapes); those set later
+  // (data parallelism) size their buffers by the gradients' dtype.
+  StepHooks* construction_hooks_;
 };
 
 }  // namespace lmscope

@@ -26,7 +26,8 @@ constexpr double kMaxStepBytes = static_cast<double>(std::int64_t(1) << 50);
 // logits), in doubles so that no size overflows on the way.
 double step_activation_bytes(const RunSpec& s) {
   const ModelConfig& m = s.model;
-  const double rows = std::ceil(static_cast<double>(s.batch) / std::max(1, s.parallel.world.size));
+  const int shares = s.parallel.data ? std::max(1, s.parallel.world.size) : 1;  // tensor parallelism: every row
+  const double rows = std::ceil(static_cast<double>(s.batch) / shares);
   const double t = static_cast<double>(s.ctx), tokens = rows * t, heads = static_cast<double>(m.heads);
   const double per_layer = tokens * static_cast<double>(8 * m.d_model + 3 * m.d_ff + 2) +
                            rows * heads * t * (s.attention == AttentionKind::naive ? t : 1.0);
@@ -62,6 +63,7 @@ std::string RunSpec::label() const {
                                   .master_dtype = master_dtype_name(master_dtype),
                                   .graphs_off_on_cuda = !graphs && device == "cuda",
                                   .fusion = fusion});
+  if (parallel.tp > 1) label += fmt::format(", {}, {} ranks", parallel.words(), parallel.world.size);
   if (parallel.data) {
     label += ", " + parallel.words();
     if (exchange_sms() > 0) label += fmt::format(", exchange on {} SMs", exchange_sms());
@@ -162,6 +164,7 @@ nlohmann::ordered_json RunSpec::to_json() const {
                              {"warmup_iters", schedule.warmup_iters},
                              {"cosine_iters", schedule.cosine_iters}}},
                            {"world_size", parallel.world.size},
+                           {"tensor_parallel", parallel.tp},
                            {"data_parallel", nullptr}};
   if (parallel.data) {
     const parallel::DataParallelSpec& p = *parallel.data;
@@ -205,6 +208,7 @@ nlohmann::ordered_json RunSpec::row() const {
                           {"symmetric_memory", p.zero == 0 && p.symmetric_memory},
                           {"comm_sms", exchange_sms()}};
   }
+  if (parallel.tp > 1) j["tensor_parallel"] = {{"world_size", parallel.world.size}, {"tp", parallel.tp}};
   return j;
 }
 
@@ -246,6 +250,7 @@ RunSpec RunSpec::from_json(const nlohmann::json& j) {
   s.schedule.warmup_iters = l.get<std::int64_t>("warmup_iters");
   s.schedule.cosine_iters = l.get<std::int64_t>("cosine_iters");
   s.parallel.world.size = f.get<int>("world_size");
+  if (f.has("tensor_parallel")) s.parallel.tp = f.get<int>("tensor_parallel");  // absent before it was built
   if (!f.is_null("data_parallel")) {
     const Fields p = f.object("data_parallel");
     parallel::DataParallelSpec d;
@@ -276,10 +281,10 @@ void check_master_dtype(RunSpec& s) {
     user_error("--master-dtype bf16 needs --precision bf16 (a bf16 model computes in bf16), not {}", s.precision);
   if (s.device != "cuda")
     user_error("--master-dtype bf16 runs on CUDA only: the CPU backend keeps its parameters in fp32");
-  if (s.parallel.data)
+  if (s.parallel.data || s.parallel.tp > 1)
     user_error(
-        "--master-dtype bf16 runs in one process for now: with data parallelism or ZeRO it is not yet built and "
-        "checked");
+        "--master-dtype bf16 runs in one process for now: with data parallelism, ZeRO or tensor parallelism it is "
+        "not yet built and checked");
   if (s.weight_copies != WeightCopies::kept)
     user_error("--weight-copies {} has nothing to place under --master-dtype bf16: the bf16 weights are the masters",
                weight_copies_name(s.weight_copies));
@@ -311,11 +316,12 @@ void validate_run(RunSpec& s) {
   s.optimizer.validate();
   s.schedule.validate();
   s.parallel.validate(s.batch, has_backward(s.mode), s.mode == StepMode::train);
+  s.parallel.check_model(s.model);
   if (s.parallel.data && s.parallel.data->zero == 3 && s.weight_copies == WeightCopies::resident)
     user_error(
         "--weight-copies resident keeps every bf16 copy on every rank, and --zero 3 gathers each layer's "
         "weights as its copies only while the layer runs: use kept or transient");
-  if (s.parallel.data) s.graphs = false;  // the collectives are not recorded
+  if (s.parallel.data || s.parallel.tp > 1) s.graphs = false;  // the collectives are not recorded
 }
 
 }  // namespace lmscope

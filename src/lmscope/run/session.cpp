@@ -24,12 +24,13 @@ void Session::build(SessionOptions& options) {
     if (options.backend) {
       own_backend_ = std::move(options.backend);
     } else {
-      if (s.parallel.data) parallel::use_rank_gpu(s.parallel.world, s.device);
+      if (s.parallel.data || s.parallel.tp > 1) parallel::use_rank_gpu(s.parallel.world, s.device);
       own_backend_ = make_backend(s.device, s.precision);
     }
     backend_ = own_backend_.get();
   }
-  model_.emplace(s.model, *backend_, s.master_dtype, compute_dtype(s.precision), s.attention);
+  if (s.parallel.tp > 1) tensor_parallel_ = std::make_unique<parallel::TensorParallelRun>(s.parallel.world, *backend_);
+  model_.emplace(s.model, *backend_, s.master_dtype, compute_dtype(s.precision), s.attention, tensor_parallel_.get());
   Transformer& model = *model_;
   model.set_recompute(s.recompute);
   model.set_weight_copies(s.weight_copies);

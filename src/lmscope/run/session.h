@@ -8,6 +8,7 @@
 #include "lmscope/model/optimizer.h"
 #include "lmscope/model/transformer.h"
 #include "lmscope/parallel/data_parallel_run.h"
+#include "lmscope/parallel/tensor_parallel.h"
 #include "lmscope/run/batch_source.h"
 #include "lmscope/run/run_spec.h"
 
@@ -77,6 +78,7 @@ class Session {
   // Declared in the order they are built: torn down the other way.
   std::unique_ptr<Backend> own_backend_;
   Backend* backend_ = nullptr;
+  std::unique_ptr<parallel::TensorParallelRun> tensor_parallel_;  // before the model, whose shapes it gives
   std::optional<Transformer> model_;
   std::unique_ptr<parallel::DataParallelRun> data_parallel_;  // after the model it hooks into
   std::unique_ptr<AdamW> optimizer_;                          // after the sharding it asks

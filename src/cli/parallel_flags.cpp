@@ -200,7 +200,16 @@ parallel::ParallelPlan ParallelFlags::resolve(std::int64_t global_batch, const s
 
 void ParallelFlags::take_from_checkpoint(const parallel::ParallelPlan& theirs) {
   const CLI::App& app = *app_;
-  if (!theirs.data || parallel::world_from_environment(rendezvous).size == 1) return;
+  const int ranks = parallel::world_from_environment(rendezvous).size;
+  // Tensor parallelism goes on where the world still has its degree of ranks and no layout was asked.
+  if (theirs.tp > 1 && ranks == theirs.tp && app.count("--tp") == 0) {
+    bool other = false;
+    for (const char* flag : {"--ddp", "--zero", "--bucket-mb", "--symmetric-memory", "--comm-sms", "--grad-exchange"})
+      other = other || app.count(flag) > 0;
+    if (!other) tp = theirs.tp;
+    return;
+  }
+  if (!theirs.data || ranks == 1) return;
   const parallel::DataParallelSpec& d = *theirs.data;
   auto given = [&](const char* flag) { return app.count(flag) > 0; };
   const bool exchange_given =
@@ -221,7 +230,9 @@ void ParallelFlags::take_from_checkpoint(const parallel::ParallelPlan& theirs) {
 std::vector<std::string> ParallelFlags::changes(const parallel::ParallelPlan& theirs,
                                                 const parallel::ParallelPlan& now) {
   auto ranks = [](int n) { return fmt::format("{} rank{}", n, n == 1 ? "" : "s"); };
-  auto layout = [](const parallel::ParallelPlan& p) { return p.data ? p.words() : std::string("one process"); };
+  auto layout = [](const parallel::ParallelPlan& p) {
+    return p.data || p.tp > 1 ? p.words() : std::string("one process");
+  };
   std::vector<std::string> said;
   if (theirs.world.size != now.world.size)
     said.push_back(fmt::format(
@@ -229,8 +240,8 @@ std::vector<std::string> ParallelFlags::changes(const parallel::ParallelPlan& th
         "another order (the steps will not repeat an unstopped run's bit for bit)",
         ranks(theirs.world.size), ranks(now.world.size)));
   if (layout(theirs) != layout(now))
-    said.push_back(fmt::format("the data parallelism is {} here and was {} in the checkpoint's run; going on with {}",
-                               layout(now), layout(theirs), layout(now)));
+    said.push_back(fmt::format("the {}parallelism is {} here and was {} in the checkpoint's run; going on with {}",
+                               theirs.tp > 1 || now.tp > 1 ? "" : "data ", layout(now), layout(theirs), layout(now)));
   return said;
 }
 

@@ -229,11 +229,6 @@ class TrainCommand : public Command {
     // Data parallelism: this process is one rank of the world the environment names; --batch is the
     // global batch, each rank running its share of the rows one process would.
     const parallel::ParallelPlan parallel = parallel_.resolve(s_.batch, s_.device);
-    if (parallel.tp > 1 && !(s_.checkpoint_dir.empty() && s_.resume.empty()))
-      user_error(
-          "--tp {} keeps a block of each split weight and of its moments on each rank, and checkpoints of them "
-          "(--checkpoint-dir, --resume) are not built yet (--save writes the weights whole)",
-          parallel.tp);
     RunSpec checked = s_.run_spec(parallel);  // the run's rules before its files are read (the session's again)
     validate_run(checked);
     const bool main_rank = parallel.world.rank == 0;
@@ -320,13 +315,15 @@ class TrainCommand : public Command {
       fmt::print("training {} ({} parameters) on {}: {} tokens in '{}', {} steps of {}{}x{} tokens{}{}\n", c.name,
                  c.parameter_count(), backend.name(), data.size(), s_.data, s_.steps,
                  s_.grad_accum > 1 ? fmt::format("{} micro-batches of ", s_.grad_accum) : "", s_.batch, s_.ctx,
-                 dp ? fmt::format(" over {} ranks ({} rows each, {} over {})", parallel.world.size,
-                                  session.local_batch(), parallel.words(), dp->communicator().name())
-                    : "",
+                 dp                ? fmt::format(" over {} ranks ({} rows each, {} over {})", parallel.world.size,
+                                                 session.local_batch(), parallel.words(), dp->communicator().name())
+                 : parallel.tp > 1 ? fmt::format(" over {} ranks ({}: every row, a part of each layer)",
+                                                 parallel.world.size, parallel.words())
+                                   : "",
                  resumed ? fmt::format(", resumed at step {} from '{}'", start, resumed->path) : "");
     auto save_checkpoint = [&](std::int64_t step) {
-      if (!main_rank) {                     // every rank holds the same weights and moments: rank 0 writes them
-        join_checkpoint_write(model, opt);  // (ZeRO-1: each holds its part of the moments, sent to rank 0)
+      if (!main_rank) {  // rank 0 writes every weight and moment whole; the others send it their parts
+        join_checkpoint_write(model, opt);  // (ZeRO's pieces, tensor parallelism's blocks; nothing under DDP)
         return;
       }
       const std::string path = write_checkpoint(

@@ -123,6 +123,34 @@ class TwoRanks(FilesTest):
                 got = self.train("tp", "--sample", "sequential", *mode, ranks=2)
                 self.assertClose(got, reference, " ".join(mode))
 
+    @TWO_RANKS
+    def test_tensor_parallel_checkpoints_resume_where_they_stopped(self):
+        # Rank 0 writes the blocks whole, so the run resumed as saved (taking --tp 2 from the
+        # checkpoint) gives the bits of the run never stopped, and one process goes on from it too.
+        tp = ["--tp", "2"]
+        ref = self.train("tp-whole", "--sample", "sequential", *tp, ranks=2)
+        directory = self.path("tp-checkpoints")
+        self.train("tp-first", "--sample", "sequential", *tp, "--checkpoint-dir", directory, ranks=2, steps=3)
+        name = self.path("tp-resumed")
+        shutil.copytree(directory, name)
+        r = run("launch", "--nproc", "2", *OVERSUBSCRIBE, "--", "train", "--resume", name, "--steps", str(STEPS),
+                "--log", name + ".jsonl", "--save", name + ".safetensors")
+        self.assertEqual(r.returncode, 0, r.stdout + r.stderr)
+        self.assertIn("over 2 ranks (TP 2: every row, a part of each layer)", r.stdout)
+        self.assertNotIn("parallelism is", r.stdout)
+        got = losses(name + ".jsonl"), read_safetensors(name + ".safetensors")
+        self.assertEqual(got[0], ref[0][3:])
+        for n in ref[1]:
+            np.testing.assert_array_equal(got[1][n], ref[1][n])
+        alone = self.path("tp-resumed-alone")
+        shutil.copytree(directory, alone)
+        r = run("train", "--resume", alone, "--steps", str(STEPS), "--log", alone + ".jsonl", "--save",
+                alone + ".safetensors")
+        self.assertEqual(r.returncode, 0, r.stdout + r.stderr)
+        self.assertIn("note: the parallelism is one process here and was TP 2 in the checkpoint's run", r.stdout)
+        got = losses(alone + ".jsonl"), read_safetensors(alone + ".safetensors")
+        self.assertClose(got, (ref[0][3:], ref[1]), "--tp 2 resumed in one process", steps=STEPS - 3)
+
     @unittest.skipUnless(ranks_possible() >= 4, "four ranks need four GPUs")
     def test_four_ranks_sum_the_gathered_gradients_in_rank_order(self):
         # Three additions a gradient, each rank's part read before the running sum can reach it.
@@ -398,8 +426,6 @@ class TwoRanks(FilesTest):
             ([*base, "--tp", "2"], "--tp 2 splits each projection over 2 ranks, and the world has 1"),
             ([*base, "--tp", "0"], "--tp must be at least 1"),
             (["launch", "--nproc", "2", "--", *base, "--tp", "2", "--zero", "1"], "--tp 2 runs over the whole world"),
-            (["launch", "--nproc", "2", "--", *base, "--tp", "2", "--checkpoint-dir", self.path("tp-ckpt")],
-             "checkpoints of them (--checkpoint-dir, --resume) are not built yet"),
             (["memory", *MODEL[:MODEL.index("--lr")], "--dry-run", "--world-size", "3", "--tp", "3"],
              "--tp 3 must divide the model's 2 heads"),
         ]

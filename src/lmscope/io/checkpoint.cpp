@@ -200,7 +200,7 @@ std::vector<TensorSource> moment_sources(Transformer& model, AdamW& opt) {
   auto& params = model.parameters();
   for (std::size_t i = 0; i < params.size(); ++i)
     for (const auto& [suffix, which] : kMoments)
-      moments.push_back({params[i].spec.name + suffix, params[i].spec.shape,
+      moments.push_back({params[i].spec.name + suffix, model.whole_shape(i),
                          [&opt, i, which = which] { return opt.moment_values(i, which); }});
   return moments;
 }
@@ -331,9 +331,9 @@ void load_checkpoint(const FoundCheckpoint& c, Transformer& model, AdamW& opt) {
     for (const auto& [suffix, which] : kMoments) {
       const SafetensorsEntry* e = file.find(p.spec.name + suffix);
       if (!e) user_error("'{}' lacks AdamW's '{}{}'", path, p.spec.name, suffix);
-      if (e->shape != p.spec.shape)
+      if (e->shape != model.whole_shape(i))
         user_error("'{}{}' in '{}' has shape {}, but the model needs {}", p.spec.name, suffix, path,
-                   shape_str(e->shape), shape_str(p.spec.shape));
+                   shape_str(e->shape), shape_str(model.whole_shape(i)));
       opt.set_moment(i, which, file.read(*e));
     }
   }

@@ -206,7 +206,7 @@ const Allocation& AdamW::held_moment(std::size_t i, Moment which) const {
 
 std::vector<float> AdamW::moment_values(std::size_t i, Moment which) {
   const std::vector<double> v = sharding_ ? download(model_.backend(), sharding_->whole(i, held_moment(i, which)))
-                                          : download(model_.backend(), held_moment(i, which));
+                                          : model_.whole_values(i, held_moment(i, which));
   return std::vector<float>(v.begin(), v.end());
 }
 
@@ -227,18 +227,19 @@ void AdamW::set_parameter_values(std::size_t i, std::span<const double> values) 
     return;
   }
   Parameter& p = model_.parameters().at(i);
-  upload(model_.backend(), p.value, values);
+  upload(model_.backend(), p.value, model_.local_values(i, values));  // this rank's block where split
   if (Allocation& copy = model_.lowp_copy(p); !copy.empty()) model_.backend().cast(p.value, copy);
 }
 
 void AdamW::join_moment_values(std::size_t i, Moment which) {
   if (sharding_) sharding_->whole(i, held_moment(i, which));
+  if (model_.split(i)) model_.whole_values(i, held_moment(i, which));
 }
 
 void AdamW::set_moment(std::size_t i, Moment which, std::span<const double> values) {
   const Allocation& own = held_moment(i, which);
   if (!sharding_) {
-    upload(model_.backend(), own, values);
+    upload(model_.backend(), own, model_.local_values(i, values));  // this rank's block where split
     return;
   }
   for (const ShardPiece& piece : sharding_->pieces())

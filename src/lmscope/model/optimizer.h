@@ -101,7 +101,8 @@ class AdamW {
   // rank calls it, or join_moment_values, for the same i and moment in the same order) assembling
   // every rank's pieces. join_moment_values: a sharded rank's part in that, the values left on the
   // device (a rank that does not write the checkpoint; nothing unsharded). set_moment: from the
-  // whole tensor's values (sharded: this rank's pieces of them).
+  // whole tensor's values (sharded, or split by tensor parallelism: this rank's pieces of them; a
+  // collective to read where split, as where sharded).
   enum class Moment { first, second };
   std::vector<float> moment_values(std::size_t i, Moment which);
   void join_moment_values(std::size_t i, Moment which);

@@ -251,12 +251,15 @@ std::vector<double> Transformer::local_values(std::size_t i, std::span<const dou
   return local;
 }
 
-std::vector<double> Transformer::whole_values(std::size_t i) {
-  Parameter& p = params_.at(i);
-  if (!split(i)) return download(backend_, p.value);
-  ParameterSpec whole = p.spec;
+std::vector<double> Transformer::whole_values(std::size_t i) { return whole_values(i, params_.at(i).value); }
+
+std::vector<double> Transformer::whole_values(std::size_t i, const Tensor& local) {
+  LMSCOPE_CHECK(local.shape == params_.at(i).spec.shape, "values of {} in shape {}", params_[i].spec.name,
+                shape_str(local.shape));
+  if (!split(i)) return download(backend_, local);
+  ParameterSpec whole = params_[i].spec;
   whole.shape = whole_shapes_[i];
-  return hooks_->whole_values(whole, p.value);
+  return hooks_->whole_values(whole, local);
 }
 
 template <typename T>

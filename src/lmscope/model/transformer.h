@@ -151,8 +151,10 @@ class Transformer {
   const Shape& whole_shape(std::size_t i) const { return whole_shapes_.at(i); }
   bool split(std::size_t i) const;
   std::vector<double> local_values(std::size_t i, std::span<const double> whole) const;
-  // Parameter i's whole values on the host: where split, from every rank's block (a collective).
+  // Parameter i's whole values on the host: where split, from every rank's block (a collective);
+  // likewise a tensor of its local shape (AdamW's moments of it).
   std::vector<double> whole_values(std::size_t i);
+  std::vector<double> whole_values(std::size_t i, const Tensor& local);
   Parameter& parameter(const std::string& name);  // throws UserError if unknown
 
   // Seeded truncated-normal initialisation (MODEL.md); each tensor draws from its own streams

@@ -168,6 +168,20 @@ class MemoryDiet(unittest.TestCase):
             self.assertEqual(len(r.stderr.strip().splitlines()), 1, (args, r.stderr))
             self.assertIn(says, r.stderr, args)
 
+    def test_recommend_under_tensor_parallelism_gives_every_rank_every_sequence(self):
+        # One sequence on two ranks of --tp 2: not split across them, as data parallelism would; and no
+        # resident copies (tensor parallelism runs without device graphs).
+        r = run("plan", "--recommend", "--model", "small", "--ctx", "1024", "--batch", "1", "--precision", "bf16",
+                "--attention", "flash", "--world-size", "2", "--tp", "2", "--format", "json")
+        self.assertEqual(r.returncode, 0, r.stderr)
+        plan = json.loads(r.stdout)[0]
+        self.assertTrue(plan["candidates"], plan)
+        for c in plan["candidates"]:
+            self.assertNotEqual(c["weight_copies"], "resident")
+            self.assertEqual(c["run"]["tensor_parallel"], 2)
+        one = dry_memory("--model", "small", "--ctx", "1024", "--batch", "1", "--precision", "bf16")
+        self.assertLess(plan["candidates"][plan["chosen"]]["peak_bytes"], one["peak_bytes"])
+
     def test_2_7b_trains_at_ctx_4096_within_80_gib_with_full_recompute(self):
         r = run("memory", "--dry-run", "--model", "2.7B", "--ctx", "4096", "--precision", "bf16",
                 "--recompute", "none,full", "--memory-limit", "80GiB", "--format", "json")

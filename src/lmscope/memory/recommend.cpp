@@ -21,11 +21,12 @@ Recommendation recommend(const RecommendSpec& spec) {
   out.spec = spec;
   // Copies exist only under mixed precision (fp32 masters, 16-bit compute). Resident ones save work only where device
   // graphs run (the forward casts kept copies there, AdamW writes resident ones in place): on CUDA, without data
-  // parallelism (which turns graphs off); elsewhere AdamW writes kept copies as it would resident
+  // or tensor parallelism (which turn graphs off); elsewhere AdamW writes kept copies as it would resident
   // ones, so resident would only add memory.
   std::vector<WeightCopies> copies{WeightCopies::kept};
   if (compute_dtype(c.precision) != DType::f32 && c.master_dtype == DType::f32) {
-    if (c.graphs && c.device == "cuda" && !c.parallel.data) copies.insert(copies.begin(), WeightCopies::resident);
+    if (c.graphs && c.device == "cuda" && !c.parallel.data && c.parallel.tp == 1)
+      copies.insert(copies.begin(), WeightCopies::resident);
     copies.push_back(WeightCopies::transient);
   }
   // Data parallelism: the ZeRO stages from the cell's up to the highest built, each sharding more
@@ -116,7 +117,8 @@ Recommendation recommend(const RecommendSpec& spec) {
   };
   // A micro-batch of the step's sequences is split across the ranks too: the splits stop where it no
   // longer divides evenly among them (2 sequences on 2 ranks: one micro-batch of 2, no finer).
-  const std::int64_t ranks = std::max(1, c.parallel.world.size);
+  // (Under tensor parallelism every rank runs every sequence.)
+  const std::int64_t ranks = c.parallel.data ? std::max(1, c.parallel.world.size) : 1;
   for (std::int64_t k = 1; k <= c.batch && !dominated(stages.front(), Recompute::none, copies.front()); k *= 2) {
     if (c.batch % k != 0 || (c.batch / k) % ranks != 0) break;
     for (int z : stages)

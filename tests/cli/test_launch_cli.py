@@ -37,6 +37,19 @@ def has_allreduce():
     return run("allreduce", "--help").returncode == 0
 
 
+def catches(pid, sig, timeout=30):
+    """Waits until process pid has a handler of its own for sig (its SigCgt mask in /proc): a signal sent
+    before that ends it by the signal's default action, which a loaded machine's slow start makes a race."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        with open(f"/proc/{pid}/status") as f:
+            caught = next(int(line.split()[1], 16) for line in f if line.startswith("SigCgt:"))
+        if caught >> (sig - 1) & 1:
+            return True
+        time.sleep(0.02)
+    return False
+
+
 def ranks_of(launcher, n, timeout=30):
     """The launcher's children once all n have started."""
     deadline = time.monotonic() + timeout
@@ -119,6 +132,7 @@ class Launch(unittest.TestCase):
         p = subprocess.Popen([LMSCOPE, "launch", "--nproc", "2", "--", *LONG], stdout=subprocess.DEVNULL,
                              stderr=subprocess.PIPE, text=True)
         kids = ranks_of(p, 2)
+        self.assertTrue(catches(kids[1], signal.SIGINT), "rank 1 never took SIGINT over")
         time.sleep(0.5)
         t0 = time.monotonic()
         os.kill(kids[1], signal.SIGINT)

@@ -156,26 +156,47 @@ struct GraphedSteps {
   std::vector<int> copy_runs;            // the steps' copy allocations, in runs of ones in a row
 };
 
-GraphedSteps graphed_steps(WeightCopies copies, int steps) {
+// The tiny model's bf16 train step on the dry run of CUDA: batch 4, ctx 24, one fixed batch.
+RunSpec dry_bf16_spec() {
   RunSpec spec;
   spec.model = tiny_model();
   spec.batch = 4;
   spec.ctx = 24;
   spec.device = "cuda";
   spec.precision = "bf16";
-  spec.weight_copies = copies;
-  const std::int64_t n = spec.batch * spec.ctx;
-  std::vector<std::int32_t> ids(static_cast<std::size_t>(n)), targets(ids.size());
-  for (std::size_t i = 0; i < ids.size(); ++i) {
-    ids[i] = static_cast<std::int32_t>(i % 37);
-    targets[i] = static_cast<std::int32_t>((i * 7) % 37);
+  return spec;
+}
+
+// A session of such a spec on the shape-only backend, with its fixed batch (declared first: the
+// session reads it as it is built).
+struct DryRun {
+  explicit DryRun(const RunSpec& spec) : batch(tokens(spec)), session(spec, options(batch)) {}
+  static MicroBatchSlices tokens(const RunSpec& spec) {
+    const std::int64_t n = spec.batch * spec.ctx;
+    std::vector<std::int32_t> ids(static_cast<std::size_t>(n)), targets(ids.size());
+    for (std::size_t i = 0; i < ids.size(); ++i) {
+      ids[i] = static_cast<std::int32_t>(i % 37);
+      targets[i] = static_cast<std::int32_t>((i * 7) % 37);
+    }
+    return MicroBatchSlices(std::move(ids), std::move(targets), n);
   }
-  MicroBatchSlices batch(std::move(ids), std::move(targets), n);
-  SessionOptions options;
-  options.backend = make_meta_backend(dry_run_target("cuda"), "bf16");
-  options.weights = InitialWeights::constant;
-  options.first_batch = &batch;
-  Session session(spec, std::move(options));
+  static SessionOptions options(MicroBatchSlices& batch) {
+    SessionOptions o;
+    o.backend = make_meta_backend(dry_run_target("cuda"), "bf16");
+    o.weights = InitialWeights::constant;
+    o.first_batch = &batch;
+    return o;
+  }
+  MicroBatchSlices batch;
+  Session session;
+};
+
+GraphedSteps graphed_steps(WeightCopies copies, int steps) {
+  RunSpec spec = dry_bf16_spec();
+  spec.weight_copies = copies;
+  DryRun run(spec);
+  MicroBatchSlices& batch = run.batch;
+  Session& session = run.session;
   Allocator& mem = session.backend().allocator();
   GraphedSteps r;
   mem.record_events(true);
@@ -247,28 +268,13 @@ TEST(Bf16Masters, HoldTheWeightsAndMomentsInTwoBytesAndNoCopies) {
     int copies = 0;
   };
   const auto train_step = [](DType masters) {
-    RunSpec spec;
-    spec.model = tiny_model();
-    spec.batch = 4;
-    spec.ctx = 24;
-    spec.device = "cuda";
-    spec.precision = "bf16";
+    RunSpec spec = dry_bf16_spec();
     spec.master_dtype = masters;
-    const std::int64_t n = spec.batch * spec.ctx;
-    std::vector<std::int32_t> ids(static_cast<std::size_t>(n)), targets(ids.size());
-    for (std::size_t i = 0; i < ids.size(); ++i) {
-      ids[i] = static_cast<std::int32_t>(i % 37);
-      targets[i] = static_cast<std::int32_t>((i * 7) % 37);
-    }
-    MicroBatchSlices batch(std::move(ids), std::move(targets), n);
-    SessionOptions options;
-    options.backend = make_meta_backend(dry_run_target("cuda"), "bf16");
-    options.weights = InitialWeights::constant;
-    options.first_batch = &batch;
-    Session session(spec, std::move(options));
+    DryRun run(spec);
+    Session& session = run.session;
     Allocator& mem = session.backend().allocator();
     mem.record_events(true);
-    StepDriver driver(session, batch, false);
+    StepDriver driver(session, run.batch, false);
     driver.step(0, 0);
     Held h;
     h.parameters = mem.current_bytes(MemKind::parameter);
